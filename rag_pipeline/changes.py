@@ -89,6 +89,7 @@ class IndexedDocument:
     status: str = "ok"
     signature: str = ""  # chunker + embedding model the file was indexed with
     total_chunks: int = 0
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

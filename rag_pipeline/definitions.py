@@ -2,7 +2,7 @@
 
 Environment (all optional): RAG_DATA_DIR, RAG_QDRANT_PATH, RAG_QDRANT_URL, RAG_QDRANT_API_KEY,
 RAG_QDRANT_EMBEDDED, RAG_COLLECTION, RAG_EMBEDDER (local|openai|hash), RAG_LOCAL_MODEL_DIR,
-OPENAI_API_KEY, OPENAI_BASE_URL, RAG_CHUNK_* (see README).
+OPENAI_API_KEY, OPENAI_BASE_URL, RAG_CHUNK_*, RAG_SENSOR_INTERVAL_S (see README).
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from dagster import Definitions, EnvVar
 
 from rag_pipeline.config import ChunkingConfig, Settings, load_settings
 from rag_pipeline.defs.assets import ingestion_assets
-from rag_pipeline.defs.jobs import ingest_books_job
+from rag_pipeline.defs.io import BookPartitionIOManager
+from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
+from rag_pipeline.defs.sensors import build_books_sensor, sensor_interval_s
 from rag_pipeline.resources import BookSourceResource, EmbedderResource, QdrantStoreResource
 
 __all__ = ["build_definitions", "defs"]
@@ -24,6 +26,7 @@ def _secret(name: str, present: bool) -> EnvVar | None:
 
 def build_resources(settings: Settings, chunking: ChunkingConfig) -> dict[str, object]:
     return {
+        "io_manager": BookPartitionIOManager(),
         "books": BookSourceResource(
             data_dir=str(settings.data_dir),
             path_patterns=list(settings.path_patterns),
@@ -60,7 +63,8 @@ def build_definitions(settings: Settings | None = None,
     settings = settings or load_settings()
     return Definitions(
         assets=ingestion_assets,
-        jobs=[ingest_books_job],
+        jobs=[ingest_books_job, purge_book_job],
+        sensors=[build_books_sensor(settings.data_dir, interval_s=sensor_interval_s())],
         resources=build_resources(settings, chunking or ChunkingConfig()),
     )
 

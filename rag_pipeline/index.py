@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 
 from rag_pipeline.changes import FileChanges, IndexedDocument
-from rag_pipeline.models import Chunk, FileError, ParsedDocument, document_id
+from rag_pipeline.models import Chunk, DocumentMeta, FileError, document_id
 from rag_pipeline.store.base import PointRecord, SparseVector, VectorStore
 from rag_pipeline.store.filters import Match, MatchAny, tenant_filter
 
 __all__ = [
     "CHUNK",
     "DOCUMENT",
+    "DocumentOutcome",
     "IndexState",
     "LineageInfo",
     "WriteReport",
@@ -92,25 +93,31 @@ def chunk_payload(chunk: Chunk, lineage: LineageInfo) -> dict[str, Any]:
     return payload
 
 
+@dataclass(frozen=True, slots=True)
+class DocumentOutcome:
+    """What the document record of a new or modified file will say."""
+
+    source_file: str
+    source_file_hash: str
+    status: str  # ok | empty | error
+    total_chunks: int = 0
+    doc_meta: DocumentMeta | None = None
+    frontmatter: Mapping[str, Any] = field(default_factory=dict)
+    error: FileError | None = None
+
+
 def document_payload(
-    book_id: str,
-    source_file: str,
-    source_file_hash: str,
-    lineage: LineageInfo,
-    *,
-    status: str,
-    total_chunks: int,
-    doc: ParsedDocument | None = None,
-    error: FileError | None = None,
+    book_id: str, outcome: DocumentOutcome, lineage: LineageInfo
 ) -> dict[str, Any]:
+    error = outcome.error
     payload: dict[str, Any] = {
         "record_type": DOCUMENT,
         "book_id": book_id,
-        "source_file": source_file,
-        "source_file_hash": source_file_hash,
-        "parent_doc_id": document_id(book_id, source_file),
-        "status": status,
-        "total_chunks": total_chunks,
+        "source_file": outcome.source_file,
+        "source_file_hash": outcome.source_file_hash,
+        "parent_doc_id": document_id(book_id, outcome.source_file),
+        "status": outcome.status,
+        "total_chunks": outcome.total_chunks,
         "error": error.reason if error else None,
         "error_stage": error.stage if error else None,
         "embedding_model": lineage.embedding_model,
@@ -120,12 +127,13 @@ def document_payload(
         "run_id": lineage.run_id,
         "indexed_at": _now(),
     }
-    if doc is not None:
-        meta = doc.meta
+    meta = outcome.doc_meta
+    if meta is not None:
         payload.update(
             title=meta.title, module=meta.module, chapter=meta.chapter, lesson=meta.lesson,
             hardware_tier=meta.hardware_tier, proficiency_level=meta.proficiency_level,
-            tags=list(meta.tags), description=meta.description, frontmatter=doc.frontmatter,
+            tags=list(meta.tags), description=meta.description,
+            frontmatter=dict(outcome.frontmatter),
         )
     return payload
 
@@ -163,7 +171,8 @@ def read_index_state(
         if p.get("record_type") == DOCUMENT:
             state.documents[source_file] = IndexedDocument(
                 source_file, str(p.get("source_file_hash", "")), str(p.get("status", "ok")),
-                str(p.get("signature", "")), int(p.get("total_chunks") or 0))
+                str(p.get("signature", "")), int(p.get("total_chunks") or 0),
+                p.get("error"))
         elif p.get("record_type") == CHUNK:
             state.chunk_points += 1
             state.chunk_ids[source_file].add(record.id)
@@ -204,9 +213,7 @@ def write_book_changes(
     chunks: Sequence[Chunk],
     dense: np.ndarray,
     sparse: Sequence[SparseVector],
-    documents: Mapping[str, ParsedDocument],
-    errors: Mapping[str, FileError],
-    file_hashes: Mapping[str, str],
+    outcomes: Sequence[DocumentOutcome],
     lineage: LineageInfo,
 ) -> WriteReport:
     """Upsert the new points, delete what they replace, then commit the document records.
@@ -229,21 +236,8 @@ def write_book_changes(
         stale |= state.chunk_ids.get(name, set()) - new_ids.get(name, set())
     deleted = store.delete_ids(where, sorted(stale))
 
-    records: list[PointRecord] = []
-    per_file = {name: len(ids) for name, ids in new_ids.items()}
-    for name in changes.changed:
-        error = errors.get(name)
-        doc = documents.get(name)
-        if error is not None:
-            status = "error"
-        elif doc is None or per_file.get(name, 0) == 0:
-            status = "empty"
-        else:
-            status = "ok"
-        records.append(PointRecord(
-            document_id(book_id, name),
-            document_payload(book_id, name, file_hashes[name], lineage, status=status,
-                             total_chunks=per_file.get(name, 0), doc=doc, error=error)))
+    records = [PointRecord(document_id(book_id, o.source_file),
+                           document_payload(book_id, o, lineage)) for o in outcomes]
     store.upsert(records)
     if changes.deleted:
         deleted += store.delete_ids(

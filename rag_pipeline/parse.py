@@ -64,16 +64,14 @@ def parse_document(
     text = text.replace("\r\n", "\n").replace("\r", "\n")
 
     try:
-        post = frontmatter.loads(text)
+        fm, body = _split_frontmatter(text)
     except yaml.YAMLError as exc:
         return error(f"invalid YAML frontmatter: {_yaml_reason(exc)}")
-    except Exception as exc:  # python-frontmatter raises plain errors for other handlers
+    except Exception as exc:  # TOML / JSON handlers raise their own errors
         return error(f"invalid frontmatter: {exc}")
-    fm = post.metadata
     if not isinstance(fm, Mapping):
         return error("frontmatter is not a key/value mapping")
     fm = {str(k): _json_safe(v) for k, v in fm.items()}
-    body = post.content
 
     meta = DocumentMeta(
         title=_title(fm, body, source_file),
@@ -96,6 +94,19 @@ def parse_document(
         body=body,
         frontmatter=fm,
     )
+
+
+def _split_frontmatter(text: str) -> tuple[Any, str]:
+    """(frontmatter data, body) with python-frontmatter's handlers; data may be any YAML type."""
+    handler = frontmatter.detect_format(text, frontmatter.handlers)
+    if handler is None:
+        return {}, text
+    try:
+        raw, body = handler.split(text)
+    except ValueError:  # an opening delimiter with no closing one: no frontmatter
+        return {}, text
+    data = handler.load(raw)
+    return ({} if data is None else data), body
 
 
 def _looks_binary(text: str) -> bool:

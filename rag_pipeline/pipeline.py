@@ -21,6 +21,7 @@ from rag_pipeline.config import ChunkingConfig, SourceConfig
 from rag_pipeline.crawl import discover_files
 from rag_pipeline.embed.base import Embedder
 from rag_pipeline.index import (
+    DocumentOutcome,
     IndexState,
     LineageInfo,
     WriteReport,
@@ -98,11 +99,17 @@ def take_inventory(
 
 @dataclass(frozen=True)
 class ParsedBook:
-    book_id: str
+    """The new and modified files parsed (or the reason each could not be)."""
+
+    inventory: BookInventory
     documents: tuple[ParsedDocument, ...]
     errors: tuple[FileError, ...]
     # bytes actually parsed may be newer than the inventory's: this is what gets recorded
     file_hashes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def book_id(self) -> str:
+        return self.inventory.book_id
 
     @property
     def empty_documents(self) -> tuple[str, ...]:
@@ -111,39 +118,44 @@ class ParsedBook:
 
 def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
     """Parse the new and modified files; each bad file becomes an error, the rest goes on."""
-    max_file_bytes = source.max_file_bytes
     documents: list[ParsedDocument] = []
     errors: list[FileError] = []
     hashes: dict[str, str] = {}
     for f in inventory.changed_files:
-        if f.size > max_file_bytes:
+        hashes[f.source_file] = f.sha256
+        if f.size > source.max_file_bytes:
             errors.append(FileError(f.book_id, f.source_file, "parse",
                                     f"file too large: {f.size / 1e6:.1f} MB exceeds the "
-                                    f"{max_file_bytes / 1e6:.1f} MB limit (RAG_MAX_FILE_BYTES)",
-                                    f.sha256))
-            hashes[f.source_file] = f.sha256
+                                    f"{source.max_file_bytes / 1e6:.1f} MB limit "
+                                    "(RAG_MAX_FILE_BYTES)", f.sha256))
             continue
         try:
             data = Path(f.path).read_bytes()
         except OSError as exc:
             errors.append(FileError(f.book_id, f.source_file, "parse",
                                     f"cannot read file: {exc.strerror}", f.sha256))
-            hashes[f.source_file] = f.sha256
             continue
         digest = hashlib.sha256(data).hexdigest()
         hashes[f.source_file] = digest
         result = parse_document(f.book_id, f.source_file, data, digest, f.path_meta,
                                 default_hardware_tier=source.default_hardware_tier)
         (errors if isinstance(result, FileError) else documents).append(result)
-    return ParsedBook(inventory.book_id, tuple(documents), tuple(errors), hashes)
+    return ParsedBook(inventory, tuple(documents), tuple(errors), hashes)
 
 
 @dataclass(frozen=True)
 class ChunkedBook:
-    book_id: str
+    """Chunks of the parsed files, and what each changed file's document record will say."""
+
+    inventory: BookInventory
     chunks: tuple[Chunk, ...]
-    errors: tuple[FileError, ...] = ()
+    outcomes: tuple[DocumentOutcome, ...]
+    errors: tuple[FileError, ...] = ()  # parse and chunk errors of this run
     seconds: float = 0.0
+
+    @property
+    def book_id(self) -> str:
+        return self.inventory.book_id
 
     def token_stats(self) -> dict[str, float]:
         if not self.chunks:
@@ -157,15 +169,28 @@ class ChunkedBook:
 def chunk_book(parsed: ParsedBook, embedder: Embedder, budget: ChunkBudget) -> ChunkedBook:
     started = time.perf_counter()
     chunks: list[Chunk] = []
-    errors: list[FileError] = []
+    errors: list[FileError] = list(parsed.errors)
+    outcomes: list[DocumentOutcome] = []
     for doc in parsed.documents:
         try:
-            chunks.extend(chunk_document(doc, embedder.tokenizer, budget))
+            doc_chunks = chunk_document(doc, embedder.tokenizer, budget)
         except Exception as exc:  # a chunker bug on one file must not sink the book
-            errors.append(FileError(doc.book_id, doc.source_file, "chunk",
-                                    f"chunking failed: {type(exc).__name__}: {exc}",
-                                    doc.source_file_hash))
-    return ChunkedBook(parsed.book_id, tuple(chunks), tuple(errors),
+            error = FileError(doc.book_id, doc.source_file, "chunk",
+                              f"chunking failed: {type(exc).__name__}: {exc}",
+                              doc.source_file_hash)
+            errors.append(error)
+            outcomes.append(DocumentOutcome(doc.source_file, doc.source_file_hash, "error",
+                                            doc_meta=doc.meta, error=error))
+            continue
+        chunks.extend(doc_chunks)
+        outcomes.append(DocumentOutcome(
+            doc.source_file, doc.source_file_hash, "ok" if doc_chunks else "empty",
+            len(doc_chunks), doc.meta, doc.frontmatter))
+    for error in parsed.errors:
+        outcomes.append(DocumentOutcome(
+            error.source_file, parsed.file_hashes.get(error.source_file, ""), "error",
+            error=error))
+    return ChunkedBook(parsed.inventory, tuple(chunks), tuple(outcomes), tuple(errors),
                        time.perf_counter() - started)
 
 
@@ -185,12 +210,12 @@ class EmbeddedBook:
 
 
 def embed_book(
-    chunked: ChunkedBook, inventory: BookInventory, embedder: Embedder, store: VectorStore,
-    sparse_encoder: Bm25Encoder,
+    chunked: ChunkedBook, embedder: Embedder, store: VectorStore, sparse_encoder: Bm25Encoder,
 ) -> EmbeddedBook:
     """Vectors for every chunk: reused from the index when its text is there, else embedded."""
     started = time.perf_counter()
     chunks = chunked.chunks
+    inventory = chunked.inventory
     reuse = reusable_vectors(store, inventory.book_id, inventory.state,
                              (c.content_hash for c in chunks))
     dense = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
@@ -201,10 +226,9 @@ def embed_book(
             dense[i] = vector
         else:
             todo.append(i)
-    texts = [chunks[i].embed_text for i in todo]
     tokens = sum(chunks[i].token_count for i in todo)
-    if texts:
-        dense[todo] = embedder.embed(texts)
+    if todo:
+        dense[todo] = embedder.embed([chunks[i].embed_text for i in todo])
     sparse = tuple(sparse_encoder.encode_documents([c.embed_text for c in chunks]))
     return EmbeddedBook(inventory.book_id, embedder.model_name, dense, sparse, len(todo),
                         len(chunks) - len(todo), tokens, embedder.cost_usd(tokens),
@@ -212,24 +236,17 @@ def embed_book(
 
 
 def write_book(
-    store: VectorStore,
-    inventory: BookInventory,
-    parsed: ParsedBook,
-    chunked: ChunkedBook,
-    embedded: EmbeddedBook,
-    lineage: LineageInfo,
+    store: VectorStore, chunked: ChunkedBook, embedded: EmbeddedBook, lineage: LineageInfo,
 ) -> WriteReport:
+    if len(chunked.chunks) != len(embedded.dense):
+        raise ValueError(f"{chunked.book_id}: {len(chunked.chunks)} chunks but "
+                         f"{len(embedded.dense)} vectors; re-materialize chunk_embeddings")
     store.ensure_collection(CollectionSpec(store.collection, embedded.dense.shape[1]))
-    errors = {e.source_file: e for e in (*parsed.errors, *chunked.errors)}
-    documents = {d.source_file: d for d in parsed.documents}
-    failed = {e.source_file for e in chunked.errors}
-    keep = [i for i, c in enumerate(chunked.chunks) if c.source_file not in failed]
-    hashes = {**inventory.file_hashes, **parsed.file_hashes}
+    inventory = chunked.inventory
     return write_book_changes(
         store, inventory.book_id, changes=inventory.changes, state=inventory.state,
-        chunks=[chunked.chunks[i] for i in keep], dense=embedded.dense[keep],
-        sparse=[embedded.sparse[i] for i in keep], documents=documents, errors=errors,
-        file_hashes=hashes, lineage=lineage)
+        chunks=chunked.chunks, dense=embedded.dense, sparse=embedded.sparse,
+        outcomes=chunked.outcomes, lineage=lineage)
 
 
 @dataclass(frozen=True)
@@ -278,7 +295,7 @@ def plan_book(
     return BookPlan(book_id, inventory.changes, len(chunked.chunks), len(todo),
                     len(chunked.chunks) - len(todo), tokens, embedder.cost_usd(tokens),
                     stale + len(inventory.changes.deleted),
-                    (*inventory.crawl_errors, *parsed.errors, *chunked.errors))
+                    (*inventory.crawl_errors, *chunked.errors))
 
 
 def default_budget(embedder: Embedder, config: ChunkingConfig | None = None) -> ChunkBudget:

@@ -4,7 +4,12 @@ source_files -> documents -> chunks -> chunk_embeddings -> qdrant_points
 """
 
 
+from collections.abc import Iterator
+
 from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     Backoff,
     MaterializeResult,
@@ -15,6 +20,7 @@ from dagster import (
 )
 
 from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget
+from rag_pipeline.consistency import check_chunks, check_index, check_vectors
 from rag_pipeline.defs.metadata import error_table, md_table, shorten
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.embed import Embedder
@@ -102,9 +108,12 @@ def source_files(
     "module, chapter, lesson, hardware tier, proficiency level, tags), sha256 of the bytes "
     "parsed. A file that cannot be parsed is an error record naming the reason; the rest of "
     "the book goes on.",
+    check_specs=[AssetCheckSpec(
+        "parse_errors", asset="documents",
+        description="Warns with the file names when files fail to parse or are empty.")],
 )
 def documents(context: AssetExecutionContext, books: BookSourceResource,
-              source_files: BookInventory) -> Output[ParsedBook]:
+              source_files: BookInventory) -> Iterator[Output[ParsedBook] | AssetCheckResult]:
     parsed = parse_book(source_files, books.source())
     rows = [{"file": d.source_file, "title": shorten(d.meta.title, 60),
              "proficiency": d.meta.proficiency_level, "tier": d.meta.hardware_tier,
@@ -112,7 +121,7 @@ def documents(context: AssetExecutionContext, books: BookSourceResource,
     attempted = len(parsed.documents) + len(parsed.errors)
     for error in parsed.errors:
         context.log.warning(f"{error.book_id}/{error.source_file}: {error.reason}")
-    return Output(
+    yield Output(
         parsed,
         metadata={
             "parsed": len(parsed.documents),
@@ -125,6 +134,19 @@ def documents(context: AssetExecutionContext, books: BookSourceResource,
             "documents": md_table(rows),
         },
     )
+    yield AssetCheckResult(
+        check_name="parse_errors",
+        passed=not parsed.errors and not parsed.empty_documents,
+        severity=AssetCheckSeverity.WARN,
+        metadata={
+            "error_rate": round(len(parsed.errors) / attempted, 4) if attempted else 0.0,
+            "errors": len(parsed.errors),
+            "empty_documents": len(parsed.empty_documents),
+            "files": error_table(parsed.errors),
+            "empty_files": MetadataValue.md("\n".join(f"- {n}" for n in
+                                                      parsed.empty_documents) or "(none)"),
+        },
+    )
 
 
 @asset(
@@ -134,16 +156,21 @@ def documents(context: AssetExecutionContext, books: BookSourceResource,
     description="Heading-aware chunks of the parsed documents: split on ## headings, packed to "
     "a token budget measured with the embedder's own tokenizer (never above its input limit), "
     "with overlap, no split inside code fences or tables, content-hash ids and prev/next links.",
+    check_specs=[AssetCheckSpec(
+        "chunks_valid", asset="chunks", blocking=True,
+        description="Blocks embedding and publishing when a chunk is empty, over the token "
+        "limit, duplicated, or its prev/next chain is broken.")],
 )
 def chunks(context: AssetExecutionContext, books: BookSourceResource,
-           embedder: EmbedderResource, documents: ParsedBook) -> Output[ChunkedBook]:
+           embedder: EmbedderResource, documents: ParsedBook
+           ) -> Iterator[Output[ChunkedBook] | AssetCheckResult]:
     model, budget, _ = _tools(books, embedder)
     chunked = chunk_book(documents, model, budget)
     stats = chunked.token_stats()
     rows = [{"#": c.chunk_index, "file": c.source_file, "section": shorten(c.section_title or "",
              40), "tokens": c.token_count, "text": shorten(c.text, 80)}
             for c in chunked.chunks[:20]]
-    return Output(
+    yield Output(
         chunked,
         metadata={
             "chunks": len(chunked.chunks),
@@ -154,11 +181,15 @@ def chunks(context: AssetExecutionContext, books: BookSourceResource,
             "tokens_max": stats["max"],
             "token_limit": budget.limit,
             "target_tokens": budget.target,
-            "chunk_errors": error_table(chunked.errors),
+            "chunk_errors": error_table([e for e in chunked.errors if e.stage == "chunk"]),
             "seconds": round(chunked.seconds, 3),
             "preview": md_table(rows),
         },
     )
+    problems = check_chunks(chunked.chunks, budget.limit)
+    yield AssetCheckResult(check_name="chunks_valid", passed=not problems, metadata={
+        "problems": len(problems),
+        "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)")})
 
 
 @asset(
@@ -170,15 +201,20 @@ def chunks(context: AssetExecutionContext, books: BookSourceResource,
     description="Dense vectors (the configured embedder) and BM25 sparse vectors for every "
     "chunk. Text already in the index with the same model is not embedded again: its vector "
     "is reused, so only new text reaches the embedder.",
+    check_specs=[AssetCheckSpec(
+        "vector_dimension", asset="chunk_embeddings", blocking=True,
+        description="Blocks publishing unless every vector has the model's dimension, which "
+        "must also be the collection's, and is finite and unit length.")],
 )
 def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
                      embedder: EmbedderResource, qdrant: QdrantStoreResource,
-                     source_files: BookInventory, chunks: ChunkedBook) -> Output[EmbeddedBook]:
+                     chunks: ChunkedBook) -> Iterator[Output[EmbeddedBook] | AssetCheckResult]:
     model, _, sparse = _tools(books, embedder)
     with qdrant.open() as store:
-        embedded = embed_book(chunks, source_files, model, store, sparse)
+        embedded = embed_book(chunks, model, store, sparse)
+        collection_dim = store.dense_dimension()
     rate = embedded.embedded / embedded.seconds if embedded.seconds > 0 else 0.0
-    return Output(
+    yield Output(
         embedded,
         metadata={
             "model": embedded.model,
@@ -191,6 +227,11 @@ def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
             "chunks_per_second": round(rate, 1),
         },
     )
+    problems = check_vectors(embedded.dense, model.dimension, collection_dim)
+    yield AssetCheckResult(check_name="vector_dimension", passed=not problems, metadata={
+        "model_dimension": model.dimension,
+        "collection_dimension": collection_dim if collection_dim is not None else -1,
+        "details": MetadataValue.md("\n".join(f"- {p}" for p in problems) or "(none)")})
 
 
 @asset(
@@ -202,24 +243,39 @@ def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
     description="The book's points in the Qdrant collection (book_id is the tenant key). New "
     "points are upserted first, points they replace are deleted after, and per-file document "
     "records are committed last, so the book stays searchable and a re-run converges.",
+    check_specs=[AssetCheckSpec(
+        "index_consistency", asset="qdrant_points",
+        description="Points in Qdrant == chunks the document records promise; no orphan "
+        "points, no duplicate chunk positions, every prev/next id resolves, vector dimension "
+        "matches the model.")],
 )
 def qdrant_points(
     context: AssetExecutionContext,
     books: BookSourceResource,
     embedder: EmbedderResource,
     qdrant: QdrantStoreResource,
-    source_files: BookInventory,
-    documents: ParsedBook,
     chunks: ChunkedBook,
     chunk_embeddings: EmbeddedBook,
 ) -> MaterializeResult:
     model, budget, sparse = _tools(books, embedder)
     lineage = lineage_for(model, budget, sparse, context.run_id)
     with qdrant.open() as store:
-        report = write_book(store, source_files, documents, chunks, chunk_embeddings, lineage)
+        report = write_book(store, chunks, chunk_embeddings, lineage)
         points = store.count(tenant_filter(context.partition_key, Match("record_type", CHUNK)))
         target = store.description
+        consistency = check_index(store, context.partition_key, model.dimension)
+    problems = consistency.problems()
+    check = AssetCheckResult(check_name="index_consistency", passed=consistency.passed,
+                             metadata={
+                                 "points": consistency.points,
+                                 "expected": consistency.expected,
+                                 "documents": consistency.documents,
+                                 "problems": len(problems),
+                                 "details": MetadataValue.md(
+                                     "\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
+                             })
     return MaterializeResult(
+        check_results=[check],
         metadata={
             "points_upserted": report.upserted,
             "points_deleted": report.deleted,

@@ -1,13 +1,18 @@
-"""Jobs: ingest books (all assets, one book partition per run)."""
+"""Jobs: ingest one book (all assets), and purge a removed book's points."""
 
-from dagster import AssetSelection, define_asset_job
+from dagster import AssetSelection, Config, OpExecutionContext, define_asset_job, job, op
 
-from rag_pipeline.defs.assets import INGESTION_GROUP
+from rag_pipeline.crawl import validate_book_id
+from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL
 from rag_pipeline.defs.partitions import book_partitions_def
+from rag_pipeline.resources import QdrantStoreResource
+from rag_pipeline.store import tenant_filter
 
-__all__ = ["INGEST_JOB_NAME", "ingest_books_job"]
+__all__ = ["INGEST_JOB_NAME", "PURGE_JOB_NAME", "ingest_books_job", "purge_book_job",
+           "purge_run_config"]
 
 INGEST_JOB_NAME = "ingest_books"
+PURGE_JOB_NAME = "purge_book"
 
 ingest_books_job = define_asset_job(
     INGEST_JOB_NAME,
@@ -15,3 +20,26 @@ ingest_books_job = define_asset_job(
     partitions_def=book_partitions_def,
     description="Ingest one book: files -> documents -> chunks -> embeddings -> Qdrant points.",
 )
+
+
+class PurgeBookConfig(Config):
+    book_id: str
+
+
+@op(pool=STORE_POOL, description="Delete every point of one book (its folder was removed).")
+def purge_book_points(context: OpExecutionContext, config: PurgeBookConfig,
+                      qdrant: QdrantStoreResource) -> int:
+    book_id = validate_book_id(config.book_id)
+    with qdrant.open() as store:
+        deleted = store.delete_where(tenant_filter(book_id))
+    context.log.info(f"purged {deleted} points of removed book {book_id!r}")
+    return deleted
+
+
+@job(name=PURGE_JOB_NAME, description="Remove a deleted book's points from the collection.")
+def purge_book_job() -> None:
+    purge_book_points()
+
+
+def purge_run_config(book_id: str) -> dict:
+    return {"ops": {"purge_book_points": {"config": {"book_id": book_id}}}}

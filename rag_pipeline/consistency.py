@@ -1,0 +1,143 @@
+"""Invariants of a book's points in the index and of the data about to be written there."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rag_pipeline.index import CHUNK, DOCUMENT
+from rag_pipeline.models import Chunk
+from rag_pipeline.store.base import VectorStore
+from rag_pipeline.store.filters import tenant_filter
+
+__all__ = ["IndexConsistency", "check_chunks", "check_index", "check_vectors"]
+
+_FIELDS = ["record_type", "source_file", "parent_doc_id", "chunk_index", "total_chunks",
+           "prev_chunk_id", "next_chunk_id", "content_hash", "status", "embedding_dim"]
+
+
+@dataclass
+class IndexConsistency:
+    """What ``check_index`` found for one book; ``passed`` when every invariant holds."""
+
+    book_id: str
+    points: int = 0
+    expected: int = 0
+    documents: int = 0
+    orphans: list[str] = field(default_factory=list)  # "file: reason"
+    duplicates: list[str] = field(default_factory=list)
+    broken_links: list[str] = field(default_factory=list)
+    dimension_errors: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return (self.points == self.expected and not self.orphans and not self.duplicates
+                and not self.broken_links and not self.dimension_errors)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.points != self.expected:
+            out.append(f"{self.points} chunk points but document records expect {self.expected}")
+        out += [f"orphan: {o}" for o in self.orphans]
+        out += [f"duplicate: {d}" for d in self.duplicates]
+        out += [f"broken link: {b}" for b in self.broken_links]
+        out += self.dimension_errors
+        return out
+
+
+def check_index(store: VectorStore, book_id: str, dimension: int | None = None
+                ) -> IndexConsistency:
+    """Points == chunks the document records promise; no orphans, duplicates or broken links."""
+    report = IndexConsistency(book_id)
+    documents: dict[str, dict] = {}
+    chunks: dict[str, dict] = {}
+    for record in store.scroll(tenant_filter(book_id), fields=_FIELDS):
+        if record.payload.get("record_type") == DOCUMENT:
+            documents[str(record.payload.get("source_file"))] = record.payload
+        elif record.payload.get("record_type") == CHUNK:
+            chunks[record.id] = record.payload
+    report.points = len(chunks)
+    report.documents = len(documents)
+    report.expected = sum(int(d.get("total_chunks") or 0) for d in documents.values())
+
+    by_doc: dict[str, list[tuple[str, dict]]] = defaultdict(list)
+    for point_id, p in chunks.items():
+        source = str(p.get("source_file"))
+        doc = documents.get(source)
+        if doc is None:
+            report.orphans.append(f"{source}: chunk {point_id} has no document record")
+            continue
+        if p.get("parent_doc_id") != doc.get("parent_doc_id"):
+            report.orphans.append(f"{source}: chunk {point_id} names another document")
+        by_doc[source].append((point_id, p))
+        if dimension is not None and p.get("embedding_dim") not in (None, dimension):
+            report.dimension_errors.append(
+                f"{source}: chunk {point_id} was embedded with {p.get('embedding_dim')} "
+                f"dimensions, the model makes {dimension}")
+    for source, members in sorted(by_doc.items()):
+        total = int(documents[source].get("total_chunks") or 0)
+        positions = Counter(int(p.get("chunk_index") or 0) for _, p in members)
+        repeated = sorted(i for i, n in positions.items() if n > 1)
+        if repeated:
+            report.duplicates.append(f"{source}: chunk positions {repeated} held by several "
+                                     "points")
+        if len(members) != total:
+            report.orphans.append(f"{source}: {len(members)} chunk points, document record "
+                                  f"says {total}")
+        ids = {point_id for point_id, _ in members}
+        for point_id, p in members:
+            for link in ("prev_chunk_id", "next_chunk_id"):
+                target = p.get(link)
+                if target and target not in ids:
+                    report.broken_links.append(f"{source}: {link} of {point_id} -> {target}")
+    if dimension is not None:
+        stored = store.dense_dimension()
+        if stored is not None and stored != dimension:
+            report.dimension_errors.append(
+                f"collection vectors have {stored} dimensions, the model makes {dimension}")
+    return report
+
+
+def check_chunks(chunks: Sequence[Chunk], limit: int) -> list[str]:
+    """Problems that must stop chunks from being embedded and published."""
+    problems = []
+    ids = Counter(c.id for c in chunks)
+    problems += [f"duplicate chunk id {i}" for i, n in ids.items() if n > 1]
+    known = set(ids)
+    per_doc: dict[str, list[Chunk]] = defaultdict(list)
+    for c in chunks:
+        per_doc[c.parent_doc_id].append(c)
+        if not c.text.strip():
+            problems.append(f"{c.source_file} #{c.chunk_index}: empty text")
+        if c.token_count > limit:
+            problems.append(f"{c.source_file} #{c.chunk_index}: {c.token_count} tokens > "
+                            f"limit {limit}")
+        for link in (c.prev_chunk_id, c.next_chunk_id):
+            if link is not None and link not in known:
+                problems.append(f"{c.source_file} #{c.chunk_index}: link to unknown {link}")
+    for members in per_doc.values():
+        indexes = sorted(c.chunk_index for c in members)
+        if indexes != list(range(len(members))) or any(c.total_chunks != len(members)
+                                                       for c in members):
+            problems.append(f"{members[0].source_file}: chunk_index/total_chunks not 0..n-1")
+    return problems
+
+
+def check_vectors(dense: np.ndarray, expected_dim: int, collection_dim: int | None) -> list[str]:
+    problems = []
+    if dense.ndim != 2 or (len(dense) and dense.shape[1] != expected_dim):
+        problems.append(f"vectors have shape {dense.shape}, the model makes {expected_dim}")
+    if collection_dim is not None and collection_dim != expected_dim:
+        problems.append(f"the collection holds {collection_dim}-dimensional vectors, the model "
+                        f"makes {expected_dim}: use another RAG_COLLECTION")
+    if len(dense):
+        if not np.isfinite(dense).all():
+            problems.append("vectors contain NaN or infinity")
+        norms = np.linalg.norm(dense, axis=1)
+        bad = int((np.abs(norms - 1.0) > 1e-3).sum())
+        if bad:
+            problems.append(f"{bad} vectors are not unit length")
+    return problems

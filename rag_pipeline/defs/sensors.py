@@ -1,0 +1,154 @@
+"""The books sensor: keeps book partitions and runs in step with the folders on disk.
+
+Each tick it stats every Markdown file (no reads), and hashes a file only when its stat differs
+from what the previous tick saw. The cursor stays compact, one entry per book:
+``[stat digest, content digest]``. Then:
+
+* a new book folder      -> add its partition, request an ingest run;
+* a book whose content digest changed -> request an ingest run keyed by that digest, so an
+  unchanged book never gets a second run (a ``touch`` changes the stat digest, not the content);
+* a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
+  its points (the sensor never opens the store: runs hold its lock).
+"""
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from dagster import (
+    AddDynamicPartitionsRequest,
+    DefaultSensorStatus,
+    DeleteDynamicPartitionsRequest,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from rag_pipeline.changes import fingerprint_book
+from rag_pipeline.crawl import discover_books, scan_book
+from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
+from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+
+__all__ = ["BookScanState", "build_books_sensor", "scan_books"]
+
+# source_file -> (size, mtime_ns, sha256) per (data dir, book): lives as long as the code server
+# process, so steady-state ticks hash nothing; after a restart the first tick re-hashes.
+_stat_cache: dict[tuple[str, str], dict[str, tuple[int, int, str]]] = {}
+_cache_lock = threading.Lock()
+
+
+class BookScanState:
+    """What one tick found for one book."""
+
+    __slots__ = ("book_id", "content_digest", "files", "hashed", "stat_digest")
+
+    def __init__(self, book_id: str, stat_digest: str, content_digest: str, files: int,
+                 hashed: int) -> None:
+        self.book_id = book_id
+        self.stat_digest = stat_digest
+        self.content_digest = content_digest
+        self.files = files
+        self.hashed = hashed
+
+
+def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
+    stats, _ = scan_book(data_dir, book_id)
+    h = hashlib.sha256()
+    for st in stats:
+        h.update(f"{st.source_file}\0{st.size}\0{st.mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()[:32], len(stats)
+
+
+def scan_books(
+    data_dir: Path, previous: Mapping[str, list[str]]
+) -> tuple[dict[str, BookScanState], list[str]]:
+    """Scan every book: (state per book on disk, refused folder names)."""
+    scan = discover_books(data_dir)
+    states: dict[str, BookScanState] = {}
+    for book_id in scan.book_ids:
+        stat_digest, files = _stat_digest(data_dir, book_id)
+        before = previous.get(book_id)
+        if before and before[0] == stat_digest:
+            states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
+            continue
+        key = (str(data_dir), book_id)
+        with _cache_lock:
+            cache = _stat_cache.get(key)
+        fingerprint = fingerprint_book(data_dir, book_id, cache)
+        with _cache_lock:
+            _stat_cache[key] = dict(fingerprint.stats)
+        states[book_id] = BookScanState(book_id, stat_digest, fingerprint.digest[:32],
+                                        fingerprint.files, fingerprint.hashed)
+    return states, [str(e) for e in scan.rejected]
+
+
+def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30,
+                       name: str = "books_sensor"):
+    """The sensor for books under ``data_dir`` (on by default under the daemon)."""
+    root = Path(data_dir)
+
+    @sensor(
+        name=name,
+        jobs=[ingest_books_job, purge_book_job],
+        minimum_interval_seconds=interval_s,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Watches {root} for new, changed and removed books; starts only the runs "
+        "needed (run keys are content digests, so an unchanged book never runs twice).",
+    )
+    def books_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        started = time.perf_counter()
+        previous: dict[str, list[str]] = json.loads(context.cursor) if context.cursor else {}
+        states, rejected = scan_books(root, previous)
+        for refused in rejected:
+            context.log.warning(f"refused book folder: {refused}")
+        known = set(context.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
+        new_books = sorted(b for b in states if b not in known)
+        removed = sorted((known | set(previous)) - set(states))
+        run_requests: list[RunRequest] = []
+        for book_id, state in sorted(states.items()):
+            before = previous.get(book_id)
+            if book_id in new_books or before is None or before[1] != state.content_digest:
+                run_requests.append(RunRequest(
+                    job_name=ingest_books_job.name,
+                    partition_key=book_id,
+                    run_key=f"ingest:{book_id}:{state.content_digest}",
+                    tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
+                ))
+        for book_id in removed:
+            run_requests.append(RunRequest(
+                job_name=purge_book_job.name,
+                run_key=f"purge:{book_id}:{time.time_ns()}",
+                run_config=purge_run_config(book_id),
+                tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
+            ))
+        partition_requests: list = []
+        if new_books:
+            partition_requests.append(AddDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME,
+                                                                  new_books))
+        gone = [b for b in removed if b in known]
+        if gone:
+            partition_requests.append(DeleteDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME,
+                                                                     gone))
+        cursor = json.dumps({b: [s.stat_digest, s.content_digest] for b, s in states.items()},
+                            sort_keys=True, separators=(",", ":"))
+        hashed = sum(s.hashed for s in states.values())
+        context.log.info(
+            f"scanned {len(states)} books ({sum(s.files for s in states.values())} files, "
+            f"{hashed} hashed) in {time.perf_counter() - started:.3f}s; "
+            f"{len(run_requests)} run requests")
+        if not run_requests and not partition_requests and cursor == context.cursor:
+            return SkipReason(f"no change in {len(states)} books")
+        return SensorResult(run_requests=run_requests,
+                            dynamic_partitions_requests=partition_requests, cursor=cursor)
+
+    return books_sensor
+
+
+def sensor_interval_s() -> int:
+    return int(os.environ.get("RAG_SENSOR_INTERVAL_S", "30"))

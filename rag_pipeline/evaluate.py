@@ -1,0 +1,235 @@
+"""Retrieval evaluation on BEIR-format datasets (corpus.jsonl, queries.jsonl, qrels/<split>.tsv).
+
+The corpus is ingested as one book through the same chunk / embed / index code as Markdown
+books (each BEIR document is one document: its title and text), every query is searched in that
+book, and a document split into several chunks is ranked by its best chunk.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rag_pipeline.changes import classify_files
+from rag_pipeline.chunk import ChunkBudget
+from rag_pipeline.embed.base import Embedder
+from rag_pipeline.index import read_index_state
+from rag_pipeline.models import DocumentMeta, ParsedDocument, SourceFile, document_id
+from rag_pipeline.pipeline import (
+    BookInventory,
+    ParsedBook,
+    chunk_book,
+    embed_book,
+    index_signature,
+    lineage_for,
+    write_book,
+)
+from rag_pipeline.retrieve import SearchMode, search
+from rag_pipeline.sparse import Bm25Encoder
+from rag_pipeline.store.base import VectorStore
+
+__all__ = [
+    "BeirDataset",
+    "EvalReport",
+    "evaluate",
+    "index_corpus",
+    "load_beir",
+    "mrr_at_k",
+    "ndcg_at_k",
+    "recall_at_k",
+]
+
+
+@dataclass(frozen=True)
+class BeirDataset:
+    name: str
+    corpus: dict[str, tuple[str, str]]  # doc id -> (title, text)
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
+
+
+def load_beir(directory: Path | str, split: str = "test") -> BeirDataset:
+    root = Path(directory)
+    for needed in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
+        if not (root / needed).is_file():
+            raise FileNotFoundError(f"{root / needed} is missing: not a BEIR dataset folder")
+    corpus: dict[str, tuple[str, str]] = {}
+    with open(root / "corpus.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                corpus[str(row["_id"])] = (row.get("title") or "", row.get("text") or "")
+    queries: dict[str, str] = {}
+    with open(root / "queries.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                queries[str(row["_id"])] = row["text"]
+    qrels: dict[str, dict[str, int]] = {}
+    with open(root / "qrels" / f"{split}.tsv", encoding="utf-8") as fh:
+        reader = csv.reader(fh, delimiter="\t")
+        for row in reader:
+            if not row or row[0] == "query-id":
+                continue
+            qrels.setdefault(row[0], {})[row[1]] = int(row[2])
+    return BeirDataset(root.name, corpus, queries, qrels)
+
+
+# -- metrics (binary or graded relevance, as pytrec_eval computes them) --------------------
+
+
+def ndcg_at_k(ranked: Sequence[str], relevant: Mapping[str, int], k: int = 10) -> float:
+    dcg = sum(relevant.get(doc, 0) / math.log2(i + 2) for i, doc in enumerate(ranked[:k]))
+    ideal = sorted((g for g in relevant.values() if g > 0), reverse=True)[:k]
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def recall_at_k(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float:
+    wanted = {d for d, g in relevant.items() if g > 0}
+    return len(wanted & set(ranked[:k])) / len(wanted) if wanted else 0.0
+
+
+def mrr_at_k(ranked: Sequence[str], relevant: Mapping[str, int], k: int = 10) -> float:
+    for i, doc in enumerate(ranked[:k]):
+        if relevant.get(doc, 0) > 0:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+# -- indexing the corpus as one book -------------------------------------------------------
+
+
+def _documents(book_id: str, corpus: Mapping[str, tuple[str, str]]) -> list[ParsedDocument]:
+    import hashlib
+
+    docs = []
+    for doc_id, (title, text) in corpus.items():
+        digest = hashlib.sha256(f"{title}\x1f{text}".encode()).hexdigest()
+        docs.append(ParsedDocument(book_id, doc_id, digest, document_id(book_id, doc_id),
+                                   DocumentMeta(title=title.strip()), text))
+    return docs
+
+
+def index_corpus(
+    store: VectorStore,
+    book_id: str,
+    corpus: Mapping[str, tuple[str, str]],
+    embedder: Embedder,
+    budget: ChunkBudget,
+    sparse: Bm25Encoder,
+    *,
+    batch_docs: int = 500,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, int]:
+    """Index (incrementally: a re-run embeds nothing) every document of the corpus."""
+    signature = index_signature(embedder, budget, sparse)
+    lineage = lineage_for(embedder, budget, sparse, run_id=None)
+    docs = _documents(book_id, corpus)
+    state = read_index_state(store, book_id, embedding_model=embedder.model_name)
+    current = {d.source_file: d.source_file_hash for d in docs}
+    changes = classify_files(current, state.documents, signature, state.orphan_files)
+    todo = [d for d in docs if d.source_file in set(changes.changed)]
+    totals = {"documents": len(docs), "indexed": 0, "skipped": len(docs) - len(todo),
+              "chunks": 0, "embedded": 0}
+    for start in range(0, len(todo), batch_docs):
+        part = todo[start : start + batch_docs]
+        names = {d.source_file for d in part}
+        part_changes = type(changes)(
+            new=tuple(n for n in changes.new if n in names),
+            modified=tuple(n for n in changes.modified if n in names),
+        )
+        files = tuple(SourceFile(book_id, d.source_file, "", 0, 0, d.source_file_hash)
+                      for d in part)
+        inventory = BookInventory(book_id, files, (), part_changes, state, signature)
+        chunked = chunk_book(ParsedBook(inventory, tuple(part), ()), embedder, budget)
+        embedded = embed_book(chunked, embedder, store, sparse)
+        write_book(store, chunked, embedded, lineage)
+        totals["indexed"] += len(part)
+        totals["chunks"] += len(chunked.chunks)
+        totals["embedded"] += embedded.embedded
+        if progress:
+            progress(start + len(part), len(todo))
+    if changes.deleted:  # documents no longer in the corpus
+        inventory = BookInventory(book_id, (), (), type(changes)(deleted=changes.deleted),
+                                  state, signature)
+        chunked = chunk_book(ParsedBook(inventory, (), ()), embedder, budget)
+        write_book(store, chunked, embed_book(chunked, embedder, store, sparse), lineage)
+    return totals
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    dataset: str
+    split: str
+    mode: str
+    queries: int
+    ndcg_at_10: float
+    recall_at_10: float
+    recall_at_100: float
+    mrr_at_10: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "dataset": self.dataset, "split": self.split, "mode": self.mode,
+            "ndcg@10": round(self.ndcg_at_10, 5), "recall@10": round(self.recall_at_10, 5),
+            "recall@100": round(self.recall_at_100, 5), "mrr@10": round(self.mrr_at_10, 5),
+            "queries": self.queries, "seconds": round(self.seconds, 2),
+        }
+
+
+def rank_documents(hits: Iterable[object], depth: int = 100) -> list[str]:
+    """Document ids in the order of their best chunk."""
+    ranked: list[str] = []
+    seen: set[str] = set()
+    for hit in hits:
+        doc = str(hit.payload.get("source_file"))  # type: ignore[attr-defined]
+        if doc not in seen:
+            seen.add(doc)
+            ranked.append(doc)
+        if len(ranked) >= depth:
+            break
+    return ranked
+
+
+def evaluate(
+    store: VectorStore,
+    embedder: Embedder,
+    dataset: BeirDataset,
+    book_id: str,
+    *,
+    mode: SearchMode,
+    split: str = "test",
+    sparse: Bm25Encoder | None = None,
+    rrf_k: int = 60,
+    depth: int = 100,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalReport:
+    """Run every judged query of the split and average the metrics."""
+    started = time.perf_counter()
+    encoder = sparse or Bm25Encoder()
+    ids = [q for q in dataset.qrels if q in dataset.queries]
+    totals = {"ndcg": 0.0, "r10": 0.0, "r100": 0.0, "mrr": 0.0}
+    for n, query_id in enumerate(ids, 1):
+        # a few more chunks than documents, since a long document may fill several slots
+        hits = search(store, embedder, dataset.queries[query_id], book_id, limit=depth * 2,
+                      mode=mode, sparse_encoder=encoder, rrf_k=rrf_k,
+                      prefetch_limit=depth * 2)
+        ranked = rank_documents(hits, depth)
+        relevant = dataset.qrels[query_id]
+        totals["ndcg"] += ndcg_at_k(ranked, relevant, 10)
+        totals["r10"] += recall_at_k(ranked, relevant, 10)
+        totals["r100"] += recall_at_k(ranked, relevant, 100)
+        totals["mrr"] += mrr_at_k(ranked, relevant, 10)
+        if progress:
+            progress(n, len(ids))
+    count = max(len(ids), 1)
+    return EvalReport(dataset.name, split, mode, len(ids), totals["ndcg"] / count,
+                      totals["r10"] / count, totals["r100"] / count, totals["mrr"] / count,
+                      time.perf_counter() - started)

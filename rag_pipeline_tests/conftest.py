@@ -1,0 +1,101 @@
+"""Shared fixtures: embedders, stores on every backend, and throwaway book trees."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CORPUS = FIXTURES / "corpus"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_corpus(name: str) -> Path:
+    """A corpus under ../shared/corpora, or skip the test with the reason."""
+    path = SHARED / name
+    if not path.is_dir():
+        pytest.skip(f"{path} is absent: this test reads the shared corpora beside the checkout")
+    return path
+
+
+@pytest.fixture(scope="session")
+def hash_embedder():
+    from rag_pipeline.embed.hashing import HashEmbedder
+
+    return HashEmbedder()
+
+
+@pytest.fixture(scope="session")
+def local_embedder(tmp_path_factory: pytest.TempPathFactory):
+    from rag_pipeline.embed.local import LocalEmbedder
+
+    return LocalEmbedder(cache_dir=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(params=["client", "edge"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator:
+    """An empty store on each embedded backend."""
+    from rag_pipeline.store.edge import EdgeStore
+    from rag_pipeline.store.qdrant import QdrantStore
+
+    if request.param == "client":
+        backend = QdrantStore("test_chunks", path=":memory:")
+    else:
+        backend = EdgeStore("test_chunks", tmp_path / "edge")
+    yield backend
+    backend.close()
+
+
+BookWriter = Callable[[str, Mapping[str, str | bytes]], Path]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "books"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def write_book(data_dir: Path) -> BookWriter:
+    """Write ``{relative path: text or bytes}`` as a book folder under ``data_dir``."""
+
+    def write(book_id: str, files: Mapping[str, str | bytes]) -> Path:
+        root = data_dir / book_id
+        for rel, content in files.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content, encoding="utf-8")
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
+    return write
+
+
+@pytest.fixture
+def sample_books(data_dir: Path) -> Path:
+    """The two sample books the repository ships, copied so tests may edit them."""
+    for book in (REPO / "data" / "books").iterdir():
+        if book.is_dir():
+            shutil.copytree(book, data_dir / book.name)
+    return data_dir
+
+
+def section(title: str, paragraphs: int = 3, words: int = 40, seed: str = "") -> str:
+    """A ``##`` section of plain prose whose size is easy to reason about."""
+    body = []
+    for p in range(paragraphs):
+        body.append(" ".join(f"{seed}{title.lower().replace(' ', '')}w{p}x{i}"
+                             for i in range(words)) + ".")
+    return f"## {title}\n\n" + "\n\n".join(body) + "\n"
