@@ -162,6 +162,10 @@ def _pack(
         overhead = header_cache[section]
         return max(budget.target - overhead, 8), max(budget.limit - overhead, 8)
 
+    # True while the current chunk continues a section that was split: its tail must not merge
+    # into the next section, or an edit would shift every chunk boundary after it.
+    continuation = False
+
     def flush(with_overlap: bool) -> None:
         nonlocal current, current_tokens
         text = "\n\n".join(b.text for b in current)
@@ -176,20 +180,29 @@ def _pack(
             while stack and stack[-1][0] >= block.level:
                 stack.pop()
             stack.append((block.level, block.title))
-            if (block.level <= budget.split_level and current_tokens >= budget.minimum
-                    and _has_content(current)):
+            if block.level <= budget.split_level and _has_content(current) and (
+                    current_tokens >= budget.minimum or continuation):
                 flush(with_overlap=False)
+            if block.level <= budget.split_level and not _has_content(current):
+                continuation = False
         section = _section_title(title, stack)
         if not _has_content(current):
             current_section = section
         soft, hard = room(current_section)
         lead = sum(b.tokens for b in current if b.kind == "heading") if not _has_content(
             current) else 0
-        units = ([block] if lead + block.tokens <= hard
-                 else _split_block(block, tokenizer, max(hard - lead, 8)))
+        if lead + block.tokens <= hard:
+            units = [block]
+        else:
+            # prose pieces leave room for the overlap that will precede them; code and tables
+            # never get an overlap tail, so they may fill the chunk
+            size = hard - lead if block.kind in ("fence", "code", "table") \
+                else min(hard - lead, soft - budget.overlap)
+            units = _split_block(block, tokenizer, max(size, 8))
         for unit in units:
             if current_tokens + unit.tokens > soft and _has_content(current):
                 flush(with_overlap=unit.kind != "heading")
+                continuation = True
                 current_section = section
                 soft, hard = room(section)
             if current_tokens + unit.tokens > hard and current and current[0].kind == "overlap":
@@ -221,7 +234,11 @@ def _overlap_tail(blocks: list[_Block], tokenizer: TokenCounter, overlap: int) -
     last = blocks[-1]
     if last.kind in ("fence", "code", "table", "heading", "overlap"):
         return None
-    units = [u for u in re.split(r"\n+", last.text) if u.strip()]
+    lines = last.text.split("\n")
+    fence_lines = [i for i, line in enumerate(lines) if line.lstrip().startswith(("```", "~~~"))]
+    if fence_lines:  # only what follows the last (closing) fence may repeat
+        lines = lines[fence_lines[-1] + 1 :]
+    units = [u for u in lines if u.strip()]
     if len(units) == 1:
         units = _SENTENCE_END.split(units[0])
     if len(units) < 2:
@@ -246,11 +263,26 @@ def _split_block(block: _Block, tokenizer: TokenCounter, limit: int) -> list[_Bl
         return _split_fence(block, tokenizer, limit)
     if block.kind == "table":
         return _split_table(block, tokenizer, limit)
+    if "```" in block.text or "~~~" in block.text:  # e.g. code nested in a list item
+        return _split_by_halving(block, tokenizer, limit)
     units = [u for u in block.text.split("\n") if u.strip()]
     if len(units) == 1:
         units = _SENTENCE_END.split(units[0])
     return _group_lines(units, "\n" if "\n" in block.text else " ", "", "", tokenizer, limit,
                         block.kind)
+
+
+def _split_by_halving(block: _Block, tokenizer: TokenCounter, limit: int,
+                      depth: int = 0) -> list[_Block]:
+    out: list[_Block] = []
+    for half in _halve(block.text, tokenizer, limit):
+        n = tokenizer.count([half])[0]
+        piece = _Block(block.kind, half, tokens=n)
+        if n <= limit or depth >= 16:
+            out.append(piece)
+        else:
+            out.extend(_split_by_halving(piece, tokenizer, limit, depth + 1))
+    return out
 
 
 def _split_fence(block: _Block, tokenizer: TokenCounter, limit: int) -> list[_Block]:
@@ -380,19 +412,33 @@ def _shrink(
 
 
 def _halve(text: str, tokenizer: TokenCounter, room: int) -> list[str]:
-    """Two halves cut at a line outside any code fence, or token pieces as a last resort."""
+    """Two halves cut at a line boundary near the middle (preferring a blank line outside any
+    code fence); a cut inside a fence closes it and re-opens it, so both halves stay valid.
+    Text without line breaks is cut at word boundaries by token count."""
     lines = text.split("\n")
-    cuts = []
-    in_fence = False
-    for i, line in enumerate(lines):
-        if line.lstrip().startswith(("```", "~~~")):
-            in_fence = not in_fence
-        elif not in_fence and i > 0 and not line.strip():
-            cuts.append(i)
-    if cuts:
-        mid = min(cuts, key=lambda i: abs(i - len(lines) / 2))
-        halves = ["\n".join(lines[:mid]).strip("\n"), "\n".join(lines[mid:]).strip("\n")]
-        halves = [h for h in halves if h.strip()]
-        if len(halves) == 2:
-            return halves
-    return tokenizer.split(text, room)
+    if len(lines) < 2:
+        return tokenizer.split(text, room)
+    fence_at: list[str | None] = []  # the opener of the fence each line is inside, if any
+    opener: str | None = None
+    for line in lines:
+        stripped = line.lstrip()
+        if opener is None and stripped.startswith(("```", "~~~")):
+            fence_at.append(None)
+            opener = line
+        elif opener is not None and stripped.startswith(opener.lstrip()[:3]) and \
+                not stripped[3:].strip():
+            fence_at.append(opener)
+            opener = None
+        else:
+            fence_at.append(opener)
+    middle = len(lines) / 2
+    blank_cuts = [i for i in range(1, len(lines)) if not lines[i].strip() and fence_at[i] is None]
+    cut = min(blank_cuts or range(1, len(lines)), key=lambda i: abs(i - middle))
+    first, second = lines[:cut], lines[cut:]
+    inside = fence_at[cut] if fence_at[cut] is not None and fence_at[cut] != lines[cut] else None
+    if inside is not None and fence_at[cut - 1] is not None:
+        fence = inside.lstrip()[:3]
+        first = [*first, fence]
+        second = [inside, *second]
+    halves = ["\n".join(first).strip("\n"), "\n".join(second).strip("\n")]
+    return [h for h in halves if h.strip()]

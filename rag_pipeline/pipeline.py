@@ -44,6 +44,8 @@ __all__ = [
     "default_budget",
     "embed_book",
     "index_signature",
+    "ingest_book",
+    "BookRun",
     "lineage_for",
     "parse_book",
     "plan_book",
@@ -300,3 +302,29 @@ def plan_book(
 
 def default_budget(embedder: Embedder, config: ChunkingConfig | None = None) -> ChunkBudget:
     return ChunkBudget.for_tokenizer(config or ChunkingConfig(), embedder.tokenizer)
+
+
+@dataclass(frozen=True)
+class BookRun:
+    """Everything one pass over a book produced (the assets' outputs, without Dagster)."""
+
+    inventory: BookInventory
+    parsed: ParsedBook
+    chunked: ChunkedBook
+    embedded: EmbeddedBook
+    written: WriteReport
+
+
+def ingest_book(
+    source: SourceConfig, book_id: str, store: VectorStore, embedder: Embedder,
+    budget: ChunkBudget, sparse_encoder: Bm25Encoder, run_id: str | None = None,
+) -> BookRun:
+    """All stages of one book in order, as the asset chain runs them."""
+    signature = index_signature(embedder, budget, sparse_encoder)
+    inventory = take_inventory(source, book_id, store, signature, embedder.model_name)
+    parsed = parse_book(inventory, source)
+    chunked = chunk_book(parsed, embedder, budget)
+    embedded = embed_book(chunked, embedder, store, sparse_encoder)
+    written = write_book(store, chunked, embedded,
+                         lineage_for(embedder, budget, sparse_encoder, run_id))
+    return BookRun(inventory, parsed, chunked, embedded, written)

@@ -56,17 +56,24 @@ class RegexTokenCounter(TokenCounter):
 
 
 def _split_at_spans(text: str, spans: Sequence[tuple[int, int]], max_tokens: int) -> list[str]:
+    """Cut ``text`` before every ``max_tokens``-th token, moving each cut back to the start of a
+    word (a token preceded by a gap) when one is within reach, so words stay whole."""
     if max_tokens < 1:
         raise ValueError("max_tokens must be at least 1")
     if len(spans) <= max_tokens:
         return [text]
     pieces = []
-    start = 0
-    for i in range(max_tokens, len(spans), max_tokens):
-        cut = spans[i][0]
-        pieces.append(text[start:cut])
-        start = cut
-    pieces.append(text[start:])
+    start_token = 0
+    start_char = 0
+    while len(spans) - start_token > max_tokens:
+        cut = start_token + max_tokens
+        for candidate in range(cut, max(start_token + 1, cut - max_tokens // 4), -1):
+            if spans[candidate][0] > spans[candidate - 1][1]:
+                cut = candidate
+                break
+        pieces.append(text[start_char : spans[cut][0]])
+        start_token, start_char = cut, spans[cut][0]
+    pieces.append(text[start_char:])
     return [p for p in pieces if p.strip()]
 
 

@@ -258,7 +258,8 @@ class EdgeStore(VectorStore):
         if self._shard is None:
             return []
         hits = self._shard.facet(qe.FacetRequest(key="book_id", limit=1_000_000, exact=True))
-        return sorted(str(h.value) for h in hits)
+        # the keyword index may keep a value whose points were all deleted, with count 0
+        return sorted(str(h.value) for h in hits if h.count > 0)
 
     def close(self) -> None:
         with self._lock:

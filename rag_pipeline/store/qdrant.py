@@ -8,7 +8,6 @@ server for anything shared.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -173,6 +172,8 @@ class QdrantStore(VectorStore):
         self._ensure_indexes()
 
     def _ensure_indexes(self) -> None:
+        if not self.is_server:
+            return  # local mode evaluates filters in Python and ignores payload indexes
         info = self._call(lambda: self._client.get_collection(self.collection))
         present = set(info.payload_schema or {})
         for field, kind in PAYLOAD_INDEXES.items():
@@ -185,9 +186,8 @@ class QdrantStore(VectorStore):
                 schema = qm.PayloadSchemaType.INTEGER
             else:
                 schema = qm.PayloadSchemaType.KEYWORD
-            with contextlib.suppress(ValueError):  # local mode warns that indexes are unused
-                self._call(lambda f=field, s=schema: self._client.create_payload_index(
-                    self.collection, f, field_schema=s, wait=True))
+            self._call(lambda f=field, s=schema: self._client.create_payload_index(
+                self.collection, f, field_schema=s, wait=True))
 
     def payload_indexes(self) -> dict[str, str]:
         info = self._call(lambda: self._client.get_collection(self.collection))
@@ -309,7 +309,7 @@ class QdrantStore(VectorStore):
             return []
         facets = self._call(lambda: self._client.facet(self.collection, key="book_id",
                                                         limit=100_000, exact=True))
-        return sorted(str(hit.value) for hit in facets.hits)
+        return sorted(str(hit.value) for hit in facets.hits if hit.count > 0)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the server answers (for tests and deployments that start one)."""

@@ -1,0 +1,215 @@
+"""Ingestion without Dagster: full runs, incremental runs, crash convergence; both backends."""
+
+import hashlib
+import os
+
+import pytest
+
+from rag_pipeline.chunk import ChunkBudget, chunk_document
+from rag_pipeline.config import ChunkingConfig, SourceConfig
+from rag_pipeline.consistency import check_index
+from rag_pipeline.index import CHUNK, DOCUMENT
+from rag_pipeline.models import ParsedDocument, document_id
+from rag_pipeline.parse import parse_document
+from rag_pipeline.pipeline import default_budget, ingest_book, plan_book
+from rag_pipeline.sparse import Bm25Encoder
+from rag_pipeline.store.filters import Match, tenant_filter
+from rag_pipeline_tests.conftest import section
+
+BOOK = "guide"
+
+
+def long_doc(title: str, sections: int = 4, seed: str = "") -> str:
+    return f"---\ntitle: {title}\n---\n" + "".join(
+        section(f"Part {i}", 3, 60, seed=seed) for i in range(sections))
+
+
+@pytest.fixture
+def env(store, data_dir, write_book, hash_embedder):
+    budget = ChunkBudget.for_tokenizer(ChunkingConfig(target_tokens=150, max_tokens=200),
+                                       hash_embedder.tokenizer)
+    source = SourceConfig(data_dir)
+    write_book(BOOK, {"a.md": long_doc("A"), "sub/b.md": long_doc("B", seed="b"),
+                      "c.md": long_doc("C", 2, seed="c")})
+
+    class Env:
+        root = data_dir / BOOK
+
+        def run(self, run_id="r"):
+            return ingest_book(source, BOOK, store, hash_embedder, budget, Bm25Encoder(), run_id)
+
+        def plan(self):
+            return plan_book(source, BOOK, store, hash_embedder, budget, Bm25Encoder())
+
+        def expected_ids(self):
+            """Chunk ids a from-scratch chunking of the files on disk gives."""
+            ids = set()
+            for rel in sorted(p.relative_to(self.root).as_posix()
+                              for p in self.root.rglob("*.md")):
+                data = (self.root / rel).read_bytes()
+                doc = parse_document(BOOK, rel, data, hashlib.sha256(data).hexdigest())
+                if isinstance(doc, ParsedDocument):
+                    ids |= {c.id for c in chunk_document(doc, hash_embedder.tokenizer, budget)}
+            return ids
+
+        def chunk_points(self):
+            return {r.id: r.payload for r in store.scroll(
+                tenant_filter(BOOK, Match("record_type", CHUNK)))}
+
+        def assert_exact(self):
+            points = self.chunk_points()
+            assert set(points) == self.expected_ids()
+            report = check_index(store, BOOK, hash_embedder.dimension)
+            assert report.passed, report.problems()
+            return points
+
+    return Env()
+
+
+def test_first_run_indexes_every_chunk_with_lineage(env, store):
+    run = env.run("run-1")
+    points = env.assert_exact()
+    assert run.embedded.embedded == len(points) > 10
+    assert run.embedded.reused == 0
+    assert run.inventory.changes.counts()["files_new"] == 3
+    sample = next(iter(points.values()))
+    for key in ("source_file", "source_file_hash", "content_hash", "chunk_index",
+                "parent_doc_id", "embedding_model", "embedding_dim", "pipeline_version",
+                "run_id", "section_title", "text", "prev_chunk_id", "next_chunk_id"):
+        assert key in sample
+    assert sample["run_id"] == "run-1"
+    docs = list(store.scroll(tenant_filter(BOOK, Match("record_type", DOCUMENT))))
+    assert {d.payload["source_file"] for d in docs} == {"a.md", "sub/b.md", "c.md"}
+    assert all(d.id == document_id(BOOK, d.payload["source_file"]) for d in docs)
+
+
+def test_rerun_without_change_does_nothing(env):
+    env.run()
+    before = env.chunk_points()
+    run = env.run("run-2")
+    assert run.inventory.changes.has_work is False
+    assert run.embedded.embedded == 0 and run.written.upserted == 0
+    assert env.chunk_points() == before  # not even the run id changed
+    assert not env.plan().changes.has_work
+
+
+def test_editing_one_section_embeds_only_that_section(env):
+    env.run()
+    text = (env.root / "a.md").read_text()
+    (env.root / "a.md").write_text(text.replace("part2w1x5", "EDITED WORDS HERE"))
+    plan = env.plan()
+    assert plan.changes.modified == ("a.md",)
+    run = env.run("run-2")
+    assert 1 <= run.embedded.embedded <= 3
+    assert run.embedded.reused == len(run.chunked.chunks) - run.embedded.embedded
+    assert plan.chunks_to_embed == run.embedded.embedded
+    points = env.assert_exact()
+    edited = [p for p in points.values() if "EDITED WORDS HERE" in p["text"]]
+    assert edited and all(p["run_id"] == "run-2" for p in edited)
+    untouched = [p for p in points.values() if p["source_file"] == "c.md"]
+    assert all(p["run_id"] == "r" for p in untouched)
+
+
+def test_add_delete_and_rename_files(env, write_book):
+    env.run()
+    os.remove(env.root / "c.md")
+    os.rename(env.root / "sub" / "b.md", env.root / "b-renamed.md")
+    write_book(BOOK, {"new.md": long_doc("New", 1, seed="n")})
+    run = env.run("run-2")
+    changes = run.inventory.changes
+    assert set(changes.new) == {"b-renamed.md", "new.md"}
+    assert set(changes.deleted) == {"c.md", "sub/b.md"}
+    # the renamed file's text was embedded before: its vectors are reused
+    renamed = [c for c in run.chunked.chunks if c.source_file == "b-renamed.md"]
+    assert run.embedded.embedded == len(run.chunked.chunks) - len(renamed)
+    points = env.assert_exact()
+    assert {p["source_file"] for p in points.values()} == {"a.md", "b-renamed.md", "new.md"}
+
+
+def test_prev_next_chains_stay_correct_after_edits(env):
+    env.run()
+    text = (env.root / "a.md").read_text()
+    (env.root / "a.md").write_text(text.replace("## Part 2", "## Inserted\n\nNew section "
+                                                "with some words.\n\n## Part 2"))
+    env.run("run-2")
+    points = env.assert_exact()
+    by_doc: dict[str, list] = {}
+    for pid, p in points.items():
+        by_doc.setdefault(p["parent_doc_id"], []).append((p["chunk_index"], pid, p))
+    for members in by_doc.values():
+        members.sort()
+        for i, (index, pid, p) in enumerate(members):
+            assert index == i
+            assert p["prev_chunk_id"] == (members[i - 1][1] if i else None)
+            assert p["next_chunk_id"] == (members[i + 1][1] if i + 1 < len(members) else None)
+
+
+def test_bad_files_are_recorded_and_the_rest_is_ingested(env, write_book, store):
+    env.run()
+    write_book(BOOK, {"bad.md": b"# caf\xe9", "empty.md": "", "bin.md": b"\x00\x01"})
+    run = env.run("run-2")
+    reasons = {e.source_file: e.reason for e in run.chunked.errors}
+    assert "not valid UTF-8" in reasons["bad.md"] and "binary" in reasons["bin.md"]
+    records = {r.payload["source_file"]: r.payload for r in store.scroll(
+        tenant_filter(BOOK, Match("record_type", DOCUMENT)))}
+    assert records["bad.md"]["status"] == "error"
+    assert "not valid UTF-8" in records["bad.md"]["error"]
+    assert records["empty.md"]["status"] == "empty"
+    env.assert_exact()
+    # unchanged bad files are not retried
+    assert not env.run("run-3").inventory.changes.has_work
+
+
+def test_a_run_that_dies_before_committing_converges(env, store, monkeypatch):
+    env.run()
+    text = (env.root / "a.md").read_text()
+    (env.root / "a.md").write_text(text.replace("part1w0x1", "CRASHY EDIT"))
+    real_upsert = store.upsert
+    calls = {"n": 0}
+
+    def dying_upsert(points):
+        calls["n"] += 1
+        if any(p.payload.get("record_type") == DOCUMENT for p in points):
+            raise RuntimeError("killed before commit")
+        return real_upsert(points)
+
+    monkeypatch.setattr(store, "upsert", dying_upsert)
+    with pytest.raises(RuntimeError, match="killed before commit"):
+        env.run("crashed")
+    monkeypatch.setattr(store, "upsert", real_upsert)
+    assert env.plan().changes.modified == ("a.md",)  # still pending: no commit mark
+    env.run("recovery")
+    env.assert_exact()
+
+
+def test_orphan_chunks_of_a_file_deleted_after_a_crash_are_removed(env, store, write_book,
+                                                                     monkeypatch):
+    env.run()
+    write_book(BOOK, {"late.md": long_doc("Late", 1, seed="l")})
+    real_upsert = store.upsert
+
+    def dying_upsert(points):
+        if any(p.payload.get("record_type") == DOCUMENT for p in points):
+            raise RuntimeError("killed")
+        return real_upsert(points)
+
+    monkeypatch.setattr(store, "upsert", dying_upsert)
+    with pytest.raises(RuntimeError):
+        env.run("crashed")
+    monkeypatch.setattr(store, "upsert", real_upsert)
+    os.remove(env.root / "late.md")  # the file goes away before anyone re-runs
+    run = env.run("recovery")
+    assert "late.md" in run.inventory.changes.deleted
+    env.assert_exact()
+
+
+def test_changing_the_model_reembeds_everything(env, store, data_dir, write_book):
+    from rag_pipeline.embed.hashing import HashEmbedder
+
+    env.run()
+    other = HashEmbedder(dimension=384)
+    other.model_name = "hash-384-v2"
+    source = SourceConfig(data_dir)
+    run = ingest_book(source, BOOK, store, other, default_budget(other), Bm25Encoder())
+    assert set(run.inventory.changes.modified) == {"a.md", "sub/b.md", "c.md"}
+    assert run.embedded.reused == 0
