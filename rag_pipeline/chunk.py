@@ -44,6 +44,7 @@ CHUNKER_VERSION = "1"
 # Block structure is all the chunker needs; skipping inline parsing halves the parse time.
 _md = MarkdownIt("commonmark").enable("table").disable(["inline", "text_join"])
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_DELIMITER_ROW = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ def _blocks(body: str) -> list[_Block]:
         elif tok.type in ("fence", "code_block"):
             blocks.append(_Block("fence" if tok.type == "fence" else "code", text))
         elif tok.type == "table_open":
-            blocks.append(_Block("table", text))
+            blocks.append(_Block("table", _compact_delimiter_row(text)))
         elif text.strip():
             blocks.append(_Block("text", text))
         i += 1
@@ -294,9 +295,23 @@ def _split_fence(block: _Block, tokenizer: TokenCounter, limit: int) -> list[_Bl
     return _group_lines(inner, "\n", opener + "\n", "\n" + closer, tokenizer, limit, "fence")
 
 
+def _compact_delimiter_row(table: str) -> str:
+    """``| ------------ | :-----: |`` -> ``| --- | :---: |``: the same table once rendered, but
+    a wide delimiter row would otherwise cost a token per dash (and repeat in every piece)."""
+    lines = table.split("\n")
+    if len(lines) > 1 and _DELIMITER_ROW.match(lines[1]):
+        cells = [c.strip() for c in lines[1].strip().strip("|").split("|")]
+        compact = [(":" if c.startswith(":") else "") + "---" + (":" if c.endswith(":") else "")
+                   for c in cells]
+        lines[1] = "| " + " | ".join(compact) + " |"
+    return "\n".join(lines)
+
+
 def _split_table(block: _Block, tokenizer: TokenCounter, limit: int) -> list[_Block]:
     lines = block.text.split("\n")
     header = "\n".join(lines[:2]) + "\n"
+    if tokenizer.count([header])[0] > limit // 3:  # a huge header would crowd out the rows
+        return _group_lines(lines, "\n", "", "", tokenizer, limit, "table")
     return _group_lines(lines[2:], "\n", header, "", tokenizer, limit, "table")
 
 

@@ -39,14 +39,14 @@ def emit_json(data: Any) -> None:
 
 
 @contextmanager
-def opened_store(settings: Settings, wait_s: float = 10.0) -> Iterator[Any]:
+def opened_store(settings: Settings) -> Iterator[Any]:
     """The configured store; a busy embedded store is waited for, then a clear error."""
     from rag_pipeline.resources.store import shared_store
     from rag_pipeline.store import StoreError, open_store
 
     key = ("cli", settings.collection, settings.qdrant_path, settings.qdrant_url)
     try:
-        with shared_store(key, lambda: open_store(settings), wait_s) as store:
+        with shared_store(key, lambda: open_store(settings), settings.busy_wait_s) as store:
             yield store
     except StoreError as exc:
         fail(str(exc))

@@ -7,7 +7,7 @@ OPENAI_API_KEY, OPENAI_BASE_URL, RAG_CHUNK_*, RAG_SENSOR_INTERVAL_S (see README)
 
 from __future__ import annotations
 
-from dagster import Definitions, EnvVar
+from dagster import Definitions, EnvVar, in_process_executor
 
 from rag_pipeline.config import ChunkingConfig, Settings, load_settings
 from rag_pipeline.defs.assets import ingestion_assets
@@ -62,6 +62,9 @@ def build_definitions(settings: Settings | None = None,
                       chunking: ChunkingConfig | None = None) -> Definitions:
     settings = settings or load_settings()
     return Definitions(
+        # One process per run: steps share the store handle and the loaded model, and a run
+        # launched from the UI starts in seconds instead of one code load per step.
+        executor=in_process_executor,
         assets=ingestion_assets,
         jobs=[ingest_books_job, purge_book_job],
         sensors=[build_books_sensor(settings.data_dir, interval_s=sensor_interval_s())],

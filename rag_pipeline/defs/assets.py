@@ -109,7 +109,7 @@ def source_files(
     "parsed. A file that cannot be parsed is an error record naming the reason; the rest of "
     "the book goes on.",
     check_specs=[AssetCheckSpec(
-        "parse_errors", asset="documents",
+        "parse_errors", asset="documents", partitions_def=book_partitions_def,
         description="Warns with the file names when files fail to parse or are empty.")],
 )
 def documents(context: AssetExecutionContext, books: BookSourceResource,
@@ -157,7 +157,7 @@ def documents(context: AssetExecutionContext, books: BookSourceResource,
     "a token budget measured with the embedder's own tokenizer (never above its input limit), "
     "with overlap, no split inside code fences or tables, content-hash ids and prev/next links.",
     check_specs=[AssetCheckSpec(
-        "chunks_valid", asset="chunks", blocking=True,
+        "chunks_valid", asset="chunks", partitions_def=book_partitions_def, blocking=True,
         description="Blocks embedding and publishing when a chunk is empty, over the token "
         "limit, duplicated, or its prev/next chain is broken.")],
 )
@@ -202,7 +202,8 @@ def chunks(context: AssetExecutionContext, books: BookSourceResource,
     "chunk. Text already in the index with the same model is not embedded again: its vector "
     "is reused, so only new text reaches the embedder.",
     check_specs=[AssetCheckSpec(
-        "vector_dimension", asset="chunk_embeddings", blocking=True,
+        "vector_dimension", asset="chunk_embeddings", partitions_def=book_partitions_def,
+        blocking=True,
         description="Blocks publishing unless every vector has the model's dimension, which "
         "must also be the collection's, and is finite and unit length.")],
 )
@@ -244,7 +245,7 @@ def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
     "points are upserted first, points they replace are deleted after, and per-file document "
     "records are committed last, so the book stays searchable and a re-run converges.",
     check_specs=[AssetCheckSpec(
-        "index_consistency", asset="qdrant_points",
+        "index_consistency", asset="qdrant_points", partitions_def=book_partitions_def,
         description="Points in Qdrant == chunks the document records promise; no orphan "
         "points, no duplicate chunk positions, every prev/next id resolves, vector dimension "
         "matches the model.")],

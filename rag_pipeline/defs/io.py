@@ -24,9 +24,10 @@ class BookPartitionIOManager(ConfigurableIOManager):
     def _path(self, context: OutputContext | InputContext) -> Path:
         base = Path(self.base_dir or os.path.join(os.environ.get("DAGSTER_HOME", ".dagster_home"),
                                                   "storage"))
-        key = context.asset_key.path
+        if not context.has_asset_key:  # a plain op's output: kept per run and step
+            return base.joinpath("ops", *context.get_identifier()).with_suffix(".pkl")
         partition = context.asset_partition_key if context.has_asset_partitions else "_"
-        return base.joinpath(*key) / f"{partition}.pkl"
+        return base.joinpath(*context.asset_key.path) / f"{partition}.pkl"
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         if obj is None:

@@ -1,0 +1,213 @@
+"""The `rag-pipeline` command as users and other tools run it (a real subprocess)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rag_pipeline_tests.conftest import REPO
+
+INGEST_KEYS = {"files", "errors", "chunks", "embedded", "points", "reused", "deleted",
+               "files_new", "files_modified", "files_deleted"}
+HIT_KEYS = {"id", "score", "book_id", "text", "source_file", "section_title", "chunk_index",
+            "parent_doc_id"}
+
+
+class Cli:
+    def __init__(self, tmp_path: Path, data_dir: Path, embedder: str = "hash"):
+        self.env = {
+            **os.environ,
+            "RAG_DATA_DIR": str(data_dir),
+            "RAG_QDRANT_PATH": str(tmp_path / "qdrant"),
+            "RAG_CACHE_DIR": str(tmp_path / "cache"),
+            "RAG_EMBEDDER": embedder,
+            "DAGSTER_HOME": str(tmp_path / "dagster_home"),
+            "DO_NOT_TRACK": "1",
+        }
+        for var in ("RAG_QDRANT_URL", "RAG_COLLECTION", "RAG_QDRANT_EMBEDDED"):
+            self.env.pop(var, None)
+        self.cwd = tmp_path
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", *args], env=self.env,
+                              cwd=self.cwd, capture_output=True, text=True, timeout=600)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def json(self, *args: str):
+        return json.loads(self(*args, "--json").stdout)
+
+
+@pytest.fixture
+def cli(tmp_path, sample_books):
+    return Cli(tmp_path, sample_books)
+
+
+def test_ingest_json_contract_and_incremental_rerun(cli, sample_books):
+    report = cli.json("ingest")
+    books = report["books"]
+    assert set(books) == {"humanoid-robotics-ros2", "ros2-fundamentals"}
+    for stats in books.values():
+        assert INGEST_KEYS <= set(stats)
+        assert stats["files"] == 5 and stats["errors"] == 0
+        assert stats["chunks"] == stats["points"] == stats["embedded"] > 10
+        assert stats["files_new"] == 5
+    again = cli.json("ingest")["books"]
+    assert all(b["embedded"] == 0 and b["status"] == "unchanged" for b in again.values())
+    # edit one file, delete another: only that book runs
+    book = sample_books / "ros2-fundamentals"
+    (book / "00-intro.md").write_text((book / "00-intro.md").read_text() + "\n\n## Added\n\nNew.")
+    os.remove(book / "01-chapter-1-ros2-fundamentals" / "02-setup.md")
+    third = cli.json("ingest")["books"]
+    assert third["humanoid-robotics-ros2"]["status"] == "unchanged"
+    changed = third["ros2-fundamentals"]
+    assert changed["files_modified"] == 1 and changed["files_deleted"] == 1
+    assert changed["deleted"] > 0 and changed["reused"] > 0
+    assert changed["points"] == changed["chunks"]
+
+
+def test_ingest_named_book_and_dagster_records_runs(cli, tmp_path):
+    report = cli.json("ingest", "--book", "ros2-fundamentals")
+    assert list(report["books"]) == ["ros2-fundamentals"]
+    run_id = report["books"]["ros2-fundamentals"]["run_id"]
+    assert run_id
+    from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path / "dagster_home"))
+                                  ) as instance:
+        run = instance.get_run_by_id(run_id)
+        assert run is not None and run.is_success
+        assert run.tags["dagster/partition"] == "ros2-fundamentals"
+        assert "ros2-fundamentals" in instance.get_dynamic_partitions("books")
+
+
+def test_unknown_or_unsafe_book(cli):
+    missing = cli("ingest", "--book", "no-such-book", "--json", check=False)
+    assert missing.returncode == 1
+    assert "no book folder" in json.loads(missing.stdout)["books"]["no-such-book"][
+        "error_messages"][0]
+    unsafe = cli("ingest", "--book", "../etc", check=False)
+    assert unsafe.returncode == 2 and "invalid book id" in unsafe.stderr
+
+
+def test_search_context_document_lineage(cli):
+    cli("ingest")
+    hits = cli.json("search", "How do nodes communicate with topics?", "--book",
+                    "ros2-fundamentals", "--limit", "4")
+    assert 1 <= len(hits) <= 4
+    assert all(HIT_KEYS <= set(h) for h in hits)
+    assert {h["book_id"] for h in hits} == {"ros2-fundamentals"}
+    assert not hits[0]["source_file"].startswith("/")  # relative to the book folder
+    top = hits[0]
+
+    context = cli.json("context", top["id"], "--book", "ros2-fundamentals", "--prev", "1",
+                       "--next", "1")
+    indexes = [c["chunk_index"] for c in context]
+    assert top["chunk_index"] in indexes and indexes == sorted(indexes)
+    assert len({c["parent_doc_id"] for c in context}) == 1
+
+    document = cli.json("document", top["parent_doc_id"], "--book", "ros2-fundamentals")
+    assert [c["chunk_index"] for c in document] == list(range(len(document)))
+
+    lineage = cli.json("lineage", top["id"], "--book", "ros2-fundamentals")
+    assert lineage["source_file"] == top["source_file"]
+    assert lineage["file_changed_since_indexed"] is False
+    assert lineage["run_id"] and lineage["embedding_model"] == "hash-384"
+
+    # another book's id through this book: not found
+    other = cli.json("search", "ROS", "--book", "humanoid-robotics-ros2", "--limit", "1")
+    foreign = cli("context", other[0]["id"], "--book", "ros2-fundamentals", check=False)
+    assert foreign.returncode == 1 and "no chunk" in foreign.stderr
+
+
+def test_search_requires_a_book(cli):
+    proc = cli("search", "anything", check=False)
+    assert proc.returncode != 0
+    assert "--book is required" in proc.stderr
+
+
+def test_search_filters_and_modes(cli):
+    cli("ingest")
+    for mode in ("dense", "sparse", "hybrid"):
+        hits = cli.json("search", "ROS 2 nodes", "--book", "ros2-fundamentals", "--mode", mode)
+        assert hits, mode
+    chapter_one = cli.json("search", "ROS 2", "--book", "ros2-fundamentals", "--chapter-min",
+                           "1", "--chapter-max", "1", "--limit", "50")
+    assert chapter_one and all(h["chapter"] == 1 for h in chapter_one)
+    a2 = cli.json("search", "ROS 2", "--book", "ros2-fundamentals", "--proficiency", "A2",
+                  "--limit", "50")
+    assert a2 and all(h["proficiency_level"] == "A2" for h in a2)
+    empty = cli.json("search", "ROS 2", "--book", "ros2-fundamentals", "--chapter-min", "99")
+    assert empty == []
+    bad = cli("search", "x", "--book", "ros2-fundamentals", "--chapter-min", "3",
+              "--chapter-max", "1", check=False)
+    assert bad.returncode == 2 and "chapter range is empty" in bad.stderr
+
+
+def test_plan_shows_work_without_writing(cli, sample_books):
+    plan = cli.json("plan")["books"]
+    assert plan["ros2-fundamentals"]["files_new"] == 5
+    assert plan["ros2-fundamentals"]["chunks_to_embed"] > 0
+    assert plan["ros2-fundamentals"]["cost_usd"] == 0
+    assert cli.json("plan")["books"] == plan  # nothing was written
+    cli("ingest")
+    after = cli.json("plan")["books"]["ros2-fundamentals"]
+    assert after["chunks_to_embed"] == 0 and after["files_unchanged"] == 5
+
+
+def test_removed_book_is_purged_by_ingest(cli, sample_books):
+    cli("ingest")
+    shutil.rmtree(sample_books / "humanoid-robotics-ros2")
+    report = cli.json("ingest")["books"]
+    assert report["humanoid-robotics-ros2"]["status"] == "removed"
+    assert report["humanoid-robotics-ros2"]["deleted"] > 0
+    gone = cli.json("search", "ROS", "--book", "humanoid-robotics-ros2")
+    assert gone == []
+
+
+def test_books_listing(cli):
+    assert cli("books", "--first").stdout.strip() == "humanoid-robotics-ros2"
+
+
+@pytest.mark.slow
+def test_end_to_end_with_the_default_local_model(tmp_path, sample_books):
+    """The real offline model, through Dagster, into the embedded store, then a search."""
+    shutil.rmtree(sample_books / "humanoid-robotics-ros2")
+    cli = Cli(tmp_path, sample_books, embedder="local")
+    report = cli.json("ingest")["books"]["ros2-fundamentals"]
+    assert report["points"] == report["chunks"] > 50
+    hits = cli.json("search", "What is a ROS 2 topic?", "--book", "ros2-fundamentals",
+                    "--mode", "dense", "--limit", "3")
+    assert any("topic" in h["text"].lower() for h in hits)
+    lineage = cli.json("lineage", hits[0]["id"], "--book", "ros2-fundamentals")
+    assert lineage["embedding_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert lineage["embedding_dim"] == 384
+
+
+def test_busy_embedded_store_is_a_clear_error(cli, tmp_path):
+    cli("ingest")
+    from rag_pipeline.store.qdrant import QdrantStore
+
+    holder = QdrantStore("rag_chunks", path=tmp_path / "qdrant")
+    try:
+        env = {**cli.env, "RAG_BUSY_WAIT_S": "0"}
+        proc = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "search", "x",
+                               "--book", "ros2-fundamentals"], env=env, cwd=cli.cwd,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2
+        assert "in use by another process" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    finally:
+        holder.close()
+
+
+def test_repository_layout_is_as_documented():
+    for name in ("pyproject.toml", "workspace.yaml", "dagster.yaml", "Makefile", "README.md",
+                 ".ci/run", "data/books"):
+        assert (REPO / name).exists(), name

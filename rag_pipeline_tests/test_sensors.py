@@ -1,0 +1,179 @@
+"""books_sensor on a real temp tree, evaluated with build_sensor_context."""
+
+import json
+import os
+import time
+
+import pytest
+from dagster import (
+    AddDynamicPartitionsRequest,
+    DagsterInstance,
+    DeleteDynamicPartitionsRequest,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
+)
+
+from rag_pipeline.defs import sensors as sensors_module
+from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+from rag_pipeline.defs.sensors import build_books_sensor
+
+
+class Harness:
+    """Ticks the sensor and applies what the daemon would (partition requests, cursor)."""
+
+    def __init__(self, data_dir):
+        self.sensor = build_books_sensor(data_dir, interval_s=1)
+        self.instance = DagsterInstance.ephemeral()
+        self.cursor = None
+
+    def tick(self):
+        result = self.sensor(build_sensor_context(instance=self.instance, cursor=self.cursor))
+        if isinstance(result, SkipReason):
+            return result
+        for request in result.dynamic_partitions_requests:
+            if isinstance(request, AddDynamicPartitionsRequest):
+                self.instance.add_dynamic_partitions(request.partitions_def_name,
+                                                     list(request.partition_keys))
+            elif isinstance(request, DeleteDynamicPartitionsRequest):
+                for key in request.partition_keys:
+                    self.instance.delete_dynamic_partition(request.partitions_def_name, key)
+        self.cursor = result.cursor
+        return result
+
+    @property
+    def partitions(self):
+        return sorted(self.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
+
+
+@pytest.fixture
+def harness(data_dir):
+    sensors_module._stat_cache.clear()
+    return Harness(data_dir)
+
+
+def ingest_requests(result):
+    return [r for r in result.run_requests if r.job_name == "ingest_books"]
+
+
+def bump_mtime(path):
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+
+
+def test_new_books_get_partitions_and_one_run_each(harness, write_book):
+    write_book("alpha", {"a.md": "# A"})
+    write_book("beta", {"b.md": "# B"})
+    result = harness.tick()
+    assert isinstance(result, SensorResult)
+    assert [r.partition_key for r in ingest_requests(result)] == ["alpha", "beta"]
+    assert all(r.run_key.startswith(f"ingest:{r.partition_key}:") for r in result.run_requests)
+    assert harness.partitions == ["alpha", "beta"]
+    cursor = json.loads(harness.cursor)
+    assert set(cursor) == {"alpha", "beta"}
+    assert all(len(v) == 2 for v in cursor.values())  # compact: two digests per book
+
+
+def test_unchanged_books_skip(harness, write_book):
+    write_book("alpha", {"a.md": "# A"})
+    harness.tick()
+    assert isinstance(harness.tick(), SkipReason)
+
+
+def test_editing_a_file_requests_a_run_for_that_book_only(harness, write_book, data_dir):
+    write_book("alpha", {"a.md": "# A"})
+    write_book("beta", {"b.md": "# B"})
+    first = harness.tick()
+    (data_dir / "alpha" / "a.md").write_text("# A edited")
+    bump_mtime(data_dir / "alpha" / "a.md")
+    result = harness.tick()
+    requests = ingest_requests(result)
+    assert [r.partition_key for r in requests] == ["alpha"]
+    old_key = next(r.run_key for r in first.run_requests if r.partition_key == "alpha")
+    assert requests[0].run_key != old_key  # new content, new run key
+
+
+def test_touch_without_changing_bytes_starts_no_run(harness, write_book, data_dir):
+    write_book("alpha", {"a.md": "# A"})
+    harness.tick()
+    bump_mtime(data_dir / "alpha" / "a.md")
+    result = harness.tick()
+    assert isinstance(result, SensorResult)  # the stat digest moved: cursor is updated...
+    assert result.run_requests == []  # ...but the content did not, so nothing runs
+    assert isinstance(harness.tick(), SkipReason)
+
+
+def test_deleting_and_renaming_files(harness, write_book, data_dir):
+    write_book("alpha", {"a.md": "# A", "b.md": "# B"})
+    harness.tick()
+    os.remove(data_dir / "alpha" / "b.md")
+    assert [r.partition_key for r in ingest_requests(harness.tick())] == ["alpha"]
+    os.rename(data_dir / "alpha" / "a.md", data_dir / "alpha" / "renamed.md")
+    assert [r.partition_key for r in ingest_requests(harness.tick())] == ["alpha"]
+
+
+def test_deleting_a_book_removes_its_partition_and_purges_through_a_run(harness, write_book,
+                                                                         data_dir):
+    import shutil
+
+    write_book("alpha", {"a.md": "# A"})
+    write_book("beta", {"b.md": "# B"})
+    harness.tick()
+    shutil.rmtree(data_dir / "beta")
+    result = harness.tick()
+    purges = [r for r in result.run_requests if r.job_name == "purge_book"]
+    assert len(purges) == 1
+    assert purges[0].run_config == {"ops": {"purge_book_points": {"config": {"book_id": "beta"}}}}
+    assert harness.partitions == ["alpha"]
+    assert "beta" not in json.loads(harness.cursor)
+
+
+def test_a_book_that_returns_with_the_same_content_reuses_its_run_key(harness, write_book,
+                                                                       data_dir):
+    import shutil
+
+    write_book("alpha", {"a.md": "# A"})
+    first = harness.tick()
+    shutil.rmtree(data_dir / "alpha")
+    harness.tick()
+    write_book("alpha", {"a.md": "# A"})
+    again = ingest_requests(harness.tick())
+    # same digest, same run key: Dagster will not run it twice, and it does not need to
+    assert again[0].run_key == first.run_requests[0].run_key
+
+
+def test_unsafe_folder_names_are_refused(harness, write_book):
+    write_book("bad name", {"a.md": "# A"})
+    write_book("good", {"a.md": "# A"})
+    result = harness.tick()
+    assert [r.partition_key for r in ingest_requests(result)] == ["good"]
+    assert harness.partitions == ["good"]
+
+
+def test_steady_state_ticks_hash_nothing(harness, write_book, data_dir):
+    write_book("alpha", {f"f{i}.md": f"# {i}" for i in range(50)})
+    harness.tick()
+    states, _ = sensors_module.scan_books(data_dir, json.loads(harness.cursor))
+    assert states["alpha"].hashed == 0
+    (data_dir / "alpha" / "f7.md").write_text("# changed")
+    bump_mtime(data_dir / "alpha" / "f7.md")
+    states, _ = sensors_module.scan_books(data_dir, json.loads(harness.cursor))
+    assert states["alpha"].hashed == 1  # only the file whose stat moved is read
+
+
+def test_a_file_vanishing_mid_scan_is_tolerated(harness, write_book, data_dir, monkeypatch):
+    write_book("alpha", {"a.md": "# A", "b.md": "# B"})
+    real_hash = sensors_module.fingerprint_book.__globals__["hash_file"]
+
+    def flaky_hash(path):
+        if str(path).endswith("b.md"):
+            os.remove(path)
+        return real_hash(path)
+
+    monkeypatch.setitem(sensors_module.fingerprint_book.__globals__, "hash_file", flaky_hash)
+    result = harness.tick()  # no exception; the book is requested with what could be read
+    assert [r.partition_key for r in ingest_requests(result)] == ["alpha"]
+    monkeypatch.undo()
+    time.sleep(0.01)
+    result = harness.tick()  # next tick sees the settled folder
+    assert isinstance(result, SensorResult | SkipReason)
