@@ -64,6 +64,11 @@ class Settings(BaseSettings):
     qdrant_path: str = ".rag/qdrant"
     qdrant_url: str | None = None
     qdrant_api_key: SecretStr | None = None
+    # collection layout on a server / cluster (ignored by the embedded stores)
+    qdrant_shards: int | None = Field(None, ge=1)
+    qdrant_replication_factor: int | None = Field(None, ge=1)
+    qdrant_timeout_s: float = Field(30.0, gt=0)
+    qdrant_retries: int = Field(4, ge=1)
     # "client": qdrant-client local mode; "edge": Qdrant Edge (embedded engine, fast filters).
     qdrant_embedded: Literal["client", "edge"] = "client"
     collection: str = "rag_chunks"

@@ -209,7 +209,6 @@ def write_book_changes(
     book_id: str,
     *,
     changes: FileChanges,
-    state: IndexState,
     chunks: Sequence[Chunk],
     dense: np.ndarray,
     sparse: Sequence[SparseVector],
@@ -228,12 +227,16 @@ def write_book_changes(
     ]
     upserted = store.upsert(points)
 
-    new_ids: dict[str, set[str]] = defaultdict(set)
-    for c in chunks:
-        new_ids[c.source_file].add(c.id)
-    stale: set[str] = set()
-    for name in set(changes.changed) | set(changes.deleted):
-        stale |= state.chunk_ids.get(name, set()) - new_ids.get(name, set())
+    new_ids = {c.id for c in chunks}
+    # What to replace is read now, not taken from the inventory: if another run of this book
+    # wrote in between, its points for these files are replaced too, never left as duplicates.
+    touched = tuple(sorted(set(changes.changed) | set(changes.deleted)))
+    stale = set()
+    if touched:
+        current = store.scroll(
+            tenant_filter(book_id, Match("record_type", CHUNK), MatchAny("source_file", touched)),
+            fields=["source_file"])
+        stale = {record.id for record in current} - new_ids
     deleted = store.delete_ids(where, sorted(stale))
 
     records = [PointRecord(document_id(book_id, o.source_file),

@@ -246,9 +246,8 @@ def write_book(
     store.ensure_collection(CollectionSpec(store.collection, embedded.dense.shape[1]))
     inventory = chunked.inventory
     return write_book_changes(
-        store, inventory.book_id, changes=inventory.changes, state=inventory.state,
-        chunks=chunked.chunks, dense=embedded.dense, sparse=embedded.sparse,
-        outcomes=chunked.outcomes, lineage=lineage)
+        store, inventory.book_id, changes=inventory.changes, chunks=chunked.chunks,
+        dense=embedded.dense, sparse=embedded.sparse, outcomes=chunked.outcomes, lineage=lineage)
 
 
 @dataclass(frozen=True)

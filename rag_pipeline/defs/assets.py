@@ -47,8 +47,10 @@ __all__ = ["INGESTION_GROUP", "chunk_embeddings", "chunks", "documents", "ingest
 
 INGESTION_GROUP = "ingestion"
 OWNERS = ["team:data-platform"]
-#: steps that open the embedded store share one slot, so runs never fight over its lock
+#: steps that read or write the store; one slot for the embedded stores (they lock their folder)
 STORE_POOL = "qdrant_store"
+#: embedding steps; its limit caps concurrent calls to a paid embedding API
+EMBEDDING_POOL = "embedding_api"
 _common = {
     "partitions_def": book_partitions_def,
     "group_name": INGESTION_GROUP,
@@ -196,7 +198,7 @@ def chunks(context: AssetExecutionContext, books: BookSourceResource,
     **_common,
     kinds={"onnx", "openai"},
     code_version="1",
-    pool=STORE_POOL,
+    pool=EMBEDDING_POOL,
     retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL),
     description="Dense vectors (the configured embedder) and BM25 sparse vectors for every "
     "chunk. Text already in the index with the same model is not embedded again: its vector "

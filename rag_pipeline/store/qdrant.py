@@ -78,10 +78,15 @@ class QdrantStore(VectorStore):
         api_key: str | None = None,
         timeout_s: float = 30.0,
         retries: int = 4,
+        shards: int | None = None,
+        replication_factor: int | None = None,
         client: QdrantClient | None = None,
     ) -> None:
         self.collection = collection
         self._retries = max(retries, 1)
+        self._shards = shards
+        self._replication = replication_factor
+        self._exists = False
         self.is_server = url is not None
         if client is not None:
             self._client = client
@@ -130,7 +135,9 @@ class QdrantStore(VectorStore):
     # -- collection -------------------------------------------------------------------------
 
     def collection_exists(self) -> bool:
-        return self._call(lambda: self._client.collection_exists(self.collection))
+        if not self._exists:  # once seen, it stays: saves a round trip per call on a server
+            self._exists = self._call(lambda: self._client.collection_exists(self.collection))
+        return self._exists
 
     def dense_dimension(self) -> int | None:
         if not self.collection_exists():
@@ -157,10 +164,12 @@ class QdrantStore(VectorStore):
                              f"{DENSE_VECTOR!r} vector; it was not made by rag_pipeline")
         kwargs: dict[str, Any] = {}
         if self.is_server:
+            replication = spec.replication_factor or self._replication
             kwargs = {
-                "shard_number": spec.shard_number,
-                "replication_factor": spec.replication_factor,
-                "write_consistency_factor": 1 if spec.replication_factor else None,
+                "shard_number": spec.shard_number or self._shards,
+                "replication_factor": replication,
+                # a write succeeds once a majority of replicas has it
+                "write_consistency_factor": replication // 2 + 1 if replication else None,
             }
         self._call(lambda: self._client.create_collection(
             self.collection,

@@ -1,0 +1,179 @@
+"""Small HTTP servers on 127.0.0.1 that speak just enough of the OpenAI and Qdrant APIs.
+
+They are real servers (the clients under test make real HTTP requests with their own retry
+logic), scripted to fail in the ways production services do.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+
+
+class _Server:
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.httpd.fake = self  # type: ignore[attr-defined]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _vector(text: str, dim: int) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+class FakeOpenAI(_Server):
+    """POST /v1/embeddings. ``script`` holds what the next requests get: "ok", a status code
+    (429, 500, 503...) or "hang" (sleep past the client's timeout); when empty, "ok"."""
+
+    def __init__(self, dim: int = 1536) -> None:
+        self.dim = dim
+        self.script: deque[Any] = deque()
+        self.requests: list[dict] = []
+        self.hang_s = 3.0
+        super().__init__(_OpenAIHandler)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+class _OpenAIHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802
+        fake: FakeOpenAI = self.server.fake  # type: ignore[attr-defined]
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        fake.requests.append(body)
+        action = fake.script.popleft() if fake.script else "ok"
+        if action == "hang":
+            time.sleep(fake.hang_s)
+            action = "ok"
+        if isinstance(action, int):
+            message = "Rate limit reached" if action == 429 else "The server had an error"
+            self._json(action, {"error": {"message": message, "type": "server_error"}},
+                       {"retry-after-ms": "10"})
+            return
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = []
+        for i, text in enumerate(inputs):
+            vector = _vector(str(text), fake.dim)
+            embedding: Any = (base64.b64encode(vector.tobytes()).decode()
+                              if body.get("encoding_format") == "base64" else vector.tolist())
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
+        tokens = sum(len(str(t).split()) for t in inputs)
+        self._json(200, {"object": "list", "data": data, "model": body["model"],
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+class FakeQdrant(_Server):
+    """The few REST calls that create a collection and its payload indexes, recorded."""
+
+    def __init__(self) -> None:
+        self.collections: dict[str, dict] = {}
+        self.indexes: dict[str, dict[str, Any]] = {}
+        self.api_keys: list[str | None] = []
+        super().__init__(_QdrantHandler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class _QdrantHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _ok(self, result: Any) -> None:
+        data = json.dumps({"result": result, "status": "ok", "time": 0.0}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _parts(self) -> list[str]:
+        return [p for p in self.path.split("?")[0].split("/") if p]
+
+    def do_GET(self) -> None:  # noqa: N802
+        fake: FakeQdrant = self.server.fake  # type: ignore[attr-defined]
+        fake.api_keys.append(self.headers.get("api-key"))
+        parts = self._parts()
+        if not parts:
+            self._ok({"title": "qdrant - vector search engine", "version": "1.15.0"})
+            return
+        if parts[0] == "collections" and len(parts) == 3 and parts[2] == "exists":
+            self._ok({"exists": parts[1] in fake.collections})
+            return
+        if parts[0] == "collections" and len(parts) == 2 and parts[1] in fake.collections:
+            created = fake.collections[parts[1]]
+            schema = {k: {"data_type": "keyword" if "type" not in v or v.get("type") == "keyword"
+                          else v["type"], "points": 0}
+                      for k, v in fake.indexes.get(parts[1], {}).items()}
+            self._ok({
+                "status": "green", "optimizer_status": "ok", "segments_count": 1,
+                "points_count": 0, "indexed_vectors_count": 0,
+                "config": {
+                    "params": {"vectors": created["vectors"],
+                               "sparse_vectors": created.get("sparse_vectors"),
+                               "shard_number": created.get("shard_number", 1),
+                               "replication_factor": created.get("replication_factor", 1)},
+                    "hnsw_config": {"m": 16, "ef_construct": 100, "full_scan_threshold": 10000},
+                    "optimizer_config": {"deleted_threshold": 0.2, "vacuum_min_vector_number":
+                                         1000, "default_segment_number": 0,
+                                         "flush_interval_sec": 5},
+                    "wal_config": {"wal_capacity_mb": 32, "wal_segments_ahead": 0},
+                },
+                "payload_schema": schema,
+            })
+            return
+        self.send_error(404)
+
+    def do_PUT(self) -> None:  # noqa: N802
+        fake: FakeQdrant = self.server.fake  # type: ignore[attr-defined]
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        parts = self._parts()
+        if parts[0] == "collections" and len(parts) == 2:
+            fake.collections[parts[1]] = body
+            self._ok(True)
+            return
+        if parts[0] == "collections" and len(parts) == 3 and parts[2] == "index":
+            schema = body.get("field_schema")
+            fake.indexes.setdefault(parts[1], {})[body["field_name"]] = (
+                schema if isinstance(schema, dict) else {"type": schema})
+            self._ok({"operation_id": 1, "status": "completed"})
+            return
+        self.send_error(404)

@@ -1,0 +1,197 @@
+"""Failure safety: flaky embedding API, unreachable Qdrant, cluster collections, hard kills."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from rag_pipeline.embed import EmbedError
+from rag_pipeline.embed.openai import OpenAIEmbedder
+from rag_pipeline.store import CollectionSpec, StoreUnavailableError, tenant_filter
+from rag_pipeline.store.qdrant import QdrantStore
+from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.fakes import FakeOpenAI, FakeQdrant
+
+
+@pytest.fixture
+def openai_server():
+    with FakeOpenAI() as server:
+        yield server
+
+
+def embedder(server, retries=2, timeout=1.0, **kwargs):
+    return OpenAIEmbedder("sk-test", base_url=server.base_url, max_retries=retries,
+                          timeout_s=timeout, **kwargs)
+
+
+def test_openai_embeddings_batches_by_count_and_tokens(openai_server):
+    emb = embedder(openai_server, batch_size=3, max_batch_tokens=40)
+    texts = [f"text number {i} " * (i + 1) for i in range(10)]
+    vectors = emb.embed(texts)
+    assert vectors.shape == (10, 1536)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    sizes = [len(r["input"]) for r in openai_server.requests]
+    assert sum(sizes) == 10 and max(sizes) <= 3
+    counts = emb.tokenizer.count(texts)
+    for request in openai_server.requests:  # no batch over the token bound (unless one text is)
+        batch_tokens = sum(counts[texts.index(t)] for t in request["input"])
+        assert batch_tokens <= 40 or len(request["input"]) == 1
+    assert emb.tokens_used > 0 and emb.cost_usd(1_000_000) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("failures", [[429], [500, 503], ["hang"]])
+def test_transient_openai_failures_are_retried(openai_server, failures):
+    openai_server.script.extend(failures)
+    openai_server.hang_s = 2.5
+    emb = embedder(openai_server, retries=2, timeout=1.0)
+    assert emb.embed(["hello"]).shape == (1, 1536)
+    assert len(openai_server.requests) == len(failures) + 1
+
+
+@pytest.mark.parametrize(("status", "words"), [(429, "HTTP 429"), (500, "HTTP 500")])
+def test_persistent_openai_failure_names_the_cause_and_the_next_run_works(openai_server, status,
+                                                                        words):
+    openai_server.script.extend([status] * 3)
+    emb = embedder(openai_server, retries=2)
+    with pytest.raises(EmbedError) as info:
+        emb.embed(["hello"])
+    assert words in str(info.value) and "after 2 retries" in str(info.value)
+    assert openai_server.base_url in str(info.value)
+    assert emb.embed(["hello"]).shape == (1, 1536)  # the service recovered
+
+
+def test_openai_timeouts_exhausted(openai_server):
+    openai_server.script.extend(["hang"] * 2)
+    openai_server.hang_s = 1.5
+    with pytest.raises(EmbedError, match="timed out after 1 retries"):
+        embedder(openai_server, retries=1, timeout=0.5).embed(["x"])
+
+
+def test_openai_chunk_budget_uses_its_tokenizer(openai_server):
+    from rag_pipeline.chunk import ChunkBudget
+    from rag_pipeline.config import ChunkingConfig
+
+    emb = embedder(openai_server)
+    budget = ChunkBudget.for_tokenizer(ChunkingConfig(), emb.tokenizer)
+    assert (budget.target, budget.limit) == (400, 512)  # 8191 tokens allowed; the config rules
+    assert emb.tokenizer.count(["Hello world"]) == [2]  # cl100k_base, offline
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_qdrant_server_fails_cleanly_after_retries():
+    url = f"http://127.0.0.1:{free_port()}"
+    store = QdrantStore("c", url=url, retries=3, timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match="unreachable after 3 attempts") as info:
+        store.count(tenant_filter("book"))
+    assert url in str(info.value)
+    assert time.monotonic() - started >= 0.5  # it backed off between attempts
+
+
+def test_cluster_collection_gets_shards_replication_and_tenant_index():
+    with FakeQdrant() as server:
+        store = QdrantStore("books", url=server.url, api_key="secret", shards=3,
+                            replication_factor=2)
+        store.ensure_collection(CollectionSpec("books", 384))
+        created = server.collections["books"]
+        assert created["shard_number"] == 3 and created["replication_factor"] == 2
+        assert created["write_consistency_factor"] == 2
+        assert created["vectors"]["dense"] == {"size": 384, "distance": "Cosine"}
+        assert created["sparse_vectors"]["sparse"]["modifier"] == "idf"
+        indexes = server.indexes["books"]
+        assert indexes["book_id"] == {"type": "keyword", "is_tenant": True}
+        assert indexes["chapter"]["type"] == "integer"
+        assert "secret" in server.api_keys
+        store.ensure_collection(CollectionSpec("books", 384))  # idempotent: nothing re-created
+
+
+def test_ingest_against_an_unreachable_server_names_the_cause(tmp_path, sample_books):
+    env = {**os.environ, "RAG_DATA_DIR": str(sample_books), "RAG_EMBEDDER": "hash",
+           "RAG_QDRANT_URL": f"http://127.0.0.1:{free_port()}", "RAG_QDRANT_RETRIES": "2",
+           "DAGSTER_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "ingest"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "unreachable after 2 attempts" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    from rag_pipeline.config import SourceConfig, load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.pipeline import default_budget, ingest_book
+    from rag_pipeline.sparse import Bm25Encoder
+    from rag_pipeline.store import open_store
+
+    data_dir, qdrant, engine, kill_after = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    store = open_store(load_settings(qdrant_path=qdrant, qdrant_embedded=engine))
+    real = store.upsert
+    calls = {"n": 0}
+    def upsert(points):
+        calls["n"] += 1
+        if calls["n"] > kill_after:
+            half = points[: len(points) // 2]
+            real(half)
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-write, no cleanup of any kind
+        return real(points)
+    store.upsert = upsert
+    emb = HashEmbedder()
+    ingest_book(SourceConfig(__import__("pathlib").Path(data_dir)), "book", store, emb,
+                default_budget(emb), Bm25Encoder(), "run")
+    store.close()
+""")
+
+
+@pytest.mark.parametrize("engine", ["client", "edge"])
+def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_dir, engine):
+    from rag_pipeline.config import SourceConfig, load_settings
+    from rag_pipeline.consistency import check_index
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.pipeline import default_budget, ingest_book
+    from rag_pipeline.sparse import Bm25Encoder
+    from rag_pipeline.store import open_store
+    from rag_pipeline_tests.conftest import section
+
+    files = {f"f{i}.md": "".join(section(f"S{j}", 3, 50, seed=f"{i}") for j in range(6))
+             for i in range(6)}
+    write_book("book", files)
+    qdrant = str(tmp_path / "q")
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    # first run completes; then edit and kill the second run in the middle of its upserts
+    subprocess.run([sys.executable, str(script), str(data_dir), qdrant, engine, "1000"],
+                   check=True, timeout=300, cwd=REPO)
+    for i in range(3):
+        path = data_dir / "book" / f"f{i}.md"
+        path.write_text(path.read_text().replace("S2", "S2 edited"))
+    os.remove(data_dir / "book" / "f5.md")
+    proc = subprocess.run([sys.executable, str(script), str(data_dir), qdrant, engine, "0"],
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == -signal.SIGKILL
+    emb = HashEmbedder()
+    with open_store(load_settings(qdrant_path=qdrant, qdrant_embedded=engine)) as store:
+        run = ingest_book(SourceConfig(data_dir), "book", store, emb, default_budget(emb),
+                          Bm25Encoder(), "recovery")
+        assert set(run.inventory.changes.modified) >= {"f0.md", "f1.md", "f2.md"}
+        report = check_index(store, "book", emb.dimension)
+        assert report.passed, report.problems()
+        from rag_pipeline.store.filters import Match
+
+        ids = {r.id for r in store.scroll(tenant_filter("book", Match("record_type", "chunk")))}
+        fresh = QdrantStore("rag_chunks", path=":memory:")
+        expected = ingest_book(SourceConfig(data_dir), "book", fresh, emb, default_budget(emb),
+                               Bm25Encoder(), "fresh")
+        assert ids == {c.id for c in expected.chunked.chunks}
+        fresh.close()
