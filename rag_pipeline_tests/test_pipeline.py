@@ -213,3 +213,45 @@ def test_changing_the_model_reembeds_everything(env, store, data_dir, write_book
     run = ingest_book(source, BOOK, store, other, default_budget(other), Bm25Encoder())
     assert set(run.inventory.changes.modified) == {"a.md", "sub/b.md", "c.md"}
     assert run.embedded.reused == 0
+
+
+def test_interleaved_runs_of_one_book_leave_no_duplicates(env, store, data_dir, hash_embedder):
+    """Two runs that read the index before either wrote (the worst interleaving the run
+    queue's per-book limit exists to prevent) still leave one consistent version."""
+    from rag_pipeline.pipeline import (
+        chunk_book,
+        embed_book,
+        index_signature,
+        lineage_for,
+        parse_book,
+        take_inventory,
+        write_book,
+    )
+
+    env.run()
+    budget = ChunkBudget.for_tokenizer(ChunkingConfig(target_tokens=150, max_tokens=200),
+                                       hash_embedder.tokenizer)
+    source = SourceConfig(data_dir)
+    sparse = Bm25Encoder()
+    signature = index_signature(hash_embedder, budget, sparse)
+    path = env.root / "a.md"
+    original = path.read_text()
+
+    def prepare(text):
+        path.write_text(text)
+        inventory = take_inventory(source, BOOK, store, signature, hash_embedder.model_name)
+        chunked = chunk_book(parse_book(inventory, source), hash_embedder, budget)
+        return chunked, embed_book(chunked, hash_embedder, store, sparse)
+
+    older = prepare(original.replace("## Part 1", "## Part 1 version one"))
+    newer = prepare(original.replace("## Part 1", "## Part 1 version two"))
+    write_book(store, *newer, lineage_for(hash_embedder, budget, sparse, "newer"))
+    write_book(store, *older, lineage_for(hash_embedder, budget, sparse, "older"))  # stale last
+    points = env.chunk_points()
+    a_points = {pid for pid, p in points.items() if p["source_file"] == "a.md"}
+    assert a_points == {c.id for c in older[0].chunks}  # one version, nothing of the other
+    assert check_index(store, BOOK, hash_embedder.dimension).passed
+    # the file on disk is the newer text: the next run notices and converges to it
+    assert env.plan().changes.modified == ("a.md",)
+    env.run("converge")
+    env.assert_exact()
