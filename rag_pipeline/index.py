@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -118,6 +118,8 @@ def document_payload(
         "parent_doc_id": document_id(book_id, outcome.source_file),
         "status": outcome.status,
         "total_chunks": outcome.total_chunks,
+        # an error record with chunks still serves the file's last good version
+        "serving_previous_version": outcome.status == "error" and outcome.total_chunks > 0,
         "error": error.reason if error else None,
         "error_stage": error.stage if error else None,
         "embedding_model": lineage.embedding_model,
@@ -228,9 +230,16 @@ def write_book_changes(
     upserted = store.upsert(points)
 
     new_ids = {c.id for c in chunks}
+    # A file that turned unreadable keeps its last good chunks (nothing indexed is lost); its
+    # document record carries the error until the file is fixed.
+    failed = {o.source_file for o in outcomes if o.status == "error"}
+    kept = {name: store.count(tenant_filter(book_id, Match("record_type", CHUNK),
+                                            Match("source_file", name))) for name in failed}
+    outcomes = [replace(o, total_chunks=kept[o.source_file]) if o.source_file in failed else o
+                for o in outcomes]
     # What to replace is read now, not taken from the inventory: if another run of this book
     # wrote in between, its points for these files are replaced too, never left as duplicates.
-    touched = tuple(sorted(set(changes.changed) | set(changes.deleted)))
+    touched = tuple(sorted((set(changes.changed) - failed) | set(changes.deleted)))
     stale = set()
     if touched:
         current = store.scroll(

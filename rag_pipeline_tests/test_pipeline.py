@@ -255,3 +255,36 @@ def test_interleaved_runs_of_one_book_leave_no_duplicates(env, store, data_dir, 
     assert env.plan().changes.modified == ("a.md",)
     env.run("converge")
     env.assert_exact()
+
+
+def test_a_file_that_turns_bad_keeps_its_last_good_chunks(env, store):
+    env.run()
+    before = {pid for pid, p in env.chunk_points().items() if p["source_file"] == "c.md"}
+    (env.root / "c.md").write_bytes(b"\x00\x01 binary garbage")
+    run = env.run("run-2")
+    assert run.chunked.errors[0].source_file == "c.md"
+    after = {pid for pid, p in env.chunk_points().items() if p["source_file"] == "c.md"}
+    assert after == before  # still searchable
+    record = store.retrieve(tenant_filter(BOOK), [document_id(BOOK, "c.md")])[0].payload
+    assert record["status"] == "error" and record["serving_previous_version"] is True
+    assert record["total_chunks"] == len(before)
+    assert check_index(store, BOOK, 384).passed
+    assert not env.run("run-3").inventory.changes.has_work  # not retried until it changes
+    (env.root / "c.md").write_text(long_doc("C fixed", 1, seed="z"))
+    env.run("run-4")
+    env.assert_exact()
+
+
+def test_too_large_and_duplicate_files(env, write_book):
+    env.run()
+    big = "# Big\n\n" + "word " * 4_000_000  # 20 MB
+    write_book(BOOK, {"big.md": big, "copies/a-copy.md": (env.root / "a.md").read_text()})
+    run = env.run("run-2")
+    errors = {e.source_file: e.reason for e in run.chunked.errors}
+    assert errors["big.md"].startswith("file too large: 20.0 MB exceeds the 10.5 MB limit")
+    copies = [c for c in run.chunked.chunks if c.source_file == "copies/a-copy.md"]
+    assert copies and run.embedded.embedded == 0  # identical text: every vector reused
+    points = env.chunk_points()
+    assert {p["source_file"] for p in points.values()} >= {"a.md", "copies/a-copy.md"}
+    assert len({pid for pid, p in points.items() if p["source_file"] == "copies/a-copy.md"}) \
+        == len(copies)
