@@ -216,7 +216,7 @@ def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
     with qdrant.open() as store:
         embedded = embed_book(chunks, model, store, sparse)
         collection_dim = store.dense_dimension()
-    rate = embedded.embedded / embedded.seconds if embedded.seconds > 0 else 0.0
+    rate = embedded.embedded / embedded.embed_seconds if embedded.embed_seconds > 0 else 0.0
     yield Output(
         embedded,
         metadata={
@@ -227,6 +227,7 @@ def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
             "embedder_tokens": embedded.tokens,
             "cost_usd_estimate": round(embedded.cost_usd, 6),
             "seconds": round(embedded.seconds, 3),
+            "embed_seconds": round(embedded.embed_seconds, 3),
             "chunks_per_second": round(rate, 1),
         },
     )

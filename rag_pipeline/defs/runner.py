@@ -70,6 +70,7 @@ class BookResult:
     files_deleted: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
+    embed_seconds: float = 0.0
     seconds: float = 0.0
     run_id: str | None = None
     error_messages: list[str] = field(default_factory=list)
@@ -81,7 +82,8 @@ class BookResult:
             "deleted": self.deleted, "files_new": self.files_new,
             "files_modified": self.files_modified, "files_deleted": self.files_deleted,
             "status": self.status, "tokens": self.tokens, "cost_usd": round(self.cost_usd, 6),
-            "seconds": round(self.seconds, 3), "run_id": self.run_id,
+            "embed_seconds": round(self.embed_seconds, 3), "seconds": round(self.seconds, 3),
+            "run_id": self.run_id,
             "error_messages": self.error_messages,
         }
 
@@ -204,6 +206,7 @@ def _run_book(job: Any, instance: DagsterInstance, book_id: str) -> BookResult:
             result.reused = int(meta.get("chunks_reused", 0))
             result.tokens = int(meta.get("embedder_tokens", 0))
             result.cost_usd = float(meta.get("cost_usd_estimate", 0.0))
+            result.embed_seconds = float(meta.get("embed_seconds", 0.0))
         elif name == "qdrant_points":
             result.deleted = int(meta.get("points_deleted", 0))
     if not outcome.success:

@@ -1,0 +1,134 @@
+"""Full ingest of a Markdown corpus through `rag-pipeline ingest` (Dagster, local model).
+
+    python bench/ingest.py [--corpus ../shared/corpora/powershell-docs/books]
+                           [--engine client|edge] [--workdir .rag/bench/ingest-client]
+                           [--pure-pass]
+
+Prints wall time, chunks/s, peak RSS of the ingest process, the pure embedding time (time spent
+inside the embedder, summed over books) and the ratio wall / pure embedding. ``--pure-pass``
+also re-embeds every indexed chunk in a fresh process with nothing else running and reports
+that time as the reference instead (slower to run, stricter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books"
+
+
+def run_ingest(corpus: Path, workdir: Path, engine: str) -> tuple[dict, float, float]:
+    env = {**os.environ, "RAG_DATA_DIR": str(corpus), "RAG_QDRANT_PATH": str(workdir / "qdrant"),
+           "RAG_QDRANT_EMBEDDED": engine, "RAG_CACHE_DIR": str(workdir / "cache"),
+           "DAGSTER_HOME": str(workdir / "dagster_home"), "RAG_EMBEDDER": "local",
+           "DO_NOT_TRACK": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("RAG_QDRANT_URL", None)
+    (workdir / "dagster_home").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dagster.yaml", workdir / "dagster_home" / "dagster.yaml")
+    # warm the ONNX graph cache so the timed run measures ingestion, not a one-off build
+    subprocess.run([sys.executable, "-c", "from rag_pipeline.embed.local import LocalEmbedder;"
+                    f"LocalEmbedder(cache_dir={str(workdir / 'cache' / 'models')!r})"
+                    ".embed(['warm'])"], env=env, check=True)
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
+                          env=env, cwd=workdir, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"ingest failed with exit {proc.returncode}")
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return json.loads(proc.stdout), wall, peak_mb
+
+
+SCAN = """
+import json, sys, time
+from rag_pipeline.config import load_settings
+from rag_pipeline.embed.local import LocalEmbedder
+from rag_pipeline.models import compose_embed_text
+from rag_pipeline.store import open_store, tenant_filter
+from rag_pipeline.store.filters import Match
+settings = load_settings()
+emb = LocalEmbedder(cache_dir=settings.cache_dir / "models")
+texts = []
+with open_store(settings) as store:
+    for book in store.book_ids():
+        for r in store.scroll(tenant_filter(book, Match("record_type", "chunk")),
+                              fields=["title", "section_title", "text"]):
+            p = r.payload
+            texts.append(compose_embed_text(p["title"], p.get("section_title"), p["text"]))
+# what the model would see: counted again with its tokenizer, not read from the payload
+counts = [n + emb.tokenizer.special_tokens for n in emb.tokenizer.count(texts)]
+out = {"chunks": len(texts), "max_tokens": max(counts),
+       "over_model_limit": sum(n > emb.max_seq_length for n in counts)}
+if sys.argv[1] == "embed":
+    emb.embed(texts[:8])
+    t = time.perf_counter()
+    emb.embed(texts)
+    out["seconds"] = time.perf_counter() - t
+print(json.dumps(out))
+"""
+
+
+def scan_index(workdir: Path, engine: str, embed: bool) -> dict:
+    """Chunks in the index counted with the model's tokenizer; optionally re-embedded alone."""
+    env = {**os.environ, "RAG_QDRANT_PATH": str(workdir / "qdrant"),
+           "RAG_QDRANT_EMBEDDED": engine, "RAG_CACHE_DIR": str(workdir / "cache")}
+    proc = subprocess.run([sys.executable, "-c", SCAN, "embed" if embed else "count"], env=env,
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--engine", choices=["client", "edge"], default="client")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--pure-pass", action="store_true")
+    args = parser.parse_args()
+    if not args.corpus.is_dir():
+        raise SystemExit(f"{args.corpus} is missing (the shared corpora sit beside the repo)")
+    workdir = (args.workdir or REPO / ".rag" / "bench" / f"ingest-{args.engine}").resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+
+    report, wall, peak_mb = run_ingest(args.corpus, workdir, args.engine)
+    books = report["books"]
+    chunks = sum(b["chunks"] for b in books.values())
+    embedded = sum(b["embedded"] for b in books.values())
+    tokens = sum(b["tokens"] for b in books.values())
+    embed_s = sum(b["embed_seconds"] for b in books.values())
+    files = sum(b["files"] for b in books.values())
+    errors = [m for b in books.values() for m in b["error_messages"]]
+    figures = {
+        "engine": args.engine, "books": len(books), "files": files,
+        "file_errors": len(errors), "chunks": chunks, "embedded": embedded,
+        "tokens_embedded": tokens, "wall_s": round(wall, 1),
+        "chunks_per_s": round(chunks / wall, 1), "embed_s_in_run": round(embed_s, 1),
+        "ratio_wall_to_embed_in_run": round(wall / embed_s, 3) if embed_s else None,
+        "peak_rss_mb": round(peak_mb),
+    }
+    scan = scan_index(workdir, args.engine, embed=args.pure_pass)
+    figures["max_chunk_tokens"] = scan["max_tokens"]
+    figures["truncated_chunks"] = scan["over_model_limit"]
+    if args.pure_pass:
+        figures["pure_embed_s"] = round(scan["seconds"], 1)
+        figures["ratio_wall_to_pure_embed"] = round(wall / scan["seconds"], 3)
+    print(json.dumps(figures, indent=2))
+    for message in errors:
+        print(f"  file error: {message}")
+    (REPO / "bench" / "results").mkdir(exist_ok=True)
+    (REPO / "bench" / "results" / f"ingest-{args.engine}.json").write_text(
+        json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

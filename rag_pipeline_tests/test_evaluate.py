@@ -1,0 +1,84 @@
+import json
+import math
+
+import pytest
+
+from rag_pipeline.chunk import ChunkBudget
+from rag_pipeline.config import ChunkingConfig
+from rag_pipeline.evaluate import (
+    evaluate,
+    index_corpus,
+    load_beir,
+    mrr_at_k,
+    ndcg_at_k,
+    rank_documents,
+    recall_at_k,
+)
+from rag_pipeline.retrieve import Hit
+from rag_pipeline.sparse import Bm25Encoder
+
+
+def test_ndcg_by_hand():
+    # relevant d1 at rank 1 and d3 at rank 3; two relevant docs in total
+    ranked = ["d1", "d2", "d3"]
+    relevant = {"d1": 1, "d3": 1}
+    dcg = 1 / math.log2(2) + 1 / math.log2(4)
+    idcg = 1 / math.log2(2) + 1 / math.log2(3)
+    assert ndcg_at_k(ranked, relevant, 10) == pytest.approx(dcg / idcg)
+    assert ndcg_at_k(["d3", "d1"], relevant, 10) == pytest.approx(1.0)
+    assert ndcg_at_k(["x"], relevant, 10) == 0.0
+    # graded relevance
+    assert ndcg_at_k(["b", "a"], {"a": 2, "b": 1}, 10) == pytest.approx(
+        (1 + 2 / math.log2(3)) / (2 + 1 / math.log2(3)))
+
+
+def test_recall_and_mrr_by_hand():
+    ranked = [f"d{i}" for i in range(20)]
+    relevant = {"d3": 1, "d15": 1, "missing": 1}
+    assert recall_at_k(ranked, relevant, 10) == pytest.approx(1 / 3)
+    assert recall_at_k(ranked, relevant, 100) == pytest.approx(2 / 3)
+    assert mrr_at_k(ranked, relevant, 10) == pytest.approx(1 / 4)
+    assert mrr_at_k(ranked, {"d15": 1}, 10) == 0.0
+
+
+def test_documents_are_ranked_by_their_best_chunk():
+    hits = [Hit(str(i), 1.0 - i / 10, {"source_file": doc})
+            for i, doc in enumerate(["a", "b", "a", "c", "b"])]
+    assert rank_documents(hits) == ["a", "b", "c"]
+
+
+@pytest.fixture
+def tiny_beir(tmp_path):
+    corpus = [
+        {"_id": "1", "title": "Robot arms", "text": "Robot arms grasp objects with grippers."},
+        {"_id": "2", "title": "Soil", "text": "Clay soil holds water longer than sandy soil."},
+        {"_id": "3", "title": "Legged robots", "text": "Bipedal robots balance while walking."},
+    ]
+    queries = [{"_id": "q1", "text": "grasp objects gripper"},
+               {"_id": "q2", "text": "water clay soil"}, {"_id": "q3", "text": "unjudged"}]
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in corpus))
+    (tmp_path / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in queries))
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\t1\t1\nq2\t2\t1\n")
+    return tmp_path
+
+
+def test_eval_end_to_end_on_a_tiny_dataset(tiny_beir, store, hash_embedder):
+    dataset = load_beir(tiny_beir)
+    assert len(dataset.corpus) == 3 and set(dataset.qrels) == {"q1", "q2"}
+    budget = ChunkBudget.for_tokenizer(ChunkingConfig(), hash_embedder.tokenizer)
+    first = index_corpus(store, "eval-tiny", dataset.corpus, hash_embedder, budget,
+                         Bm25Encoder())
+    assert first["indexed"] == 3 and first["embedded"] == 3
+    again = index_corpus(store, "eval-tiny", dataset.corpus, hash_embedder, budget,
+                         Bm25Encoder())
+    assert again["indexed"] == 0 and again["skipped"] == 3  # re-runs embed nothing
+    report = evaluate(store, hash_embedder, dataset, "eval-tiny", mode="sparse")
+    assert report.queries == 2
+    assert report.ndcg_at_10 == pytest.approx(1.0)
+    assert report.as_dict()["mrr@10"] == pytest.approx(1.0)
+
+
+def test_missing_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="corpus.jsonl is missing"):
+        load_beir(tmp_path)
