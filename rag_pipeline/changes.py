@@ -116,8 +116,12 @@ class FileChanges:
         return None
 
     def counts(self) -> dict[str, int]:
-        return {"files_new": len(self.new), "files_modified": len(self.modified),
-                "files_unchanged": len(self.unchanged), "files_deleted": len(self.deleted)}
+        return {
+            "files_new": len(self.new),
+            "files_modified": len(self.modified),
+            "files_unchanged": len(self.unchanged),
+            "files_deleted": len(self.deleted),
+        }
 
 
 def classify_files(

@@ -62,7 +62,7 @@ class ChunkBudget:
         limit = min(config.max_tokens, tokenizer.max_input_tokens)
         target = min(config.target_tokens, limit)
         minimum = min(config.min_tokens, target)
-        return cls(target, limit, minimum, int(round(target * config.overlap)))
+        return cls(target, limit, minimum, round(target * config.overlap))
 
 
 @dataclass(slots=True)
@@ -181,8 +181,11 @@ def _pack(
             while stack and stack[-1][0] >= block.level:
                 stack.pop()
             stack.append((block.level, block.title))
-            if block.level <= budget.split_level and _has_content(current) and (
-                    current_tokens >= budget.minimum or continuation):
+            if (
+                block.level <= budget.split_level
+                and _has_content(current)
+                and (current_tokens >= budget.minimum or continuation)
+            ):
                 flush(with_overlap=False)
             if block.level <= budget.split_level and not _has_content(current):
                 continuation = False
@@ -190,15 +193,21 @@ def _pack(
         if not _has_content(current):
             current_section = section
         soft, hard = room(current_section)
-        lead = sum(b.tokens for b in current if b.kind == "heading") if not _has_content(
-            current) else 0
+        lead = (
+            sum(b.tokens for b in current if b.kind == "heading")
+            if not _has_content(current)
+            else 0
+        )
         if lead + block.tokens <= hard:
             units = [block]
         else:
             # prose pieces leave room for the overlap that will precede them; code and tables
             # never get an overlap tail, so they may fill the chunk
-            size = hard - lead if block.kind in ("fence", "code", "table") \
+            size = (
+                hard - lead
+                if block.kind in ("fence", "code", "table")
                 else min(hard - lead, soft - budget.overlap)
+            )
             units = _split_block(block, tokenizer, max(size, 8))
         for unit in units:
             if current_tokens + unit.tokens > soft and _has_content(current):
@@ -213,11 +222,18 @@ def _pack(
     if any(b.kind != "overlap" for b in current):
         flush(with_overlap=False)
     # A small last section joins the chunk before it when both fit in the target.
-    if len(pieces) >= 2 and pieces[-1].tokens < budget.minimum and not pieces[-1].starts_with_overlap:
-        last, prev = pieces[-1], pieces[-2]
+    last = pieces[-1] if pieces else None
+    if len(pieces) >= 2 and last.tokens < budget.minimum and not last.starts_with_overlap:
+        prev = pieces[-2]
         if prev.tokens + last.tokens <= room(prev.section_title)[0]:
-            pieces[-2:] = [_Piece(prev.text + "\n\n" + last.text, prev.section_title,
-                                  prev.tokens + last.tokens, prev.starts_with_overlap)]
+            pieces[-2:] = [
+                _Piece(
+                    prev.text + "\n\n" + last.text,
+                    prev.section_title,
+                    prev.tokens + last.tokens,
+                    prev.starts_with_overlap,
+                )
+            ]
     return pieces
 
 
@@ -269,12 +285,14 @@ def _split_block(block: _Block, tokenizer: TokenCounter, limit: int) -> list[_Bl
     units = [u for u in block.text.split("\n") if u.strip()]
     if len(units) == 1:
         units = _SENTENCE_END.split(units[0])
-    return _group_lines(units, "\n" if "\n" in block.text else " ", "", "", tokenizer, limit,
-                        block.kind)
+    return _group_lines(
+        units, "\n" if "\n" in block.text else " ", "", "", tokenizer, limit, block.kind
+    )
 
 
-def _split_by_halving(block: _Block, tokenizer: TokenCounter, limit: int,
-                      depth: int = 0) -> list[_Block]:
+def _split_by_halving(
+    block: _Block, tokenizer: TokenCounter, limit: int, depth: int = 0
+) -> list[_Block]:
     out: list[_Block] = []
     for half in _halve(block.text, tokenizer, limit):
         n = tokenizer.count([half])[0]
@@ -301,8 +319,10 @@ def _compact_delimiter_row(table: str) -> str:
     lines = table.split("\n")
     if len(lines) > 1 and _DELIMITER_ROW.match(lines[1]):
         cells = [c.strip() for c in lines[1].strip().strip("|").split("|")]
-        compact = [(":" if c.startswith(":") else "") + "---" + (":" if c.endswith(":") else "")
-                   for c in cells]
+        compact = [
+            (":" if c.startswith(":") else "") + "---" + (":" if c.endswith(":") else "")
+            for c in cells
+        ]
         lines[1] = "| " + " | ".join(compact) + " |"
     return "\n".join(lines)
 
@@ -316,8 +336,13 @@ def _split_table(block: _Block, tokenizer: TokenCounter, limit: int) -> list[_Bl
 
 
 def _group_lines(
-    lines: Sequence[str], sep: str, prefix: str, suffix: str,
-    tokenizer: TokenCounter, limit: int, kind: str,
+    lines: Sequence[str],
+    sep: str,
+    prefix: str,
+    suffix: str,
+    tokenizer: TokenCounter,
+    limit: int,
+    kind: str,
 ) -> list[_Block]:
     """Pack lines into pieces of at most ``limit`` tokens, each wrapped in prefix/suffix."""
     wrap = tokenizer.count([prefix + suffix])[0] if (prefix or suffix) else 0
@@ -440,8 +465,11 @@ def _halve(text: str, tokenizer: TokenCounter, room: int) -> list[str]:
         if opener is None and stripped.startswith(("```", "~~~")):
             fence_at.append(None)
             opener = line
-        elif opener is not None and stripped.startswith(opener.lstrip()[:3]) and \
-                not stripped[3:].strip():
+        elif (
+            opener is not None
+            and stripped.startswith(opener.lstrip()[:3])
+            and not stripped[3:].strip()
+        ):
             fence_at.append(opener)
             opener = None
         else:

@@ -41,8 +41,8 @@ def emit_json(data: Any) -> None:
 @contextmanager
 def opened_store(settings: Settings) -> Iterator[Any]:
     """The configured store; a busy embedded store is waited for, then a clear error."""
-    from rag_pipeline.resources.store import shared_store
     from rag_pipeline.store import StoreError, open_store
+    from rag_pipeline.store.sharing import shared_store
 
     key = ("cli", settings.collection, settings.qdrant_path, settings.qdrant_url)
     try:
@@ -73,8 +73,11 @@ def _settings() -> Settings:
 @click.option("-v", "--verbose", is_flag=True, help="log progress to stderr")
 def main(verbose: bool) -> None:
     """Markdown books -> Dagster assets -> Qdrant; tenant-safe retrieval on top."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
 
 
 # -- ingest / plan ----------------------------------------------------------------------------
@@ -107,14 +110,33 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool) -> None:
 
 def _print_ingest(report: Any) -> None:
     table = Table(title="Ingest summary", title_justify="left")
-    for column in ("book", "status", "files", "errors", "chunks", "embedded", "reused",
-                   "deleted", "points", "seconds"):
+    for column in (
+        "book",
+        "status",
+        "files",
+        "errors",
+        "chunks",
+        "embedded",
+        "reused",
+        "deleted",
+        "points",
+        "seconds",
+    ):
         table.add_column(column, justify="left" if column in ("book", "status") else "right")
     for book_id, r in report.books.items():
         style = {"failed": "red", "missing": "red", "unchanged": "dim"}.get(r.status, "")
-        table.add_row(book_id, f"[{style}]{r.status}[/]" if style else r.status, str(r.files),
-                      str(r.errors), str(r.chunks), str(r.embedded), str(r.reused),
-                      str(r.deleted), str(r.points), f"{r.seconds:.1f}")
+        table.add_row(
+            book_id,
+            f"[{style}]{r.status}[/]" if style else r.status,
+            str(r.files),
+            str(r.errors),
+            str(r.chunks),
+            str(r.embedded),
+            str(r.reused),
+            str(r.deleted),
+            str(r.points),
+            f"{r.seconds:.1f}",
+        )
     out.print(table)
     for book_id, r in report.books.items():
         for message in r.error_messages:
@@ -135,28 +157,54 @@ def plan(books: tuple[str, ...], as_json: bool) -> None:
     from rag_pipeline.sparse import Bm25Encoder
 
     targets = [validate_book_id(b) for b in books] or list(
-        discover_books(settings.data_dir).book_ids)
+        discover_books(settings.data_dir).book_ids
+    )
     embedder = make_embedder(settings)
     budget = default_budget(embedder)
     plans = {}
     with opened_store(settings) as store:
         for book_id in targets:
-            plans[book_id] = plan_book(settings.source(), book_id, store, embedder, budget,
-                                       Bm25Encoder())
+            plans[book_id] = plan_book(
+                settings.source(), book_id, store, embedder, budget, Bm25Encoder()
+            )
     if as_json:
-        emit_json({"books": {k: p.as_dict() for k, p in plans.items()},
-                   "embedding_model": embedder.model_name})
+        emit_json(
+            {
+                "books": {k: p.as_dict() for k, p in plans.items()},
+                "embedding_model": embedder.model_name,
+            }
+        )
         return
     table = Table(title=f"Plan ({embedder.model_name})", title_justify="left")
-    for column in ("book", "new", "modified", "deleted", "unchanged", "chunks", "to embed",
-                   "reused", "tokens", "cost $", "to delete"):
+    for column in (
+        "book",
+        "new",
+        "modified",
+        "deleted",
+        "unchanged",
+        "chunks",
+        "to embed",
+        "reused",
+        "tokens",
+        "cost $",
+        "to delete",
+    ):
         table.add_column(column, justify="left" if column == "book" else "right")
     for book_id, p in plans.items():
         c = p.changes
-        table.add_row(book_id, str(len(c.new)), str(len(c.modified)), str(len(c.deleted)),
-                      str(len(c.unchanged)), str(p.chunks_total), str(p.chunks_to_embed),
-                      str(p.chunks_reused), str(p.tokens_to_embed), f"{p.cost_usd:.4f}",
-                      str(p.points_to_delete))
+        table.add_row(
+            book_id,
+            str(len(c.new)),
+            str(len(c.modified)),
+            str(len(c.deleted)),
+            str(len(c.unchanged)),
+            str(p.chunks_total),
+            str(p.chunks_to_embed),
+            str(p.chunks_reused),
+            str(p.tokens_to_embed),
+            f"{p.cost_usd:.4f}",
+            str(p.points_to_delete),
+        )
     out.print(table)
 
 
@@ -187,8 +235,9 @@ def books(first: bool, as_json: bool) -> None:
 
 
 def _book_option(fn: Callable) -> Callable:
-    return click.option("--book", "book_id", default=None,
-                        help="book id; required: results never cross books")(fn)
+    return click.option(
+        "--book", "book_id", default=None, help="book id; required: results never cross books"
+    )(fn)
 
 
 def _require_book(book_id: str | None) -> str:
@@ -214,13 +263,28 @@ def _require_book(book_id: str | None) -> str:
 @click.option("--where", "equals", multiple=True, help="payload equality filter key=value")
 @click.option("--limit", type=click.IntRange(1, 1000), default=5, show_default=True)
 @click.option("--score-threshold", type=float, default=None)
-@click.option("--mode", type=click.Choice(["dense", "sparse", "hybrid"]), default=None,
-              help="default: hybrid (chosen by measurement)")
+@click.option(
+    "--mode",
+    type=click.Choice(["dense", "sparse", "hybrid"]),
+    default=None,
+    help="default: hybrid (chosen by measurement)",
+)
 @click.option("--json", "as_json", is_flag=True)
-def search(query: str, book_id: str | None, module: str | None, chapter_min: int | None,
-           chapter_max: int | None, lesson: int | None, hardware_tier: int | None,
-           proficiency: tuple[str, ...], equals: tuple[str, ...], limit: int,
-           score_threshold: float | None, mode: str | None, as_json: bool) -> None:
+def search(
+    query: str,
+    book_id: str | None,
+    module: str | None,
+    chapter_min: int | None,
+    chapter_max: int | None,
+    lesson: int | None,
+    hardware_tier: int | None,
+    proficiency: tuple[str, ...],
+    equals: tuple[str, ...],
+    limit: int,
+    score_threshold: float | None,
+    mode: str | None,
+    as_json: bool,
+) -> None:
     """Search one book for QUERY."""
     book = _require_book(book_id)
     settings = _settings()
@@ -229,18 +293,31 @@ def search(query: str, book_id: str | None, module: str | None, chapter_min: int
     from rag_pipeline.store.filters import SearchFilters, parse_equals
 
     try:
-        filters = SearchFilters(module=module, chapter_min=chapter_min, chapter_max=chapter_max,
-                                lesson=lesson, hardware_tier=hardware_tier,
-                                proficiency_levels=tuple(proficiency),
-                                equals=parse_equals(equals))
+        filters = SearchFilters(
+            module=module,
+            chapter_min=chapter_min,
+            chapter_max=chapter_max,
+            lesson=lesson,
+            hardware_tier=hardware_tier,
+            proficiency_levels=tuple(proficiency),
+            equals=parse_equals(equals),
+        )
         filters.conditions()
     except ValueError as exc:
         fail(str(exc))
     chosen = mode or DEFAULT_MODE
     embedder = make_embedder(settings) if chosen != "sparse" else None
     with opened_store(settings) as store:
-        hits = run_search(store, embedder, query, book, filters=filters, limit=limit,
-                          score_threshold=score_threshold, mode=chosen)  # type: ignore[arg-type]
+        hits = run_search(
+            store,
+            embedder,
+            query,
+            book,
+            filters=filters,
+            limit=limit,
+            score_threshold=score_threshold,
+            mode=chosen,
+        )  # type: ignore[arg-type]
     if as_json:
         emit_json([h.as_dict() for h in hits])
         return
@@ -255,8 +332,10 @@ def _print_hits(hits: Sequence[Any], title: str, show_score: bool = True) -> Non
     table.add_column("text")
     for h in hits:
         p = h.payload
-        source = (f"{p.get('source_file')} #{p.get('chunk_index')}\n"
-                  f"[dim]{p.get('section_title') or ''}[/]\n[dim]{h.id}[/]")
+        source = (
+            f"{p.get('source_file')} #{p.get('chunk_index')}\n"
+            f"[dim]{p.get('section_title') or ''}[/]\n[dim]{h.id}[/]"
+        )
         text = " ".join(str(p.get("text", "")).split())
         row = [source, text[:400] + ("…" if len(text) > 400 else "")]
         table.add_row(*([f"{h.score:.4f}"] if show_score else []), *row)
@@ -269,8 +348,7 @@ def _print_hits(hits: Sequence[Any], title: str, show_score: bool = True) -> Non
 @click.option("--prev", "prev_n", type=click.IntRange(0, 100), default=1, show_default=True)
 @click.option("--next", "next_n", type=click.IntRange(0, 100), default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def context(chunk_id: str, book_id: str | None, prev_n: int, next_n: int,
-            as_json: bool) -> None:
+def context(chunk_id: str, book_id: str | None, prev_n: int, next_n: int, as_json: bool) -> None:
     """A chunk with its neighbours along the document's prev/next chain."""
     book = _require_book(book_id)
     settings = _settings()
@@ -335,16 +413,26 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
 
 
 @main.command(name="eval")
-@click.option("--dataset", "dataset_dir", required=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv")
+@click.option(
+    "--dataset",
+    "dataset_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv",
+)
 @click.option("--split", default="test", show_default=True)
-@click.option("--mode", "modes", multiple=True, type=click.Choice(["dense", "sparse", "hybrid"]),
-              help="repeatable; default: the default search mode")
+@click.option(
+    "--mode",
+    "modes",
+    multiple=True,
+    type=click.Choice(["dense", "sparse", "hybrid"]),
+    help="repeatable; default: the default search mode",
+)
 @click.option("--rrf-k", type=int, default=60, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def eval_command(dataset_dir: Path, split: str, modes: tuple[str, ...], rrf_k: int,
-                 as_json: bool) -> None:
+def eval_command(
+    dataset_dir: Path, split: str, modes: tuple[str, ...], rrf_k: int, as_json: bool
+) -> None:
     """nDCG@10, recall@10/100 and MRR@10 on a BEIR dataset (indexed as one book)."""
     from rich.progress import Progress
 
@@ -365,27 +453,49 @@ def eval_command(dataset_dir: Path, split: str, modes: tuple[str, ...], rrf_k: i
     reports = []
     with opened_store(settings) as store, Progress(console=err, transient=True) as progress:
         task = progress.add_task(f"indexing {dataset.name}", total=len(dataset.corpus))
-        index_corpus(store, book_id, dataset.corpus, embedder, default_budget(embedder), sparse,
-                     progress=lambda done, total: progress.update(task, completed=done,
-                                                                 total=total))
+        index_corpus(
+            store,
+            book_id,
+            dataset.corpus,
+            embedder,
+            default_budget(embedder),
+            sparse,
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
         progress.update(task, completed=len(dataset.corpus))
         for mode in chosen:
             qtask = progress.add_task(f"queries ({mode})", total=len(dataset.qrels))
-            reports.append(evaluate(
-                store, embedder, dataset, book_id, mode=mode, split=split,  # type: ignore[arg-type]
-                sparse=sparse, rrf_k=rrf_k,
-                progress=lambda done, total, t=qtask: progress.update(t, completed=done)))
+            reports.append(
+                evaluate(
+                    store,
+                    embedder,
+                    dataset,
+                    book_id,
+                    mode=mode,
+                    split=split,  # type: ignore[arg-type]
+                    sparse=sparse,
+                    rrf_k=rrf_k,
+                    progress=lambda done, total, t=qtask: progress.update(t, completed=done),
+                )
+            )
     if as_json:
-        emit_json(reports[0].as_dict() if len(reports) == 1 else
-                  {"runs": [r.as_dict() for r in reports]})
+        emit_json(
+            reports[0].as_dict() if len(reports) == 1 else {"runs": [r.as_dict() for r in reports]}
+        )
         return
     table = Table(title=f"{dataset.name} ({split}, {embedder.model_name})", title_justify="left")
     for column in ("mode", "nDCG@10", "recall@10", "recall@100", "MRR@10", "queries", "s"):
         table.add_column(column, justify="right")
     for r in reports:
-        table.add_row(r.mode, f"{r.ndcg_at_10:.4f}", f"{r.recall_at_10:.4f}",
-                      f"{r.recall_at_100:.4f}", f"{r.mrr_at_10:.4f}", str(r.queries),
-                      f"{r.seconds:.1f}")
+        table.add_row(
+            r.mode,
+            f"{r.ndcg_at_10:.4f}",
+            f"{r.recall_at_10:.4f}",
+            f"{r.recall_at_100:.4f}",
+            f"{r.mrr_at_10:.4f}",
+            str(r.queries),
+            f"{r.seconds:.1f}",
+        )
     out.print(table)
 
 

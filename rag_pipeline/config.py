@@ -92,8 +92,12 @@ class Settings(BaseSettings):
     default_hardware_tier: int = 1
 
     def source(self) -> SourceConfig:
-        return SourceConfig(Path(self.data_dir), tuple(self.path_patterns), self.max_file_bytes,
-                            self.default_hardware_tier)
+        return SourceConfig(
+            Path(self.data_dir),
+            tuple(self.path_patterns),
+            self.max_file_bytes,
+            self.default_hardware_tier,
+        )
 
     @field_validator("path_patterns", mode="before")
     @classmethod

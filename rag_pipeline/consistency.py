@@ -15,8 +15,18 @@ from rag_pipeline.store.filters import tenant_filter
 
 __all__ = ["IndexConsistency", "check_chunks", "check_index", "check_vectors"]
 
-_FIELDS = ["record_type", "source_file", "parent_doc_id", "chunk_index", "total_chunks",
-           "prev_chunk_id", "next_chunk_id", "content_hash", "status", "embedding_dim"]
+_FIELDS = [
+    "record_type",
+    "source_file",
+    "parent_doc_id",
+    "chunk_index",
+    "total_chunks",
+    "prev_chunk_id",
+    "next_chunk_id",
+    "content_hash",
+    "status",
+    "embedding_dim",
+]
 
 
 @dataclass
@@ -34,8 +44,13 @@ class IndexConsistency:
 
     @property
     def passed(self) -> bool:
-        return (self.points == self.expected and not self.orphans and not self.duplicates
-                and not self.broken_links and not self.dimension_errors)
+        return (
+            self.points == self.expected
+            and not self.orphans
+            and not self.duplicates
+            and not self.broken_links
+            and not self.dimension_errors
+        )
 
     def problems(self) -> list[str]:
         out = []
@@ -48,8 +63,7 @@ class IndexConsistency:
         return out
 
 
-def check_index(store: VectorStore, book_id: str, dimension: int | None = None
-                ) -> IndexConsistency:
+def check_index(store: VectorStore, book_id: str, dimension: int | None = None) -> IndexConsistency:
     """Points == chunks the document records promise; no orphans, duplicates or broken links."""
     report = IndexConsistency(book_id)
     documents: dict[str, dict] = {}
@@ -76,17 +90,18 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None
         if dimension is not None and p.get("embedding_dim") not in (None, dimension):
             report.dimension_errors.append(
                 f"{source}: chunk {point_id} was embedded with {p.get('embedding_dim')} "
-                f"dimensions, the model makes {dimension}")
+                f"dimensions, the model makes {dimension}"
+            )
     for source, members in sorted(by_doc.items()):
         total = int(documents[source].get("total_chunks") or 0)
         positions = Counter(int(p.get("chunk_index") or 0) for _, p in members)
         repeated = sorted(i for i, n in positions.items() if n > 1)
         if repeated:
-            report.duplicates.append(f"{source}: chunk positions {repeated} held by several "
-                                     "points")
+            report.duplicates.append(f"{source}: chunk positions {repeated} held by several points")
         if len(members) != total:
-            report.orphans.append(f"{source}: {len(members)} chunk points, document record "
-                                  f"says {total}")
+            report.orphans.append(
+                f"{source}: {len(members)} chunk points, document record says {total}"
+            )
         ids = {point_id for point_id, _ in members}
         for point_id, p in members:
             for link in ("prev_chunk_id", "next_chunk_id"):
@@ -97,7 +112,8 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None
         stored = store.dense_dimension()
         if stored is not None and stored != dimension:
             report.dimension_errors.append(
-                f"collection vectors have {stored} dimensions, the model makes {dimension}")
+                f"collection vectors have {stored} dimensions, the model makes {dimension}"
+            )
     return report
 
 
@@ -113,15 +129,17 @@ def check_chunks(chunks: Sequence[Chunk], limit: int) -> list[str]:
         if not c.text.strip():
             problems.append(f"{c.source_file} #{c.chunk_index}: empty text")
         if c.token_count > limit:
-            problems.append(f"{c.source_file} #{c.chunk_index}: {c.token_count} tokens > "
-                            f"limit {limit}")
+            problems.append(
+                f"{c.source_file} #{c.chunk_index}: {c.token_count} tokens > limit {limit}"
+            )
         for link in (c.prev_chunk_id, c.next_chunk_id):
             if link is not None and link not in known:
                 problems.append(f"{c.source_file} #{c.chunk_index}: link to unknown {link}")
     for members in per_doc.values():
         indexes = sorted(c.chunk_index for c in members)
-        if indexes != list(range(len(members))) or any(c.total_chunks != len(members)
-                                                       for c in members):
+        if indexes != list(range(len(members))) or any(
+            c.total_chunks != len(members) for c in members
+        ):
             problems.append(f"{members[0].source_file}: chunk_index/total_chunks not 0..n-1")
     return problems
 
@@ -131,8 +149,10 @@ def check_vectors(dense: np.ndarray, expected_dim: int, collection_dim: int | No
     if dense.ndim != 2 or (len(dense) and dense.shape[1] != expected_dim):
         problems.append(f"vectors have shape {dense.shape}, the model makes {expected_dim}")
     if collection_dim is not None and collection_dim != expected_dim:
-        problems.append(f"the collection holds {collection_dim}-dimensional vectors, the model "
-                        f"makes {expected_dim}: use another RAG_COLLECTION")
+        problems.append(
+            f"the collection holds {collection_dim}-dimensional vectors, the model "
+            f"makes {expected_dim}: use another RAG_COLLECTION"
+        )
     if len(dense):
         if not np.isfinite(dense).all():
             problems.append("vectors contain NaN or infinity")

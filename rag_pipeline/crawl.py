@@ -78,8 +78,12 @@ def discover_books(data_dir: Path | str) -> BookScan:
                 continue
             if entry.is_symlink() and not _is_within(Path(entry.path).resolve(), root.resolve()):
                 rejected.append(
-                    FileError(entry.name, "", "crawl", "book folder is a symlink that points "
-                              "outside the data directory; refused")
+                    FileError(
+                        entry.name,
+                        "",
+                        "crawl",
+                        "book folder is a symlink that points outside the data directory; refused",
+                    )
                 )
                 continue
             books.append(entry.name)
@@ -107,8 +111,12 @@ def scan_book(data_dir: Path | str, book_id: str) -> tuple[list[FileStat], list[
     for rel, abs_path, link_target in _walk(book_dir, root, seen_dirs, errors, book_id):
         if link_target is not None and not _is_within(link_target, root):
             errors.append(
-                FileError(book_id, rel, "crawl",
-                          f"symlink points outside the data directory ({link_target}); refused")
+                FileError(
+                    book_id,
+                    rel,
+                    "crawl",
+                    f"symlink points outside the data directory ({link_target}); refused",
+                )
             )
             continue
         try:
@@ -148,9 +156,13 @@ def _walk(
             if entry.is_dir(follow_symlinks=True):
                 if target is not None and not _is_within(target, root):
                     errors.append(
-                        FileError(book_id, rel, "crawl",
-                                  f"symlinked folder points outside the data directory "
-                                  f"({target}); refused")
+                        FileError(
+                            book_id,
+                            rel,
+                            "crawl",
+                            f"symlinked folder points outside the data directory "
+                            f"({target}); refused",
+                        )
                     )
                     continue
                 stack.append(Path(entry.path))
@@ -174,12 +186,20 @@ def discover_files(
         try:
             digest = hash_file(st.path)
         except OSError as exc:
-            errors.append(FileError(book_id, st.source_file, "crawl",
-                                    f"cannot read file: {exc.strerror}"))
+            errors.append(
+                FileError(book_id, st.source_file, "crawl", f"cannot read file: {exc.strerror}")
+            )
             continue
         files.append(
-            SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest,
-                       extract_path_meta(st.source_file, patterns))
+            SourceFile(
+                book_id,
+                st.source_file,
+                st.path,
+                st.size,
+                st.mtime_ns,
+                digest,
+                extract_path_meta(st.source_file, patterns),
+            )
         )
     return files, errors
 

@@ -58,8 +58,9 @@ def build_resources(settings: Settings, chunking: ChunkingConfig) -> dict[str, o
     }
 
 
-def build_definitions(settings: Settings | None = None,
-                      chunking: ChunkingConfig | None = None) -> Definitions:
+def build_definitions(
+    settings: Settings | None = None, chunking: ChunkingConfig | None = None
+) -> Definitions:
     settings = settings or load_settings()
     return Definitions(
         # One process per run: steps share the store handle and the loaded model, and a run

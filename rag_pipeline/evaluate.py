@@ -111,8 +111,16 @@ def _documents(book_id: str, corpus: Mapping[str, tuple[str, str]]) -> list[Pars
     docs = []
     for doc_id, (title, text) in corpus.items():
         digest = hashlib.sha256(f"{title}\x1f{text}".encode()).hexdigest()
-        docs.append(ParsedDocument(book_id, doc_id, digest, document_id(book_id, doc_id),
-                                   DocumentMeta(title=title.strip()), text))
+        docs.append(
+            ParsedDocument(
+                book_id,
+                doc_id,
+                digest,
+                document_id(book_id, doc_id),
+                DocumentMeta(title=title.strip()),
+                text,
+            )
+        )
     return docs
 
 
@@ -135,8 +143,13 @@ def index_corpus(
     current = {d.source_file: d.source_file_hash for d in docs}
     changes = classify_files(current, state.documents, signature, state.orphan_files)
     todo = [d for d in docs if d.source_file in set(changes.changed)]
-    totals = {"documents": len(docs), "indexed": 0, "skipped": len(docs) - len(todo),
-              "chunks": 0, "embedded": 0}
+    totals = {
+        "documents": len(docs),
+        "indexed": 0,
+        "skipped": len(docs) - len(todo),
+        "chunks": 0,
+        "embedded": 0,
+    }
     for start in range(0, len(todo), batch_docs):
         part = todo[start : start + batch_docs]
         names = {d.source_file for d in part}
@@ -144,8 +157,9 @@ def index_corpus(
             new=tuple(n for n in changes.new if n in names),
             modified=tuple(n for n in changes.modified if n in names),
         )
-        files = tuple(SourceFile(book_id, d.source_file, "", 0, 0, d.source_file_hash)
-                      for d in part)
+        files = tuple(
+            SourceFile(book_id, d.source_file, "", 0, 0, d.source_file_hash) for d in part
+        )
         inventory = BookInventory(book_id, files, (), part_changes, state, signature)
         chunked = chunk_book(ParsedBook(inventory, tuple(part), ()), embedder, budget)
         embedded = embed_book(chunked, embedder, store, sparse)
@@ -156,8 +170,9 @@ def index_corpus(
         if progress:
             progress(start + len(part), len(todo))
     if changes.deleted:  # documents no longer in the corpus
-        inventory = BookInventory(book_id, (), (), type(changes)(deleted=changes.deleted),
-                                  state, signature)
+        inventory = BookInventory(
+            book_id, (), (), type(changes)(deleted=changes.deleted), state, signature
+        )
         chunked = chunk_book(ParsedBook(inventory, (), ()), embedder, budget)
         write_book(store, chunked, embed_book(chunked, embedder, store, sparse), lineage)
     return totals
@@ -177,10 +192,15 @@ class EvalReport:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "dataset": self.dataset, "split": self.split, "mode": self.mode,
-            "ndcg@10": round(self.ndcg_at_10, 5), "recall@10": round(self.recall_at_10, 5),
-            "recall@100": round(self.recall_at_100, 5), "mrr@10": round(self.mrr_at_10, 5),
-            "queries": self.queries, "seconds": round(self.seconds, 2),
+            "dataset": self.dataset,
+            "split": self.split,
+            "mode": self.mode,
+            "ndcg@10": round(self.ndcg_at_10, 5),
+            "recall@10": round(self.recall_at_10, 5),
+            "recall@100": round(self.recall_at_100, 5),
+            "mrr@10": round(self.mrr_at_10, 5),
+            "queries": self.queries,
+            "seconds": round(self.seconds, 2),
         }
 
 
@@ -218,9 +238,17 @@ def evaluate(
     totals = {"ndcg": 0.0, "r10": 0.0, "r100": 0.0, "mrr": 0.0}
     for n, query_id in enumerate(ids, 1):
         # a few more chunks than documents, since a long document may fill several slots
-        hits = search(store, embedder, dataset.queries[query_id], book_id, limit=depth * 2,
-                      mode=mode, sparse_encoder=encoder, rrf_k=rrf_k,
-                      prefetch_limit=depth * 2)
+        hits = search(
+            store,
+            embedder,
+            dataset.queries[query_id],
+            book_id,
+            limit=depth * 2,
+            mode=mode,
+            sparse_encoder=encoder,
+            rrf_k=rrf_k,
+            prefetch_limit=depth * 2,
+        )
         ranked = rank_documents(hits, depth)
         relevant = dataset.qrels[query_id]
         totals["ndcg"] += ndcg_at_k(ranked, relevant, 10)
@@ -230,6 +258,14 @@ def evaluate(
         if progress:
             progress(n, len(ids))
     count = max(len(ids), 1)
-    return EvalReport(dataset.name, split, mode, len(ids), totals["ndcg"] / count,
-                      totals["r10"] / count, totals["r100"] / count, totals["mrr"] / count,
-                      time.perf_counter() - started)
+    return EvalReport(
+        dataset.name,
+        split,
+        mode,
+        len(ids),
+        totals["ndcg"] / count,
+        totals["r10"] / count,
+        totals["r100"] / count,
+        totals["mrr"] / count,
+        time.perf_counter() - started,
+    )

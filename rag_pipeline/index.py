@@ -39,8 +39,16 @@ __all__ = [
 
 CHUNK = "chunk"
 DOCUMENT = "document"
-_STATE_FIELDS = ["record_type", "source_file", "source_file_hash", "status", "signature",
-                 "total_chunks", "content_hash", "embedding_model"]
+_STATE_FIELDS = [
+    "record_type",
+    "source_file",
+    "source_file_hash",
+    "status",
+    "signature",
+    "total_chunks",
+    "content_hash",
+    "embedding_model",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +140,14 @@ def document_payload(
     meta = outcome.doc_meta
     if meta is not None:
         payload.update(
-            title=meta.title, module=meta.module, chapter=meta.chapter, lesson=meta.lesson,
-            hardware_tier=meta.hardware_tier, proficiency_level=meta.proficiency_level,
-            tags=list(meta.tags), description=meta.description,
+            title=meta.title,
+            module=meta.module,
+            chapter=meta.chapter,
+            lesson=meta.lesson,
+            hardware_tier=meta.hardware_tier,
+            proficiency_level=meta.proficiency_level,
+            tags=list(meta.tags),
+            description=meta.description,
             frontmatter=dict(outcome.frontmatter),
         )
     return payload
@@ -158,13 +171,19 @@ class IndexState:
 
 
 def read_index_state(
-    store: VectorStore, book_id: str, *, embedding_model: str | None = None,
+    store: VectorStore,
+    book_id: str,
+    *,
+    embedding_model: str | None = None,
     documents_only: bool = False,
 ) -> IndexState:
     """Scan a book's payloads once: document records, chunk ids per file, reusable hashes."""
     state = IndexState(book_id)
-    where = tenant_filter(book_id, Match("record_type", DOCUMENT)) if documents_only \
+    where = (
+        tenant_filter(book_id, Match("record_type", DOCUMENT))
+        if documents_only
         else tenant_filter(book_id)
+    )
     for record in store.scroll(where, fields=_STATE_FIELDS):
         p = record.payload
         source_file = p.get("source_file")
@@ -172,9 +191,13 @@ def read_index_state(
             continue
         if p.get("record_type") == DOCUMENT:
             state.documents[source_file] = IndexedDocument(
-                source_file, str(p.get("source_file_hash", "")), str(p.get("status", "ok")),
-                str(p.get("signature", "")), int(p.get("total_chunks") or 0),
-                p.get("error"))
+                source_file,
+                str(p.get("source_file_hash", "")),
+                str(p.get("status", "ok")),
+                str(p.get("signature", "")),
+                int(p.get("total_chunks") or 0),
+                p.get("error"),
+            )
         elif p.get("record_type") == CHUNK:
             state.chunk_points += 1
             state.chunk_ids[source_file].add(record.id)
@@ -233,10 +256,16 @@ def write_book_changes(
     # A file that turned unreadable keeps its last good chunks (nothing indexed is lost); its
     # document record carries the error until the file is fixed.
     failed = {o.source_file for o in outcomes if o.status == "error"}
-    kept = {name: store.count(tenant_filter(book_id, Match("record_type", CHUNK),
-                                            Match("source_file", name))) for name in failed}
-    outcomes = [replace(o, total_chunks=kept[o.source_file]) if o.source_file in failed else o
-                for o in outcomes]
+    kept = {
+        name: store.count(
+            tenant_filter(book_id, Match("record_type", CHUNK), Match("source_file", name))
+        )
+        for name in failed
+    }
+    outcomes = [
+        replace(o, total_chunks=kept[o.source_file]) if o.source_file in failed else o
+        for o in outcomes
+    ]
     # What to replace is read now, not taken from the inventory: if another run of this book
     # wrote in between, its points for these files are replaced too, never left as duplicates.
     touched = tuple(sorted((set(changes.changed) - failed) | set(changes.deleted)))
@@ -244,17 +273,20 @@ def write_book_changes(
     if touched:
         current = store.scroll(
             tenant_filter(book_id, Match("record_type", CHUNK), MatchAny("source_file", touched)),
-            fields=["source_file"])
+            fields=["source_file"],
+        )
         stale = {record.id for record in current} - new_ids
     deleted = store.delete_ids(where, sorted(stale))
 
-    records = [PointRecord(document_id(book_id, o.source_file),
-                           document_payload(book_id, o, lineage)) for o in outcomes]
+    records = [
+        PointRecord(document_id(book_id, o.source_file), document_payload(book_id, o, lineage))
+        for o in outcomes
+    ]
     store.upsert(records)
     if changes.deleted:
-        deleted += store.delete_ids(
-            where, [document_id(book_id, name) for name in changes.deleted])
+        deleted += store.delete_ids(where, [document_id(book_id, name) for name in changes.deleted])
         # Chunk points of deleted files that a crashed run may have left without ids above.
         deleted += store.delete_where(
-            tenant_filter(book_id, MatchAny("source_file", tuple(changes.deleted))))
+            tenant_filter(book_id, MatchAny("source_file", tuple(changes.deleted)))
+        )
     return WriteReport(upserted, deleted, len(records))

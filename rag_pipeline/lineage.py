@@ -13,10 +13,25 @@ from rag_pipeline.store.filters import tenant_filter
 
 __all__ = ["LINEAGE_FIELDS", "trace_point"]
 
-LINEAGE_FIELDS = ("book_id", "record_type", "source_file", "section_title", "title",
-                  "chunk_index", "total_chunks", "parent_doc_id", "content_hash",
-                  "source_file_hash", "embedding_model", "embedding_dim", "sparse_model",
-                  "pipeline_version", "signature", "run_id", "indexed_at")
+LINEAGE_FIELDS = (
+    "book_id",
+    "record_type",
+    "source_file",
+    "section_title",
+    "title",
+    "chunk_index",
+    "total_chunks",
+    "parent_doc_id",
+    "content_hash",
+    "source_file_hash",
+    "embedding_model",
+    "embedding_dim",
+    "sparse_model",
+    "pipeline_version",
+    "signature",
+    "run_id",
+    "indexed_at",
+)
 
 
 def trace_point(

@@ -24,8 +24,14 @@ __all__ = [
     "parse_document",
 ]
 
-_PROFICIENCY_KEYS = ("proficiency_level", "proficiency", "cefr_level", "cefr_entry_level",
-                     "difficulty", "level")
+_PROFICIENCY_KEYS = (
+    "proficiency_level",
+    "proficiency",
+    "cefr_level",
+    "cefr_entry_level",
+    "difficulty",
+    "level",
+)
 _HARDWARE_TIER_KEYS = ("hardware_tier", "hardware_level", "tier")
 _CEFR = re.compile(r"^[ABC][12]$", re.IGNORECASE)
 # Checked from the highest tier down; a document needs the highest tier any of its
@@ -44,11 +50,12 @@ def parse_document(
     source_file: str,
     data: bytes,
     source_file_hash: str,
-    path_meta: PathMeta = PathMeta(),
+    path_meta: PathMeta | None = None,
     *,
     default_hardware_tier: int | None = 1,
 ) -> ParsedDocument | FileError:
-    """Turn a file's bytes into a :class:`ParsedDocument`, or a :class:`FileError` saying why not."""
+    """Turn a file's bytes into a :class:`ParsedDocument`, or a :class:`FileError` saying why."""
+    path_meta = path_meta or PathMeta()
 
     def error(reason: str) -> FileError:
         return FileError(book_id, source_file, "parse", reason, source_file_hash)
@@ -76,10 +83,10 @@ def parse_document(
     meta = DocumentMeta(
         title=_title(fm, body, source_file),
         module=_text(fm.get("module")) or path_meta.module,
-        chapter=_int(fm.get("chapter")) if _int(fm.get("chapter")) is not None
+        chapter=_int(fm.get("chapter"))
+        if _int(fm.get("chapter")) is not None
         else path_meta.chapter,
-        lesson=_int(fm.get("lesson")) if _int(fm.get("lesson")) is not None
-        else path_meta.lesson,
+        lesson=_int(fm.get("lesson")) if _int(fm.get("lesson")) is not None else path_meta.lesson,
         hardware_tier=_hardware_tier(fm, default_hardware_tier),
         proficiency_level=_proficiency(fm),
         tags=_tags(fm.get("tags")),

@@ -37,6 +37,7 @@ from rag_pipeline.store.base import CollectionSpec, SparseVector, VectorStore
 __all__ = [
     "BookInventory",
     "BookPlan",
+    "BookRun",
     "ChunkedBook",
     "EmbeddedBook",
     "ParsedBook",
@@ -45,7 +46,6 @@ __all__ = [
     "embed_book",
     "index_signature",
     "ingest_book",
-    "BookRun",
     "lineage_for",
     "parse_book",
     "plan_book",
@@ -63,8 +63,14 @@ def index_signature(embedder: Embedder, budget: ChunkBudget, sparse: Bm25Encoder
 def lineage_for(
     embedder: Embedder, budget: ChunkBudget, sparse: Bm25Encoder, run_id: str | None
 ) -> LineageInfo:
-    return LineageInfo(embedder.model_name, embedder.dimension, sparse.name,
-                       index_signature(embedder, budget, sparse), __version__, run_id)
+    return LineageInfo(
+        embedder.model_name,
+        embedder.dimension,
+        sparse.name,
+        index_signature(embedder, budget, sparse),
+        __version__,
+        run_id,
+    )
 
 
 @dataclass(frozen=True)
@@ -89,13 +95,17 @@ class BookInventory:
 
 
 def take_inventory(
-    source: SourceConfig, book_id: str, store: VectorStore, signature: str,
+    source: SourceConfig,
+    book_id: str,
+    store: VectorStore,
+    signature: str,
     embedding_model: str,
 ) -> BookInventory:
     files, errors = discover_files(source.data_dir, book_id, source.path_patterns)
     state = read_index_state(store, book_id, embedding_model=embedding_model)
-    changes = classify_files({f.source_file: f.sha256 for f in files}, state.documents,
-                             signature, state.orphan_files)
+    changes = classify_files(
+        {f.source_file: f.sha256 for f in files}, state.documents, signature, state.orphan_files
+    )
     return BookInventory(book_id, tuple(files), tuple(errors), changes, state, signature)
 
 
@@ -126,21 +136,37 @@ def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
     for f in inventory.changed_files:
         hashes[f.source_file] = f.sha256
         if f.size > source.max_file_bytes:
-            errors.append(FileError(f.book_id, f.source_file, "parse",
-                                    f"file too large: {f.size / 1e6:.1f} MB exceeds the "
-                                    f"{source.max_file_bytes / 1e6:.1f} MB limit "
-                                    "(RAG_MAX_FILE_BYTES)", f.sha256))
+            errors.append(
+                FileError(
+                    f.book_id,
+                    f.source_file,
+                    "parse",
+                    f"file too large: {f.size / 1e6:.1f} MB exceeds the "
+                    f"{source.max_file_bytes / 1e6:.1f} MB limit "
+                    "(RAG_MAX_FILE_BYTES)",
+                    f.sha256,
+                )
+            )
             continue
         try:
             data = Path(f.path).read_bytes()
         except OSError as exc:
-            errors.append(FileError(f.book_id, f.source_file, "parse",
-                                    f"cannot read file: {exc.strerror}", f.sha256))
+            errors.append(
+                FileError(
+                    f.book_id, f.source_file, "parse", f"cannot read file: {exc.strerror}", f.sha256
+                )
+            )
             continue
         digest = hashlib.sha256(data).hexdigest()
         hashes[f.source_file] = digest
-        result = parse_document(f.book_id, f.source_file, data, digest, f.path_meta,
-                                default_hardware_tier=source.default_hardware_tier)
+        result = parse_document(
+            f.book_id,
+            f.source_file,
+            data,
+            digest,
+            f.path_meta,
+            default_hardware_tier=source.default_hardware_tier,
+        )
         (errors if isinstance(result, FileError) else documents).append(result)
     return ParsedBook(inventory, tuple(documents), tuple(errors), hashes)
 
@@ -163,9 +189,13 @@ class ChunkedBook:
         if not self.chunks:
             return {"min": 0, "mean": 0, "p95": 0, "max": 0, "total": 0}
         counts = np.array([c.token_count for c in self.chunks])
-        return {"min": int(counts.min()), "mean": round(float(counts.mean()), 1),
-                "p95": int(np.percentile(counts, 95)), "max": int(counts.max()),
-                "total": int(counts.sum())}
+        return {
+            "min": int(counts.min()),
+            "mean": round(float(counts.mean()), 1),
+            "p95": int(np.percentile(counts, 95)),
+            "max": int(counts.max()),
+            "total": int(counts.sum()),
+        }
 
 
 def chunk_book(parsed: ParsedBook, embedder: Embedder, budget: ChunkBudget) -> ChunkedBook:
@@ -177,23 +207,47 @@ def chunk_book(parsed: ParsedBook, embedder: Embedder, budget: ChunkBudget) -> C
         try:
             doc_chunks = chunk_document(doc, embedder.tokenizer, budget)
         except Exception as exc:  # a chunker bug on one file must not sink the book
-            error = FileError(doc.book_id, doc.source_file, "chunk",
-                              f"chunking failed: {type(exc).__name__}: {exc}",
-                              doc.source_file_hash)
+            error = FileError(
+                doc.book_id,
+                doc.source_file,
+                "chunk",
+                f"chunking failed: {type(exc).__name__}: {exc}",
+                doc.source_file_hash,
+            )
             errors.append(error)
-            outcomes.append(DocumentOutcome(doc.source_file, doc.source_file_hash, "error",
-                                            doc_meta=doc.meta, error=error))
+            outcomes.append(
+                DocumentOutcome(
+                    doc.source_file, doc.source_file_hash, "error", doc_meta=doc.meta, error=error
+                )
+            )
             continue
         chunks.extend(doc_chunks)
-        outcomes.append(DocumentOutcome(
-            doc.source_file, doc.source_file_hash, "ok" if doc_chunks else "empty",
-            len(doc_chunks), doc.meta, doc.frontmatter))
+        outcomes.append(
+            DocumentOutcome(
+                doc.source_file,
+                doc.source_file_hash,
+                "ok" if doc_chunks else "empty",
+                len(doc_chunks),
+                doc.meta,
+                doc.frontmatter,
+            )
+        )
     for error in parsed.errors:
-        outcomes.append(DocumentOutcome(
-            error.source_file, parsed.file_hashes.get(error.source_file, ""), "error",
-            error=error))
-    return ChunkedBook(parsed.inventory, tuple(chunks), tuple(outcomes), tuple(errors),
-                       time.perf_counter() - started)
+        outcomes.append(
+            DocumentOutcome(
+                error.source_file,
+                parsed.file_hashes.get(error.source_file, ""),
+                "error",
+                error=error,
+            )
+        )
+    return ChunkedBook(
+        parsed.inventory,
+        tuple(chunks),
+        tuple(outcomes),
+        tuple(errors),
+        time.perf_counter() - started,
+    )
 
 
 @dataclass(frozen=True)
@@ -213,14 +267,18 @@ class EmbeddedBook:
 
 
 def embed_book(
-    chunked: ChunkedBook, embedder: Embedder, store: VectorStore, sparse_encoder: Bm25Encoder,
+    chunked: ChunkedBook,
+    embedder: Embedder,
+    store: VectorStore,
+    sparse_encoder: Bm25Encoder,
 ) -> EmbeddedBook:
     """Vectors for every chunk: reused from the index when its text is there, else embedded."""
     started = time.perf_counter()
     chunks = chunked.chunks
     inventory = chunked.inventory
-    reuse = reusable_vectors(store, inventory.book_id, inventory.state,
-                             (c.content_hash for c in chunks))
+    reuse = reusable_vectors(
+        store, inventory.book_id, inventory.state, (c.content_hash for c in chunks)
+    )
     dense = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
     todo: list[int] = []
     for i, c in enumerate(chunks):
@@ -235,22 +293,43 @@ def embed_book(
         dense[todo] = embedder.embed([chunks[i].embed_text for i in todo])
     embed_seconds = time.perf_counter() - embed_started
     sparse = tuple(sparse_encoder.encode_documents([c.embed_text for c in chunks]))
-    return EmbeddedBook(inventory.book_id, embedder.model_name, dense, sparse, len(todo),
-                        len(chunks) - len(todo), tokens, embedder.cost_usd(tokens),
-                        time.perf_counter() - started, embed_seconds)
+    return EmbeddedBook(
+        inventory.book_id,
+        embedder.model_name,
+        dense,
+        sparse,
+        len(todo),
+        len(chunks) - len(todo),
+        tokens,
+        embedder.cost_usd(tokens),
+        time.perf_counter() - started,
+        embed_seconds,
+    )
 
 
 def write_book(
-    store: VectorStore, chunked: ChunkedBook, embedded: EmbeddedBook, lineage: LineageInfo,
+    store: VectorStore,
+    chunked: ChunkedBook,
+    embedded: EmbeddedBook,
+    lineage: LineageInfo,
 ) -> WriteReport:
     if len(chunked.chunks) != len(embedded.dense):
-        raise ValueError(f"{chunked.book_id}: {len(chunked.chunks)} chunks but "
-                         f"{len(embedded.dense)} vectors; re-materialize chunk_embeddings")
+        raise ValueError(
+            f"{chunked.book_id}: {len(chunked.chunks)} chunks but "
+            f"{len(embedded.dense)} vectors; re-materialize chunk_embeddings"
+        )
     store.ensure_collection(CollectionSpec(store.collection, embedded.dense.shape[1]))
     inventory = chunked.inventory
     return write_book_changes(
-        store, inventory.book_id, changes=inventory.changes, chunks=chunked.chunks,
-        dense=embedded.dense, sparse=embedded.sparse, outcomes=chunked.outcomes, lineage=lineage)
+        store,
+        inventory.book_id,
+        changes=inventory.changes,
+        chunks=chunked.chunks,
+        dense=embedded.dense,
+        sparse=embedded.sparse,
+        outcomes=chunked.outcomes,
+        lineage=lineage,
+    )
 
 
 @dataclass(frozen=True)
@@ -270,8 +349,7 @@ class BookPlan:
     def as_dict(self) -> dict[str, object]:
         return {
             **self.changes.counts(),
-            "files": {s: list(getattr(self.changes, s)) for s in
-                      ("new", "modified", "deleted")},
+            "files": {s: list(getattr(self.changes, s)) for s in ("new", "modified", "deleted")},
             "chunks": self.chunks_total,
             "chunks_to_embed": self.chunks_to_embed,
             "chunks_reused": self.chunks_reused,
@@ -283,8 +361,12 @@ class BookPlan:
 
 
 def plan_book(
-    source: SourceConfig, book_id: str, store: VectorStore, embedder: Embedder,
-    budget: ChunkBudget, sparse_encoder: Bm25Encoder,
+    source: SourceConfig,
+    book_id: str,
+    store: VectorStore,
+    embedder: Embedder,
+    budget: ChunkBudget,
+    sparse_encoder: Bm25Encoder,
 ) -> BookPlan:
     signature = index_signature(embedder, budget, sparse_encoder)
     inventory = take_inventory(source, book_id, store, signature, embedder.model_name)
@@ -293,13 +375,22 @@ def plan_book(
     state = inventory.state
     todo = [c for c in chunked.chunks if not state.by_content.get(c.content_hash)]
     new_ids = {c.id for c in chunked.chunks}
-    stale = sum(len(state.chunk_ids.get(n, set()) - new_ids)
-                for n in (*inventory.changes.changed, *inventory.changes.deleted))
+    stale = sum(
+        len(state.chunk_ids.get(n, set()) - new_ids)
+        for n in (*inventory.changes.changed, *inventory.changes.deleted)
+    )
     tokens = sum(c.token_count for c in todo)
-    return BookPlan(book_id, inventory.changes, len(chunked.chunks), len(todo),
-                    len(chunked.chunks) - len(todo), tokens, embedder.cost_usd(tokens),
-                    stale + len(inventory.changes.deleted),
-                    (*inventory.crawl_errors, *chunked.errors))
+    return BookPlan(
+        book_id,
+        inventory.changes,
+        len(chunked.chunks),
+        len(todo),
+        len(chunked.chunks) - len(todo),
+        tokens,
+        embedder.cost_usd(tokens),
+        stale + len(inventory.changes.deleted),
+        (*inventory.crawl_errors, *chunked.errors),
+    )
 
 
 def default_budget(embedder: Embedder, config: ChunkingConfig | None = None) -> ChunkBudget:
@@ -318,8 +409,13 @@ class BookRun:
 
 
 def ingest_book(
-    source: SourceConfig, book_id: str, store: VectorStore, embedder: Embedder,
-    budget: ChunkBudget, sparse_encoder: Bm25Encoder, run_id: str | None = None,
+    source: SourceConfig,
+    book_id: str,
+    store: VectorStore,
+    embedder: Embedder,
+    budget: ChunkBudget,
+    sparse_encoder: Bm25Encoder,
+    run_id: str | None = None,
 ) -> BookRun:
     """All stages of one book in order, as the asset chain runs them."""
     signature = index_signature(embedder, budget, sparse_encoder)
@@ -327,6 +423,7 @@ def ingest_book(
     parsed = parse_book(inventory, source)
     chunked = chunk_book(parsed, embedder, budget)
     embedded = embed_book(chunked, embedder, store, sparse_encoder)
-    written = write_book(store, chunked, embedded,
-                         lineage_for(embedder, budget, sparse_encoder, run_id))
+    written = write_book(
+        store, chunked, embedded, lineage_for(embedder, budget, sparse_encoder, run_id)
+    )
     return BookRun(inventory, parsed, chunked, embedded, written)

@@ -31,10 +31,27 @@ SearchMode = Literal["dense", "sparse", "hybrid"]
 #: chosen by measurement on BEIR SciFact (docs/benchmarks.md)
 DEFAULT_MODE: SearchMode = "hybrid"
 DEFAULT_RRF_K = 60
-HIT_FIELDS = ("book_id", "text", "source_file", "section_title", "chunk_index", "total_chunks",
-              "parent_doc_id", "title", "prev_chunk_id", "next_chunk_id", "module", "chapter",
-              "lesson", "hardware_tier", "proficiency_level", "content_hash", "source_file_hash",
-              "embedding_model", "run_id")
+HIT_FIELDS = (
+    "book_id",
+    "text",
+    "source_file",
+    "section_title",
+    "chunk_index",
+    "total_chunks",
+    "parent_doc_id",
+    "title",
+    "prev_chunk_id",
+    "next_chunk_id",
+    "module",
+    "chapter",
+    "lesson",
+    "hardware_tier",
+    "proficiency_level",
+    "content_hash",
+    "source_file_hash",
+    "embedding_model",
+    "run_id",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,24 +103,30 @@ def search(
         raise ValueError("search needs a book id: results are always scoped to one book")
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    where = tenant_filter(book_id, Match("record_type", CHUNK),
-                          *(filters or SearchFilters()).conditions())
+    where = tenant_filter(
+        book_id, Match("record_type", CHUNK), *(filters or SearchFilters()).conditions()
+    )
     encoder = sparse_encoder or Bm25Encoder()
     if mode == "sparse":
-        records = store.query_sparse(where, encoder.encode_query(query), limit=limit,
-                                     score_threshold=score_threshold)
+        records = store.query_sparse(
+            where, encoder.encode_query(query), limit=limit, score_threshold=score_threshold
+        )
     else:
         if embedder is None:
             raise ValueError(f"{mode} search needs an embedder")
         vector = embedder.embed_query(query)
         if mode == "dense":
-            records = store.query_dense(where, vector, limit=limit,
-                                        score_threshold=score_threshold)
+            records = store.query_dense(where, vector, limit=limit, score_threshold=score_threshold)
         elif mode == "hybrid":
             records = store.query_hybrid(
-                where, vector, encoder.encode_query(query), limit=limit,
-                prefetch_limit=prefetch_limit or max(limit * 5, 50), rrf_k=rrf_k,
-                score_threshold=score_threshold)
+                where,
+                vector,
+                encoder.encode_query(query),
+                limit=limit,
+                prefetch_limit=prefetch_limit or max(limit * 5, 50),
+                rrf_k=rrf_k,
+                score_threshold=score_threshold,
+            )
         else:
             raise ValueError(f"unknown search mode {mode!r}; use dense, sparse or hybrid")
     return _hits(records)
@@ -131,8 +154,12 @@ def expand_context(
     if wanted and doc:
         lo, hi = min(wanted), max(wanted)
         neighbours = [
-            r for r in store.scroll(where.with_conditions(
-                Match("parent_doc_id", str(doc)), Range("chunk_index", gte=max(lo, 0), lte=hi)))
+            r
+            for r in store.scroll(
+                where.with_conditions(
+                    Match("parent_doc_id", str(doc)), Range("chunk_index", gte=max(lo, 0), lte=hi)
+                )
+            )
             if int(r.payload.get("chunk_index") or 0) in wanted
         ]
     chain = _walk_chain(center, neighbours, prev, next)
@@ -165,8 +192,9 @@ def _walk_chain(
 
 def get_document(store: VectorStore, book_id: str, parent_doc_id: str) -> list[Hit]:
     """All chunks of one document of one book, ordered by ``chunk_index``."""
-    where = tenant_filter(book_id, Match("record_type", CHUNK),
-                          Match("parent_doc_id", parent_doc_id))
+    where = tenant_filter(
+        book_id, Match("record_type", CHUNK), Match("parent_doc_id", parent_doc_id)
+    )
     records = sorted(store.scroll(where), key=lambda r: int(r.payload.get("chunk_index") or 0))
     return _hits(records)
 

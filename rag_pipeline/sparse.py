@@ -22,8 +22,41 @@ __all__ = ["ENGLISH_STOPWORDS", "Bm25Encoder"]
 
 # Lucene's default English stop set (what BM25 baselines such as Anserini use).
 ENGLISH_STOPWORDS = frozenset(
-    "a an and are as at be but by for if in into is it no not of on or such that the their "
-    "then there these they this to was will with".split()
+    (
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "for",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "no",
+        "not",
+        "of",
+        "on",
+        "or",
+        "such",
+        "that",
+        "the",
+        "their",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "to",
+        "was",
+        "will",
+        "with",
+    )
 )
 _TERM = re.compile(r"[^\W_]+", re.UNICODE)
 

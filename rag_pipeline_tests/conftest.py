@@ -96,6 +96,7 @@ def section(title: str, paragraphs: int = 3, words: int = 40, seed: str = "") ->
     """A ``##`` section of plain prose whose size is easy to reason about."""
     body = []
     for p in range(paragraphs):
-        body.append(" ".join(f"{seed}{title.lower().replace(' ', '')}w{p}x{i}"
-                             for i in range(words)) + ".")
+        body.append(
+            " ".join(f"{seed}{title.lower().replace(' ', '')}w{p}x{i}" for i in range(words)) + "."
+        )
     return f"## {title}\n\n" + "\n\n".join(body) + "\n"

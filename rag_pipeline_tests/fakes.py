@@ -74,7 +74,7 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         fake: FakeOpenAI = self.server.fake  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         fake.requests.append(body)
@@ -84,19 +84,32 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
             action = "ok"
         if isinstance(action, int):
             message = "Rate limit reached" if action == 429 else "The server had an error"
-            self._json(action, {"error": {"message": message, "type": "server_error"}},
-                       {"retry-after-ms": "10"})
+            self._json(
+                action,
+                {"error": {"message": message, "type": "server_error"}},
+                {"retry-after-ms": "10"},
+            )
             return
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         data = []
         for i, text in enumerate(inputs):
             vector = _vector(str(text), fake.dim)
-            embedding: Any = (base64.b64encode(vector.tobytes()).decode()
-                              if body.get("encoding_format") == "base64" else vector.tolist())
+            embedding: Any = (
+                base64.b64encode(vector.tobytes()).decode()
+                if body.get("encoding_format") == "base64"
+                else vector.tolist()
+            )
             data.append({"object": "embedding", "index": i, "embedding": embedding})
         tokens = sum(len(str(t).split()) for t in inputs)
-        self._json(200, {"object": "list", "data": data, "model": body["model"],
-                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        self._json(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": body["model"],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
 
 
 class FakeQdrant(_Server):
@@ -128,7 +141,7 @@ class _QdrantHandler(BaseHTTPRequestHandler):
     def _parts(self) -> list[str]:
         return [p for p in self.path.split("?")[0].split("/") if p]
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         fake: FakeQdrant = self.server.fake  # type: ignore[attr-defined]
         fake.api_keys.append(self.headers.get("api-key"))
         parts = self._parts()
@@ -140,29 +153,45 @@ class _QdrantHandler(BaseHTTPRequestHandler):
             return
         if parts[0] == "collections" and len(parts) == 2 and parts[1] in fake.collections:
             created = fake.collections[parts[1]]
-            schema = {k: {"data_type": "keyword" if "type" not in v or v.get("type") == "keyword"
-                          else v["type"], "points": 0}
-                      for k, v in fake.indexes.get(parts[1], {}).items()}
-            self._ok({
-                "status": "green", "optimizer_status": "ok", "segments_count": 1,
-                "points_count": 0, "indexed_vectors_count": 0,
-                "config": {
-                    "params": {"vectors": created["vectors"],
-                               "sparse_vectors": created.get("sparse_vectors"),
-                               "shard_number": created.get("shard_number", 1),
-                               "replication_factor": created.get("replication_factor", 1)},
-                    "hnsw_config": {"m": 16, "ef_construct": 100, "full_scan_threshold": 10000},
-                    "optimizer_config": {"deleted_threshold": 0.2, "vacuum_min_vector_number":
-                                         1000, "default_segment_number": 0,
-                                         "flush_interval_sec": 5},
-                    "wal_config": {"wal_capacity_mb": 32, "wal_segments_ahead": 0},
-                },
-                "payload_schema": schema,
-            })
+            schema = {
+                k: {
+                    "data_type": "keyword"
+                    if "type" not in v or v.get("type") == "keyword"
+                    else v["type"],
+                    "points": 0,
+                }
+                for k, v in fake.indexes.get(parts[1], {}).items()
+            }
+            self._ok(
+                {
+                    "status": "green",
+                    "optimizer_status": "ok",
+                    "segments_count": 1,
+                    "points_count": 0,
+                    "indexed_vectors_count": 0,
+                    "config": {
+                        "params": {
+                            "vectors": created["vectors"],
+                            "sparse_vectors": created.get("sparse_vectors"),
+                            "shard_number": created.get("shard_number", 1),
+                            "replication_factor": created.get("replication_factor", 1),
+                        },
+                        "hnsw_config": {"m": 16, "ef_construct": 100, "full_scan_threshold": 10000},
+                        "optimizer_config": {
+                            "deleted_threshold": 0.2,
+                            "vacuum_min_vector_number": 1000,
+                            "default_segment_number": 0,
+                            "flush_interval_sec": 5,
+                        },
+                        "wal_config": {"wal_capacity_mb": 32, "wal_segments_ahead": 0},
+                    },
+                    "payload_schema": schema,
+                }
+            )
             return
         self.send_error(404)
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         fake: FakeQdrant = self.server.fake  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
         parts = self._parts()
@@ -173,7 +202,8 @@ class _QdrantHandler(BaseHTTPRequestHandler):
         if parts[0] == "collections" and len(parts) == 3 and parts[2] == "index":
             schema = body.get("field_schema")
             fake.indexes.setdefault(parts[1], {})[body["field_name"]] = (
-                schema if isinstance(schema, dict) else {"type": schema})
+                schema if isinstance(schema, dict) else {"type": schema}
+            )
             self._ok({"operation_id": 1, "status": "completed"})
             return
         self.send_error(404)

@@ -23,8 +23,21 @@ def test_safe_book_ids_are_accepted(book_id):
 
 @pytest.mark.parametrize(
     "book_id",
-    ["", "../etc", "a/b", "a b", ".hidden", "-dash", "a..b", "x" * 129, "$(rm -rf ~)",
-     "книга", "a\nb", "a\x00b", "book;drop"],
+    [
+        "",
+        "../etc",
+        "a/b",
+        "a b",
+        ".hidden",
+        "-dash",
+        "a..b",
+        "x" * 129,
+        "$(rm -rf ~)",
+        "книга",
+        "a\nb",
+        "a\x00b",
+        "book;drop",
+    ],
 )
 def test_unsafe_book_ids_are_refused(book_id):
     with pytest.raises(InvalidBookIdError, match="invalid book id"):
@@ -48,10 +61,17 @@ def test_missing_data_dir_has_no_books(tmp_path):
 
 
 def test_discover_files_finds_md_and_mdx_recursively(data_dir, write_book):
-    write_book("b", {
-        "intro.md": "# Intro", "part/one.mdx": "# One", "part/deep/er/two.MD": "# Two",
-        "notes.txt": "not markdown", ".drafts/hidden.md": "# hidden", "_category_.json": "{}",
-    })
+    write_book(
+        "b",
+        {
+            "intro.md": "# Intro",
+            "part/one.mdx": "# One",
+            "part/deep/er/two.MD": "# Two",
+            "notes.txt": "not markdown",
+            ".drafts/hidden.md": "# hidden",
+            "_category_.json": "{}",
+        },
+    )
     files, errors = discover_files(data_dir, "b")
     assert [f.source_file for f in files] == ["intro.md", "part/deep/er/two.MD", "part/one.mdx"]
     assert not errors
@@ -92,8 +112,10 @@ PATTERNS = compile_path_patterns(DEFAULT_PATH_PATTERNS)
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("module-01-foundations/chapter-02-python-agents-ros/page-05-introduction.md",
-         PathMeta("module-01-foundations", 2, 5)),
+        (
+            "module-01-foundations/chapter-02-python-agents-ros/page-05-introduction.md",
+            PathMeta("module-01-foundations", 2, 5),
+        ),
         ("01-chapter-1-ros2-fundamentals/03-nodes-communication.md", PathMeta(None, 1, 3)),
         ("03-chapter-4-ai-integration/02-lesson-2-voice-whisper.md", PathMeta(None, 4, 2)),
         ("module-1-ros2/week-4-lesson-2-building-packages.md", PathMeta("module-1-ros2", None, 2)),

@@ -6,8 +6,8 @@ import pytest
 from dagster import (
     AssetCheckSeverity,
     AssetKey,
-    Definitions,
     DagsterInstance,
+    Definitions,
     materialize,
 )
 
@@ -27,8 +27,12 @@ BOOKS = ("humanoid-robotics-ros2", "ros2-fundamentals")
 
 @pytest.fixture
 def settings(sample_books, tmp_path):
-    return load_settings(data_dir=sample_books, qdrant_path=str(tmp_path / "qdrant"),
-                         embedder="hash", cache_dir=tmp_path / "cache")
+    return load_settings(
+        data_dir=sample_books,
+        qdrant_path=str(tmp_path / "qdrant"),
+        embedder="hash",
+        cache_dir=tmp_path / "cache",
+    )
 
 
 @pytest.fixture
@@ -65,8 +69,10 @@ def test_definitions_load_with_everything_bound(monkeypatch, tmp_path):
     assert {"ingest_books", "purge_book"} <= set(repo.job_names)
     assert {"io_manager", "books", "qdrant", "embedder"} <= set(defs.resources)
     # the chain is linear: files -> documents -> chunks -> embeddings -> points
-    assert graph.get(AssetKey("qdrant_points")).parent_keys == {AssetKey("chunks"),
-                                                                AssetKey("chunk_embeddings")}
+    assert graph.get(AssetKey("qdrant_points")).parent_keys == {
+        AssetKey("chunks"),
+        AssetKey("chunk_embeddings"),
+    }
     assert "qdrant" in graph.get(AssetKey("qdrant_points")).kinds
     assert graph.get(AssetKey("chunks")).code_version
 
@@ -80,20 +86,36 @@ def test_the_real_code_location_module_loads():
 
 def test_materialize_two_books_on_an_ephemeral_instance(settings, resources, instance):
     for book in BOOKS:
-        result = materialize(ingestion_assets, partition_key=book, instance=instance,
-                             resources=resources)
+        result = materialize(
+            ingestion_assets, partition_key=book, instance=instance, resources=resources
+        )
         assert result.success
-        materialized = {e.asset_key.to_user_string() for e in
-                        (ev.materialization for ev in result.get_asset_materialization_events())}
-        assert materialized == {"source_files", "documents", "chunks", "chunk_embeddings",
-                                "qdrant_points"}
+        materialized = {
+            e.asset_key.to_user_string()
+            for e in (ev.materialization for ev in result.get_asset_materialization_events())
+        }
+        assert materialized == {
+            "source_files",
+            "documents",
+            "chunks",
+            "chunk_embeddings",
+            "qdrant_points",
+        }
         checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
-        assert set(checks) == {"parse_errors", "chunks_valid", "vector_dimension",
-                               "index_consistency"}
-        assert all(c.passed for c in checks.values()), {n: (c.passed, {k: v.value for k, v in c.metadata.items()}) for n, c in checks.items()}
-        assert {c.partition for c in checks.values()} == {book}, [c.partition for c in checks.values()]
-        meta = {e.materialization.asset_key.to_user_string(): e.materialization.metadata
-                for e in result.get_asset_materialization_events()}
+        assert set(checks) == {
+            "parse_errors",
+            "chunks_valid",
+            "vector_dimension",
+            "index_consistency",
+        }
+        assert all(c.passed for c in checks.values()), {
+            n: {k: v.value for k, v in c.metadata.items()} for n, c in checks.items()
+        }
+        assert {c.partition for c in checks.values()} == {book}
+        meta = {
+            e.materialization.asset_key.to_user_string(): e.materialization.metadata
+            for e in result.get_asset_materialization_events()
+        }
         assert meta["source_files"]["files_new"].value == 5
         assert meta["chunks"]["chunks"].value == meta["qdrant_points"]["points_in_book"].value
         assert "| file" in meta["source_files"]["files_table"].value  # a Markdown table
@@ -106,14 +128,18 @@ def test_materialize_two_books_on_an_ephemeral_instance(settings, resources, ins
 
 def test_rematerializing_is_idempotent(settings, resources, instance):
     book = BOOKS[0]
-    first = materialize(ingestion_assets, partition_key=book, instance=instance,
-                        resources=resources)
+    first = materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    )
     points = chunk_count(settings, book)
-    again = materialize(ingestion_assets, partition_key=book, instance=instance,
-                        resources=resources)
+    again = materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    )
     assert first.success and again.success
-    meta = {e.materialization.asset_key.to_user_string(): e.materialization.metadata
-            for e in again.get_asset_materialization_events()}
+    meta = {
+        e.materialization.asset_key.to_user_string(): e.materialization.metadata
+        for e in again.get_asset_materialization_events()
+    }
     assert meta["chunk_embeddings"]["chunks_embedded"].value == 0
     assert meta["qdrant_points"]["points_upserted"].value == 0
     assert chunk_count(settings, book) == points
@@ -123,11 +149,11 @@ def test_parse_errors_warn_with_file_names(settings, resources, instance, sample
     book = BOOKS[0]
     (sample_books / book / "broken.md").write_bytes(b"---\ntitle: [oops\n---\nbody")
     (sample_books / book / "empty.md").write_text("")
-    result = materialize(ingestion_assets, partition_key=book, instance=instance,
-                         resources=resources)
+    result = materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    )
     assert result.success  # a bad file does not fail the book
-    check = next(c for c in result.get_asset_check_evaluations()
-                 if c.check_name == "parse_errors")
+    check = next(c for c in result.get_asset_check_evaluations() if c.check_name == "parse_errors")
     assert not check.passed and check.severity == AssetCheckSeverity.WARN
     assert "broken.md" in check.metadata["files"].value
     assert "empty.md" in check.metadata["empty_files"].value
@@ -136,17 +162,27 @@ def test_parse_errors_warn_with_file_names(settings, resources, instance, sample
 
 def test_blocking_chunk_check_stops_publishing(settings, resources, instance, monkeypatch):
     book = BOOKS[0]
-    assert materialize(ingestion_assets, partition_key=book, instance=instance,
-                       resources=resources).success
+    assert materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    ).success
     before = chunk_count(settings, book)
     (settings.data_dir / book / "index.md").write_text("# Changed\n\nNew text for a new run.")
-    monkeypatch.setattr("rag_pipeline.defs.assets.check_chunks",
-                        lambda chunks, limit: ["chunk 3: broken chain (injected)"])
-    result = materialize(ingestion_assets, partition_key=book, instance=instance,
-                         resources=resources, raise_on_error=False)
+    monkeypatch.setattr(
+        "rag_pipeline.defs.assets.check_chunks",
+        lambda chunks, limit: ["chunk 3: broken chain (injected)"],
+    )
+    result = materialize(
+        ingestion_assets,
+        partition_key=book,
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
     assert not result.success
-    done = {e.materialization.asset_key.to_user_string()
-            for e in result.get_asset_materialization_events()}
+    done = {
+        e.materialization.asset_key.to_user_string()
+        for e in result.get_asset_materialization_events()
+    }
     assert "chunk_embeddings" not in done and "qdrant_points" not in done
     assert chunk_count(settings, book) == before  # nothing already indexed is lost
 
@@ -158,16 +194,23 @@ class SmallHashEmbedder(EmbedderResource):
 
 def test_vector_dimension_check_blocks_a_model_with_another_size(settings, resources, instance):
     book = BOOKS[0]
-    assert materialize(ingestion_assets, partition_key=book, instance=instance,
-                       resources=resources).success
+    assert materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    ).success
     before = chunk_count(settings, book)
     (settings.data_dir / book / "index.md").write_text("# Changed\n\nNew text.")
     swapped = {**resources, "embedder": SmallHashEmbedder(provider="hash")}
-    result = materialize(ingestion_assets, partition_key=book, instance=instance,
-                         resources=swapped, raise_on_error=False)
+    result = materialize(
+        ingestion_assets,
+        partition_key=book,
+        instance=instance,
+        resources=swapped,
+        raise_on_error=False,
+    )
     assert not result.success
-    check = next(c for c in result.get_asset_check_evaluations()
-                 if c.check_name == "vector_dimension")
+    check = next(
+        c for c in result.get_asset_check_evaluations() if c.check_name == "vector_dimension"
+    )
     assert not check.passed
     assert "384-dimensional" in check.metadata["details"].value
     assert chunk_count(settings, book) == before

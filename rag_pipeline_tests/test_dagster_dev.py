@@ -23,8 +23,12 @@ ARTIFACTS = REPO / "test-artifacts"
 LOCATION = "rag_pipeline"
 REPOSITORY = "__repository__"
 ASSETS = ["source_files", "documents", "chunks", "chunk_embeddings", "qdrant_points"]
-CHECKS = [("documents", "parse_errors"), ("chunks", "chunks_valid"),
-          ("chunk_embeddings", "vector_dimension"), ("qdrant_points", "index_consistency")]
+CHECKS = [
+    ("documents", "parse_errors"),
+    ("chunks", "chunks_valid"),
+    ("chunk_embeddings", "vector_dimension"),
+    ("qdrant_points", "index_consistency"),
+]
 
 
 def free_port() -> int:
@@ -58,16 +62,35 @@ class DagsterDev:
 
     def start(self) -> None:
         # migrate the fresh instance first: doing it while the webserver starts races
-        subprocess.run([sys.executable, "-c", "from dagster import DagsterInstance; "
-                        "DagsterInstance.get()"], env=self.env, check=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-c", "from dagster import DagsterInstance; DagsterInstance.get()"],
+            env=self.env,
+            check=True,
+            timeout=120,
+        )
         dagster = Path(sys.executable).with_name("dagster")
         self.proc = subprocess.Popen(
-            [str(dagster), "dev", "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1",
-             "-p", str(self.port)],
-            cwd=REPO, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)  # its own process group, so SIGTERM reaches every child
-        self.wait_for(lambda: requests.get(f"{self.url}/server_info", timeout=2).ok, 120,
-                      "the webserver to answer")
+            [
+                str(dagster),
+                "dev",
+                "-w",
+                str(REPO / "workspace.yaml"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+            ],
+            cwd=REPO,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # its own process group, so SIGTERM reaches every child
+        self.wait_for(
+            lambda: requests.get(f"{self.url}/server_info", timeout=2).ok,
+            120,
+            "the webserver to answer",
+        )
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -87,7 +110,7 @@ class DagsterDev:
                 value = predicate()
                 if value:
                     return value
-            except Exception as exc:  # noqa: BLE001 - keep polling while it comes up
+            except Exception as exc:
                 last = exc
             if self.proc and self.proc.poll() is not None:
                 raise AssertionError(f"dagster dev exited while waiting for {what}")
@@ -95,8 +118,9 @@ class DagsterDev:
         raise AssertionError(f"timed out after {timeout}s waiting for {what} ({last})")
 
     def graphql(self, query: str, **variables):  # type: ignore[no-untyped-def]
-        response = requests.post(f"{self.url}/graphql", timeout=30,
-                                 json={"query": query, "variables": variables})
+        response = requests.post(
+            f"{self.url}/graphql", timeout=30, json={"query": query, "variables": variables}
+        )
         response.raise_for_status()
         body = response.json()
         assert "errors" not in body, body
@@ -108,8 +132,11 @@ class DagsterDev:
         return data["runsOrError"]["results"]
 
     def book_runs(self, book: str, status: str = "SUCCESS") -> list[dict]:
-        return [r for r in self.runs() if r["status"] == status and
-                {"key": "dagster/partition", "value": book} in r["tags"]]
+        return [
+            r
+            for r in self.runs()
+            if r["status"] == status and {"key": "dagster/partition", "value": book} in r["tags"]
+        ]
 
     def failed_runs(self) -> list[dict]:
         return [r for r in self.runs() if r["status"] == "FAILURE"]
@@ -149,25 +176,40 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     # 2. an edit is picked up by the next tick, and only that book runs again
     edited = sample_books / "ros2-fundamentals" / "00-intro.md"
     edited.write_text(edited.read_text() + "\n\n## Sensor check\n\nZebra quartz umbrella.\n")
-    dev.wait_for(lambda: len(dev.book_runs("ros2-fundamentals")) >= 2, 240,
-                 "the run that follows the edit")
+    dev.wait_for(
+        lambda: len(dev.book_runs("ros2-fundamentals")) >= 2, 240, "the run that follows the edit"
+    )
     assert len(dev.book_runs("humanoid-robotics-ros2")) == 1
 
     # 3. what the UI's Materialize button sends: the asset job, one partition
-    data = dev.graphql(LAUNCH, executionParams={
-        "mode": "default", "runConfigData": "{}",
-        "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
-                     "pipelineName": "__ASSET_JOB",
-                     "assetSelection": [{"path": [a]} for a in ASSETS],
-                     "assetCheckSelection": [{"assetKey": {"path": [a]}, "name": n}
-                                             for a, n in CHECKS]},
-        "executionMetadata": {"tags": [{"key": "dagster/partition",
-                                        "value": "humanoid-robotics-ros2"}]},
-    })["launchPipelineExecution"]
+    data = dev.graphql(
+        LAUNCH,
+        executionParams={
+            "mode": "default",
+            "runConfigData": "{}",
+            "selector": {
+                "repositoryLocationName": LOCATION,
+                "repositoryName": REPOSITORY,
+                "pipelineName": "__ASSET_JOB",
+                "assetSelection": [{"path": [a]} for a in ASSETS],
+                "assetCheckSelection": [{"assetKey": {"path": [a]}, "name": n} for a, n in CHECKS],
+            },
+            "executionMetadata": {
+                "tags": [{"key": "dagster/partition", "value": "humanoid-robotics-ros2"}]
+            },
+        },
+    )["launchPipelineExecution"]
     assert data["__typename"] == "LaunchRunSuccess", data
     run_id = data["run"]["runId"]
-    status = dev.wait_for(lambda: (s := dev.graphql(RUN_STATUS, runId=run_id)["runOrError"][
-        "status"]) in ("SUCCESS", "FAILURE", "CANCELED") and s, 240, "the UI-launched run")
+    status = dev.wait_for(
+        lambda: (
+            (s := dev.graphql(RUN_STATUS, runId=run_id)["runOrError"]["status"])
+            in ("SUCCESS", "FAILURE", "CANCELED")
+            and s
+        ),
+        240,
+        "the UI-launched run",
+    )
     assert status == "SUCCESS"
 
     # 4. the asset graph page renders in a real browser without an error panel
@@ -176,19 +218,34 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
         pytest.skip("chromium is not installed (.ci/run installs Debian's package)")
     ARTIFACTS.mkdir(exist_ok=True)
     page = f"{dev.url}/asset-groups/ingestion"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1600,1000",
-             "--virtual-time-budget=20000"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", page], capture_output=True,
-                         text=True, timeout=120).stdout
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1600,1000",
+        "--virtual-time-budget=20000",
+    ]
+    dom = subprocess.run(
+        [chromium, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120
+    ).stdout
     shot = ARTIFACTS / "asset-graph.png"
-    subprocess.run([chromium, *flags, f"--screenshot={shot}", page], capture_output=True,
-                   timeout=120)
+    subprocess.run(
+        [chromium, *flags, f"--screenshot={shot}", page], capture_output=True, timeout=120
+    )
     assert shot.is_file() and shot.stat().st_size > 10_000
     assert "qdrant_points" in dom and "chunk_embeddings" in dom
-    for marker in ("PythonError", "Unexpected GraphQL error", "An unexpected error",
-                   "Error loading"):
+    for marker in (
+        "PythonError",
+        "Unexpected GraphQL error",
+        "An unexpected error",
+        "Error loading",
+    ):
         assert marker not in dom, marker
 
     # 5. after the webserver is gone, the index holds exactly the expected points
@@ -204,6 +261,12 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
         from rag_pipeline.embed.hashing import HashEmbedder
         from rag_pipeline.retrieve import search
 
-        hits = search(store, HashEmbedder(), "zebra quartz umbrella", "ros2-fundamentals",
-                      mode="sparse", limit=1)
+        hits = search(
+            store,
+            HashEmbedder(),
+            "zebra quartz umbrella",
+            "ros2-fundamentals",
+            mode="sparse",
+            limit=1,
+        )
         assert hits and "Zebra quartz umbrella" in hits[0].text

@@ -24,10 +24,12 @@ def test_local_model_matches_sentence_transformers(local_embedder):
 
 def test_local_model_is_semantic(local_embedder):
     query = local_embedder.embed_query("How do robots talk to each other?")
-    docs = local_embedder.embed([
-        "ROS 2 nodes communicate by publishing messages on topics.",
-        "The recipe needs two cups of flour and an egg.",
-    ])
+    docs = local_embedder.embed(
+        [
+            "ROS 2 nodes communicate by publishing messages on topics.",
+            "The recipe needs two cups of flour and an egg.",
+        ]
+    )
     scores = docs @ query
     assert scores[0] > scores[1] + 0.2
 
@@ -48,8 +50,7 @@ def test_onnx_graph_is_cached(tmp_path):
     cached = list(tmp_path.glob("*.onnx"))
     assert len(cached) == 1
     second = LocalEmbedder(cache_dir=tmp_path)
-    np.testing.assert_allclose(second.embed(["same text"]), first.embed(["same text"]),
-                               atol=1e-6)
+    np.testing.assert_allclose(second.embed(["same text"]), first.embed(["same text"]), atol=1e-6)
 
 
 def test_embedding_order_is_kept_despite_length_sorting(hash_embedder):

@@ -29,7 +29,8 @@ def test_ndcg_by_hand():
     assert ndcg_at_k(["x"], relevant, 10) == 0.0
     # graded relevance
     assert ndcg_at_k(["b", "a"], {"a": 2, "b": 1}, 10) == pytest.approx(
-        (1 + 2 / math.log2(3)) / (2 + 1 / math.log2(3)))
+        (1 + 2 / math.log2(3)) / (2 + 1 / math.log2(3))
+    )
 
 
 def test_recall_and_mrr_by_hand():
@@ -42,8 +43,10 @@ def test_recall_and_mrr_by_hand():
 
 
 def test_documents_are_ranked_by_their_best_chunk():
-    hits = [Hit(str(i), 1.0 - i / 10, {"source_file": doc})
-            for i, doc in enumerate(["a", "b", "a", "c", "b"])]
+    hits = [
+        Hit(str(i), 1.0 - i / 10, {"source_file": doc})
+        for i, doc in enumerate(["a", "b", "a", "c", "b"])
+    ]
     assert rank_documents(hits) == ["a", "b", "c"]
 
 
@@ -54,8 +57,11 @@ def tiny_beir(tmp_path):
         {"_id": "2", "title": "Soil", "text": "Clay soil holds water longer than sandy soil."},
         {"_id": "3", "title": "Legged robots", "text": "Bipedal robots balance while walking."},
     ]
-    queries = [{"_id": "q1", "text": "grasp objects gripper"},
-               {"_id": "q2", "text": "water clay soil"}, {"_id": "q3", "text": "unjudged"}]
+    queries = [
+        {"_id": "q1", "text": "grasp objects gripper"},
+        {"_id": "q2", "text": "water clay soil"},
+        {"_id": "q3", "text": "unjudged"},
+    ]
     (tmp_path / "qrels").mkdir()
     (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in corpus))
     (tmp_path / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in queries))
@@ -67,11 +73,9 @@ def test_eval_end_to_end_on_a_tiny_dataset(tiny_beir, store, hash_embedder):
     dataset = load_beir(tiny_beir)
     assert len(dataset.corpus) == 3 and set(dataset.qrels) == {"q1", "q2"}
     budget = ChunkBudget.for_tokenizer(ChunkingConfig(), hash_embedder.tokenizer)
-    first = index_corpus(store, "eval-tiny", dataset.corpus, hash_embedder, budget,
-                         Bm25Encoder())
+    first = index_corpus(store, "eval-tiny", dataset.corpus, hash_embedder, budget, Bm25Encoder())
     assert first["indexed"] == 3 and first["embedded"] == 3
-    again = index_corpus(store, "eval-tiny", dataset.corpus, hash_embedder, budget,
-                         Bm25Encoder())
+    again = index_corpus(store, "eval-tiny", dataset.corpus, hash_embedder, budget, Bm25Encoder())
     assert again["indexed"] == 0 and again["skipped"] == 3  # re-runs embed nothing
     report = evaluate(store, hash_embedder, dataset, "eval-tiny", mode="sparse")
     assert report.queries == 2
@@ -80,5 +84,5 @@ def test_eval_end_to_end_on_a_tiny_dataset(tiny_beir, store, hash_embedder):
 
 
 def test_missing_files_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="corpus.jsonl is missing"):
+    with pytest.raises(FileNotFoundError, match=r"corpus\.jsonl is missing"):
         load_beir(tmp_path)

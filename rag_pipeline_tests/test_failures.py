@@ -26,8 +26,9 @@ def openai_server():
 
 
 def embedder(server, retries=2, timeout=1.0, **kwargs):
-    return OpenAIEmbedder("sk-test", base_url=server.base_url, max_retries=retries,
-                          timeout_s=timeout, **kwargs)
+    return OpenAIEmbedder(
+        "sk-test", base_url=server.base_url, max_retries=retries, timeout_s=timeout, **kwargs
+    )
 
 
 def test_openai_embeddings_batches_by_count_and_tokens(openai_server):
@@ -55,8 +56,9 @@ def test_transient_openai_failures_are_retried(openai_server, failures):
 
 
 @pytest.mark.parametrize(("status", "words"), [(429, "HTTP 429"), (500, "HTTP 500")])
-def test_persistent_openai_failure_names_the_cause_and_the_next_run_works(openai_server, status,
-                                                                        words):
+def test_persistent_openai_failure_names_the_cause_and_the_next_run_works(
+    openai_server, status, words
+):
     openai_server.script.extend([status] * 3)
     emb = embedder(openai_server, retries=2)
     with pytest.raises(EmbedError) as info:
@@ -101,8 +103,9 @@ def test_unreachable_qdrant_server_fails_cleanly_after_retries():
 
 def test_cluster_collection_gets_shards_replication_and_tenant_index():
     with FakeQdrant() as server:
-        store = QdrantStore("books", url=server.url, api_key="secret", shards=3,
-                            replication_factor=2)
+        store = QdrantStore(
+            "books", url=server.url, api_key="secret", shards=3, replication_factor=2
+        )
         store.ensure_collection(CollectionSpec("books", 384))
         created = server.collections["books"]
         assert created["shard_number"] == 3 and created["replication_factor"] == 2
@@ -117,11 +120,22 @@ def test_cluster_collection_gets_shards_replication_and_tenant_index():
 
 
 def test_ingest_against_an_unreachable_server_names_the_cause(tmp_path, sample_books):
-    env = {**os.environ, "RAG_DATA_DIR": str(sample_books), "RAG_EMBEDDER": "hash",
-           "RAG_QDRANT_URL": f"http://127.0.0.1:{free_port()}", "RAG_QDRANT_RETRIES": "2",
-           "DAGSTER_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "ingest"], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(sample_books),
+        "RAG_EMBEDDER": "hash",
+        "RAG_QDRANT_URL": f"http://127.0.0.1:{free_port()}",
+        "RAG_QDRANT_RETRIES": "2",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_pipeline.cli", "ingest"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert "unreachable after 2 attempts" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -164,26 +178,40 @@ def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_di
     from rag_pipeline.store import open_store
     from rag_pipeline_tests.conftest import section
 
-    files = {f"f{i}.md": "".join(section(f"S{j}", 3, 50, seed=f"{i}") for j in range(6))
-             for i in range(6)}
+    files = {
+        f"f{i}.md": "".join(section(f"S{j}", 3, 50, seed=f"{i}") for j in range(6))
+        for i in range(6)
+    }
     write_book("book", files)
     qdrant = str(tmp_path / "q")
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     # first run completes; then edit and kill the second run in the middle of its upserts
-    subprocess.run([sys.executable, str(script), str(data_dir), qdrant, engine, "1000"],
-                   check=True, timeout=300, cwd=REPO)
+    subprocess.run(
+        [sys.executable, str(script), str(data_dir), qdrant, engine, "1000"],
+        check=True,
+        timeout=300,
+        cwd=REPO,
+    )
     for i in range(3):
         path = data_dir / "book" / f"f{i}.md"
         path.write_text(path.read_text().replace("S2", "S2 edited"))
     os.remove(data_dir / "book" / "f5.md")
-    proc = subprocess.run([sys.executable, str(script), str(data_dir), qdrant, engine, "0"],
-                          timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(data_dir), qdrant, engine, "0"], timeout=300, cwd=REPO
+    )
     assert proc.returncode == -signal.SIGKILL
     emb = HashEmbedder()
     with open_store(load_settings(qdrant_path=qdrant, qdrant_embedded=engine)) as store:
-        run = ingest_book(SourceConfig(data_dir), "book", store, emb, default_budget(emb),
-                          Bm25Encoder(), "recovery")
+        run = ingest_book(
+            SourceConfig(data_dir),
+            "book",
+            store,
+            emb,
+            default_budget(emb),
+            Bm25Encoder(),
+            "recovery",
+        )
         assert set(run.inventory.changes.modified) >= {"f0.md", "f1.md", "f2.md"}
         report = check_index(store, "book", emb.dimension)
         assert report.passed, report.problems()
@@ -191,7 +219,8 @@ def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_di
 
         ids = {r.id for r in store.scroll(tenant_filter("book", Match("record_type", "chunk")))}
         fresh = QdrantStore("rag_chunks", path=":memory:")
-        expected = ingest_book(SourceConfig(data_dir), "book", fresh, emb, default_budget(emb),
-                               Bm25Encoder(), "fresh")
+        expected = ingest_book(
+            SourceConfig(data_dir), "book", fresh, emb, default_budget(emb), Bm25Encoder(), "fresh"
+        )
         assert ids == {c.id for c in expected.chunked.chunks}
         fresh.close()

@@ -51,8 +51,7 @@ def test_missing_frontmatter_takes_title_from_first_heading():
 
 
 def test_mdx_with_jsx_and_cefr_level():
-    doc = parse(fixture("physical-ai/cefr-jsx-what-is-ros2.md"),
-                meta=PathMeta(None, 1, 1))
+    doc = parse(fixture("physical-ai/cefr-jsx-what-is-ros2.md"), meta=PathMeta(None, 1, 1))
     assert isinstance(doc, ParsedDocument)
     assert doc.meta.title == "What is ROS 2?"
     assert doc.meta.proficiency_level == "A2"  # from cefr_level
@@ -73,7 +72,7 @@ def test_mdx_file_parses():
         (b"# Title\x00\x01\x02binary", "binary content (NUL bytes)"),
         (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "binary content (NUL bytes)"),
         (b"# caf\xe9 au lait", "not valid UTF-8: byte 0xe9 at offset 5"),
-        ("\x01\x02\x03\x04\x05\x06\x07\x08 junk".encode() * 10, "binary content (mostly control"),
+        (b"\x01\x02\x03\x04\x05\x06\x07\x08 junk" * 10, "binary content (mostly control"),
         (b"---\ntitle: [unclosed\n---\nbody", "invalid YAML frontmatter"),
         (b"---\n- a\n- b\n---\nbody", "frontmatter is not a key/value mapping"),
     ],

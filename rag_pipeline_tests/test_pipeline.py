@@ -21,16 +21,24 @@ BOOK = "guide"
 
 def long_doc(title: str, sections: int = 4, seed: str = "") -> str:
     return f"---\ntitle: {title}\n---\n" + "".join(
-        section(f"Part {i}", 3, 60, seed=seed) for i in range(sections))
+        section(f"Part {i}", 3, 60, seed=seed) for i in range(sections)
+    )
 
 
 @pytest.fixture
 def env(store, data_dir, write_book, hash_embedder):
-    budget = ChunkBudget.for_tokenizer(ChunkingConfig(target_tokens=150, max_tokens=200),
-                                       hash_embedder.tokenizer)
+    budget = ChunkBudget.for_tokenizer(
+        ChunkingConfig(target_tokens=150, max_tokens=200), hash_embedder.tokenizer
+    )
     source = SourceConfig(data_dir)
-    write_book(BOOK, {"a.md": long_doc("A"), "sub/b.md": long_doc("B", seed="b"),
-                      "c.md": long_doc("C", 2, seed="c")})
+    write_book(
+        BOOK,
+        {
+            "a.md": long_doc("A"),
+            "sub/b.md": long_doc("B", seed="b"),
+            "c.md": long_doc("C", 2, seed="c"),
+        },
+    )
 
     class Env:
         root = data_dir / BOOK
@@ -44,8 +52,7 @@ def env(store, data_dir, write_book, hash_embedder):
         def expected_ids(self):
             """Chunk ids a from-scratch chunking of the files on disk gives."""
             ids = set()
-            for rel in sorted(p.relative_to(self.root).as_posix()
-                              for p in self.root.rglob("*.md")):
+            for rel in sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*.md")):
                 data = (self.root / rel).read_bytes()
                 doc = parse_document(BOOK, rel, data, hashlib.sha256(data).hexdigest())
                 if isinstance(doc, ParsedDocument):
@@ -53,8 +60,10 @@ def env(store, data_dir, write_book, hash_embedder):
             return ids
 
         def chunk_points(self):
-            return {r.id: r.payload for r in store.scroll(
-                tenant_filter(BOOK, Match("record_type", CHUNK)))}
+            return {
+                r.id: r.payload
+                for r in store.scroll(tenant_filter(BOOK, Match("record_type", CHUNK)))
+            }
 
         def assert_exact(self):
             points = self.chunk_points()
@@ -73,9 +82,21 @@ def test_first_run_indexes_every_chunk_with_lineage(env, store):
     assert run.embedded.reused == 0
     assert run.inventory.changes.counts()["files_new"] == 3
     sample = next(iter(points.values()))
-    for key in ("source_file", "source_file_hash", "content_hash", "chunk_index",
-                "parent_doc_id", "embedding_model", "embedding_dim", "pipeline_version",
-                "run_id", "section_title", "text", "prev_chunk_id", "next_chunk_id"):
+    for key in (
+        "source_file",
+        "source_file_hash",
+        "content_hash",
+        "chunk_index",
+        "parent_doc_id",
+        "embedding_model",
+        "embedding_dim",
+        "pipeline_version",
+        "run_id",
+        "section_title",
+        "text",
+        "prev_chunk_id",
+        "next_chunk_id",
+    ):
         assert key in sample
     assert sample["run_id"] == "run-1"
     docs = list(store.scroll(tenant_filter(BOOK, Match("record_type", DOCUMENT))))
@@ -129,8 +150,9 @@ def test_add_delete_and_rename_files(env, write_book):
 def test_prev_next_chains_stay_correct_after_edits(env):
     env.run()
     text = (env.root / "a.md").read_text()
-    (env.root / "a.md").write_text(text.replace("## Part 2", "## Inserted\n\nNew section "
-                                                "with some words.\n\n## Part 2"))
+    (env.root / "a.md").write_text(
+        text.replace("## Part 2", "## Inserted\n\nNew section with some words.\n\n## Part 2")
+    )
     env.run("run-2")
     points = env.assert_exact()
     by_doc: dict[str, list] = {}
@@ -138,7 +160,7 @@ def test_prev_next_chains_stay_correct_after_edits(env):
         by_doc.setdefault(p["parent_doc_id"], []).append((p["chunk_index"], pid, p))
     for members in by_doc.values():
         members.sort()
-        for i, (index, pid, p) in enumerate(members):
+        for i, (index, _pid, p) in enumerate(members):
             assert index == i
             assert p["prev_chunk_id"] == (members[i - 1][1] if i else None)
             assert p["next_chunk_id"] == (members[i + 1][1] if i + 1 < len(members) else None)
@@ -150,8 +172,10 @@ def test_bad_files_are_recorded_and_the_rest_is_ingested(env, write_book, store)
     run = env.run("run-2")
     reasons = {e.source_file: e.reason for e in run.chunked.errors}
     assert "not valid UTF-8" in reasons["bad.md"] and "binary" in reasons["bin.md"]
-    records = {r.payload["source_file"]: r.payload for r in store.scroll(
-        tenant_filter(BOOK, Match("record_type", DOCUMENT)))}
+    records = {
+        r.payload["source_file"]: r.payload
+        for r in store.scroll(tenant_filter(BOOK, Match("record_type", DOCUMENT)))
+    }
     assert records["bad.md"]["status"] == "error"
     assert "not valid UTF-8" in records["bad.md"]["error"]
     assert records["empty.md"]["status"] == "empty"
@@ -182,8 +206,9 @@ def test_a_run_that_dies_before_committing_converges(env, store, monkeypatch):
     env.assert_exact()
 
 
-def test_orphan_chunks_of_a_file_deleted_after_a_crash_are_removed(env, store, write_book,
-                                                                     monkeypatch):
+def test_orphan_chunks_of_a_file_deleted_after_a_crash_are_removed(
+    env, store, write_book, monkeypatch
+):
     env.run()
     write_book(BOOK, {"late.md": long_doc("Late", 1, seed="l")})
     real_upsert = store.upsert
@@ -229,8 +254,9 @@ def test_interleaved_runs_of_one_book_leave_no_duplicates(env, store, data_dir, 
     )
 
     env.run()
-    budget = ChunkBudget.for_tokenizer(ChunkingConfig(target_tokens=150, max_tokens=200),
-                                       hash_embedder.tokenizer)
+    budget = ChunkBudget.for_tokenizer(
+        ChunkingConfig(target_tokens=150, max_tokens=200), hash_embedder.tokenizer
+    )
     source = SourceConfig(data_dir)
     sparse = Bm25Encoder()
     signature = index_signature(hash_embedder, budget, sparse)
@@ -286,5 +312,6 @@ def test_too_large_and_duplicate_files(env, write_book):
     assert copies and run.embedded.embedded == 0  # identical text: every vector reused
     points = env.chunk_points()
     assert {p["source_file"] for p in points.values()} >= {"a.md", "copies/a-copy.md"}
-    assert len({pid for pid, p in points.items() if p["source_file"] == "copies/a-copy.md"}) \
-        == len(copies)
+    assert len({pid for pid, p in points.items() if p["source_file"] == "copies/a-copy.md"}) == len(
+        copies
+    )

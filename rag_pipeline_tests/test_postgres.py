@@ -36,8 +36,10 @@ def _as_postgres_user(cmd: list[str]) -> list[str]:
 def postgres(tmp_path):
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL server binaries not found (Debian package `postgresql`; "
-                    ".ci/run installs it)")
+        pytest.skip(
+            "PostgreSQL server binaries not found (Debian package `postgresql`; "
+            ".ci/run installs it)"
+        )
     # outside pytest's private (0700) tmp tree, so the postgres user can reach it
     root = Path(tempfile.mkdtemp(prefix="rag-pg-"))
     os.chmod(root, 0o755)
@@ -47,13 +49,32 @@ def postgres(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = root / "data"
-    subprocess.run(_as_postgres_user([initdb, "-D", str(data), "-A", "trust", "-U", "postgres",
-                                      "--no-sync"]), check=True, capture_output=True,
-                   timeout=120)
-    subprocess.run(_as_postgres_user([
-        pg_ctl, "-D", str(data), "-l", str(root / "log"), "-w", "-t", "60", "start", "-o",
-        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"]),
-        check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        _as_postgres_user([initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"]),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        _as_postgres_user(
+            [
+                pg_ctl,
+                "-D",
+                str(data),
+                "-l",
+                str(root / "log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+                "-o",
+                f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     try:
         import psycopg2
 
@@ -63,8 +84,11 @@ def postgres(tmp_path):
         conn.close()
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/dagster"
     finally:
-        subprocess.run(_as_postgres_user([pg_ctl, "-D", str(data), "-m", "fast", "stop"]),
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            _as_postgres_user([pg_ctl, "-D", str(data), "-m", "fast", "stop"]),
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -72,16 +96,32 @@ def test_ingest_two_books_through_a_postgres_instance(postgres, tmp_path, sample
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "deploy" / "dagster.postgres.yaml", home / "dagster.yaml")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_PG_URL": postgres,
-           "RAG_DATA_DIR": str(sample_books), "RAG_QDRANT_PATH": str(tmp_path / "q"),
-           "RAG_EMBEDDER": "hash", "DO_NOT_TRACK": "1"}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "DAGSTER_PG_URL": postgres,
+        "RAG_DATA_DIR": str(sample_books),
+        "RAG_QDRANT_PATH": str(tmp_path / "q"),
+        "RAG_EMBEDDER": "hash",
+        "DO_NOT_TRACK": "1",
+    }
     env.pop("RAG_QDRANT_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     books = json.loads(proc.stdout)["books"]
     assert {b["status"] for b in books.values()} == {"ingested"}
-    check = subprocess.run([sys.executable, "-c", """
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            """
 import json
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 instance = DagsterInstance.get()
@@ -89,7 +129,14 @@ runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS]))
 print(json.dumps({"storage": type(instance.run_storage).__name__,
                   "partitions": sorted(instance.get_dynamic_partitions("books")),
                   "runs": sorted(r.tags.get("dagster/partition", "") for r in runs)}))
-"""], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+""",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert check.returncode == 0, check.stderr
     state = json.loads(check.stdout)
     assert state["storage"] == "PostgresRunStorage"

@@ -33,8 +33,9 @@ class Harness:
             return result
         for request in result.dynamic_partitions_requests:
             if isinstance(request, AddDynamicPartitionsRequest):
-                self.instance.add_dynamic_partitions(request.partitions_def_name,
-                                                     list(request.partition_keys))
+                self.instance.add_dynamic_partitions(
+                    request.partitions_def_name, list(request.partition_keys)
+                )
             elif isinstance(request, DeleteDynamicPartitionsRequest):
                 for key in request.partition_keys:
                     self.instance.delete_dynamic_partition(request.partitions_def_name, key)
@@ -112,8 +113,9 @@ def test_deleting_and_renaming_files(harness, write_book, data_dir):
     assert [r.partition_key for r in ingest_requests(harness.tick())] == ["alpha"]
 
 
-def test_deleting_a_book_removes_its_partition_and_purges_through_a_run(harness, write_book,
-                                                                         data_dir):
+def test_deleting_a_book_removes_its_partition_and_purges_through_a_run(
+    harness, write_book, data_dir
+):
     import shutil
 
     write_book("alpha", {"a.md": "# A"})
@@ -128,8 +130,9 @@ def test_deleting_a_book_removes_its_partition_and_purges_through_a_run(harness,
     assert "beta" not in json.loads(harness.cursor)
 
 
-def test_a_book_that_returns_with_the_same_content_reuses_its_run_key(harness, write_book,
-                                                                       data_dir):
+def test_a_book_that_returns_with_the_same_content_reuses_its_run_key(
+    harness, write_book, data_dir
+):
     import shutil
 
     write_book("alpha", {"a.md": "# A"})

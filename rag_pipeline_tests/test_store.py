@@ -29,12 +29,23 @@ def fill(store, books=("a", "b"), per_book=10):
     points = []
     for book in books:
         for i in range(per_book):
-            payload = {"book_id": book, "record_type": "chunk", "chapter": i % 5 + 1,
-                       "module": f"m{i % 2}", "hardware_tier": i % 3 + 1, "lesson": i,
-                       "proficiency_level": ["A2", "B1", "C1"][i % 3], "source_file": f"f{i}",
-                       "text": f"shared words number {i}", "color": "red" if i < 5 else "blue"}
-            points.append(PointRecord(pid(book, i), payload, vec(i),
-                                      encoder.encode_documents([payload["text"]])[0]))
+            payload = {
+                "book_id": book,
+                "record_type": "chunk",
+                "chapter": i % 5 + 1,
+                "module": f"m{i % 2}",
+                "hardware_tier": i % 3 + 1,
+                "lesson": i,
+                "proficiency_level": ["A2", "B1", "C1"][i % 3],
+                "source_file": f"f{i}",
+                "text": f"shared words number {i}",
+                "color": "red" if i < 5 else "blue",
+            }
+            points.append(
+                PointRecord(
+                    pid(book, i), payload, vec(i), encoder.encode_documents([payload["text"]])[0]
+                )
+            )
     store.upsert(points)
     return points
 
@@ -142,12 +153,19 @@ def test_sparse_and_hybrid_queries(store):
     store.ensure_collection(CollectionSpec(store.collection, DIM))
     encoder = Bm25Encoder()
     texts = ["the robot walks", "quantum zorblax calibration", "robots walking fast"]
-    store.upsert([PointRecord(pid(i), {"book_id": "a", "text": t}, vec(i),
-                              encoder.encode_documents([t])[0]) for i, t in enumerate(texts)])
+    store.upsert(
+        [
+            PointRecord(
+                pid(i), {"book_id": "a", "text": t}, vec(i), encoder.encode_documents([t])[0]
+            )
+            for i, t in enumerate(texts)
+        ]
+    )
     sparse = store.query_sparse(tenant_filter("a"), encoder.encode_query("zorblax"), limit=3)
     assert [h.payload["text"] for h in sparse] == ["quantum zorblax calibration"]
-    fused = store.query_hybrid(tenant_filter("a"), vec(0), encoder.encode_query("zorblax"),
-                               limit=3, prefetch_limit=3)
+    fused = store.query_hybrid(
+        tenant_filter("a"), vec(0), encoder.encode_query("zorblax"), limit=3, prefetch_limit=3
+    )
     assert {h.payload["text"] for h in fused} == set(texts)
     assert fused[0].payload["text"] in ("the robot walks", "quantum zorblax calibration")
 

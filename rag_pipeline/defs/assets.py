@@ -3,7 +3,6 @@
 source_files -> documents -> chunks -> chunk_embeddings -> qdrant_points
 """
 
-
 from collections.abc import Iterator
 
 from dagster import (
@@ -42,8 +41,15 @@ from rag_pipeline.resources import BookSourceResource, EmbedderResource, QdrantS
 from rag_pipeline.sparse import Bm25Encoder
 from rag_pipeline.store.filters import Match, tenant_filter
 
-__all__ = ["INGESTION_GROUP", "chunk_embeddings", "chunks", "documents", "ingestion_assets",
-           "qdrant_points", "source_files"]
+__all__ = [
+    "INGESTION_GROUP",
+    "chunk_embeddings",
+    "chunks",
+    "documents",
+    "ingestion_assets",
+    "qdrant_points",
+    "source_files",
+]
 
 INGESTION_GROUP = "ingestion"
 OWNERS = ["team:data-platform"]
@@ -58,8 +64,9 @@ _common = {
 }
 
 
-def _tools(books: BookSourceResource, embedder: EmbedderResource
-           ) -> tuple[Embedder, ChunkBudget, Bm25Encoder]:
+def _tools(
+    books: BookSourceResource, embedder: EmbedderResource
+) -> tuple[Embedder, ChunkBudget, Bm25Encoder]:
     model = embedder.get()
     return model, ChunkBudget.for_tokenizer(books.chunking(), model.tokenizer), Bm25Encoder()
 
@@ -81,12 +88,25 @@ def source_files(
 ) -> Output[BookInventory]:
     model, budget, sparse = _tools(books, embedder)
     with qdrant.open() as store:
-        inventory = take_inventory(books.source(), context.partition_key, store,
-                                   index_signature(model, budget, sparse), model.model_name)
+        inventory = take_inventory(
+            books.source(),
+            context.partition_key,
+            store,
+            index_signature(model, budget, sparse),
+            model.model_name,
+        )
     changes = inventory.changes
-    rows = [{"file": f.source_file, "status": changes.status_of(f.source_file),
-             "bytes": f.size, "module": f.path_meta.module, "chapter": f.path_meta.chapter,
-             "lesson": f.path_meta.lesson} for f in inventory.files]
+    rows = [
+        {
+            "file": f.source_file,
+            "status": changes.status_of(f.source_file),
+            "bytes": f.size,
+            "module": f.path_meta.module,
+            "chapter": f.path_meta.chapter,
+            "lesson": f.path_meta.lesson,
+        }
+        for f in inventory.files
+    ]
     rows += [{"file": name, "status": "deleted"} for name in changes.deleted]
     return Output(
         inventory,
@@ -110,16 +130,29 @@ def source_files(
     "module, chapter, lesson, hardware tier, proficiency level, tags), sha256 of the bytes "
     "parsed. A file that cannot be parsed is an error record naming the reason; the rest of "
     "the book goes on.",
-    check_specs=[AssetCheckSpec(
-        "parse_errors", asset="documents", partitions_def=book_partitions_def,
-        description="Warns with the file names when files fail to parse or are empty.")],
+    check_specs=[
+        AssetCheckSpec(
+            "parse_errors",
+            asset="documents",
+            partitions_def=book_partitions_def,
+            description="Warns with the file names when files fail to parse or are empty.",
+        )
+    ],
 )
-def documents(context: AssetExecutionContext, books: BookSourceResource,
-              source_files: BookInventory) -> Iterator[Output[ParsedBook] | AssetCheckResult]:
+def documents(
+    context: AssetExecutionContext, books: BookSourceResource, source_files: BookInventory
+) -> Iterator[Output[ParsedBook] | AssetCheckResult]:
     parsed = parse_book(source_files, books.source())
-    rows = [{"file": d.source_file, "title": shorten(d.meta.title, 60),
-             "proficiency": d.meta.proficiency_level, "tier": d.meta.hardware_tier,
-             "chars": len(d.body)} for d in parsed.documents]
+    rows = [
+        {
+            "file": d.source_file,
+            "title": shorten(d.meta.title, 60),
+            "proficiency": d.meta.proficiency_level,
+            "tier": d.meta.hardware_tier,
+            "chars": len(d.body),
+        }
+        for d in parsed.documents
+    ]
     attempted = len(parsed.documents) + len(parsed.errors)
     for error in parsed.errors:
         context.log.warning(f"{error.book_id}/{error.source_file}: {error.reason}")
@@ -130,8 +163,9 @@ def documents(context: AssetExecutionContext, books: BookSourceResource,
             "errors": len(parsed.errors),
             "error_rate": round(len(parsed.errors) / attempted, 4) if attempted else 0.0,
             "empty_documents": len(parsed.empty_documents),
-            "empty_files": MetadataValue.md("\n".join(f"- {n}" for n in
-                                                      parsed.empty_documents) or "(none)"),
+            "empty_files": MetadataValue.md(
+                "\n".join(f"- {n}" for n in parsed.empty_documents) or "(none)"
+            ),
             "error_table": error_table(parsed.errors),
             "documents": md_table(rows),
         },
@@ -145,8 +179,9 @@ def documents(context: AssetExecutionContext, books: BookSourceResource,
             "errors": len(parsed.errors),
             "empty_documents": len(parsed.empty_documents),
             "files": error_table(parsed.errors),
-            "empty_files": MetadataValue.md("\n".join(f"- {n}" for n in
-                                                      parsed.empty_documents) or "(none)"),
+            "empty_files": MetadataValue.md(
+                "\n".join(f"- {n}" for n in parsed.empty_documents) or "(none)"
+            ),
         },
     )
 
@@ -158,20 +193,36 @@ def documents(context: AssetExecutionContext, books: BookSourceResource,
     description="Heading-aware chunks of the parsed documents: split on ## headings, packed to "
     "a token budget measured with the embedder's own tokenizer (never above its input limit), "
     "with overlap, no split inside code fences or tables, content-hash ids and prev/next links.",
-    check_specs=[AssetCheckSpec(
-        "chunks_valid", asset="chunks", partitions_def=book_partitions_def, blocking=True,
-        description="Blocks embedding and publishing when a chunk is empty, over the token "
-        "limit, duplicated, or its prev/next chain is broken.")],
+    check_specs=[
+        AssetCheckSpec(
+            "chunks_valid",
+            asset="chunks",
+            partitions_def=book_partitions_def,
+            blocking=True,
+            description="Blocks embedding and publishing when a chunk is empty, over the token "
+            "limit, duplicated, or its prev/next chain is broken.",
+        )
+    ],
 )
-def chunks(context: AssetExecutionContext, books: BookSourceResource,
-           embedder: EmbedderResource, documents: ParsedBook
-           ) -> Iterator[Output[ChunkedBook] | AssetCheckResult]:
+def chunks(
+    context: AssetExecutionContext,
+    books: BookSourceResource,
+    embedder: EmbedderResource,
+    documents: ParsedBook,
+) -> Iterator[Output[ChunkedBook] | AssetCheckResult]:
     model, budget, _ = _tools(books, embedder)
     chunked = chunk_book(documents, model, budget)
     stats = chunked.token_stats()
-    rows = [{"#": c.chunk_index, "file": c.source_file, "section": shorten(c.section_title or "",
-             40), "tokens": c.token_count, "text": shorten(c.text, 80)}
-            for c in chunked.chunks[:20]]
+    rows = [
+        {
+            "#": c.chunk_index,
+            "file": c.source_file,
+            "section": shorten(c.section_title or "", 40),
+            "tokens": c.token_count,
+            "text": shorten(c.text, 80),
+        }
+        for c in chunked.chunks[:20]
+    ]
     yield Output(
         chunked,
         metadata={
@@ -189,9 +240,14 @@ def chunks(context: AssetExecutionContext, books: BookSourceResource,
         },
     )
     problems = check_chunks(chunked.chunks, budget.limit)
-    yield AssetCheckResult(check_name="chunks_valid", passed=not problems, metadata={
-        "problems": len(problems),
-        "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)")})
+    yield AssetCheckResult(
+        check_name="chunks_valid",
+        passed=not problems,
+        metadata={
+            "problems": len(problems),
+            "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
+        },
+    )
 
 
 @asset(
@@ -203,15 +259,24 @@ def chunks(context: AssetExecutionContext, books: BookSourceResource,
     description="Dense vectors (the configured embedder) and BM25 sparse vectors for every "
     "chunk. Text already in the index with the same model is not embedded again: its vector "
     "is reused, so only new text reaches the embedder.",
-    check_specs=[AssetCheckSpec(
-        "vector_dimension", asset="chunk_embeddings", partitions_def=book_partitions_def,
-        blocking=True,
-        description="Blocks publishing unless every vector has the model's dimension, which "
-        "must also be the collection's, and is finite and unit length.")],
+    check_specs=[
+        AssetCheckSpec(
+            "vector_dimension",
+            asset="chunk_embeddings",
+            partitions_def=book_partitions_def,
+            blocking=True,
+            description="Blocks publishing unless every vector has the model's dimension, which "
+            "must also be the collection's, and is finite and unit length.",
+        )
+    ],
 )
-def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
-                     embedder: EmbedderResource, qdrant: QdrantStoreResource,
-                     chunks: ChunkedBook) -> Iterator[Output[EmbeddedBook] | AssetCheckResult]:
+def chunk_embeddings(
+    context: AssetExecutionContext,
+    books: BookSourceResource,
+    embedder: EmbedderResource,
+    qdrant: QdrantStoreResource,
+    chunks: ChunkedBook,
+) -> Iterator[Output[EmbeddedBook] | AssetCheckResult]:
     model, _, sparse = _tools(books, embedder)
     with qdrant.open() as store:
         embedded = embed_book(chunks, model, store, sparse)
@@ -232,10 +297,15 @@ def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
         },
     )
     problems = check_vectors(embedded.dense, model.dimension, collection_dim)
-    yield AssetCheckResult(check_name="vector_dimension", passed=not problems, metadata={
-        "model_dimension": model.dimension,
-        "collection_dimension": collection_dim if collection_dim is not None else -1,
-        "details": MetadataValue.md("\n".join(f"- {p}" for p in problems) or "(none)")})
+    yield AssetCheckResult(
+        check_name="vector_dimension",
+        passed=not problems,
+        metadata={
+            "model_dimension": model.dimension,
+            "collection_dimension": collection_dim if collection_dim is not None else -1,
+            "details": MetadataValue.md("\n".join(f"- {p}" for p in problems) or "(none)"),
+        },
+    )
 
 
 @asset(
@@ -247,11 +317,16 @@ def chunk_embeddings(context: AssetExecutionContext, books: BookSourceResource,
     description="The book's points in the Qdrant collection (book_id is the tenant key). New "
     "points are upserted first, points they replace are deleted after, and per-file document "
     "records are committed last, so the book stays searchable and a re-run converges.",
-    check_specs=[AssetCheckSpec(
-        "index_consistency", asset="qdrant_points", partitions_def=book_partitions_def,
-        description="Points in Qdrant == chunks the document records promise; no orphan "
-        "points, no duplicate chunk positions, every prev/next id resolves, vector dimension "
-        "matches the model.")],
+    check_specs=[
+        AssetCheckSpec(
+            "index_consistency",
+            asset="qdrant_points",
+            partitions_def=book_partitions_def,
+            description="Points in Qdrant == chunks the document records promise; no orphan "
+            "points, no duplicate chunk positions, every prev/next id resolves, vector dimension "
+            "matches the model.",
+        )
+    ],
 )
 def qdrant_points(
     context: AssetExecutionContext,
@@ -269,15 +344,17 @@ def qdrant_points(
         target = store.description
         consistency = check_index(store, context.partition_key, model.dimension)
     problems = consistency.problems()
-    check = AssetCheckResult(check_name="index_consistency", passed=consistency.passed,
-                             metadata={
-                                 "points": consistency.points,
-                                 "expected": consistency.expected,
-                                 "documents": consistency.documents,
-                                 "problems": len(problems),
-                                 "details": MetadataValue.md(
-                                     "\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
-                             })
+    check = AssetCheckResult(
+        check_name="index_consistency",
+        passed=consistency.passed,
+        metadata={
+            "points": consistency.points,
+            "expected": consistency.expected,
+            "documents": consistency.documents,
+            "problems": len(problems),
+            "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
+        },
+    )
     return MaterializeResult(
         check_results=[check],
         metadata={

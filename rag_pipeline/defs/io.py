@@ -22,8 +22,10 @@ class BookPartitionIOManager(ConfigurableIOManager):
     base_dir: str | None = None  # default: $DAGSTER_HOME/storage (./.dagster_home/storage)
 
     def _path(self, context: OutputContext | InputContext) -> Path:
-        base = Path(self.base_dir or os.path.join(os.environ.get("DAGSTER_HOME", ".dagster_home"),
-                                                  "storage"))
+        base = Path(
+            self.base_dir
+            or os.path.join(os.environ.get("DAGSTER_HOME", ".dagster_home"), "storage")
+        )
         if not context.has_asset_key:  # a plain op's output: kept per run and step
             return base.joinpath("ops", *context.get_identifier()).with_suffix(".pkl")
         partition = context.asset_partition_key if context.has_asset_partitions else "_"
@@ -43,6 +45,7 @@ class BookPartitionIOManager(ConfigurableIOManager):
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path} is missing: materialize {context.asset_key.to_user_string()} for "
-                f"partition {context.asset_partition_key!r} first")
+                f"partition {context.asset_partition_key!r} first"
+            )
         with open(path, "rb") as fh:
             return pickle.load(fh)

@@ -8,8 +8,13 @@ from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.resources import QdrantStoreResource
 from rag_pipeline.store import tenant_filter
 
-__all__ = ["INGEST_JOB_NAME", "PURGE_JOB_NAME", "ingest_books_job", "purge_book_job",
-           "purge_run_config"]
+__all__ = [
+    "INGEST_JOB_NAME",
+    "PURGE_JOB_NAME",
+    "ingest_books_job",
+    "purge_book_job",
+    "purge_run_config",
+]
 
 INGEST_JOB_NAME = "ingest_books"
 PURGE_JOB_NAME = "purge_book"
@@ -27,8 +32,9 @@ class PurgeBookConfig(Config):
 
 
 @op(pool=STORE_POOL, description="Delete every point of one book (its folder was removed).")
-def purge_book_points(context: OpExecutionContext, config: PurgeBookConfig,
-                      qdrant: QdrantStoreResource) -> int:
+def purge_book_points(
+    context: OpExecutionContext, config: PurgeBookConfig, qdrant: QdrantStoreResource
+) -> int:
     book_id = validate_book_id(config.book_id)
     with qdrant.open() as store:
         deleted = store.delete_where(tenant_filter(book_id))

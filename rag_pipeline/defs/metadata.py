@@ -30,6 +30,8 @@ def md_table(rows: Sequence[Mapping[str, Any]], limit: int = 25, empty: str = "(
 
 
 def error_table(errors: Iterable[FileError], limit: int = 50):
-    rows = [{"file": e.source_file or "(book folder)", "stage": e.stage, "reason": e.reason}
-            for e in errors]
+    rows = [
+        {"file": e.source_file or "(book folder)", "stage": e.stage, "reason": e.reason}
+        for e in errors
+    ]
     return md_table(rows, limit, empty="No errors.")

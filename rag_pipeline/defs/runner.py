@@ -49,8 +49,9 @@ def ensure_dagster_home(default: Path | str = ".dagster_home") -> Path:
     config = home / "dagster.yaml"
     if not config.exists():
         project_yaml = Path("dagster.yaml")
-        config.write_text(project_yaml.read_text() if project_yaml.is_file()
-                          else DEFAULT_DAGSTER_YAML)
+        config.write_text(
+            project_yaml.read_text() if project_yaml.is_file() else DEFAULT_DAGSTER_YAML
+        )
     return home
 
 
@@ -77,12 +78,21 @@ class BookResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "files": self.files, "errors": self.errors, "chunks": self.chunks,
-            "embedded": self.embedded, "points": self.points, "reused": self.reused,
-            "deleted": self.deleted, "files_new": self.files_new,
-            "files_modified": self.files_modified, "files_deleted": self.files_deleted,
-            "status": self.status, "tokens": self.tokens, "cost_usd": round(self.cost_usd, 6),
-            "embed_seconds": round(self.embed_seconds, 3), "seconds": round(self.seconds, 3),
+            "files": self.files,
+            "errors": self.errors,
+            "chunks": self.chunks,
+            "embedded": self.embedded,
+            "points": self.points,
+            "reused": self.reused,
+            "deleted": self.deleted,
+            "files_new": self.files_new,
+            "files_modified": self.files_modified,
+            "files_deleted": self.files_deleted,
+            "status": self.status,
+            "tokens": self.tokens,
+            "cost_usd": round(self.cost_usd, 6),
+            "embed_seconds": round(self.embed_seconds, 3),
+            "seconds": round(self.seconds, 3),
             "run_id": self.run_id,
             "error_messages": self.error_messages,
         }
@@ -99,8 +109,11 @@ class IngestReport:
         return not any(b.status in ("failed", "missing") for b in self.books.values())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"books": {k: v.as_dict() for k, v in self.books.items()},
-                "rejected_folders": self.rejected, "seconds": round(self.seconds, 3)}
+        return {
+            "books": {k: v.as_dict() for k, v in self.books.items()},
+            "rejected_folders": self.rejected,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def ingest_books(
@@ -149,12 +162,15 @@ def ingest_books(
                     removed.append(book_id)
                 else:
                     report.books[book_id] = BookResult(
-                        book_id, "missing",
-                        error_messages=[f"no book folder {book_id!r} under {settings.data_dir}"])
+                        book_id,
+                        "missing",
+                        error_messages=[f"no book folder {book_id!r} under {settings.data_dir}"],
+                    )
                 continue
             t0 = time.perf_counter()
-            if not force and not _has_work(settings, book_id, store, signature,
-                                           embedder.model_name):
+            if not force and not _has_work(
+                settings, book_id, store, signature, embedder.model_name
+            ):
                 result = BookResult(book_id, "unchanged")
             else:
                 result = _run_book(ingest_job, instance, book_id)
@@ -165,9 +181,13 @@ def ingest_books(
             t0 = time.perf_counter()
             outcome = purge_job.execute_in_process(
                 run_config={**QUIET_RUN_CONFIG, **purge_run_config(book_id)},
-                instance=instance, raise_on_error=False, tags={"book_id": book_id})
-            result = BookResult(book_id, "removed" if outcome.success else "failed",
-                                run_id=outcome.run_id)
+                instance=instance,
+                raise_on_error=False,
+                tags={"book_id": book_id},
+            )
+            result = BookResult(
+                book_id, "removed" if outcome.success else "failed", run_id=outcome.run_id
+            )
             if outcome.success:
                 result.deleted = int(outcome.output_for_node("purge_book_points"))
                 if book_id in set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)):
@@ -180,20 +200,20 @@ def ingest_books(
     return report
 
 
-def _has_work(settings: Settings, book_id: str, store: VectorStore, signature: str,
-              model: str) -> bool:
+def _has_work(
+    settings: Settings, book_id: str, store: VectorStore, signature: str, model: str
+) -> bool:
     files, _ = discover_files(settings.data_dir, book_id, settings.path_patterns)
     state = read_index_state(store, book_id, embedding_model=model, documents_only=True)
-    changes = classify_files({f.source_file: f.sha256 for f in files}, state.documents,
-                             signature)
+    changes = classify_files({f.source_file: f.sha256 for f in files}, state.documents, signature)
     return changes.has_work
 
 
 def _run_book(job: Any, instance: DagsterInstance, book_id: str) -> BookResult:
-    outcome = job.execute_in_process(partition_key=book_id, instance=instance,
-                                     run_config=QUIET_RUN_CONFIG, raise_on_error=False)
-    result = BookResult(book_id, "ingested" if outcome.success else "failed",
-                        run_id=outcome.run_id)
+    outcome = job.execute_in_process(
+        partition_key=book_id, instance=instance, run_config=QUIET_RUN_CONFIG, raise_on_error=False
+    )
+    result = BookResult(book_id, "ingested" if outcome.success else "failed", run_id=outcome.run_id)
     for event in outcome.get_asset_materialization_events():
         meta = {k: v.value for k, v in event.materialization.metadata.items()}
         name = event.materialization.asset_key.to_user_string()
@@ -226,8 +246,9 @@ def _failure_message(outcome: Any) -> str:
     return "run failed"
 
 
-def _fill_from_index(result: BookResult, settings: Settings, store: VectorStore,
-                     book_id: str) -> None:
+def _fill_from_index(
+    result: BookResult, settings: Settings, store: VectorStore, book_id: str
+) -> None:
     """Totals after the run, read back from the index (what a reader will see)."""
     files, crawl_errors = discover_files(settings.data_dir, book_id, settings.path_patterns)
     state = read_index_state(store, book_id, documents_only=True)

@@ -48,8 +48,9 @@ class BookScanState:
 
     __slots__ = ("book_id", "content_digest", "files", "hashed", "stat_digest")
 
-    def __init__(self, book_id: str, stat_digest: str, content_digest: str, files: int,
-                 hashed: int) -> None:
+    def __init__(
+        self, book_id: str, stat_digest: str, content_digest: str, files: int, hashed: int
+    ) -> None:
         self.book_id = book_id
         self.stat_digest = stat_digest
         self.content_digest = content_digest
@@ -83,13 +84,13 @@ def scan_books(
         fingerprint = fingerprint_book(data_dir, book_id, cache)
         with _cache_lock:
             _stat_cache[key] = dict(fingerprint.stats)
-        states[book_id] = BookScanState(book_id, stat_digest, fingerprint.digest[:32],
-                                        fingerprint.files, fingerprint.hashed)
+        states[book_id] = BookScanState(
+            book_id, stat_digest, fingerprint.digest[:32], fingerprint.files, fingerprint.hashed
+        )
     return states, [str(e) for e in scan.rejected]
 
 
-def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30,
-                       name: str = "books_sensor"):
+def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30, name: str = "books_sensor"):
     """The sensor for books under ``data_dir`` (on by default under the daemon)."""
     root = Path(data_dir)
 
@@ -114,38 +115,45 @@ def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30,
         for book_id, state in sorted(states.items()):
             before = previous.get(book_id)
             if book_id in new_books or before is None or before[1] != state.content_digest:
-                run_requests.append(RunRequest(
-                    job_name=ingest_books_job.name,
-                    partition_key=book_id,
-                    run_key=f"ingest:{book_id}:{state.content_digest}",
-                    tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
-                ))
+                run_requests.append(
+                    RunRequest(
+                        job_name=ingest_books_job.name,
+                        partition_key=book_id,
+                        run_key=f"ingest:{book_id}:{state.content_digest}",
+                        tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
+                    )
+                )
         for book_id in removed:
-            run_requests.append(RunRequest(
-                job_name=purge_book_job.name,
-                run_key=f"purge:{book_id}:{time.time_ns()}",
-                run_config=purge_run_config(book_id),
-                tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
-            ))
+            run_requests.append(
+                RunRequest(
+                    job_name=purge_book_job.name,
+                    run_key=f"purge:{book_id}:{time.time_ns()}",
+                    run_config=purge_run_config(book_id),
+                    tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
+                )
+            )
         partition_requests: list = []
         if new_books:
-            partition_requests.append(AddDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME,
-                                                                  new_books))
+            partition_requests.append(AddDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, new_books))
         gone = [b for b in removed if b in known]
         if gone:
-            partition_requests.append(DeleteDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME,
-                                                                     gone))
-        cursor = json.dumps({b: [s.stat_digest, s.content_digest] for b, s in states.items()},
-                            sort_keys=True, separators=(",", ":"))
+            partition_requests.append(DeleteDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, gone))
+        cursor = json.dumps(
+            {b: [s.stat_digest, s.content_digest] for b, s in states.items()},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
         hashed = sum(s.hashed for s in states.values())
         context.log.info(
             f"scanned {len(states)} books ({sum(s.files for s in states.values())} files, "
             f"{hashed} hashed) in {time.perf_counter() - started:.3f}s; "
-            f"{len(run_requests)} run requests")
+            f"{len(run_requests)} run requests"
+        )
         if not run_requests and not partition_requests and cursor == context.cursor:
             return SkipReason(f"no change in {len(states)} books")
-        return SensorResult(run_requests=run_requests,
-                            dynamic_partitions_requests=partition_requests, cursor=cursor)
+        return SensorResult(
+            run_requests=run_requests, dynamic_partitions_requests=partition_requests, cursor=cursor
+        )
 
     return books_sensor
 

@@ -38,5 +38,8 @@ def create_embedder(settings: Settings) -> Embedder:
         )
     from rag_pipeline.embed.local import LocalEmbedder
 
-    return LocalEmbedder(settings.local_model_dir, batch_size=settings.embed_batch_size,
-                         cache_dir=settings.cache_dir / "models")
+    return LocalEmbedder(
+        settings.local_model_dir,
+        batch_size=settings.embed_batch_size,
+        cache_dir=settings.cache_dir / "models",
+    )

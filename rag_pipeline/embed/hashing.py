@@ -22,8 +22,9 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 class HashEmbedder(Embedder):
     """Signed feature hashing of words; same text, same vector, on every machine."""
 
-    def __init__(self, dimension: int = 384, *, max_input_tokens: int = 512,
-                 batch_size: int = 256) -> None:
+    def __init__(
+        self, dimension: int = 384, *, max_input_tokens: int = 512, batch_size: int = 256
+    ) -> None:
         self.dimension = dimension
         self.model_name = f"hash-{dimension}"
         self.batch_size = batch_size

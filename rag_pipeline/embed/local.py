@@ -37,8 +37,9 @@ def find_model_dir(explicit: Path | str | None = None) -> Path:
     if explicit:
         path = Path(explicit)
         if not (path / "tokenizer.json").is_file():
-            raise EmbedError(f"{path} is not a sentence-transformers model folder "
-                             "(no tokenizer.json)")
+            raise EmbedError(
+                f"{path} is not a sentence-transformers model folder (no tokenizer.json)"
+            )
         return path
     # find_spec does not run the package's __init__ (which would import sentence-transformers).
     spec = importlib.util.find_spec(_MODEL_PACKAGE)
@@ -88,8 +89,9 @@ class LocalEmbedder(Embedder):
         config = json.loads((self.model_dir / "config.json").read_text())
         st_config = _read_json(self.model_dir / "sentence_bert_config.json")
         pooling_config = _read_json(self.model_dir / "1_Pooling" / "config.json")
-        self.max_seq_length = int(st_config.get("max_seq_length")
-                                  or config.get("max_position_embeddings", 512))
+        self.max_seq_length = int(
+            st_config.get("max_seq_length") or config.get("max_position_embeddings", 512)
+        )
         self.dimension = int(config["hidden_size"])
         self.pooling = "cls" if pooling_config.get("pooling_mode_cls_token") else "mean"
         self.model_name = DEFAULT_LOCAL_MODEL if model_dir is None else self.model_dir.name

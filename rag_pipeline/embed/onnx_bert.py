@@ -66,7 +66,7 @@ class _GraphBuilder:
 
 
 def build_sentence_encoder(weights: Mapping[str, np.ndarray], spec: BertSpec) -> onnx.ModelProto:
-    """ONNX model: (input_ids, attention_mask) int64 [batch, seq] -> sentence_embedding [batch, H]."""
+    """ONNX model: input_ids, attention_mask (int64 [batch, seq]) -> sentence_embedding."""
     g = _GraphBuilder()
     w = {k.removeprefix("bert."): v for k, v in weights.items()}
     hidden, heads = spec.hidden_size, spec.num_heads
@@ -83,22 +83,39 @@ def build_sentence_encoder(weights: Mapping[str, np.ndarray], spec: BertSpec) ->
         return g.one("Add", [g.one("MatMul", [x, mat]), g.const(f"{prefix}.b", bias.astype(f32))])
 
     # Embeddings: word + absolute position + token type 0, then LayerNorm.
-    words = g.one("Gather", [g.const("word_embeddings", w["embeddings.word_embeddings.weight"]),
-                             "input_ids"], axis=0)
-    seq_len = g.one("Slice", [g.one("Shape", ["input_ids"]), g.const("i1", np.array([1])),
-                              g.const("i2", np.array([2]))])
-    positions = g.one("Slice", [g.const("position_embeddings",
-                                        w["embeddings.position_embeddings.weight"]),
-                                g.const("i0", np.array([0])), seq_len, g.const("ax0", np.array([0]))])
+    words = g.one(
+        "Gather",
+        [g.const("word_embeddings", w["embeddings.word_embeddings.weight"]), "input_ids"],
+        axis=0,
+    )
+    seq_len = g.one(
+        "Slice",
+        [g.one("Shape", ["input_ids"]), g.const("i1", np.array([1])), g.const("i2", np.array([2]))],
+    )
+    positions = g.one(
+        "Slice",
+        [
+            g.const("position_embeddings", w["embeddings.position_embeddings.weight"]),
+            g.const("i0", np.array([0])),
+            seq_len,
+            g.const("ax0", np.array([0])),
+        ],
+    )
     token_type = g.const("token_type_0", w["embeddings.token_type_embeddings.weight"][0])
-    x = layer_norm(g.one("Add", [g.one("Add", [words, positions]), token_type]),
-                   "embeddings.LayerNorm")
+    x = layer_norm(
+        g.one("Add", [g.one("Add", [words, positions]), token_type]), "embeddings.LayerNorm"
+    )
 
     mask = g.one("Cast", ["attention_mask"], to=TensorProto.FLOAT)
     # Additive attention bias [batch, 1, 1, seq]: 0 for tokens, -10000 for padding (as BERT).
     not_mask = g.one("Sub", [g.const("one", np.array(1.0, f32)), mask])
-    attn_bias = g.one("Unsqueeze", [g.one("Mul", [not_mask, g.const("neg", np.array(-1e4, f32))]),
-                                    g.const("ax12", np.array([1, 2]))])
+    attn_bias = g.one(
+        "Unsqueeze",
+        [
+            g.one("Mul", [not_mask, g.const("neg", np.array(-1e4, f32))]),
+            g.const("ax12", np.array([1, 2])),
+        ],
+    )
     split_heads = g.const("split_heads", np.array([0, 0, heads, head_dim]))
     merge_heads = g.const("merge_heads", np.array([0, 0, hidden]))
     scale = g.const("scale", np.array(1.0 / np.sqrt(head_dim), f32))
@@ -118,27 +135,52 @@ def build_sentence_encoder(weights: Mapping[str, np.ndarray], spec: BertSpec) ->
         scores = g.one("Add", [g.one("Mul", [g.one("MatMul", [q, k]), scale]), attn_bias])
         context = g.one("MatMul", [g.one("Softmax", [scores], axis=-1), v])
         context = g.one("Reshape", [g.one("Transpose", [context], perm=[0, 2, 1, 3]), merge_heads])
-        out = dense(context, p + "attention.output", w[p + "attention.output.dense.weight"].T,
-                    w[p + "attention.output.dense.bias"])
+        out = dense(
+            context,
+            p + "attention.output",
+            w[p + "attention.output.dense.weight"].T,
+            w[p + "attention.output.dense.bias"],
+        )
         x = layer_norm(g.one("Add", [x, out]), p + "attention.output.LayerNorm")
-        inner = dense(x, p + "intermediate", w[p + "intermediate.dense.weight"].T,
-                      w[p + "intermediate.dense.bias"])
+        inner = dense(
+            x,
+            p + "intermediate",
+            w[p + "intermediate.dense.weight"].T,
+            w[p + "intermediate.dense.bias"],
+        )
         # exact GELU, as BERT: 0.5 * x * (1 + erf(x / sqrt(2)))
         erf = g.one("Erf", [g.one("Div", [inner, sqrt2])])
-        gelu = g.one("Mul", [g.one("Mul", [inner, half]),
-                             g.one("Add", [erf, g.const(f"{p}one", np.array(1.0, f32))])])
+        gelu = g.one(
+            "Mul",
+            [
+                g.one("Mul", [inner, half]),
+                g.one("Add", [erf, g.const(f"{p}one", np.array(1.0, f32))]),
+            ],
+        )
         out = dense(gelu, p + "output", w[p + "output.dense.weight"].T, w[p + "output.dense.bias"])
         x = layer_norm(g.one("Add", [x, out]), p + "output.LayerNorm")
 
     if spec.pooling == "cls":
-        pooled = g.one("Squeeze", [g.one("Slice", [x, g.const("c0", np.array([0])),
-                                                   g.const("c1", np.array([1])),
-                                                   g.const("c_ax", np.array([1]))]),
-                                   g.const("c_sq", np.array([1]))])
+        pooled = g.one(
+            "Squeeze",
+            [
+                g.one(
+                    "Slice",
+                    [
+                        x,
+                        g.const("c0", np.array([0])),
+                        g.const("c1", np.array([1])),
+                        g.const("c_ax", np.array([1])),
+                    ],
+                ),
+                g.const("c_sq", np.array([1])),
+            ],
+        )
     else:
         weights3 = g.one("Unsqueeze", [mask, g.const("ax2", np.array([2]))])
-        summed = g.one("ReduceSum", [g.one("Mul", [x, weights3]), g.const("ax1", np.array([1]))],
-                       keepdims=0)
+        summed = g.one(
+            "ReduceSum", [g.one("Mul", [x, weights3]), g.const("ax1", np.array([1]))], keepdims=0
+        )
         count = g.one("ReduceSum", [mask, g.const("ax1k", np.array([1]))], keepdims=1)
         count = g.one("Max", [count, g.const("tiny", np.array(1e-9, f32))])
         pooled = g.one("Div", [summed, count])
@@ -149,14 +191,16 @@ def build_sentence_encoder(weights: Mapping[str, np.ndarray], spec: BertSpec) ->
     graph = helper.make_graph(
         g.nodes,
         "sentence_encoder",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT,
-                                       ["batch", hidden])],
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", hidden])],
         g.initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="rag_pipeline")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="rag_pipeline"
+    )
     model.ir_version = 9
     onnx.checker.check_model(model)
     return model

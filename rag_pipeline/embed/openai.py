@@ -95,8 +95,9 @@ class OpenAIEmbedder(Embedder):
         if not api_key:
             raise EmbedError("RAG_EMBEDDER=openai needs OPENAI_API_KEY")
         if model not in OPENAI_MODELS:
-            raise EmbedError(f"unknown OpenAI embedding model {model!r}; "
-                             f"known: {', '.join(OPENAI_MODELS)}")
+            raise EmbedError(
+                f"unknown OpenAI embedding model {model!r}; known: {', '.join(OPENAI_MODELS)}"
+            )
         self.dimension, self.usd_per_million_tokens, max_input = OPENAI_MODELS[model]
         self.model_name = model
         self.batch_size = min(batch_size, MAX_INPUTS_PER_REQUEST)

@@ -20,8 +20,9 @@ class EmbedderResource(ConfigurableResource):
     """Which embedding model turns chunks into vectors (loaded once per process)."""
 
     provider: str = Field("local", description="local | openai | hash")
-    local_model_dir: str | None = Field(None, description="sentence-transformers BERT folder; "
-                                        "default: the bundled all-MiniLM-L6-v2")
+    local_model_dir: str | None = Field(
+        None, description="sentence-transformers BERT folder; default: the bundled all-MiniLM-L6-v2"
+    )
     cache_dir: str = Field(".rag/cache", description="where the built ONNX graph is cached")
     batch_size: int = Field(32, description="texts per local model batch")
     openai_api_key: str | None = Field(None, description="OpenAI API key (provider=openai)")
@@ -36,11 +37,15 @@ class EmbedderResource(ConfigurableResource):
             embedder = _cache.get(key)
             if embedder is None:
                 settings = load_settings(
-                    embedder=self.provider, local_model_dir=self.local_model_dir,
-                    cache_dir=self.cache_dir, embed_batch_size=self.batch_size,
-                    openai_api_key=self.openai_api_key, openai_model=self.openai_model,
+                    embedder=self.provider,
+                    local_model_dir=self.local_model_dir,
+                    cache_dir=self.cache_dir,
+                    embed_batch_size=self.batch_size,
+                    openai_api_key=self.openai_api_key,
+                    openai_model=self.openai_model,
                     openai_base_url=self.openai_base_url,
                     openai_max_retries=self.openai_max_retries,
-                    openai_timeout_s=self.openai_timeout_s)
+                    openai_timeout_s=self.openai_timeout_s,
+                )
                 embedder = _cache[key] = create_embedder(settings)
             return embedder

@@ -45,10 +45,15 @@ def open_store(settings: Settings) -> VectorStore:
     if settings.qdrant_url:
         from rag_pipeline.store.qdrant import QdrantStore
 
-        return QdrantStore(settings.collection, url=settings.qdrant_url, api_key=api_key,
-                           timeout_s=settings.qdrant_timeout_s, retries=settings.qdrant_retries,
-                           shards=settings.qdrant_shards,
-                           replication_factor=settings.qdrant_replication_factor)
+        return QdrantStore(
+            settings.collection,
+            url=settings.qdrant_url,
+            api_key=api_key,
+            timeout_s=settings.qdrant_timeout_s,
+            retries=settings.qdrant_retries,
+            shards=settings.qdrant_shards,
+            replication_factor=settings.qdrant_replication_factor,
+        )
     if settings.qdrant_embedded == "edge" and settings.qdrant_path != ":memory:":
         from rag_pipeline.store.edge import EdgeStore
 

@@ -156,20 +156,35 @@ class VectorStore(ABC):
 
     @abstractmethod
     def query_dense(
-        self, where: TenantFilter, vector: np.ndarray, *, limit: int,
+        self,
+        where: TenantFilter,
+        vector: np.ndarray,
+        *,
+        limit: int,
         score_threshold: float | None = None,
     ) -> list[ScoredRecord]: ...
 
     @abstractmethod
     def query_sparse(
-        self, where: TenantFilter, vector: SparseVector, *, limit: int,
+        self,
+        where: TenantFilter,
+        vector: SparseVector,
+        *,
+        limit: int,
         score_threshold: float | None = None,
     ) -> list[ScoredRecord]: ...
 
     @abstractmethod
     def query_hybrid(
-        self, where: TenantFilter, dense: np.ndarray, sparse: SparseVector, *, limit: int,
-        prefetch_limit: int, rrf_k: int = 60, score_threshold: float | None = None,
+        self,
+        where: TenantFilter,
+        dense: np.ndarray,
+        sparse: SparseVector,
+        *,
+        limit: int,
+        prefetch_limit: int,
+        rrf_k: int = 60,
+        score_threshold: float | None = None,
     ) -> list[ScoredRecord]:
         """Dense and sparse candidates fused with reciprocal rank fusion."""
 

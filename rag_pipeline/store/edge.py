@@ -100,17 +100,22 @@ class EdgeStore(VectorStore):
             if self._shard is None:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 config = qe.EdgeConfig(
-                    vectors={DENSE_VECTOR: qe.EdgeVectorParams(size=spec.dense_dim,
-                                                               distance=qe.Distance.Cosine)},
-                    sparse_vectors={SPARSE_VECTOR: qe.EdgeSparseVectorParams(
-                        modifier=qe.Modifier.Idf)},
+                    vectors={
+                        DENSE_VECTOR: qe.EdgeVectorParams(
+                            size=spec.dense_dim, distance=qe.Distance.Cosine
+                        )
+                    },
+                    sparse_vectors={
+                        SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
+                    },
                 )
                 self._shard = qe.EdgeShard.create(str(self.folder), config)
             existing = self.dense_dimension()
             if existing is not None and existing != spec.dense_dim:
                 raise StoreError(
                     f"collection {self.collection!r} holds {existing}-dimensional vectors but "
-                    f"the embedder makes {spec.dense_dim}: use another RAG_COLLECTION")
+                    f"the embedder makes {spec.dense_dim}: use another RAG_COLLECTION"
+                )
             present = set(self._shard.info().payload_schema)
             for field, kind in PAYLOAD_INDEXES.items():
                 if field in present:
@@ -190,9 +195,15 @@ class EdgeStore(VectorStore):
         vectors: Any = [DENSE_VECTOR] if with_vectors else False
         offset = None
         while True:
-            records, offset = self._shard.scroll(qe.ScrollRequest(
-                filter=native, limit=page_size, offset=offset, with_payload=payload,
-                with_vector=vectors))
+            records, offset = self._shard.scroll(
+                qe.ScrollRequest(
+                    filter=native,
+                    limit=page_size,
+                    offset=offset,
+                    with_payload=payload,
+                    with_vector=vectors,
+                )
+            )
             for r in records:
                 yield _to_record(r)
             if offset is None:
@@ -204,9 +215,14 @@ class EdgeStore(VectorStore):
         if self._shard is None or not ids:
             return []
         native = to_edge_filter(where, qe.HasIdCondition(set(ids)))
-        records, _ = self._shard.scroll(qe.ScrollRequest(
-            filter=native, limit=len(ids), with_payload=True,
-            with_vector=[DENSE_VECTOR] if with_vectors else False))
+        records, _ = self._shard.scroll(
+            qe.ScrollRequest(
+                filter=native,
+                limit=len(ids),
+                with_payload=True,
+                with_vector=[DENSE_VECTOR] if with_vectors else False,
+            )
+        )
         return [_to_record(r) for r in records]
 
     def count(self, where: TenantFilter) -> int:
@@ -215,43 +231,82 @@ class EdgeStore(VectorStore):
         return int(self._shard.count(qe.CountRequest(filter=to_edge_filter(where))))
 
     def query_dense(
-        self, where: TenantFilter, vector: np.ndarray, *, limit: int,
+        self,
+        where: TenantFilter,
+        vector: np.ndarray,
+        *,
+        limit: int,
         score_threshold: float | None = None,
     ) -> list[ScoredRecord]:
         query = qe.Query.Nearest(np.asarray(vector, dtype=np.float32).tolist(), using=DENSE_VECTOR)
         return self._query(where, query=query, limit=limit, score_threshold=score_threshold)
 
     def query_sparse(
-        self, where: TenantFilter, vector: SparseVector, *, limit: int,
+        self,
+        where: TenantFilter,
+        vector: SparseVector,
+        *,
+        limit: int,
         score_threshold: float | None = None,
     ) -> list[ScoredRecord]:
         if not vector.indices:
             return []
-        return self._query(where, query=qe.Query.Nearest(_sparse(vector), using=SPARSE_VECTOR),
-                           limit=limit, score_threshold=score_threshold)
+        return self._query(
+            where,
+            query=qe.Query.Nearest(_sparse(vector), using=SPARSE_VECTOR),
+            limit=limit,
+            score_threshold=score_threshold,
+        )
 
     def query_hybrid(
-        self, where: TenantFilter, dense: np.ndarray, sparse: SparseVector, *, limit: int,
-        prefetch_limit: int, rrf_k: int = 60, score_threshold: float | None = None,
+        self,
+        where: TenantFilter,
+        dense: np.ndarray,
+        sparse: SparseVector,
+        *,
+        limit: int,
+        prefetch_limit: int,
+        rrf_k: int = 60,
+        score_threshold: float | None = None,
     ) -> list[ScoredRecord]:
         native = to_edge_filter(where)
-        prefetches = [qe.Prefetch(
-            query=qe.Query.Nearest(np.asarray(dense, dtype=np.float32).tolist(),
-                                   using=DENSE_VECTOR),
-            filter=native, limit=prefetch_limit)]
+        prefetches = [
+            qe.Prefetch(
+                query=qe.Query.Nearest(
+                    np.asarray(dense, dtype=np.float32).tolist(), using=DENSE_VECTOR
+                ),
+                filter=native,
+                limit=prefetch_limit,
+            )
+        ]
         if sparse.indices:
-            prefetches.append(qe.Prefetch(
-                query=qe.Query.Nearest(_sparse(sparse), using=SPARSE_VECTOR), filter=native,
-                limit=prefetch_limit))
-        return self._query(where, query=qe.Fusion.Rrf(k=rrf_k), prefetches=prefetches,
-                           limit=limit, score_threshold=score_threshold)
+            prefetches.append(
+                qe.Prefetch(
+                    query=qe.Query.Nearest(_sparse(sparse), using=SPARSE_VECTOR),
+                    filter=native,
+                    limit=prefetch_limit,
+                )
+            )
+        return self._query(
+            where,
+            query=qe.Fusion.Rrf(k=rrf_k),
+            prefetches=prefetches,
+            limit=limit,
+            score_threshold=score_threshold,
+        )
 
     def _query(self, where: TenantFilter, *, limit: int, **kwargs: Any) -> list[ScoredRecord]:
         if self._shard is None:
             return []
-        points = self._shard.query(qe.QueryRequest(
-            limit=limit, filter=to_edge_filter(where), with_payload=True, with_vector=False,
-            **kwargs))
+        points = self._shard.query(
+            qe.QueryRequest(
+                limit=limit,
+                filter=to_edge_filter(where),
+                with_payload=True,
+                with_vector=False,
+                **kwargs,
+            )
+        )
         return [ScoredRecord(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
 
     def book_ids(self) -> list[str]:

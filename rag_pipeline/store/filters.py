@@ -85,10 +85,14 @@ class SearchFilters:
         if self.module is not None:
             out.append(Match("module", self.module))
         if self.chapter_min is not None or self.chapter_max is not None:
-            if (self.chapter_min is not None and self.chapter_max is not None
-                    and self.chapter_min > self.chapter_max):
-                raise ValueError(f"chapter range is empty: min {self.chapter_min} > "
-                                 f"max {self.chapter_max}")
+            if (
+                self.chapter_min is not None
+                and self.chapter_max is not None
+                and self.chapter_min > self.chapter_max
+            ):
+                raise ValueError(
+                    f"chapter range is empty: min {self.chapter_min} > max {self.chapter_max}"
+                )
             out.append(Range("chapter", gte=self.chapter_min, lte=self.chapter_max))
         if self.lesson is not None:
             out.append(Match("lesson", self.lesson))

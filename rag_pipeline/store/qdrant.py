@@ -160,8 +160,10 @@ class QdrantStore(VectorStore):
             self._ensure_indexes()
             return
         if self.collection_exists():
-            raise StoreError(f"collection {self.collection!r} exists without a "
-                             f"{DENSE_VECTOR!r} vector; it was not made by rag_pipeline")
+            raise StoreError(
+                f"collection {self.collection!r} exists without a "
+                f"{DENSE_VECTOR!r} vector; it was not made by rag_pipeline"
+            )
         kwargs: dict[str, Any] = {}
         if self.is_server:
             replication = spec.replication_factor or self._replication
@@ -171,13 +173,18 @@ class QdrantStore(VectorStore):
                 # a write succeeds once a majority of replicas has it
                 "write_consistency_factor": replication // 2 + 1 if replication else None,
             }
-        self._call(lambda: self._client.create_collection(
-            self.collection,
-            vectors_config={DENSE_VECTOR: qm.VectorParams(size=spec.dense_dim,
-                                                           distance=qm.Distance.COSINE)},
-            sparse_vectors_config={SPARSE_VECTOR: qm.SparseVectorParams(modifier=qm.Modifier.IDF)},
-            **{k: v for k, v in kwargs.items() if v is not None},
-        ))
+        self._call(
+            lambda: self._client.create_collection(
+                self.collection,
+                vectors_config={
+                    DENSE_VECTOR: qm.VectorParams(size=spec.dense_dim, distance=qm.Distance.COSINE)
+                },
+                sparse_vectors_config={
+                    SPARSE_VECTOR: qm.SparseVectorParams(modifier=qm.Modifier.IDF)
+                },
+                **{k: v for k, v in kwargs.items() if v is not None},
+            )
+        )
         self._ensure_indexes()
 
     def _ensure_indexes(self) -> None:
@@ -195,8 +202,11 @@ class QdrantStore(VectorStore):
                 schema = qm.PayloadSchemaType.INTEGER
             else:
                 schema = qm.PayloadSchemaType.KEYWORD
-            self._call(lambda f=field, s=schema: self._client.create_payload_index(
-                self.collection, f, field_schema=s, wait=True))
+            self._call(
+                lambda f=field, s=schema: self._client.create_payload_index(
+                    self.collection, f, field_schema=s, wait=True
+                )
+            )
 
     def payload_indexes(self) -> dict[str, str]:
         info = self._call(lambda: self._client.get_collection(self.collection))
@@ -214,12 +224,16 @@ class QdrantStore(VectorStore):
         deleted = 0
         for batch in batched(list(ids), 1024):
             # The tenant condition keeps the delete inside the book even for foreign ids.
-            native = qm.Filter(must=[*to_qdrant_filter(where).must,
-                                     qm.HasIdCondition(has_id=list(batch))])
+            native = qm.Filter(
+                must=[*to_qdrant_filter(where).must, qm.HasIdCondition(has_id=list(batch))]
+            )
             matching = self._count_native(native)
             if matching:
-                self._call(lambda f=native: self._client.delete(
-                    self.collection, qm.FilterSelector(filter=f), wait=True))
+                self._call(
+                    lambda f=native: self._client.delete(
+                        self.collection, qm.FilterSelector(filter=f), wait=True
+                    )
+                )
                 deleted += matching
         return deleted
 
@@ -247,9 +261,16 @@ class QdrantStore(VectorStore):
         vectors: Any = [DENSE_VECTOR] if with_vectors else False
         offset = None
         while True:
-            points, offset = self._call(lambda o=offset: self._client.scroll(
-                self.collection, scroll_filter=native, limit=page_size, offset=o,
-                with_payload=payload, with_vectors=vectors))
+            points, offset = self._call(
+                lambda o=offset: self._client.scroll(
+                    self.collection,
+                    scroll_filter=native,
+                    limit=page_size,
+                    offset=o,
+                    with_payload=payload,
+                    with_vectors=vectors,
+                )
+            )
             for p in points:
                 yield _to_record(p)
             if offset is None:
@@ -260,11 +281,18 @@ class QdrantStore(VectorStore):
     ) -> list[StoredRecord]:
         if not ids or not self.collection_exists():
             return []
-        native = qm.Filter(must=[*to_qdrant_filter(where).must,
-                                 qm.HasIdCondition(has_id=list(ids))])
-        points, _ = self._call(lambda: self._client.scroll(
-            self.collection, scroll_filter=native, limit=len(ids), with_payload=True,
-            with_vectors=[DENSE_VECTOR] if with_vectors else False))
+        native = qm.Filter(
+            must=[*to_qdrant_filter(where).must, qm.HasIdCondition(has_id=list(ids))]
+        )
+        points, _ = self._call(
+            lambda: self._client.scroll(
+                self.collection,
+                scroll_filter=native,
+                limit=len(ids),
+                with_payload=True,
+                with_vectors=[DENSE_VECTOR] if with_vectors else False,
+            )
+        )
         return [_to_record(p) for p in points]
 
     def count(self, where: TenantFilter) -> int:
@@ -273,51 +301,94 @@ class QdrantStore(VectorStore):
     def _count_native(self, native: qm.Filter) -> int:
         if not self.collection_exists():
             return 0
-        result = self._call(lambda: self._client.count(
-            self.collection, count_filter=native, exact=True))
+        result = self._call(
+            lambda: self._client.count(self.collection, count_filter=native, exact=True)
+        )
         return result.count
 
     def query_dense(
-        self, where: TenantFilter, vector: np.ndarray, *, limit: int,
+        self,
+        where: TenantFilter,
+        vector: np.ndarray,
+        *,
+        limit: int,
         score_threshold: float | None = None,
     ) -> list[ScoredRecord]:
-        return self._query(where, query=np.asarray(vector, dtype=np.float32).tolist(),
-                           using=DENSE_VECTOR, limit=limit, score_threshold=score_threshold)
+        return self._query(
+            where,
+            query=np.asarray(vector, dtype=np.float32).tolist(),
+            using=DENSE_VECTOR,
+            limit=limit,
+            score_threshold=score_threshold,
+        )
 
     def query_sparse(
-        self, where: TenantFilter, vector: SparseVector, *, limit: int,
+        self,
+        where: TenantFilter,
+        vector: SparseVector,
+        *,
+        limit: int,
         score_threshold: float | None = None,
     ) -> list[ScoredRecord]:
-        return self._query(where, query=_sparse(vector), using=SPARSE_VECTOR, limit=limit,
-                           score_threshold=score_threshold)
+        return self._query(
+            where,
+            query=_sparse(vector),
+            using=SPARSE_VECTOR,
+            limit=limit,
+            score_threshold=score_threshold,
+        )
 
     def query_hybrid(
-        self, where: TenantFilter, dense: np.ndarray, sparse: SparseVector, *, limit: int,
-        prefetch_limit: int, rrf_k: int = 60, score_threshold: float | None = None,
+        self,
+        where: TenantFilter,
+        dense: np.ndarray,
+        sparse: SparseVector,
+        *,
+        limit: int,
+        prefetch_limit: int,
+        rrf_k: int = 60,
+        score_threshold: float | None = None,
     ) -> list[ScoredRecord]:
         native = to_qdrant_filter(where)
         prefetch = [
-            qm.Prefetch(query=np.asarray(dense, dtype=np.float32).tolist(), using=DENSE_VECTOR,
-                        filter=native, limit=prefetch_limit),
-            qm.Prefetch(query=_sparse(sparse), using=SPARSE_VECTOR, filter=native,
-                        limit=prefetch_limit),
+            qm.Prefetch(
+                query=np.asarray(dense, dtype=np.float32).tolist(),
+                using=DENSE_VECTOR,
+                filter=native,
+                limit=prefetch_limit,
+            ),
+            qm.Prefetch(
+                query=_sparse(sparse), using=SPARSE_VECTOR, filter=native, limit=prefetch_limit
+            ),
         ]
-        return self._query(where, query=qm.RrfQuery(rrf=qm.Rrf(k=rrf_k)), prefetch=prefetch,
-                           limit=limit, score_threshold=score_threshold)
+        return self._query(
+            where,
+            query=qm.RrfQuery(rrf=qm.Rrf(k=rrf_k)),
+            prefetch=prefetch,
+            limit=limit,
+            score_threshold=score_threshold,
+        )
 
     def _query(self, where: TenantFilter, *, limit: int, **kwargs: Any) -> list[ScoredRecord]:
         if not self.collection_exists():
             return []
-        response = self._call(lambda: self._client.query_points(
-            self.collection, query_filter=to_qdrant_filter(where), limit=limit,
-            with_payload=True, **kwargs))
+        response = self._call(
+            lambda: self._client.query_points(
+                self.collection,
+                query_filter=to_qdrant_filter(where),
+                limit=limit,
+                with_payload=True,
+                **kwargs,
+            )
+        )
         return [ScoredRecord(str(p.id), float(p.score), p.payload or {}) for p in response.points]
 
     def book_ids(self) -> list[str]:
         if not self.collection_exists():
             return []
-        facets = self._call(lambda: self._client.facet(self.collection, key="book_id",
-                                                        limit=100_000, exact=True))
+        facets = self._call(
+            lambda: self._client.facet(self.collection, key="book_id", limit=100_000, exact=True)
+        )
         return sorted(str(hit.value) for hit in facets.hits if hit.count > 0)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
