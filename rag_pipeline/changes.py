@@ -109,11 +109,12 @@ class FileChanges:
     def has_work(self) -> bool:
         return bool(self.new or self.modified or self.deleted)
 
-    def status_of(self, source_file: str) -> FileStatus | None:
+    def statuses(self) -> dict[str, FileStatus]:
+        """Every file's status, by path."""
+        out: dict[str, FileStatus] = {}
         for status in ("new", "modified", "unchanged", "deleted"):
-            if source_file in getattr(self, status):
-                return status  # type: ignore[return-value]
-        return None
+            out.update(dict.fromkeys(getattr(self, status), status))
+        return out
 
     def counts(self) -> dict[str, int]:
         return {

@@ -40,7 +40,9 @@ def emit_json(data: Any) -> None:
 
 @contextmanager
 def opened_store(settings: Settings) -> Iterator[Any]:
-    """The configured store; a busy embedded store is waited for, then a clear error."""
+    """The configured store; a busy embedded store is waited for. Store and embedder failures
+    inside the block end the command with their message, not a traceback."""
+    from rag_pipeline.embed import EmbedError
     from rag_pipeline.store import StoreError, open_store
     from rag_pipeline.store.sharing import shared_store
 
@@ -48,7 +50,7 @@ def opened_store(settings: Settings) -> Iterator[Any]:
     try:
         with shared_store(key, lambda: open_store(settings), settings.busy_wait_s) as store:
             yield store
-    except StoreError as exc:
+    except (StoreError, EmbedError) as exc:
         fail(str(exc))
 
 

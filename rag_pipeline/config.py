@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     openai_max_retries: int = Field(5, ge=0)
     max_file_bytes: int = Field(10 * 1024 * 1024, ge=1)
     # how long a command waits for an embedded store that another process holds
-    busy_wait_s: float = Field(10.0, ge=0)
+    busy_wait_s: float = Field(30.0, ge=0)
     path_patterns: tuple[str, ...] = DEFAULT_PATH_PATTERNS
     default_hardware_tier: int = 1
 

@@ -43,6 +43,7 @@ def build_resources(settings: Settings, chunking: ChunkingConfig) -> dict[str, o
             url=settings.qdrant_url,
             api_key=_secret("RAG_QDRANT_API_KEY", settings.qdrant_api_key is not None),
             embedded=settings.qdrant_embedded,
+            busy_wait_s=settings.busy_wait_s,
         ),
         "embedder": EmbedderResource(
             provider=settings.embedder,

@@ -48,6 +48,7 @@ _STATE_FIELDS = [
     "total_chunks",
     "content_hash",
     "embedding_model",
+    "error",
 ]
 
 

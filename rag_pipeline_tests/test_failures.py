@@ -224,3 +224,57 @@ def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_di
         )
         assert ids == {c.id for c in expected.chunked.chunks}
         fresh.close()
+
+
+@pytest.mark.slow
+def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
+    openai_server, tmp_path, sample_books
+):
+    """Client retries (1) run out, the asset's RetryPolicy retries the step; when the outage
+    outlasts both, the run fails naming the cause, and the next run completes."""
+    from dagster import DagsterInstance, materialize
+
+    from rag_pipeline.config import ChunkingConfig, load_settings
+    from rag_pipeline.definitions import build_resources
+    from rag_pipeline.defs.assets import ingestion_assets
+    from rag_pipeline.defs.io import BookPartitionIOManager
+    from rag_pipeline.resources import EmbedderResource
+
+    settings = load_settings(data_dir=sample_books, qdrant_path=str(tmp_path / "q"))
+    resources = build_resources(settings, ChunkingConfig())
+    resources["io_manager"] = BookPartitionIOManager(base_dir=str(tmp_path / "io"))
+    resources["embedder"] = EmbedderResource(
+        provider="openai",
+        openai_api_key="sk-test",
+        openai_base_url=openai_server.base_url,
+        openai_max_retries=1,
+        openai_timeout_s=5,
+    )
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("books", ["ros2-fundamentals"])
+
+    openai_server.script.extend([429, 429])  # first step attempt fails, the retry succeeds
+    result = materialize(
+        ingestion_assets, partition_key="ros2-fundamentals", instance=instance, resources=resources
+    )
+    assert result.success
+    assert result.retry_attempts_for_node("chunk_embeddings") == 1
+
+    (sample_books / "ros2-fundamentals" / "00-intro.md").write_text("# New\n\nFresh text.")
+    openai_server.script.extend([500] * 6)  # outlasts 1 client retry x 3 step attempts
+    failed = materialize(
+        ingestion_assets,
+        partition_key="ros2-fundamentals",
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
+    assert not failed.success
+    failure = next(e for e in failed.all_events if e.is_step_failure)
+    message = failure.step_failure_data.error.to_string()
+    assert "HTTP 500" in message and openai_server.base_url in message
+
+    healed = materialize(
+        ingestion_assets, partition_key="ros2-fundamentals", instance=instance, resources=resources
+    )
+    assert healed.success

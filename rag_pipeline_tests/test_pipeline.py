@@ -179,6 +179,10 @@ def test_bad_files_are_recorded_and_the_rest_is_ingested(env, write_book, store)
     assert records["bad.md"]["status"] == "error"
     assert "not valid UTF-8" in records["bad.md"]["error"]
     assert records["empty.md"]["status"] == "empty"
+    from rag_pipeline.index import read_index_state
+
+    state = read_index_state(store, BOOK, documents_only=True)
+    assert "not valid UTF-8" in state.documents["bad.md"].error
     env.assert_exact()
     # unchanged bad files are not retried
     assert not env.run("run-3").inventory.changes.has_work

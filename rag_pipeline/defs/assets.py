@@ -96,10 +96,11 @@ def source_files(
             model.model_name,
         )
     changes = inventory.changes
+    status = changes.statuses()
     rows = [
         {
             "file": f.source_file,
-            "status": changes.status_of(f.source_file),
+            "status": status[f.source_file],
             "bytes": f.size,
             "module": f.path_meta.module,
             "chapter": f.path_meta.chapter,
@@ -108,6 +109,7 @@ def source_files(
         for f in inventory.files
     ]
     rows += [{"file": name, "status": "deleted"} for name in changes.deleted]
+    rows.sort(key=lambda row: row["status"] == "unchanged")  # what changed comes first
     return Output(
         inventory,
         metadata={

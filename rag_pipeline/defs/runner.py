@@ -23,13 +23,13 @@ from dagster import DagsterInstance, Definitions
 
 from rag_pipeline.changes import classify_files
 from rag_pipeline.chunk import ChunkBudget
-from rag_pipeline.config import ChunkingConfig, Settings, load_settings
-from rag_pipeline.crawl import discover_books, discover_files, validate_book_id
+from rag_pipeline.config import ChunkingConfig, Settings, SourceConfig, load_settings
+from rag_pipeline.crawl import discover_books, discover_files, scan_book, validate_book_id
 from rag_pipeline.defs.jobs import INGEST_JOB_NAME, PURGE_JOB_NAME, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.index import CHUNK, read_index_state
 from rag_pipeline.pipeline import index_signature
-from rag_pipeline.resources import EmbedderResource, QdrantStoreResource
+from rag_pipeline.resources import BookSourceResource, EmbedderResource, QdrantStoreResource
 from rag_pipeline.sparse import Bm25Encoder
 from rag_pipeline.store import VectorStore, tenant_filter
 from rag_pipeline.store.filters import Match
@@ -133,16 +133,17 @@ def ingest_books(
     settings = settings or load_settings()
     defs = definitions or build_definitions(settings, chunking)
     instance = instance or DagsterInstance.get()
-    scan = discover_books(settings.data_dir)
+    scan = discover_books(defs.resources["books"].data_dir)  # type: ignore[attr-defined]
     report = IngestReport(rejected=[str(e) for e in scan.rejected])
     on_disk = set(scan.book_ids)
     targets = [validate_book_id(b) for b in book_ids] if book_ids else list(scan.book_ids)
 
     qdrant: QdrantStoreResource = defs.resources["qdrant"]  # type: ignore[assignment]
     embedder_res: EmbedderResource = defs.resources["embedder"]  # type: ignore[assignment]
-    books_res = defs.resources["books"]
+    books_res: BookSourceResource = defs.resources["books"]  # type: ignore[assignment]
+    source = books_res.source()
     embedder = embedder_res.get()
-    budget = ChunkBudget.for_tokenizer(books_res.chunking(), embedder.tokenizer)  # type: ignore[attr-defined]
+    budget = ChunkBudget.for_tokenizer(books_res.chunking(), embedder.tokenizer)
     signature = index_signature(embedder, budget, Bm25Encoder())
     ingest_job = defs.resolve_job_def(INGEST_JOB_NAME)
     purge_job = defs.resolve_job_def(PURGE_JOB_NAME)
@@ -164,17 +165,15 @@ def ingest_books(
                     report.books[book_id] = BookResult(
                         book_id,
                         "missing",
-                        error_messages=[f"no book folder {book_id!r} under {settings.data_dir}"],
+                        error_messages=[f"no book folder {book_id!r} under {source.data_dir}"],
                     )
                 continue
             t0 = time.perf_counter()
-            if not force and not _has_work(
-                settings, book_id, store, signature, embedder.model_name
-            ):
+            if not force and not _has_work(source, book_id, store, signature, embedder.model_name):
                 result = BookResult(book_id, "unchanged")
             else:
                 result = _run_book(ingest_job, instance, book_id)
-            _fill_from_index(result, settings, store, book_id)
+            _fill_from_index(result, source, store, book_id)
             result.seconds = time.perf_counter() - t0
             report.books[book_id] = result
         for book_id in removed:
@@ -183,7 +182,7 @@ def ingest_books(
                 run_config={**QUIET_RUN_CONFIG, **purge_run_config(book_id)},
                 instance=instance,
                 raise_on_error=False,
-                tags={"book_id": book_id},
+                tags={"rag/book": book_id},
             )
             result = BookResult(
                 book_id, "removed" if outcome.success else "failed", run_id=outcome.run_id
@@ -201,9 +200,9 @@ def ingest_books(
 
 
 def _has_work(
-    settings: Settings, book_id: str, store: VectorStore, signature: str, model: str
+    source: SourceConfig, book_id: str, store: VectorStore, signature: str, model: str
 ) -> bool:
-    files, _ = discover_files(settings.data_dir, book_id, settings.path_patterns)
+    files, _ = discover_files(source.data_dir, book_id, source.path_patterns)
     state = read_index_state(store, book_id, embedding_model=model, documents_only=True)
     changes = classify_files({f.source_file: f.sha256 for f in files}, state.documents, signature)
     return changes.has_work
@@ -247,10 +246,10 @@ def _failure_message(outcome: Any) -> str:
 
 
 def _fill_from_index(
-    result: BookResult, settings: Settings, store: VectorStore, book_id: str
+    result: BookResult, source: SourceConfig, store: VectorStore, book_id: str
 ) -> None:
     """Totals after the run, read back from the index (what a reader will see)."""
-    files, crawl_errors = discover_files(settings.data_dir, book_id, settings.path_patterns)
+    files, crawl_errors = scan_book(source.data_dir, book_id)
     state = read_index_state(store, book_id, documents_only=True)
     result.files = len(files)
     doc_errors = [d for d in state.documents.values() if d.status == "error"]

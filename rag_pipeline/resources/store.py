@@ -26,7 +26,7 @@ class QdrantStoreResource(ConfigurableResource):
         "client",
         description="embedded engine: client (qdrant-client local mode) or edge (Qdrant Edge)",
     )
-    busy_wait_s: float = Field(60.0, description="how long to wait for a busy embedded store")
+    busy_wait_s: float = Field(30.0, description="how long to wait for a busy embedded store")
 
     @property
     def target(self) -> str:
