@@ -69,8 +69,10 @@ class Settings(BaseSettings):
     qdrant_replication_factor: int | None = Field(None, ge=1)
     qdrant_timeout_s: float = Field(30.0, gt=0)
     qdrant_retries: int = Field(4, ge=1)
-    # "client": qdrant-client local mode; "edge": Qdrant Edge (embedded engine, fast filters).
-    qdrant_embedded: Literal["client", "edge"] = "client"
+    # Engine for the embedded folder: "edge" (Qdrant Edge: payload indexes, fast filtered and
+    # sparse search) or "client" (qdrant-client local mode: brute force in Python). Measured
+    # in docs/benchmarks.md.
+    qdrant_embedded: Literal["client", "edge"] = "edge"
     collection: str = "rag_chunks"
     cache_dir: Path = Path(".rag/cache")
     embedder: Literal["local", "openai", "hash"] = "local"

@@ -83,7 +83,9 @@ def ingested(tmp_path_factory):
     return reader
 
 
-def test_ingest_json_contract_and_incremental_rerun(cli, sample_books):
+@pytest.mark.parametrize("engine", ["edge", "client"])
+def test_ingest_json_contract_and_incremental_rerun(cli, sample_books, engine):
+    cli.env["RAG_QDRANT_EMBEDDED"] = engine
     report = cli.json("ingest")
     books = report["books"]
     assert set(books) == {"humanoid-robotics-ros2", "ros2-fundamentals"}
@@ -263,9 +265,10 @@ def test_end_to_end_with_the_default_local_model(tmp_path, sample_books):
 
 def test_busy_embedded_store_is_a_clear_error(ingested):
     cli = ingested
-    from rag_pipeline.store.qdrant import QdrantStore
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.store import open_store
 
-    holder = QdrantStore("rag_chunks", path=cli.env["RAG_QDRANT_PATH"])
+    holder = open_store(load_settings(qdrant_path=cli.env["RAG_QDRANT_PATH"]))
     try:
         env = {**cli.env, "RAG_BUSY_WAIT_S": "0"}
         proc = subprocess.run(

@@ -23,7 +23,7 @@ class QdrantStoreResource(ConfigurableResource):
     url: str | None = Field(None, description="Qdrant server URL; overrides path")
     api_key: str | None = Field(None, description="Qdrant server API key")
     embedded: str = Field(
-        "client",
+        "edge",
         description="embedded engine: client (qdrant-client local mode) or edge (Qdrant Edge)",
     )
     busy_wait_s: float = Field(30.0, description="how long to wait for a busy embedded store")

@@ -1,9 +1,10 @@
 """The store on qdrant-client: a Qdrant server (url), an embedded folder (path) or memory.
 
-qdrant-client's local mode (path / :memory:) is exact but brute force: it evaluates filters in
-Python and ignores payload indexes, and it locks its folder against a second process. It is the
-zero-set-up default; use Qdrant Edge (``RAG_QDRANT_EMBEDDED=edge``) for fast embedded search, a
-server for anything shared.
+qdrant-client's local mode (path / :memory:) is exact but brute force: it evaluates filters and
+sparse vectors in Python, ignores payload indexes, writes one SQLite commit per point and loads
+the whole collection on open; it also locks its folder against a second process. The embedded
+default is Qdrant Edge (``store/edge.py``); use this mode with ``RAG_QDRANT_EMBEDDED=client``,
+``:memory:`` for tests, and a server for anything shared.
 """
 
 from __future__ import annotations
