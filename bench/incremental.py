@@ -61,7 +61,7 @@ from rag_pipeline.store.filters import Match
 with open_store(load_settings()) as store:
     records = store.scroll(tenant_filter({book!r}, Match("record_type", "chunk"),
                            Match("source_file", {source_file!r})), fields=["section_title"])
-    print(sum(1 for r in records if (r.payload.get("section_title") or "").startswith({heading!r})))
+    print(sum(1 for r in records if {heading!r} in (r.payload.get("section_title") or "")))
 """
     return int(
         subprocess.run(

@@ -459,8 +459,9 @@ def _halve(text: str, tokenizer: TokenCounter, room: int) -> list[str]:
     if len(lines) < 2:
         return tokenizer.split(text, room)
     fence_at: list[str | None] = []  # the opener of the fence each line is inside, if any
+    closers: set[int] = set()
     opener: str | None = None
-    for line in lines:
+    for i, line in enumerate(lines):
         stripped = line.lstrip()
         if opener is None and stripped.startswith(("```", "~~~")):
             fence_at.append(None)
@@ -471,17 +472,19 @@ def _halve(text: str, tokenizer: TokenCounter, room: int) -> list[str]:
             and not stripped[3:].strip()
         ):
             fence_at.append(opener)
+            closers.add(i)
             opener = None
         else:
             fence_at.append(opener)
     middle = len(lines) / 2
     blank_cuts = [i for i in range(1, len(lines)) if not lines[i].strip() and fence_at[i] is None]
     cut = min(blank_cuts or range(1, len(lines)), key=lambda i: abs(i - middle))
+    if cut in closers:  # keep a closing fence with its block
+        cut = cut + 1 if cut + 1 < len(lines) else max(cut - 1, 1)
     first, second = lines[:cut], lines[cut:]
-    inside = fence_at[cut] if fence_at[cut] is not None and fence_at[cut] != lines[cut] else None
-    if inside is not None and fence_at[cut - 1] is not None:
-        fence = inside.lstrip()[:3]
-        first = [*first, fence]
+    inside = fence_at[cut]
+    if inside is not None:  # line ``cut`` is inside a fence that is open at the boundary
+        first = [*first, inside.lstrip()[:3]]
         second = [inside, *second]
     halves = ["\n".join(first).strip("\n"), "\n".join(second).strip("\n")]
     return [h for h in halves if h.strip()]

@@ -91,16 +91,28 @@ def main(verbose: bool) -> None:
 @click.option("--force", is_flag=True, help="run books even when nothing changed")
 def ingest(books: tuple[str, ...], as_json: bool, force: bool) -> None:
     """Materialize the ingestion assets through Dagster for every book (or the named ones)."""
-    settings = _settings()
-    from rag_pipeline.crawl import InvalidBookIdError
-    from rag_pipeline.defs.runner import ensure_dagster_home, ingest_books
+    from rag_pipeline.config import ensure_dagster_home
+    from rag_pipeline.crawl import InvalidBookIdError, validate_book_id
     from rag_pipeline.embed import EmbedError
-    from rag_pipeline.store import StoreError
+    from rag_pipeline.freshness import DataDirError
+    from rag_pipeline.store import StoreError, open_store
+    from rag_pipeline.store.sharing import shared_store, store_key
 
-    ensure_dagster_home()
+    settings = _settings()
+    home = ensure_dagster_home()
+    key = store_key(
+        settings.collection, settings.qdrant_path, settings.qdrant_url, settings.qdrant_embedded
+    )
     try:
-        report = ingest_books(list(books) or None, force=force, settings=settings)
-    except (InvalidBookIdError, StoreError, EmbedError) as exc:
+        targets = [validate_book_id(b) for b in books] or None
+        # one store handle for the whole command: the Dagster resources reuse it
+        with shared_store(key, lambda: open_store(settings), settings.busy_wait_s) as store:
+            report = None if force else _quick_ingest_report(settings, store, targets, home)
+            if report is None:
+                from rag_pipeline.defs.runner import ingest_books
+
+                report = ingest_books(targets, force=force, settings=settings, dagster_home=home)
+    except (InvalidBookIdError, DataDirError, StoreError, EmbedError) as exc:
         fail(str(exc))
     if as_json:
         emit_json(report.as_dict())
@@ -108,6 +120,27 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool) -> None:
         _print_ingest(report)
     if not report.ok:
         sys.exit(1)
+
+
+def _quick_ingest_report(settings: Settings, store: Any, targets: Any, home: Path) -> Any:
+    """The report of an ingest with nothing to do, answered without loading Dagster; ``None``
+    when a run, a purge or a new partition is needed (or the partitions are not known)."""
+    import time
+
+    from rag_pipeline.freshness import quick_report, read_partitions_marker
+    from rag_pipeline.pipeline import default_budget, index_signature
+    from rag_pipeline.sparse import Bm25Encoder
+
+    started = time.perf_counter()
+    known = read_partitions_marker(home)
+    if known is None:
+        return None
+    embedder = make_embedder(settings)
+    signature = index_signature(embedder, default_budget(embedder), Bm25Encoder())
+    report = quick_report(settings.source(), store, targets, signature, embedder.model_name, known)
+    if report is not None:
+        report.seconds = time.perf_counter() - started
+    return report
 
 
 def _print_ingest(report: Any) -> None:
@@ -145,6 +178,8 @@ def _print_ingest(report: Any) -> None:
             err.print(f"[yellow]{book_id}[/]: {message}", highlight=False)
     for rejected in report.rejected:
         err.print(f"[yellow]skipped folder[/] {rejected}", highlight=False)
+    for warning in report.warnings:
+        err.print(f"[yellow]warning[/] {warning}", highlight=False)
     out.print(f"done in {report.seconds:.1f}s")
 
 
@@ -431,11 +466,24 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     help="repeatable; default: the default search mode",
 )
 @click.option("--rrf-k", type=int, default=60, show_default=True)
+@click.option(
+    "--collection",
+    default=None,
+    help="collection for the evaluation index [default: RAG_COLLECTION + '_eval']",
+)
 @click.option("--json", "as_json", is_flag=True)
 def eval_command(
-    dataset_dir: Path, split: str, modes: tuple[str, ...], rrf_k: int, as_json: bool
+    dataset_dir: Path,
+    split: str,
+    modes: tuple[str, ...],
+    rrf_k: int,
+    collection: str | None,
+    as_json: bool,
 ) -> None:
-    """nDCG@10, recall@10/100 and MRR@10 on a BEIR dataset (indexed as one book)."""
+    """nDCG@10, recall@10/100 and MRR@10 on a BEIR dataset (indexed as one book).
+
+    The dataset goes into its own collection, apart from the books: an ingest purges books
+    without a folder, and an evaluation corpus has none."""
     from rich.progress import Progress
 
     from rag_pipeline.evaluate import evaluate, index_corpus, load_beir
@@ -444,6 +492,9 @@ def eval_command(
     from rag_pipeline.sparse import Bm25Encoder
 
     settings = _settings()
+    settings = settings.model_copy(
+        update={"collection": collection or f"{settings.collection}_eval"}
+    )
     try:
         dataset = load_beir(dataset_dir, split)
     except FileNotFoundError as exc:

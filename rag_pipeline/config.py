@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -15,6 +16,7 @@ __all__ = [
     "ChunkingConfig",
     "Settings",
     "SourceConfig",
+    "ensure_dagster_home",
     "load_settings",
 ]
 
@@ -117,3 +119,18 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment, with explicit overrides winning."""
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+def ensure_dagster_home(default: Path | str = ".dagster_home") -> Path:
+    """``DAGSTER_HOME`` (set to ``./.dagster_home`` when unset), with a dagster.yaml in it:
+    the project's own when run from the repository, else telemetry off."""
+    home = Path(os.environ.get("DAGSTER_HOME") or Path(default).resolve())
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(home)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        project_yaml = Path("dagster.yaml")
+        config.write_text(
+            project_yaml.read_text() if project_yaml.is_file() else "telemetry:\n  enabled: false\n"
+        )
+    return home

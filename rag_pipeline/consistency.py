@@ -108,6 +108,7 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None) 
                 target = p.get(link)
                 if target and target not in ids:
                     report.broken_links.append(f"{source}: {link} of {point_id} -> {target}")
+        _check_chain(report, source, dict(members))
     if dimension is not None:
         stored = store.dense_dimension()
         if stored is not None and stored != dimension:
@@ -115,6 +116,29 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None) 
                 f"collection vectors have {stored} dimensions, the model makes {dimension}"
             )
     return report
+
+
+def _check_chain(report: IndexConsistency, source: str, members: dict[str, dict]) -> None:
+    """Every chunk of a document lies on one prev/next chain from its head. Text may repeat
+    within a document (each occurrence has its own id and position), so a point that repeats
+    the content of a chunk on the chain but is not on it is a duplicate, not a repetition."""
+    heads = [pid for pid, p in members.items() if not p.get("prev_chunk_id")]
+    if len(heads) != 1:
+        report.broken_links.append(f"{source}: {len(heads)} chunks start the document's chain")
+        return
+    reached: list[str] = []
+    seen: set[str] = set()
+    current: str | None = heads[0]
+    while current in members and current not in seen:
+        seen.add(current)
+        reached.append(current)
+        current = members[current].get("next_chunk_id")
+    on_chain = {members[pid].get("content_hash") for pid in reached}
+    for pid in sorted(set(members) - seen):
+        if members[pid].get("content_hash") in on_chain:
+            report.duplicates.append(f"{source}: point {pid} duplicates the content of a chunk")
+        else:
+            report.broken_links.append(f"{source}: point {pid} is not on the document's chain")
 
 
 def check_chunks(chunks: Sequence[Chunk], limit: int) -> list[str]:

@@ -7,6 +7,8 @@ OPENAI_API_KEY, OPENAI_BASE_URL, RAG_CHUNK_*, RAG_SENSOR_INTERVAL_S (see README)
 
 from __future__ import annotations
 
+import os
+
 from dagster import Definitions, EnvVar, in_process_executor
 
 from rag_pipeline.config import ChunkingConfig, Settings, load_settings
@@ -50,7 +52,10 @@ def build_resources(settings: Settings, chunking: ChunkingConfig) -> dict[str, o
             local_model_dir=str(settings.local_model_dir) if settings.local_model_dir else None,
             cache_dir=str(settings.cache_dir),
             batch_size=settings.embed_batch_size,
-            openai_api_key=_secret("OPENAI_API_KEY", settings.openai_api_key is not None),
+            openai_api_key=_secret(
+                "OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else "RAG_OPENAI_API_KEY",
+                settings.openai_api_key is not None,
+            ),
             openai_model=settings.openai_model,
             openai_base_url=settings.openai_base_url,
             openai_max_retries=settings.openai_max_retries,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,10 +16,21 @@ __all__ = [
     "PathMeta",
     "SourceFile",
     "document_id",
+    "normalize_proficiency",
 ]
 
 # Fixed namespace so point and document ids are the same on every machine and every run.
 POINT_NAMESPACE = uuid.UUID("6f6c7c1e-3b1f-5d0a-9a43-5d2b8e0d7a11")
+
+
+_CEFR = re.compile(r"^[ABC][12]$", re.IGNORECASE)
+
+
+def normalize_proficiency(value: str) -> str:
+    """One spelling per level, in payloads and in filters: CEFR codes upper case (``B1``),
+    words lower case (``beginner``)."""
+    value = value.strip()
+    return value.upper() if _CEFR.match(value) else value.lower()
 
 
 def document_id(book_id: str, source_file: str) -> str:

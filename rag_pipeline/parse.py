@@ -17,7 +17,14 @@ import frontmatter
 import yaml
 from markdown_it import MarkdownIt
 
-from rag_pipeline.models import DocumentMeta, FileError, ParsedDocument, PathMeta, document_id
+from rag_pipeline.models import (
+    DocumentMeta,
+    FileError,
+    ParsedDocument,
+    PathMeta,
+    document_id,
+    normalize_proficiency,
+)
 
 __all__ = [
     "HARDWARE_TIER_KEYWORDS",
@@ -33,7 +40,6 @@ _PROFICIENCY_KEYS = (
     "level",
 )
 _HARDWARE_TIER_KEYS = ("hardware_tier", "hardware_level", "tier")
-_CEFR = re.compile(r"^[ABC][12]$", re.IGNORECASE)
 # Checked from the highest tier down; a document needs the highest tier any of its
 # prerequisites names. Tier 1 is "a computer, simulation only".
 HARDWARE_TIER_KEYWORDS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -191,7 +197,7 @@ def _proficiency(fm: Mapping[str, Any]) -> str | None:
     for key in _PROFICIENCY_KEYS:
         value = _text(fm.get(key))
         if value:
-            return value.upper() if _CEFR.match(value) else value.lower()
+            return normalize_proficiency(value)
     return None
 
 

@@ -127,6 +127,22 @@ class ParsedBook:
     def empty_documents(self) -> tuple[str, ...]:
         return tuple(d.source_file for d in self.documents if d.is_empty)
 
+    @property
+    def standing_errors(self) -> tuple[FileError, ...]:
+        """Errors of unchanged files, as recorded by the run that last saw them: a file that
+        stays broken keeps being reported, not only in the run that first found it."""
+        documents = self.inventory.state.documents
+        return tuple(
+            FileError(self.book_id, name, "parse", documents[name].error or "unknown error")
+            for name in self.inventory.changes.unchanged
+            if documents[name].status == "error"
+        )
+
+    @property
+    def standing_empty_documents(self) -> tuple[str, ...]:
+        documents = self.inventory.state.documents
+        return tuple(n for n in self.inventory.changes.unchanged if documents[n].status == "empty")
+
 
 def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
     """Parse the new and modified files; each bad file becomes an error, the rest goes on."""

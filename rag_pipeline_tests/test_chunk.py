@@ -239,3 +239,23 @@ def test_heading_only_document_is_one_chunk(hash_embedder):
         parse("# Only a title\n"), hash_embedder.tokenizer, budget_for(hash_embedder.tokenizer)
     )
     assert len(chunks) == 1
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["intro", "```", "a", "```", "after", "more"],  # the middle line closes a bare fence
+        ["intro", "```python", "a", "```", "after", "more"],
+        ["```", "a", "b", "c", "d", "```"],  # the cut falls inside the only fence
+        ["x", "y", "```", "a", "b", "```"],  # the cut falls on an opener
+        ["~~~", "a", "~~~", "```", "b", "```"],
+    ],
+)
+def test_halving_never_leaves_a_fence_open(lines, hash_embedder):
+    from rag_pipeline.chunk import _halve
+
+    halves = _halve("\n".join(lines), hash_embedder.tokenizer, room=1000)
+    assert len(halves) == 2
+    assert all(fences_balanced(h) for h in halves), halves
+    kept = [line for h in halves for line in h.split("\n")]
+    assert all(line in kept for line in lines)  # nothing dropped

@@ -108,6 +108,44 @@ def test_ingest_json_contract_and_incremental_rerun(cli, sample_books, engine):
     assert changed["points"] == changed["chunks"]
 
 
+NO_DAGSTER_PROBE = """
+import json, sys
+from click.testing import CliRunner
+from rag_pipeline.cli import main
+result = CliRunner().invoke(main, ["ingest", "--json"])
+print(json.dumps({"exit": result.exit_code, "dagster": "dagster" in sys.modules,
+                  "report": json.loads(result.stdout)}))
+"""
+
+
+def probe_ingest(cli) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_DAGSTER_PROBE],
+        env=cli.env,
+        cwd=cli.cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_no_change_ingest_answers_without_loading_dagster(cli, tmp_path):
+    cli("ingest")
+    probe = probe_ingest(cli)
+    assert probe["exit"] == 0 and not probe["dagster"]
+    books = probe["report"]["books"]
+    assert {b["status"] for b in books.values()} == {"unchanged"}
+    assert all(b["points"] == b["chunks"] > 0 for b in books.values())
+    # without the record of the instance's partitions (a new DAGSTER_HOME, say), it goes
+    # through Dagster, which adds the partitions again
+    (tmp_path / "dagster_home" / "rag_book_partitions.json").unlink()
+    probe = probe_ingest(cli)
+    assert probe["dagster"] and probe["exit"] == 0
+    assert (tmp_path / "dagster_home" / "rag_book_partitions.json").is_file()
+
+
 def test_ingest_named_book_and_dagster_records_runs(cli, tmp_path):
     report = cli.json("ingest", "--book", "ros2-fundamentals")
     assert list(report["books"]) == ["ros2-fundamentals"]

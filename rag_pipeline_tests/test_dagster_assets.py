@@ -158,6 +158,15 @@ def test_parse_errors_warn_with_file_names(settings, resources, instance, sample
     assert "broken.md" in check.metadata["files"].value
     assert "empty.md" in check.metadata["empty_files"].value
     assert check.metadata["errors"].value == 1
+    # the next run parses nothing new, but the files are still broken and empty: still reported
+    again = materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    )
+    check = next(c for c in again.get_asset_check_evaluations() if c.check_name == "parse_errors")
+    assert not check.passed
+    assert check.metadata["errors"].value == 1 and check.metadata["new_errors"].value == 0
+    assert "broken.md" in check.metadata["files"].value
+    assert "empty.md" in check.metadata["empty_files"].value
 
 
 def test_blocking_chunk_check_stops_publishing(settings, resources, instance, monkeypatch):

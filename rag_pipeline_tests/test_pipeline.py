@@ -319,3 +319,29 @@ def test_too_large_and_duplicate_files(env, write_book):
     assert len({pid for pid, p in points.items() if p["source_file"] == "copies/a-copy.md"}) == len(
         copies
     )
+
+
+def test_consistency_check_finds_a_duplicated_chunk(env, store):
+    import uuid
+
+    from rag_pipeline.store.base import PointRecord
+
+    env.run()
+    record = next(
+        iter(store.scroll(tenant_filter(BOOK, Match("record_type", CHUNK)), with_vectors=True))
+    )
+    # a second copy of a chunk under another id, as a writer with a broken id scheme would leave
+    store.upsert([PointRecord(str(uuid.uuid4()), dict(record.payload), dense=record.dense)])
+    report = check_index(store, BOOK)
+    assert not report.passed
+    assert any("duplicates the content" in d for d in report.duplicates), report.problems()
+
+
+def test_repeated_text_within_a_document_is_not_a_duplicate(store, data_dir, write_book, env):
+    repeated = section("Same", 2, 50, seed="r")
+    write_book(BOOK, {"twice.md": "---\ntitle: T\n---\n" + repeated + repeated + repeated})
+    env.run()
+    points = env.chunk_points()
+    hashes = [p["content_hash"] for p in points.values() if p["source_file"] == "twice.md"]
+    assert len(hashes) > len(set(hashes))  # the same text really is indexed more than once
+    assert check_index(store, BOOK).passed

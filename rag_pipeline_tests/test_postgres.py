@@ -160,6 +160,7 @@ def test_instance_configs_are_valid(tmp_path, monkeypatch):
     assert limits[0]["key"] == "dagster/partition" and limits[0]["limit"] == 1
     assert config.pool_config.default_pool_limit == 1
     assert instance.get_settings("telemetry")["enabled"] is False
+    assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
     text = (REPO / "deploy" / "dagster.postgres.yaml").read_text()
     assert "DAGSTER_PG_URL" in text and "QueuedRunCoordinator" in text
     assert Path(REPO / "docs" / "deploy.md").is_file()

@@ -16,7 +16,7 @@ from dagster import (
 
 from rag_pipeline.defs import sensors as sensors_module
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.defs.sensors import build_books_sensor
+from rag_pipeline.defs.sensors import build_books_sensor, read_cursor
 
 
 class Harness:
@@ -70,9 +70,10 @@ def test_new_books_get_partitions_and_one_run_each(harness, write_book):
     assert [r.partition_key for r in ingest_requests(result)] == ["alpha", "beta"]
     assert all(r.run_key.startswith(f"ingest:{r.partition_key}:") for r in result.run_requests)
     assert harness.partitions == ["alpha", "beta"]
-    cursor = json.loads(harness.cursor)
-    assert set(cursor) == {"alpha", "beta"}
-    assert all(len(v) == 2 for v in cursor.values())  # compact: two digests per book
+    books, seq = read_cursor(harness.cursor)
+    assert set(books) == {"alpha", "beta"}
+    assert all(len(v) == 2 for v in books.values())  # compact: two digests per book
+    assert seq == 2
 
 
 def test_unchanged_books_skip(harness, write_book):
@@ -127,22 +128,80 @@ def test_deleting_a_book_removes_its_partition_and_purges_through_a_run(
     assert len(purges) == 1
     assert purges[0].run_config == {"ops": {"purge_book_points": {"config": {"book_id": "beta"}}}}
     assert harness.partitions == ["alpha"]
-    assert "beta" not in json.loads(harness.cursor)
+    assert "beta" not in read_cursor(harness.cursor)[0]
 
 
-def test_a_book_that_returns_with_the_same_content_reuses_its_run_key(
-    harness, write_book, data_dir
-):
+def test_a_book_restored_after_its_purge_runs_again(harness, write_book, data_dir):
     import shutil
 
     write_book("alpha", {"a.md": "# A"})
-    first = harness.tick()
+    write_book("beta", {"b.md": "# B"})
+    first = ingest_requests(harness.tick())
     shutil.rmtree(data_dir / "alpha")
-    harness.tick()
+    assert harness.partitions == ["alpha", "beta"]
+    harness.tick()  # partition deleted, purge requested
+    assert harness.partitions == ["beta"]
     write_book("alpha", {"a.md": "# A"})
     again = ingest_requests(harness.tick())
-    # same digest, same run key: Dagster will not run it twice, and it does not need to
-    assert again[0].run_key == first.run_requests[0].run_key
+    # same content, but its points were purged: a run key Dagster has seen would be skipped
+    assert [r.partition_key for r in again] == ["alpha"]
+    assert again[0].run_key != first[0].run_key
+    assert harness.partitions == ["alpha", "beta"]
+
+
+def test_a_reverted_edit_runs_again(harness, write_book, data_dir):
+    write_book("alpha", {"a.md": "# A"})
+    keys = [harness.tick().run_requests[0].run_key]
+    for text in ("# A edited", "# A"):  # edit, then revert to the original bytes
+        (data_dir / "alpha" / "a.md").write_text(text)
+        bump_mtime(data_dir / "alpha" / "a.md")
+        keys.append(ingest_requests(harness.tick())[0].run_key)
+    assert len(set(keys)) == 3  # the index holds the edit: going back needs its own run
+
+
+def test_a_retried_tick_requests_the_same_run_keys(harness, write_book):
+    write_book("alpha", {"a.md": "# A"})
+    harness.tick()
+    write_book("beta", {"b.md": "# B"})
+    context = build_sensor_context(instance=harness.instance, cursor=harness.cursor)
+    first = harness.sensor(context)
+    sensors_module._stat_cache.clear()
+    second = harness.sensor(build_sensor_context(instance=harness.instance, cursor=harness.cursor))
+    # the daemon dedupes a tick that is evaluated twice from the same cursor by run key
+    assert [r.run_key for r in first.run_requests] == [r.run_key for r in second.run_requests]
+
+
+def test_a_missing_data_folder_purges_nothing(harness, write_book, data_dir):
+    import shutil
+
+    write_book("alpha", {"a.md": "# A"})
+    harness.tick()
+    cursor = harness.cursor
+    shutil.rmtree(data_dir)
+    result = harness.tick()
+    assert isinstance(result, SkipReason)
+    assert "missing" in result.skip_message
+    assert harness.partitions == ["alpha"] and harness.cursor == cursor
+
+
+def test_an_emptied_data_folder_purges_nothing(harness, write_book, data_dir):
+    import shutil
+
+    write_book("alpha", {"a.md": "# A"})
+    write_book("beta", {"b.md": "# B"})
+    harness.tick()
+    shutil.rmtree(data_dir / "alpha")
+    shutil.rmtree(data_dir / "beta")
+    result = harness.tick()
+    assert isinstance(result, SkipReason)
+    assert "refusing to purge all 2" in result.skip_message
+    assert harness.partitions == ["alpha", "beta"]
+
+
+def test_a_cursor_of_the_first_format_is_read():
+    books = {"alpha": ["s", "c"]}
+    assert read_cursor(json.dumps(books)) == (books, 0)
+    assert read_cursor(None) == ({}, 0)
 
 
 def test_unsafe_folder_names_are_refused(harness, write_book):
@@ -156,11 +215,11 @@ def test_unsafe_folder_names_are_refused(harness, write_book):
 def test_steady_state_ticks_hash_nothing(harness, write_book, data_dir):
     write_book("alpha", {f"f{i}.md": f"# {i}" for i in range(50)})
     harness.tick()
-    states, _ = sensors_module.scan_books(data_dir, json.loads(harness.cursor))
+    states, _ = sensors_module.scan_books(data_dir, read_cursor(harness.cursor)[0])
     assert states["alpha"].hashed == 0
     (data_dir / "alpha" / "f7.md").write_text("# changed")
     bump_mtime(data_dir / "alpha" / "f7.md")
-    states, _ = sensors_module.scan_books(data_dir, json.loads(harness.cursor))
+    states, _ = sensors_module.scan_books(data_dir, read_cursor(harness.cursor)[0])
     assert states["alpha"].hashed == 1  # only the file whose stat moved is read
 
 

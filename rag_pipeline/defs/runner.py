@@ -12,108 +12,42 @@ start-up time, and the embedded store costs a load on open. So this runner
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dagster import DagsterInstance, Definitions
 
-from rag_pipeline.changes import classify_files
 from rag_pipeline.chunk import ChunkBudget
-from rag_pipeline.config import ChunkingConfig, Settings, SourceConfig, load_settings
-from rag_pipeline.crawl import discover_books, discover_files, scan_book, validate_book_id
+from rag_pipeline.config import ChunkingConfig, Settings, ensure_dagster_home, load_settings
+from rag_pipeline.crawl import validate_book_id
 from rag_pipeline.defs.jobs import INGEST_JOB_NAME, PURGE_JOB_NAME, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.index import CHUNK, read_index_state
+from rag_pipeline.freshness import (
+    BookResult,
+    DataDirError,
+    IngestReport,
+    book_needs_run,
+    fill_from_index,
+    refusing_to_purge_all,
+    scan_data_dir,
+    write_partitions_marker,
+)
 from rag_pipeline.pipeline import index_signature
 from rag_pipeline.resources import BookSourceResource, EmbedderResource, QdrantStoreResource
 from rag_pipeline.sparse import Bm25Encoder
-from rag_pipeline.store import VectorStore, tenant_filter
-from rag_pipeline.store.filters import Match
 
-__all__ = ["BookResult", "IngestReport", "ensure_dagster_home", "ingest_books"]
+__all__ = [
+    "BookResult",
+    "DataDirError",
+    "IngestReport",
+    "ensure_dagster_home",
+    "ingest_books",
+]
 
 log = logging.getLogger(__name__)
 QUIET_RUN_CONFIG: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
-DEFAULT_DAGSTER_YAML = "telemetry:\n  enabled: false\n"
-
-
-def ensure_dagster_home(default: Path | str = ".dagster_home") -> Path:
-    """``DAGSTER_HOME`` (set to ``./.dagster_home`` when unset), with a dagster.yaml in it."""
-    home = Path(os.environ.get("DAGSTER_HOME") or Path(default).resolve())
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["DAGSTER_HOME"] = str(home)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        project_yaml = Path("dagster.yaml")
-        config.write_text(
-            project_yaml.read_text() if project_yaml.is_file() else DEFAULT_DAGSTER_YAML
-        )
-    return home
-
-
-@dataclass
-class BookResult:
-    book_id: str
-    status: str  # ingested | unchanged | failed | removed | missing
-    files: int = 0
-    errors: int = 0
-    chunks: int = 0
-    embedded: int = 0
-    points: int = 0
-    reused: int = 0
-    deleted: int = 0
-    files_new: int = 0
-    files_modified: int = 0
-    files_deleted: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
-    embed_seconds: float = 0.0
-    seconds: float = 0.0
-    run_id: str | None = None
-    error_messages: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "files": self.files,
-            "errors": self.errors,
-            "chunks": self.chunks,
-            "embedded": self.embedded,
-            "points": self.points,
-            "reused": self.reused,
-            "deleted": self.deleted,
-            "files_new": self.files_new,
-            "files_modified": self.files_modified,
-            "files_deleted": self.files_deleted,
-            "status": self.status,
-            "tokens": self.tokens,
-            "cost_usd": round(self.cost_usd, 6),
-            "embed_seconds": round(self.embed_seconds, 3),
-            "seconds": round(self.seconds, 3),
-            "run_id": self.run_id,
-            "error_messages": self.error_messages,
-        }
-
-
-@dataclass
-class IngestReport:
-    books: dict[str, BookResult] = field(default_factory=dict)
-    rejected: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not any(b.status in ("failed", "missing") for b in self.books.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "books": {k: v.as_dict() for k, v in self.books.items()},
-            "rejected_folders": self.rejected,
-            "seconds": round(self.seconds, 3),
-        }
 
 
 def ingest_books(
@@ -125,6 +59,7 @@ def ingest_books(
     instance: DagsterInstance | None = None,
     definitions: Definitions | None = None,
     purge_removed: bool = True,
+    dagster_home: Path | None = None,
 ) -> IngestReport:
     """Bring the index of the named books (default: every book folder) in step with the files."""
     from rag_pipeline.definitions import build_definitions
@@ -133,15 +68,15 @@ def ingest_books(
     settings = settings or load_settings()
     defs = definitions or build_definitions(settings, chunking)
     instance = instance or DagsterInstance.get()
-    scan = discover_books(defs.resources["books"].data_dir)  # type: ignore[attr-defined]
+    books_res: BookSourceResource = defs.resources["books"]  # type: ignore[assignment]
+    source = books_res.source()
+    scan = scan_data_dir(source)
     report = IngestReport(rejected=[str(e) for e in scan.rejected])
     on_disk = set(scan.book_ids)
     targets = [validate_book_id(b) for b in book_ids] if book_ids else list(scan.book_ids)
 
     qdrant: QdrantStoreResource = defs.resources["qdrant"]  # type: ignore[assignment]
     embedder_res: EmbedderResource = defs.resources["embedder"]  # type: ignore[assignment]
-    books_res: BookSourceResource = defs.resources["books"]  # type: ignore[assignment]
-    source = books_res.source()
     embedder = embedder_res.get()
     budget = ChunkBudget.for_tokenizer(books_res.chunking(), embedder.tokenizer)
     signature = index_signature(embedder, budget, Bm25Encoder())
@@ -157,6 +92,9 @@ def ingest_books(
         removed = []
         if purge_removed and not book_ids:
             removed = [b for b in store.book_ids() if b not in on_disk]
+            if removed and not on_disk:
+                report.warnings.append(refusing_to_purge_all(source, len(removed)))
+                removed = []
         for book_id in targets:
             if book_id not in on_disk:
                 if book_id in store.book_ids():
@@ -169,11 +107,13 @@ def ingest_books(
                     )
                 continue
             t0 = time.perf_counter()
-            if not force and not _has_work(source, book_id, store, signature, embedder.model_name):
+            if not force and not book_needs_run(
+                source, book_id, store, signature, embedder.model_name
+            ):
                 result = BookResult(book_id, "unchanged")
             else:
                 result = _run_book(ingest_job, instance, book_id)
-            _fill_from_index(result, source, store, book_id)
+            fill_from_index(result, source, store, book_id)
             result.seconds = time.perf_counter() - t0
             report.books[book_id] = result
         for book_id in removed:
@@ -195,17 +135,12 @@ def ingest_books(
                 result.error_messages.append(_failure_message(outcome))
             result.seconds = time.perf_counter() - t0
             report.books[book_id] = result
+    if dagster_home is not None:  # the instance is the one in DAGSTER_HOME
+        write_partitions_marker(
+            dagster_home, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+        )
     report.seconds = time.perf_counter() - started
     return report
-
-
-def _has_work(
-    source: SourceConfig, book_id: str, store: VectorStore, signature: str, model: str
-) -> bool:
-    files, _ = discover_files(source.data_dir, book_id, source.path_patterns)
-    state = read_index_state(store, book_id, embedding_model=model, documents_only=True)
-    changes = classify_files({f.source_file: f.sha256 for f in files}, state.documents, signature)
-    return changes.has_work
 
 
 def _run_book(job: Any, instance: DagsterInstance, book_id: str) -> BookResult:
@@ -243,18 +178,3 @@ def _failure_message(outcome: Any) -> str:
                     cause = cause.cause
                 return f"step {event.step_key} failed: {cause.message.strip()}"
     return "run failed"
-
-
-def _fill_from_index(
-    result: BookResult, source: SourceConfig, store: VectorStore, book_id: str
-) -> None:
-    """Totals after the run, read back from the index (what a reader will see)."""
-    files, crawl_errors = scan_book(source.data_dir, book_id)
-    state = read_index_state(store, book_id, documents_only=True)
-    result.files = len(files)
-    doc_errors = [d for d in state.documents.values() if d.status == "error"]
-    result.errors = len(crawl_errors) + len(doc_errors)
-    result.chunks = sum(d.total_chunks for d in state.documents.values())
-    result.points = store.count(tenant_filter(book_id, Match("record_type", CHUNK)))
-    result.error_messages.extend(str(e) for e in crawl_errors)
-    result.error_messages.extend(f"{book_id}/{d.source_file}: {d.error}" for d in doc_errors)

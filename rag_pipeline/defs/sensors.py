@@ -1,14 +1,19 @@
 """The books sensor: keeps book partitions and runs in step with the folders on disk.
 
 Each tick it stats every Markdown file (no reads), and hashes a file only when its stat differs
-from what the previous tick saw. The cursor stays compact, one entry per book:
-``[stat digest, content digest]``. Then:
+from what the previous tick saw. The cursor stays compact: one entry per book,
+``[stat digest, content digest]``, and a request counter. Then:
 
 * a new book folder      -> add its partition, request an ingest run;
-* a book whose content digest changed -> request an ingest run keyed by that digest, so an
-  unchanged book never gets a second run (a ``touch`` changes the stat digest, not the content);
+* a book whose content digest changed -> request an ingest run keyed by that digest and the
+  counter, so an unchanged book never gets a second run (a ``touch`` changes the stat digest,
+  not the content), while content that comes back (an edit reverted, a book restored after its
+  purge) is a new request and does run;
 * a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
   its points (the sensor never opens the store: runs hold its lock).
+
+A missing data folder, or one with no book left in it while books are known, purges nothing:
+that is far more often an unmounted volume than a decision to delete every book.
 """
 
 import hashlib
@@ -35,7 +40,7 @@ from rag_pipeline.crawl import discover_books, scan_book
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 
-__all__ = ["BookScanState", "build_books_sensor", "scan_books"]
+__all__ = ["BookScanState", "build_books_sensor", "read_cursor", "scan_books", "write_cursor"]
 
 # source_file -> (size, mtime_ns, sha256) per (data dir, book): lives as long as the code server
 # process, so steady-state ticks hash nothing; after a restart the first tick re-hashes.
@@ -90,6 +95,20 @@ def scan_books(
     return states, [str(e) for e in scan.rejected]
 
 
+def read_cursor(cursor: str | None) -> tuple[dict[str, list[str]], int]:
+    """(per-book ``[stat digest, content digest]``, request counter) from a cursor."""
+    if not cursor:
+        return {}, 0
+    data = json.loads(cursor)
+    if "books" in data and "seq" in data:
+        return data["books"], int(data["seq"])
+    return data, 0  # the first cursor format: the per-book map alone
+
+
+def write_cursor(books: Mapping[str, list[str]], seq: int) -> str:
+    return json.dumps({"books": books, "seq": seq}, sort_keys=True, separators=(",", ":"))
+
+
 def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30, name: str = "books_sensor"):
     """The sensor for books under ``data_dir`` (on by default under the daemon)."""
     root = Path(data_dir)
@@ -104,30 +123,39 @@ def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30, name: str 
     )
     def books_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         started = time.perf_counter()
-        previous: dict[str, list[str]] = json.loads(context.cursor) if context.cursor else {}
+        previous, seq = read_cursor(context.cursor)
+        if not root.is_dir():
+            return SkipReason(f"data folder {root} is missing; nothing scanned or purged")
         states, rejected = scan_books(root, previous)
         for refused in rejected:
             context.log.warning(f"refused book folder: {refused}")
         known = set(context.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
         new_books = sorted(b for b in states if b not in known)
         removed = sorted((known | set(previous)) - set(states))
+        if removed and not states:
+            return SkipReason(
+                f"no book folder under {root}: refusing to purge all {len(removed)} known books "
+                "at once (purge them one by one with `rag-pipeline ingest --book ID`)"
+            )
         run_requests: list[RunRequest] = []
         for book_id, state in sorted(states.items()):
             before = previous.get(book_id)
             if book_id in new_books or before is None or before[1] != state.content_digest:
+                seq += 1
                 run_requests.append(
                     RunRequest(
                         job_name=ingest_books_job.name,
                         partition_key=book_id,
-                        run_key=f"ingest:{book_id}:{state.content_digest}",
+                        run_key=f"ingest:{book_id}:{state.content_digest}:{seq}",
                         tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
                     )
                 )
         for book_id in removed:
+            seq += 1
             run_requests.append(
                 RunRequest(
                     job_name=purge_book_job.name,
-                    run_key=f"purge:{book_id}:{time.time_ns()}",
+                    run_key=f"purge:{book_id}:{seq}",
                     run_config=purge_run_config(book_id),
                     tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
                 )
@@ -138,10 +166,8 @@ def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30, name: str 
         gone = [b for b in removed if b in known]
         if gone:
             partition_requests.append(DeleteDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, gone))
-        cursor = json.dumps(
-            {b: [s.stat_digest, s.content_digest] for b, s in states.items()},
-            sort_keys=True,
-            separators=(",", ":"),
+        cursor = write_cursor(
+            {b: [s.stat_digest, s.content_digest] for b, s in states.items()}, seq
         )
         hashed = sum(s.hashed for s in states.values())
         context.log.info(

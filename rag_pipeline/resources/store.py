@@ -10,7 +10,7 @@ from pydantic import Field
 
 from rag_pipeline.config import load_settings
 from rag_pipeline.store import VectorStore, open_store
-from rag_pipeline.store.sharing import shared_store
+from rag_pipeline.store.sharing import shared_store, store_key
 
 __all__ = ["QdrantStoreResource"]
 
@@ -41,6 +41,6 @@ class QdrantStoreResource(ConfigurableResource):
             qdrant_api_key=self.api_key,
             qdrant_embedded=self.embedded,
         )
-        key = (self.collection, self.path, self.url, self.embedded)
+        key = store_key(self.collection, self.path, self.url, self.embedded)
         with shared_store(key, lambda: open_store(settings), self.busy_wait_s) as store:
             yield store

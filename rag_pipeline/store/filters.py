@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rag_pipeline.crawl import validate_book_id
+from rag_pipeline.models import normalize_proficiency
 
 __all__ = [
     "Condition",
@@ -99,7 +100,8 @@ class SearchFilters:
         if self.hardware_tier is not None:
             out.append(Range("hardware_tier", lte=self.hardware_tier))
         if self.proficiency_levels:
-            out.append(MatchAny("proficiency_level", tuple(self.proficiency_levels)))
+            levels = tuple(normalize_proficiency(v) for v in self.proficiency_levels)
+            out.append(MatchAny("proficiency_level", levels))
         for key, value in sorted(self.equals.items()):
             if key in ("book_id", "record_type"):
                 raise ValueError(f"{key} cannot be used as a free filter")

@@ -9,10 +9,15 @@ from contextlib import contextmanager
 
 from rag_pipeline.store.base import StoreBusyError, VectorStore
 
-__all__ = ["shared_store"]
+__all__ = ["shared_store", "store_key"]
 
 _lock = threading.Lock()
 _open: dict[Hashable, tuple[VectorStore, int]] = {}
+
+
+def store_key(collection: str, path: str, url: str | None, embedded: str) -> Hashable:
+    """What makes two store handles the same one (the CLI and the Dagster resource share it)."""
+    return ("store", collection, path, url or None, embedded)
 
 
 @contextmanager

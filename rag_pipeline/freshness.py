@@ -1,0 +1,196 @@
+"""Is a book's index up to date with its folder? The answer the ingest command needs first.
+
+Reads only document records and counts, never chunk payloads or vectors, so asking about every
+book of a corpus costs a fraction of a second. ``quick_report`` answers a whole ingest from the
+index alone when nothing needs a run, without loading Dagster (whose import and instance set-up
+cost several seconds); otherwise the Dagster runner takes over.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag_pipeline.changes import classify_files
+from rag_pipeline.config import SourceConfig
+from rag_pipeline.crawl import BookScan, discover_books, discover_files, scan_book
+from rag_pipeline.index import CHUNK, read_index_state
+from rag_pipeline.store import VectorStore, tenant_filter
+from rag_pipeline.store.filters import Match
+
+__all__ = [
+    "PARTITIONS_MARKER",
+    "BookResult",
+    "DataDirError",
+    "IngestReport",
+    "book_needs_run",
+    "fill_from_index",
+    "quick_report",
+    "read_partitions_marker",
+    "scan_data_dir",
+    "write_partitions_marker",
+]
+
+# The book partitions the Dagster instance in DAGSTER_HOME holds, as of the last ingest through
+# Dagster: a no-change ingest needs no partition added, so it can skip loading Dagster.
+PARTITIONS_MARKER = "rag_book_partitions.json"
+
+
+def read_partitions_marker(dagster_home: Path) -> frozenset[str] | None:
+    try:
+        return frozenset(json.loads((dagster_home / PARTITIONS_MARKER).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_partitions_marker(dagster_home: Path, partitions: Collection[str]) -> None:
+    (dagster_home / PARTITIONS_MARKER).write_text(json.dumps(sorted(partitions)))
+
+
+class DataDirError(ValueError):
+    """The data folder is missing: nothing can be told apart from "every book was removed"."""
+
+
+@dataclass
+class BookResult:
+    book_id: str
+    status: str  # ingested | unchanged | failed | removed | missing
+    files: int = 0
+    errors: int = 0
+    chunks: int = 0
+    embedded: int = 0
+    points: int = 0
+    reused: int = 0
+    deleted: int = 0
+    files_new: int = 0
+    files_modified: int = 0
+    files_deleted: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    embed_seconds: float = 0.0
+    seconds: float = 0.0
+    run_id: str | None = None
+    error_messages: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "errors": self.errors,
+            "chunks": self.chunks,
+            "embedded": self.embedded,
+            "points": self.points,
+            "reused": self.reused,
+            "deleted": self.deleted,
+            "files_new": self.files_new,
+            "files_modified": self.files_modified,
+            "files_deleted": self.files_deleted,
+            "status": self.status,
+            "tokens": self.tokens,
+            "cost_usd": round(self.cost_usd, 6),
+            "embed_seconds": round(self.embed_seconds, 3),
+            "seconds": round(self.seconds, 3),
+            "run_id": self.run_id,
+            "error_messages": self.error_messages,
+        }
+
+
+@dataclass
+class IngestReport:
+    books: dict[str, BookResult] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(b.status in ("failed", "missing") for b in self.books.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "books": {k: v.as_dict() for k, v in self.books.items()},
+            "rejected_folders": self.rejected,
+            "warnings": self.warnings,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def scan_data_dir(source: SourceConfig) -> BookScan:
+    """The book folders, or ``DataDirError`` when the data folder itself is missing."""
+    if not source.data_dir.is_dir():
+        # an unmounted volume or a typo must not read as "every book was removed"
+        raise DataDirError(
+            f"data folder {source.data_dir} does not exist or is not a folder (RAG_DATA_DIR); "
+            "nothing was ingested or purged"
+        )
+    return discover_books(source.data_dir)
+
+
+def book_needs_run(
+    source: SourceConfig, book_id: str, store: VectorStore, signature: str, model: str
+) -> bool:
+    """True unless every file, the chunker and the model match the book's document records
+    and the chunk points are exactly those the records promise."""
+    files, _ = discover_files(source.data_dir, book_id, source.path_patterns)
+    state = read_index_state(store, book_id, embedding_model=model, documents_only=True)
+    changes = classify_files({f.source_file: f.sha256 for f in files}, state.documents, signature)
+    if changes.has_work:
+        return True
+    # chunks a crashed run wrote without their document record (or lost ones) need a run too
+    promised = sum(d.total_chunks for d in state.documents.values())
+    return store.count(tenant_filter(book_id, Match("record_type", CHUNK))) != promised
+
+
+def fill_from_index(
+    result: BookResult, source: SourceConfig, store: VectorStore, book_id: str
+) -> None:
+    """Totals after the run, read back from the index (what a reader will see)."""
+    files, crawl_errors = scan_book(source.data_dir, book_id)
+    state = read_index_state(store, book_id, documents_only=True)
+    result.files = len(files)
+    doc_errors = [d for d in state.documents.values() if d.status == "error"]
+    result.errors = len(crawl_errors) + len(doc_errors)
+    result.chunks = sum(d.total_chunks for d in state.documents.values())
+    result.points = store.count(tenant_filter(book_id, Match("record_type", CHUNK)))
+    result.error_messages.extend(str(e) for e in crawl_errors)
+    result.error_messages.extend(f"{book_id}/{d.source_file}: {d.error}" for d in doc_errors)
+
+
+def quick_report(
+    source: SourceConfig,
+    store: VectorStore,
+    book_ids: Sequence[str] | None,
+    signature: str,
+    model: str,
+    known_partitions: Collection[str],
+) -> IngestReport | None:
+    """The ingest report when no book needs a run, nothing is to be purged and every book
+    already has its Dagster partition; ``None`` when the Dagster runner has work to do."""
+    scan = scan_data_dir(source)
+    on_disk = set(scan.book_ids)
+    targets = list(book_ids) if book_ids else list(scan.book_ids)
+    if any(b not in on_disk or b not in known_partitions for b in targets):
+        return None  # a missing or removed book, or a partition to add: the runner decides
+    report = IngestReport(rejected=[str(e) for e in scan.rejected])
+    if not book_ids:
+        removed = [b for b in store.book_ids() if b not in on_disk]
+        if removed and on_disk:
+            return None
+        if removed:
+            report.warnings.append(refusing_to_purge_all(source, len(removed)))
+    for book_id in targets:
+        if book_needs_run(source, book_id, store, signature, model):
+            return None
+        result = BookResult(book_id, "unchanged")
+        fill_from_index(result, source, store, book_id)
+        report.books[book_id] = result
+    return report
+
+
+def refusing_to_purge_all(source: SourceConfig, count: int) -> str:
+    return (
+        f"no book folder under {source.data_dir}: refusing to purge all {count} indexed books "
+        "at once; purge books one by one with `rag-pipeline ingest --book ID`"
+    )
