@@ -1,12 +1,13 @@
 """Incremental runs on a fully indexed corpus, and a sensor tick over many unchanged files.
 
-    python bench/ingest.py                 # builds .rag/bench/ingest-client first
+    python bench/ingest.py --engine edge   # builds .rag/bench/ingest-edge first
     python bench/incremental.py [--engine client|edge] [--files-for-sensor 5000]
 
 Copies the corpus (so it can be edited) and the index that bench/ingest.py built, then times
-`rag-pipeline ingest --json` end to end, as a user runs it, for: no change; one section of one
-file rewritten; one file deleted. Then generates a tree of N small files and times a sensor tick
-when nothing changed (after one tick that has seen them).
+`rag-pipeline ingest --json` end to end, as a user runs it, for: no change (median of three,
+after one settling re-run); one section of one file rewritten; one file deleted. Then
+generates a tree of N small files and times a sensor tick when nothing changed (after one tick
+that has seen them).
 """
 
 from __future__ import annotations
@@ -152,8 +153,15 @@ def main() -> None:
     env.pop("RAG_QDRANT_URL", None)
     figures: dict = {"engine": args.engine}
 
+    # The copied index and instance may come from an older build (no partition record yet): the
+    # first re-run settles that through Dagster; the steady state is what a user sees after.
     report, wall = ingest(env, workdir)
-    figures["no_change"] = {"wall_s": round(wall, 2), **totals(report)}
+    figures["first_rerun_after_copy"] = {"wall_s": round(wall, 2), **totals(report)}
+    walls = []
+    for _ in range(3):
+        report, wall = ingest(env, workdir)
+        walls.append(round(wall, 2))
+    figures["no_change"] = {"wall_s": sorted(walls)[1], "walls_s": walls, **totals(report)}
 
     book, rel = EDIT_FILE.split("/", 1)
     heading = rewrite_section(workdir / "books" / EDIT_FILE)

@@ -107,11 +107,19 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool) -> None:
         targets = [validate_book_id(b) for b in books] or None
         # one store handle for the whole command: the Dagster resources reuse it
         with shared_store(key, lambda: open_store(settings), settings.busy_wait_s) as store:
-            report = None if force else _quick_ingest_report(settings, store, targets, home)
-            if report is None:
+            check = None if force else _quick_check(settings, store, targets, home)
+            if check is not None and check.report is not None:
+                report = check.report
+            else:
                 from rag_pipeline.defs.runner import ingest_books
 
-                report = ingest_books(targets, force=force, settings=settings, dagster_home=home)
+                report = ingest_books(
+                    targets,
+                    force=force,
+                    settings=settings,
+                    dagster_home=home,
+                    unchanged=check.unchanged if check else None,
+                )
     except (InvalidBookIdError, DataDirError, StoreError, EmbedError) as exc:
         fail(str(exc))
     if as_json:
@@ -122,25 +130,20 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool) -> None:
         sys.exit(1)
 
 
-def _quick_ingest_report(settings: Settings, store: Any, targets: Any, home: Path) -> Any:
-    """The report of an ingest with nothing to do, answered without loading Dagster; ``None``
-    when a run, a purge or a new partition is needed (or the partitions are not known)."""
-    import time
-
-    from rag_pipeline.freshness import quick_report, read_partitions_marker
+def _quick_check(settings: Settings, store: Any, targets: Any, home: Path) -> Any:
+    """What the index alone says (``rag_pipeline.freshness.quick_check``): the whole report
+    when nothing needs Dagster, else the books that need no run. ``None`` when the instance's
+    partitions are not known (a new DAGSTER_HOME): then Dagster decides everything."""
+    from rag_pipeline.freshness import quick_check, read_partitions_marker
     from rag_pipeline.pipeline import default_budget, index_signature
     from rag_pipeline.sparse import Bm25Encoder
 
-    started = time.perf_counter()
     known = read_partitions_marker(home)
     if known is None:
         return None
     embedder = make_embedder(settings)
     signature = index_signature(embedder, default_budget(embedder), Bm25Encoder())
-    report = quick_report(settings.source(), store, targets, signature, embedder.model_name, known)
-    if report is not None:
-        report.seconds = time.perf_counter() - started
-    return report
+    return quick_check(settings.source(), store, targets, signature, embedder.model_name, known)
 
 
 def _print_ingest(report: Any) -> None:

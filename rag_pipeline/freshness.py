@@ -1,7 +1,7 @@
 """Is a book's index up to date with its folder? The answer the ingest command needs first.
 
 Reads only document records and counts, never chunk payloads or vectors, so asking about every
-book of a corpus costs a fraction of a second. ``quick_report`` answers a whole ingest from the
+book of a corpus costs a fraction of a second. ``quick_check`` answers a whole ingest from the
 index alone when nothing needs a run, without loading Dagster (whose import and instance set-up
 cost several seconds); otherwise the Dagster runner takes over.
 """
@@ -9,6 +9,7 @@ cost several seconds); otherwise the Dagster runner takes over.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +27,10 @@ __all__ = [
     "BookResult",
     "DataDirError",
     "IngestReport",
+    "QuickCheck",
     "book_needs_run",
     "fill_from_index",
-    "quick_report",
+    "quick_check",
     "read_partitions_marker",
     "scan_data_dir",
     "write_partitions_marker",
@@ -158,35 +160,59 @@ def fill_from_index(
     result.error_messages.extend(f"{book_id}/{d.source_file}: {d.error}" for d in doc_errors)
 
 
-def quick_report(
+@dataclass
+class QuickCheck:
+    """What the index alone says about an ingest: the books that need no run (their results
+    read back from the index), and the whole report when nothing needs Dagster."""
+
+    unchanged: dict[str, BookResult] = field(default_factory=dict)
+    report: IngestReport | None = None
+
+
+def quick_check(
     source: SourceConfig,
     store: VectorStore,
     book_ids: Sequence[str] | None,
     signature: str,
     model: str,
     known_partitions: Collection[str],
-) -> IngestReport | None:
-    """The ingest report when no book needs a run, nothing is to be purged and every book
-    already has its Dagster partition; ``None`` when the Dagster runner has work to do."""
+) -> QuickCheck:
+    """Check every target book against the index. ``report`` is set when no book needs a run,
+    nothing is to be purged and every book already has its Dagster partition; otherwise the
+    Dagster runner takes over and reuses ``unchanged`` instead of checking those books again."""
+    started = time.perf_counter()
     scan = scan_data_dir(source)
     on_disk = set(scan.book_ids)
     targets = list(book_ids) if book_ids else list(scan.book_ids)
-    if any(b not in on_disk or b not in known_partitions for b in targets):
-        return None  # a missing or removed book, or a partition to add: the runner decides
-    report = IngestReport(rejected=[str(e) for e in scan.rejected])
+    check = QuickCheck()
+    # a missing or removed book, or a partition to add: the runner decides
+    complete = all(b in on_disk and b in known_partitions for b in targets)
+    warnings = []
     if not book_ids:
         removed = [b for b in store.book_ids() if b not in on_disk]
         if removed and on_disk:
-            return None
-        if removed:
-            report.warnings.append(refusing_to_purge_all(source, len(removed)))
+            complete = False
+        elif removed:
+            warnings.append(refusing_to_purge_all(source, len(removed)))
     for book_id in targets:
+        if book_id not in on_disk:
+            continue
+        t0 = time.perf_counter()
         if book_needs_run(source, book_id, store, signature, model):
-            return None
+            complete = False
+            continue
         result = BookResult(book_id, "unchanged")
         fill_from_index(result, source, store, book_id)
-        report.books[book_id] = result
-    return report
+        result.seconds = time.perf_counter() - t0
+        check.unchanged[book_id] = result
+    if complete:
+        check.report = IngestReport(
+            books={b: check.unchanged[b] for b in targets},
+            rejected=[str(e) for e in scan.rejected],
+            warnings=warnings,
+            seconds=time.perf_counter() - started,
+        )
+    return check
 
 
 def refusing_to_purge_all(source: SourceConfig, count: int) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,12 @@ def ingest_books(
     definitions: Definitions | None = None,
     purge_removed: bool = True,
     dagster_home: Path | None = None,
+    unchanged: Mapping[str, BookResult] | None = None,
 ) -> IngestReport:
-    """Bring the index of the named books (default: every book folder) in step with the files."""
+    """Bring the index of the named books (default: every book folder) in step with the files.
+
+    ``unchanged`` holds books the caller has just found up to date (``freshness.quick_check``
+    in the same process, same store handle); they are not checked again."""
     from rag_pipeline.definitions import build_definitions
 
     started = time.perf_counter()
@@ -105,6 +109,9 @@ def ingest_books(
                         "missing",
                         error_messages=[f"no book folder {book_id!r} under {source.data_dir}"],
                     )
+                continue
+            if not force and unchanged and book_id in unchanged:
+                report.books[book_id] = unchanged[book_id]  # checked just before, in process
                 continue
             t0 = time.perf_counter()
             if not force and not book_needs_run(
