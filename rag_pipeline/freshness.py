@@ -32,6 +32,7 @@ __all__ = [
     "fill_from_index",
     "quick_check",
     "read_partitions_marker",
+    "refusing_to_purge_all",
     "scan_data_dir",
     "write_partitions_marker",
 ]
