@@ -4,7 +4,9 @@ The body is parsed with markdown-it-py into top-level blocks (headings, paragrap
 fenced code, tables, HTML/JSX). Blocks are packed greedily into chunks:
 
 * a heading of level <= ``split_level`` starts a new chunk once the current one holds at least
-  ``min_tokens`` (smaller sections are merged into the next one instead of standing alone);
+  ``min_tokens``; a smaller section merges into the next one when that one then fits whole,
+  else it joins the chunk before it (or stands alone), so that an edit to it never moves the
+  split points of a neighbouring section;
 * a chunk grows up to ``target_tokens`` and never past the hard limit, which is the smaller of
   ``max_tokens`` and the embedder's input length, counted with the embedder's own tokenizer on
   exactly the text it embeds (title and section path included);
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 #: bump when the way text is cut changes, so every file is re-chunked on the next run
-CHUNKER_VERSION = "1"
+CHUNKER_VERSION = "2"
 # Block structure is all the chunker needs; skipping inline parsing halves the parse time.
 _md = MarkdownIt("commonmark").enable("table").disable(["inline", "text_join"])
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
@@ -166,6 +168,31 @@ def _pack(
     # True while the current chunk continues a section that was split: its tail must not merge
     # into the next section, or an edit would shift every chunk boundary after it.
     continuation = False
+    # Tokens of each section (from its heading to the next heading that splits), by the index
+    # of its heading: a small section merges forward only into a section that then fits whole.
+    section_tokens: dict[int, int] = {}
+    opened: int | None = None
+    for index, block in enumerate(blocks):
+        if block.kind == "heading" and block.level <= budget.split_level:
+            opened = index
+            section_tokens[index] = 0
+        if opened is not None:
+            section_tokens[opened] += block.tokens
+
+    def join_small_last() -> None:
+        """The last piece, when small, joins the one before it if both fit in the target."""
+        last = pieces[-1] if pieces else None
+        if len(pieces) >= 2 and last.tokens < budget.minimum and not last.starts_with_overlap:
+            prev = pieces[-2]
+            if prev.tokens + last.tokens <= room(prev.section_title)[0]:
+                pieces[-2:] = [
+                    _Piece(
+                        prev.text + "\n\n" + last.text,
+                        prev.section_title,
+                        prev.tokens + last.tokens,
+                        prev.starts_with_overlap,
+                    )
+                ]
 
     def flush(with_overlap: bool) -> None:
         nonlocal current, current_tokens
@@ -176,17 +203,19 @@ def _pack(
         current = [tail] if tail else []
         current_tokens = tail.tokens if tail else 0
 
-    for block in blocks:
+    for index, block in enumerate(blocks):
         if block.kind == "heading":
             while stack and stack[-1][0] >= block.level:
                 stack.pop()
             stack.append((block.level, block.title))
-            if (
-                block.level <= budget.split_level
-                and _has_content(current)
-                and (current_tokens >= budget.minimum or continuation)
-            ):
-                flush(with_overlap=False)
+            if block.level <= budget.split_level and _has_content(current):
+                if current_tokens >= budget.minimum or continuation:
+                    flush(with_overlap=False)
+                elif current_tokens + section_tokens[index] > room(current_section)[0]:
+                    # Merged into a section that gets split, a small section's length would
+                    # move every split point of that section: an edit would re-embed it all.
+                    flush(with_overlap=False)
+                    join_small_last()
             if block.level <= budget.split_level and not _has_content(current):
                 continuation = False
         section = _section_title(title, stack)
@@ -222,18 +251,7 @@ def _pack(
     if any(b.kind != "overlap" for b in current):
         flush(with_overlap=False)
     # A small last section joins the chunk before it when both fit in the target.
-    last = pieces[-1] if pieces else None
-    if len(pieces) >= 2 and last.tokens < budget.minimum and not last.starts_with_overlap:
-        prev = pieces[-2]
-        if prev.tokens + last.tokens <= room(prev.section_title)[0]:
-            pieces[-2:] = [
-                _Piece(
-                    prev.text + "\n\n" + last.text,
-                    prev.section_title,
-                    prev.tokens + last.tokens,
-                    prev.starts_with_overlap,
-                )
-            ]
+    join_small_last()
     return pieces
 
 

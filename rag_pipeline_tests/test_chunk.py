@@ -259,3 +259,26 @@ def test_halving_never_leaves_a_fence_open(lines, hash_embedder):
     assert all(fences_balanced(h) for h in halves), halves
     kept = [line for h in halves for line in h.split("\n")]
     assert all(line in kept for line in lines)  # nothing dropped
+
+
+@pytest.mark.parametrize("edit", ["shorter", "longer"])
+def test_editing_a_small_section_leaves_the_next_sections_chunks_alone(hash_embedder, edit):
+    """A small section before one that gets split must not shift that section's split points."""
+    budget = budget_for(hash_embedder.tokenizer, target_tokens=120, max_tokens=150)
+    big = section("Big", 6, 40, seed="g")
+    after = section("After", 4, 40, seed="a")
+
+    def chunk(small_words: int) -> list:
+        small = "## Small\n\n" + " ".join(f"small{i}" for i in range(small_words)) + ".\n"
+        return chunk_document(
+            parse(small + big + after, title="T"), hash_embedder.tokenizer, budget
+        )
+
+    before = chunk(30)
+    edited = chunk(15 if edit == "shorter" else 45)
+    known = {c.content_hash for c in before}
+    changed = [c for c in edited if c.content_hash not in known]
+    assert len(changed) == 1 and "## Small" in changed[0].text
+    assert [c.text for c in before if "## Small" not in c.text] == [
+        c.text for c in edited if "## Small" not in c.text
+    ]
