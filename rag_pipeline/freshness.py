@@ -18,7 +18,8 @@ from typing import Any
 from rag_pipeline.changes import classify_files
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.crawl import BookScan, discover_books, discover_files, scan_book
-from rag_pipeline.index import CHUNK, read_index_state
+from rag_pipeline.index import CHUNK, IndexState, read_index_state
+from rag_pipeline.models import FileError
 from rag_pipeline.store import VectorStore, tenant_filter
 from rag_pipeline.store.filters import Match
 
@@ -28,7 +29,7 @@ __all__ = [
     "DataDirError",
     "IngestReport",
     "QuickCheck",
-    "book_needs_run",
+    "assess_book",
     "fill_from_index",
     "quick_check",
     "read_partitions_marker",
@@ -131,19 +132,26 @@ def scan_data_dir(source: SourceConfig) -> BookScan:
     return discover_books(source.data_dir)
 
 
-def book_needs_run(
+def assess_book(
     source: SourceConfig, book_id: str, store: VectorStore, signature: str, model: str
-) -> bool:
-    """True unless every file, the chunker and the model match the book's document records
-    and the chunk points are exactly those the records promise."""
-    files, _ = discover_files(source.data_dir, book_id, source.path_patterns)
+) -> BookResult | None:
+    """The book's result read from the index when it needs no run, else ``None``.
+
+    No run is needed when every file, the chunker and the model match the book's document
+    records and the chunk points are exactly those the records promise (chunks a crashed run
+    wrote without their record, or lost ones, need a run). One read of the records serves both
+    the decision and the totals."""
+    files, crawl_errors = discover_files(source.data_dir, book_id, source.path_patterns)
     state = read_index_state(store, book_id, embedding_model=model, documents_only=True)
     changes = classify_files({f.source_file: f.sha256 for f in files}, state.documents, signature)
     if changes.has_work:
-        return True
-    # chunks a crashed run wrote without their document record (or lost ones) need a run too
-    promised = sum(d.total_chunks for d in state.documents.values())
-    return store.count(tenant_filter(book_id, Match("record_type", CHUNK))) != promised
+        return None
+    points = store.count(tenant_filter(book_id, Match("record_type", CHUNK)))
+    if points != sum(d.total_chunks for d in state.documents.values()):
+        return None
+    result = BookResult(book_id, "unchanged")
+    _set_totals(result, len(files), crawl_errors, state, points)
+    return result
 
 
 def fill_from_index(
@@ -152,13 +160,24 @@ def fill_from_index(
     """Totals after the run, read back from the index (what a reader will see)."""
     files, crawl_errors = scan_book(source.data_dir, book_id)
     state = read_index_state(store, book_id, documents_only=True)
-    result.files = len(files)
+    points = store.count(tenant_filter(book_id, Match("record_type", CHUNK)))
+    _set_totals(result, len(files), crawl_errors, state, points)
+
+
+def _set_totals(
+    result: BookResult,
+    files: int,
+    crawl_errors: Sequence[FileError],
+    state: IndexState,
+    points: int,
+) -> None:
     doc_errors = [d for d in state.documents.values() if d.status == "error"]
+    result.files = files
     result.errors = len(crawl_errors) + len(doc_errors)
     result.chunks = sum(d.total_chunks for d in state.documents.values())
-    result.points = store.count(tenant_filter(book_id, Match("record_type", CHUNK)))
+    result.points = points
     result.error_messages.extend(str(e) for e in crawl_errors)
-    result.error_messages.extend(f"{book_id}/{d.source_file}: {d.error}" for d in doc_errors)
+    result.error_messages.extend(f"{result.book_id}/{d.source_file}: {d.error}" for d in doc_errors)
 
 
 @dataclass
@@ -199,11 +218,10 @@ def quick_check(
         if book_id not in on_disk:
             continue
         t0 = time.perf_counter()
-        if book_needs_run(source, book_id, store, signature, model):
+        result = assess_book(source, book_id, store, signature, model)
+        if result is None:
             complete = False
             continue
-        result = BookResult(book_id, "unchanged")
-        fill_from_index(result, source, store, book_id)
         result.seconds = time.perf_counter() - t0
         check.unchanged[book_id] = result
     if complete:

@@ -28,7 +28,7 @@ from rag_pipeline.freshness import (
     BookResult,
     DataDirError,
     IngestReport,
-    book_needs_run,
+    assess_book,
     fill_from_index,
     refusing_to_purge_all,
     scan_data_dir,
@@ -114,13 +114,16 @@ def ingest_books(
                 report.books[book_id] = unchanged[book_id]  # checked just before, in process
                 continue
             t0 = time.perf_counter()
-            if not force and not book_needs_run(
-                source, book_id, store, signature, embedder.model_name
-            ):
-                result = BookResult(book_id, "unchanged")
+            assessed = (
+                None
+                if force
+                else assess_book(source, book_id, store, signature, embedder.model_name)
+            )
+            if assessed is not None:
+                result = assessed
             else:
                 result = _run_book(ingest_job, instance, book_id)
-            fill_from_index(result, source, store, book_id)
+                fill_from_index(result, source, store, book_id)
             result.seconds = time.perf_counter() - t0
             report.books[book_id] = result
         for book_id in removed:
