@@ -1,8 +1,11 @@
-"""``rag-pipeline``: ingest books through Dagster, search them, walk lineage, evaluate.
+"""``rag-pipeline``: plan and ingest books through Dagster, search them, walk lineage, evaluate.
 
 Every command reads the same environment as the Dagster code location (README: Configuration).
 ``--json`` output is a stable contract documented in the README; human output uses tables.
 Dagster is imported only by the commands that run it, so searches start fast.
+
+No command prints a Python traceback: bad input and bad settings exit 2 with a message naming
+what is wrong, failed work exits 1 (``-v`` adds the traceback of an unexpected error).
 """
 
 from __future__ import annotations
@@ -10,17 +13,25 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from rag_pipeline import __version__
-from rag_pipeline.config import Settings, load_settings
+from rag_pipeline.config import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from rag_pipeline.ingest.plan import IngestPlan
+    from rag_pipeline.ingest.recipe import IndexRecipe
+    from rag_pipeline.ingest.report import IngestReport
+    from rag_pipeline.retrieve.search import Hit, SearchMode
+    from rag_pipeline.store import VectorStore
 
 __all__ = ["main"]
 
@@ -30,7 +41,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
     sys.exit(code)
 
 
@@ -38,48 +49,72 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
-@contextmanager
-def opened_store(settings: Settings) -> Iterator[Any]:
-    """The configured store; a busy embedded store is waited for. Store and embedder failures
-    inside the block end the command with their message, not a traceback."""
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that are the input's or the environment's fault: exit 2 with their message."""
     from rag_pipeline.embed import EmbedError
-    from rag_pipeline.store import StoreError, open_store
-    from rag_pipeline.store.sharing import shared_store
+    from rag_pipeline.ingest.crawl import DataDirError
+    from rag_pipeline.models import InvalidBookIdError
+    from rag_pipeline.store import StoreError
 
-    key = ("cli", settings.collection, settings.qdrant_path, settings.qdrant_url)
-    try:
-        with shared_store(key, lambda: open_store(settings), settings.busy_wait_s) as store:
-            yield store
-    except (StoreError, EmbedError) as exc:
-        fail(str(exc))
+    return (SettingsError, InvalidBookIdError, DataDirError, StoreError, EmbedError)
 
 
-def make_embedder(settings: Settings):  # type: ignore[no-untyped-def]
-    from rag_pipeline.embed import EmbedError, create_embedder
+class _Commands(click.Group):
+    """Turns every exception into a message and an exit code, never a traceback."""
 
-    try:
-        return create_embedder(settings)
-    except EmbedError as exc:
-        fail(str(exc))
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+        except Exception as exc:
+            if isinstance(exc, _user_errors()):
+                fail(str(exc), 2)
+            if ctx.obj and ctx.obj.get("verbose"):
+                traceback.print_exc()
+            fail(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)", 1)
 
 
 def _settings() -> Settings:
-    try:
-        return load_settings()
-    except Exception as exc:  # pydantic validation errors name the variable
-        fail(f"invalid configuration: {exc}")
+    return load_settings()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@contextmanager
+def opened_store(settings: Settings) -> Iterator[VectorStore]:
+    """The configured store, for the time of one read (an embedded folder is locked while
+    open: a busy one is waited for up to RAG_BUSY_WAIT_S)."""
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store import open_store
+    from rag_pipeline.store.sharing import shared_store, store_key
+
+    config = settings.store()
+    with shared_store(store_key(config), lambda: open_store(config, COLLECTION_SCHEMA)) as store:
+        yield store
+
+
+def build_recipe(settings: Settings) -> IndexRecipe:
+    from rag_pipeline.embed import create_embedder
+    from rag_pipeline.ingest.recipe import IndexRecipe
+
+    return IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rag-pipeline")
 @click.option("-v", "--verbose", is_flag=True, help="log progress to stderr")
-def main(verbose: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """Markdown books -> Dagster assets -> Qdrant; tenant-safe retrieval on top."""
+    ctx.obj = {"verbose": verbose}
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         stream=sys.stderr,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    # progress of long steps (embedding) is worth seeing without -v
+    logging.getLogger("rag_pipeline.progress").setLevel(logging.INFO)
 
 
 # -- ingest / plan ----------------------------------------------------------------------------
@@ -88,40 +123,42 @@ def main(verbose: bool) -> None:
 @main.command()
 @click.option("--book", "books", multiple=True, help="book id (folder name); repeatable")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-@click.option("--force", is_flag=True, help="run books even when nothing changed")
-def ingest(books: tuple[str, ...], as_json: bool, force: bool) -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="rebuild the books whatever the index says: every file is "
+    "read again and every chunk embedded again",
+)
+@click.option(
+    "--rebuild",
+    is_flag=True,
+    help="set the whole collection aside (an embedded folder is renamed, a server collection "
+    "deleted) and ingest every book into a new one: for a damaged store",
+)
+def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) -> None:
     """Materialize the ingestion assets through Dagster for every book (or the named ones)."""
     from rag_pipeline.config import ensure_dagster_home
-    from rag_pipeline.crawl import InvalidBookIdError, validate_book_id
-    from rag_pipeline.embed import EmbedError
-    from rag_pipeline.freshness import DataDirError
-    from rag_pipeline.store import StoreError, open_store
-    from rag_pipeline.store.sharing import shared_store, store_key
+    from rag_pipeline.defs.partition_marker import read_partitions_marker
+    from rag_pipeline.ingest.plan import plan_ingest
 
     settings = _settings()
     home = ensure_dagster_home()
-    key = store_key(
-        settings.collection, settings.qdrant_path, settings.qdrant_url, settings.qdrant_embedded
-    )
-    try:
-        targets = [validate_book_id(b) for b in books] or None
-        # one store handle for the whole command: the Dagster resources reuse it
-        with shared_store(key, lambda: open_store(settings), settings.busy_wait_s) as store:
-            check = None if force else _quick_check(settings, store, targets, home)
-            if check is not None and check.report is not None:
-                report = check.report
-            else:
-                from rag_pipeline.defs.runner import ingest_books
+    if rebuild:
+        if books:
+            fail("--rebuild rebuilds the whole collection; it takes no --book")
+        from rag_pipeline.store import set_aside
 
-                report = ingest_books(
-                    targets,
-                    force=force,
-                    settings=settings,
-                    dagster_home=home,
-                    unchanged=check.unchanged if check else None,
-                )
-    except (InvalidBookIdError, DataDirError, StoreError, EmbedError) as exc:
-        fail(str(exc))
+        moved = set_aside(settings.store())
+        err.print(f"[yellow]set aside[/] {moved}", highlight=False)
+    recipe = build_recipe(settings)
+    with opened_store(settings) as store:  # released before any run: runs open it per step
+        plan = plan_ingest(settings.source(), store, recipe, list(books) or None, force=force)
+    known = read_partitions_marker(home)
+    on_disk = [b for b, p in plan.books.items() if p.action in ("run", "unchanged")]
+    if not plan.needs_runs and known is not None and set(on_disk) <= known:
+        report = plan.report()  # nothing to run: answered without loading Dagster
+    else:
+        report = _execute(plan, settings, recipe, home)
     if as_json:
         emit_json(report.as_dict())
     else:
@@ -130,36 +167,27 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool) -> None:
         sys.exit(1)
 
 
-def _quick_check(settings: Settings, store: Any, targets: Any, home: Path) -> Any:
-    """What the index alone says (``rag_pipeline.freshness.quick_check``): the whole report
-    when nothing needs Dagster, else the books that need no run. ``None`` when the instance's
-    partitions are not known (a new DAGSTER_HOME): then Dagster decides everything."""
-    from rag_pipeline.freshness import quick_check, read_partitions_marker
-    from rag_pipeline.pipeline import default_budget, index_signature
-    from rag_pipeline.sparse import Bm25Encoder
+def _execute(plan: IngestPlan, settings: Settings, recipe: IndexRecipe, home: Path) -> IngestReport:
+    from rag_pipeline.defs.runner import IngestResources, execute_plan
+    from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
 
-    known = read_partitions_marker(home)
-    if known is None:
-        return None
-    embedder = make_embedder(settings)
-    signature = index_signature(embedder, default_budget(embedder), Bm25Encoder())
-    return quick_check(settings.source(), store, targets, signature, embedder.model_name, known)
+    resources = IngestResources(
+        BooksResource.from_settings(settings),
+        QdrantStoreResource.from_settings(settings),
+        IndexRecipeResource.from_settings(settings, recipe),
+    )
+    return execute_plan(
+        plan,
+        resources,
+        dagster_home=home,
+        notify=lambda m: err.print(f"[yellow]note[/] {m}", highlight=False),
+    )
 
 
-def _print_ingest(report: Any) -> None:
+def _print_ingest(report: IngestReport) -> None:
     table = Table(title="Ingest summary", title_justify="left")
-    for column in (
-        "book",
-        "status",
-        "files",
-        "errors",
-        "chunks",
-        "embedded",
-        "reused",
-        "deleted",
-        "points",
-        "seconds",
-    ):
+    columns = ("book", "status", "files", "errors", "chunks", "embedded", "reused", "deleted")
+    for column in (*columns, "points", "seconds"):
         table.add_column(column, justify="left" if column in ("book", "status") else "right")
     for book_id, r in report.books.items():
         style = {"failed": "red", "missing": "red", "unchanged": "dim"}.get(r.status, "")
@@ -177,75 +205,92 @@ def _print_ingest(report: Any) -> None:
         )
     out.print(table)
     for book_id, r in report.books.items():
+        if r.status == "unchanged" and r.chunks:
+            continue
+        for reason in r.reasons:
+            err.print(f"[cyan]{book_id}[/]: {reason}", highlight=False)
+    for book_id, r in report.books.items():
         for message in r.error_messages:
             err.print(f"[yellow]{book_id}[/]: {message}", highlight=False)
+        for warning in r.warnings:
+            err.print(f"[yellow]{book_id}[/] warning: {warning}", highlight=False)
     for rejected in report.rejected:
         err.print(f"[yellow]skipped folder[/] {rejected}", highlight=False)
     for warning in report.warnings:
         err.print(f"[yellow]warning[/] {warning}", highlight=False)
+    unchanged = [r for r in report.books.values() if r.status == "unchanged"]
+    if unchanged:
+        held = sum(r.chunks for r in unchanged)
+        out.print(f"{len(unchanged)} books unchanged: {held} chunks already indexed, 0 embedded")
     out.print(f"done in {report.seconds:.1f}s")
 
 
 @main.command()
 @click.option("--book", "books", multiple=True, help="book id; repeatable (default: all)")
 @click.option("--json", "as_json", is_flag=True)
-def plan(books: tuple[str, ...], as_json: bool) -> None:
-    """Show what the next ingest would do, without embedding or writing anything."""
-    settings = _settings()
-    from rag_pipeline.crawl import discover_books, validate_book_id
-    from rag_pipeline.pipeline import default_budget, plan_book
-    from rag_pipeline.sparse import Bm25Encoder
+@click.option("--force", is_flag=True, help="plan an ingest --force")
+def plan(books: tuple[str, ...], as_json: bool, force: bool) -> None:
+    """Show what the next ingest would do, without embedding or writing anything.
 
-    targets = [validate_book_id(b) for b in books] or list(
-        discover_books(settings.data_dir).book_ids
-    )
-    embedder = make_embedder(settings)
-    budget = default_budget(embedder)
-    plans = {}
+    The same code decides both: each book is run, unchanged, purged or missing, with the
+    reason; books that will run are also read and chunked to count the work."""
+    from rag_pipeline.ingest.plan import plan_ingest
+
+    settings = _settings()
+    recipe = build_recipe(settings)
     with opened_store(settings) as store:
-        for book_id in targets:
-            plans[book_id] = plan_book(
-                settings.source(), book_id, store, embedder, budget, Bm25Encoder()
-            )
+        the_plan = plan_ingest(
+            settings.source(), store, recipe, list(books) or None, force=force, detail=True
+        )
+    price = recipe.embedder.usd_per_million_tokens
     if as_json:
         emit_json(
             {
-                "books": {k: p.as_dict() for k, p in plans.items()},
-                "embedding_model": embedder.model_name,
+                "books": {k: p.as_dict(price) for k, p in the_plan.books.items()},
+                "embedding_model": recipe.embedding_model,
+                "rejected_folders": the_plan.rejected,
+                "warnings": the_plan.warnings,
             }
         )
-        return
-    table = Table(title=f"Plan ({embedder.model_name})", title_justify="left")
-    for column in (
-        "book",
-        "new",
-        "modified",
-        "deleted",
-        "unchanged",
-        "chunks",
-        "to embed",
-        "reused",
-        "tokens",
-        "cost $",
-        "to delete",
-    ):
-        table.add_column(column, justify="left" if column == "book" else "right")
-    for book_id, p in plans.items():
-        c = p.changes
+    else:
+        _print_plan(the_plan, recipe, price)
+    if the_plan.with_action("missing"):
+        sys.exit(1)
+
+
+def _print_plan(the_plan: IngestPlan, recipe: IndexRecipe, price: float) -> None:
+    table = Table(title=f"Plan ({recipe.embedding_model})", title_justify="left")
+    columns = ("book", "action", "new", "modified", "deleted", "unreadable", "unchanged")
+    more = ("chunks", "to embed", "reused", "tokens", "cost $", "to delete")
+    for column in (*columns, *more):
+        table.add_column(column, justify="left" if column in ("book", "action") else "right")
+    for book_id, p in the_plan.books.items():
+        d = p.as_dict(price)
         table.add_row(
             book_id,
-            str(len(c.new)),
-            str(len(c.modified)),
-            str(len(c.deleted)),
-            str(len(c.unchanged)),
-            str(p.chunks_total),
-            str(p.chunks_to_embed),
-            str(p.chunks_reused),
-            str(p.tokens_to_embed),
-            f"{p.cost_usd:.4f}",
-            str(p.points_to_delete),
+            p.action,
+            str(d["files_new"]),
+            str(d["files_modified"]),
+            str(d["files_deleted"]),
+            str(d["files_unreadable"]),
+            str(d["files_unchanged"]),
+            str(d["chunks"]),
+            str(d["chunks_to_embed"]),
+            str(d["chunks_reused"]),
+            str(d["tokens_to_embed"]),
+            f"{d['cost_usd']:.4f}",
+            str(d["points_to_delete"]),
         )
     out.print(table)
+    for book_id, p in the_plan.books.items():
+        for reason in p.reasons if p.action != "unchanged" else ():
+            err.print(f"[cyan]{book_id}[/]: {reason}", highlight=False)
+        for message in p.errors:
+            err.print(f"[yellow]{book_id}[/]: {message}", highlight=False)
+    for rejected in the_plan.rejected:
+        err.print(f"[yellow]skipped folder[/] {rejected}", highlight=False)
+    for warning in the_plan.warnings:
+        err.print(f"[yellow]warning[/] {warning}", highlight=False)
 
 
 @main.command()
@@ -253,9 +298,9 @@ def plan(books: tuple[str, ...], as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def books(first: bool, as_json: bool) -> None:
     """List the book folders under RAG_DATA_DIR (and refused folder names)."""
-    settings = _settings()
-    from rag_pipeline.crawl import discover_books
+    from rag_pipeline.ingest.crawl import discover_books
 
+    settings = _settings()
     scan = discover_books(settings.data_dir)
     if first:
         if not scan.book_ids:
@@ -274,20 +319,26 @@ def books(first: bool, as_json: bool) -> None:
 # -- retrieval --------------------------------------------------------------------------------
 
 
-def _book_option(fn: Callable) -> Callable:
+def _book_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--book", "book_id", default=None, help="book id; required: results never cross books"
     )(fn)
 
 
 def _require_book(book_id: str | None) -> str:
-    from rag_pipeline.crawl import InvalidBookIdError, validate_book_id
+    from rag_pipeline.models import validate_book_id
 
     if not book_id:
         fail("--book is required: every search is scoped to one book (tenant)")
+    return validate_book_id(book_id)
+
+
+def _point_id(value: str) -> str:
+    from rag_pipeline.store.filters import check_point_id
+
     try:
-        return validate_book_id(book_id)
-    except InvalidBookIdError as exc:
+        return check_point_id(value)
+    except ValueError as exc:
         fail(str(exc))
 
 
@@ -326,12 +377,11 @@ def search(
     as_json: bool,
 ) -> None:
     """Search one book for QUERY."""
+    from rag_pipeline.retrieve import DEFAULT_MODE, SearchFilters, parse_equals
+    from rag_pipeline.retrieve import search as run_search
+
     book = _require_book(book_id)
     settings = _settings()
-    from rag_pipeline.retrieve import DEFAULT_MODE
-    from rag_pipeline.retrieve import search as run_search
-    from rag_pipeline.store.filters import SearchFilters, parse_equals
-
     try:
         filters = SearchFilters(
             module=module,
@@ -346,25 +396,25 @@ def search(
     except ValueError as exc:
         fail(str(exc))
     chosen = mode or DEFAULT_MODE
-    embedder = make_embedder(settings) if chosen != "sparse" else None
+    recipe = build_recipe(settings) if chosen != "sparse" else None
     with opened_store(settings) as store:
         hits = run_search(
             store,
-            embedder,
+            recipe.embedder if recipe else None,
             query,
             book,
             filters=filters,
             limit=limit,
             score_threshold=score_threshold,
-            mode=chosen,
-        )  # type: ignore[arg-type]
+            mode=cast("SearchMode", chosen),
+        )
     if as_json:
         emit_json([h.as_dict() for h in hits])
         return
     _print_hits(hits, f"{len(hits)} hits in {book} ({chosen})")
 
 
-def _print_hits(hits: Sequence[Any], title: str, show_score: bool = True) -> None:
+def _print_hits(hits: Sequence[Hit], title: str, show_score: bool = True) -> None:
     table = Table(title=title, title_justify="left", show_lines=True)
     if show_score:
         table.add_column("score", justify="right")
@@ -378,7 +428,7 @@ def _print_hits(hits: Sequence[Any], title: str, show_score: bool = True) -> Non
         )
         text = " ".join(str(p.get("text", "")).split())
         row = [source, text[:400] + ("…" if len(text) > 400 else "")]
-        table.add_row(*([f"{h.score:.4f}"] if show_score else []), *row)
+        table.add_row(*([f"{h.score:.4f}"] if show_score and h.score is not None else []), *row)
     out.print(table)
 
 
@@ -390,18 +440,19 @@ def _print_hits(hits: Sequence[Any], title: str, show_score: bool = True) -> Non
 @click.option("--json", "as_json", is_flag=True)
 def context(chunk_id: str, book_id: str | None, prev_n: int, next_n: int, as_json: bool) -> None:
     """A chunk with its neighbours along the document's prev/next chain."""
-    book = _require_book(book_id)
-    settings = _settings()
     from rag_pipeline.retrieve import expand_context
 
+    book = _require_book(book_id)
+    point = _point_id(chunk_id)
+    settings = _settings()
     with opened_store(settings) as store:
-        hits = expand_context(store, book, chunk_id, prev=prev_n, next=next_n)
+        hits = expand_context(store, book, point, prev=prev_n, next=next_n)
     if not hits:
-        fail(f"no chunk {chunk_id} in book {book}", code=1)
+        fail(f"no chunk {point} in book {book}", code=1)
     if as_json:
         emit_json([h.as_dict() for h in hits])
         return
-    _print_hits(hits, f"context of {chunk_id}", show_score=False)
+    _print_hits(hits, f"context of {point}", show_score=False)
 
 
 @main.command()
@@ -410,18 +461,19 @@ def context(chunk_id: str, book_id: str | None, prev_n: int, next_n: int, as_jso
 @click.option("--json", "as_json", is_flag=True)
 def document(parent_doc_id: str, book_id: str | None, as_json: bool) -> None:
     """All chunks of one document, in order."""
-    book = _require_book(book_id)
-    settings = _settings()
     from rag_pipeline.retrieve import get_document
 
+    book = _require_book(book_id)
+    doc = _point_id(parent_doc_id)
+    settings = _settings()
     with opened_store(settings) as store:
-        hits = get_document(store, book, parent_doc_id)
+        hits = get_document(store, book, doc)
     if not hits:
-        fail(f"no document {parent_doc_id} in book {book}", code=1)
+        fail(f"no document {doc} in book {book}", code=1)
     if as_json:
         emit_json([h.as_dict() for h in hits])
         return
-    _print_hits(hits, f"document {parent_doc_id} ({len(hits)} chunks)", show_score=False)
+    _print_hits(hits, f"document {doc} ({len(hits)} chunks)", show_score=False)
 
 
 @main.command()
@@ -430,18 +482,19 @@ def document(parent_doc_id: str, book_id: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     """Where a point came from: file, section, hashes, run, model; and if its file changed."""
-    book = _require_book(book_id)
-    settings = _settings()
-    from rag_pipeline.lineage import trace_point
+    from rag_pipeline.retrieve.lineage import trace_point
 
+    book = _require_book(book_id)
+    point = _point_id(point_id)
+    settings = _settings()
     with opened_store(settings) as store:
-        info = trace_point(store, settings, book, point_id)
+        info = trace_point(store, settings.data_dir, book, point, dagster_url=settings.dagster_url)
     if info is None:
-        fail(f"no point {point_id} in book {book}", code=1)
+        fail(f"no point {point} in book {book}", code=1)
     if as_json:
         emit_json(info)
         return
-    table = Table(title=f"lineage of {point_id}", title_justify="left", show_header=False)
+    table = Table(title=f"lineage of {point}", title_justify="left", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
     for key, value in info.items():
@@ -468,7 +521,7 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     type=click.Choice(["dense", "sparse", "hybrid"]),
     help="repeatable; default: the default search mode",
 )
-@click.option("--rrf-k", type=int, default=60, show_default=True)
+@click.option("--rrf-k", type=click.IntRange(1, 100_000), default=60, show_default=True)
 @click.option(
     "--collection",
     default=None,
@@ -489,21 +542,16 @@ def eval_command(
     without a folder, and an evaluation corpus has none."""
     from rich.progress import Progress
 
-    from rag_pipeline.evaluate import evaluate, index_corpus, load_beir
-    from rag_pipeline.pipeline import default_budget
     from rag_pipeline.retrieve import DEFAULT_MODE
-    from rag_pipeline.sparse import Bm25Encoder
+    from rag_pipeline.retrieve.evaluate import evaluate, index_corpus, load_beir
 
-    settings = _settings()
-    settings = settings.model_copy(
-        update={"collection": collection or f"{settings.collection}_eval"}
-    )
+    base = _settings()
+    settings = load_settings(collection=collection or f"{base.collection}_eval")
     try:
         dataset = load_beir(dataset_dir, split)
-    except FileNotFoundError as exc:
-        fail(str(exc))
-    embedder = make_embedder(settings)
-    sparse = Bm25Encoder()
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        fail(f"cannot read the BEIR dataset at {dataset_dir}: {exc}")
+    recipe = build_recipe(settings)
     book_id = "eval-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in dataset.name)
     chosen = list(modes) or [DEFAULT_MODE]
     reports = []
@@ -511,11 +559,9 @@ def eval_command(
         task = progress.add_task(f"indexing {dataset.name}", total=len(dataset.corpus))
         index_corpus(
             store,
-            book_id,
+            book_id[:128],
             dataset.corpus,
-            embedder,
-            default_budget(embedder),
-            sparse,
+            recipe,
             progress=lambda done, total: progress.update(task, completed=done, total=total),
         )
         progress.update(task, completed=len(dataset.corpus))
@@ -524,14 +570,13 @@ def eval_command(
             reports.append(
                 evaluate(
                     store,
-                    embedder,
+                    recipe,
                     dataset,
-                    book_id,
-                    mode=mode,
-                    split=split,  # type: ignore[arg-type]
-                    sparse=sparse,
+                    book_id[:128],
+                    mode=cast("SearchMode", mode),
+                    split=split,
                     rrf_k=rrf_k,
-                    progress=lambda done, total, t=qtask: progress.update(t, completed=done),
+                    progress=_advance(progress, qtask),
                 )
             )
     if as_json:
@@ -539,7 +584,7 @@ def eval_command(
             reports[0].as_dict() if len(reports) == 1 else {"runs": [r.as_dict() for r in reports]}
         )
         return
-    table = Table(title=f"{dataset.name} ({split}, {embedder.model_name})", title_justify="left")
+    table = Table(title=f"{dataset.name} ({split}, {recipe.embedding_model})", title_justify="left")
     for column in ("mode", "nDCG@10", "recall@10", "recall@100", "MRR@10", "queries", "s"):
         table.add_column(column, justify="right")
     for r in reports:
@@ -553,6 +598,10 @@ def eval_command(
             f"{r.seconds:.1f}",
         )
     out.print(table)
+
+
+def _advance(progress: Any, task: Any) -> Callable[[int, int], None]:
+    return lambda done, total: progress.update(task, completed=done)
 
 
 if __name__ == "__main__":

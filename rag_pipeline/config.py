@@ -1,21 +1,41 @@
-"""Settings read from the environment (``RAG_*``, ``OPENAI_*``); no dagster import here."""
+"""Settings: read once from the environment (``RAG_*``, ``OPENAI_*``), validated, no dagster here.
+
+:class:`Settings` is the only place a default is written. Components never read the environment
+themselves: each is handed the small frozen config it needs (:class:`SourceConfig`,
+:class:`ChunkingConfig`, :class:`StoreConfig`) by whoever built the settings.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsError as EnvParseError
 
 __all__ = [
+    "COLLECTION_PATTERN",
     "DEFAULT_PATH_PATTERNS",
     "ChunkingConfig",
+    "EmbedderConfig",
     "Settings",
+    "SettingsError",
     "SourceConfig",
+    "StoreConfig",
+    "describe_validation_error",
     "ensure_dagster_home",
     "load_settings",
 ]
@@ -32,17 +52,13 @@ DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
     r"(?:^|/)\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
     r"chapter-\d+[^/]*/(?P<lesson>\d+)-[^/]*\.mdx?$",
 )
+#: a collection name is also a folder name of the embedded stores: no separators, no dots
+COLLECTION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+_PATH_GROUPS = {"module", "chapter", "lesson"}
 
 
-class ChunkingConfig(BaseSettings):
-    """Token budget of the chunker (counted with the embedder's own tokenizer)."""
-
-    model_config = SettingsConfigDict(env_prefix="RAG_CHUNK_", frozen=True)
-
-    target_tokens: int = Field(400, ge=16)
-    max_tokens: int = Field(512, ge=16)
-    min_tokens: int = Field(100, ge=0)
-    overlap: float = Field(0.15, ge=0.0, lt=0.5)
+class SettingsError(ValueError):
+    """A setting is missing, malformed or out of range; the message names the variable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +66,58 @@ class SourceConfig:
     """Where books are and how their files are read."""
 
     data_dir: Path
-    path_patterns: tuple[str, ...] = DEFAULT_PATH_PATTERNS
-    max_file_bytes: int = 10 * 1024 * 1024
-    default_hardware_tier: int | None = 1
+    path_patterns: tuple[str, ...]
+    max_file_bytes: int
+    default_hardware_tier: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkingConfig:
+    """Token budget of the chunker (counted with the embedder's own tokenizer)."""
+
+    target_tokens: int = 400
+    max_tokens: int = 512
+    min_tokens: int = 100
+    overlap: float = 0.15
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderConfig:
+    """Which model turns text into dense vectors, and how it is reached."""
+
+    provider: Literal["local", "openai", "hash"]
+    local_model_dir: Path | None
+    cache_dir: Path
+    batch_size: int
+    openai_api_key: str | None
+    openai_base_url: str | None
+    openai_model: str
+    openai_timeout_s: float
+    openai_max_retries: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Which Qdrant the index lives in: a server (``url``), an embedded folder, or memory."""
+
+    collection: str
+    path: str
+    url: str | None
+    api_key: str | None
+    embedded: Literal["client", "edge"]
+    busy_wait_s: float
+    timeout_s: float
+    retries: int
+    shards: int | None = None
+    replication_factor: int | None = None
+
+    @property
+    def target(self) -> str:
+        """What a user reads in messages: the server URL or the engine and folder."""
+        return self.url or f"{self.embedded}:{self.path}"
+
+
+_CHUNKING = ChunkingConfig()
 
 
 class Settings(BaseSettings):
@@ -63,14 +128,14 @@ class Settings(BaseSettings):
     )
 
     data_dir: Path = Path("data/books")
-    qdrant_path: str = ".rag/qdrant"
+    qdrant_path: str = Field(".rag/qdrant", min_length=1)
     qdrant_url: str | None = None
     qdrant_api_key: SecretStr | None = None
     # collection layout on a server / cluster (ignored by the embedded stores)
-    qdrant_shards: int | None = Field(None, ge=1)
-    qdrant_replication_factor: int | None = Field(None, ge=1)
-    qdrant_timeout_s: float = Field(30.0, gt=0)
-    qdrant_retries: int = Field(4, ge=1)
+    qdrant_shards: int | None = Field(None, ge=1, le=1024)
+    qdrant_replication_factor: int | None = Field(None, ge=1, le=64)
+    qdrant_timeout_s: float = Field(30.0, gt=0, le=3600)
+    qdrant_retries: int = Field(4, ge=1, le=100)
     # Engine for the embedded folder: "edge" (Qdrant Edge: payload indexes, fast filtered and
     # sparse search) or "client" (qdrant-client local mode: brute force in Python). Measured
     # in docs/benchmarks.md.
@@ -79,7 +144,7 @@ class Settings(BaseSettings):
     cache_dir: Path = Path(".rag/cache")
     embedder: Literal["local", "openai", "hash"] = "local"
     local_model_dir: Path | None = None
-    embed_batch_size: int = Field(32, ge=1)
+    embed_batch_size: int = Field(32, ge=1, le=4096)
     openai_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("OPENAI_API_KEY", "RAG_OPENAI_API_KEY")
     )
@@ -87,13 +152,21 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("OPENAI_BASE_URL", "RAG_OPENAI_BASE_URL")
     )
     openai_model: str = "text-embedding-3-small"
-    openai_timeout_s: float = Field(30.0, gt=0)
-    openai_max_retries: int = Field(5, ge=0)
-    max_file_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    openai_timeout_s: float = Field(30.0, gt=0, le=3600)
+    openai_max_retries: int = Field(5, ge=0, le=100)
+    max_file_bytes: int = Field(10 * 1024 * 1024, ge=1, le=1 << 30)
     # how long a command waits for an embedded store that another process holds
-    busy_wait_s: float = Field(30.0, ge=0)
-    path_patterns: tuple[str, ...] = DEFAULT_PATH_PATTERNS
-    default_hardware_tier: int = 1
+    busy_wait_s: float = Field(30.0, ge=0, le=86400)
+    # read as raw text, so that malformed JSON is reported by the validator below
+    path_patterns: Annotated[tuple[str, ...], NoDecode] = DEFAULT_PATH_PATTERNS
+    default_hardware_tier: int = Field(1, ge=0, le=1000)
+    chunk_target_tokens: int = Field(_CHUNKING.target_tokens, ge=16, le=100_000)
+    chunk_max_tokens: int = Field(_CHUNKING.max_tokens, ge=16, le=100_000)
+    chunk_min_tokens: int = Field(_CHUNKING.min_tokens, ge=0, le=100_000)
+    chunk_overlap: float = Field(_CHUNKING.overlap, ge=0.0, lt=0.5)
+    sensor_interval_s: int = Field(30, ge=1, le=86400)
+    # where `lineage` points its run links (the Dagster webserver)
+    dagster_url: str = "http://127.0.0.1:3000"
 
     def source(self) -> SourceConfig:
         return SourceConfig(
@@ -103,34 +176,171 @@ class Settings(BaseSettings):
             self.default_hardware_tier,
         )
 
+    def chunking(self) -> ChunkingConfig:
+        return ChunkingConfig(
+            self.chunk_target_tokens,
+            self.chunk_max_tokens,
+            self.chunk_min_tokens,
+            self.chunk_overlap,
+        )
+
+    def embedding(self) -> EmbedderConfig:
+        return EmbedderConfig(
+            provider=self.embedder,
+            local_model_dir=self.local_model_dir,
+            cache_dir=Path(self.cache_dir),
+            batch_size=self.embed_batch_size,
+            openai_api_key=self.openai_api_key.get_secret_value() if self.openai_api_key else None,
+            openai_base_url=self.openai_base_url,
+            openai_model=self.openai_model,
+            openai_timeout_s=self.openai_timeout_s,
+            openai_max_retries=self.openai_max_retries,
+        )
+
+    def store(self) -> StoreConfig:
+        return StoreConfig(
+            collection=self.collection,
+            path=self.qdrant_path,
+            url=self.qdrant_url,
+            api_key=self.qdrant_api_key.get_secret_value() if self.qdrant_api_key else None,
+            embedded=self.qdrant_embedded,
+            busy_wait_s=self.busy_wait_s,
+            timeout_s=self.qdrant_timeout_s,
+            retries=self.qdrant_retries,
+            shards=self.qdrant_shards,
+            replication_factor=self.qdrant_replication_factor,
+        )
+
     @field_validator("path_patterns", mode="before")
     @classmethod
     def _patterns_from_json(cls, value: object) -> object:
         if isinstance(value, str):
-            return tuple(json.loads(value))
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"not a JSON list of regexes: {exc}") from None
+            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+                raise ValueError("must be a JSON list of regex strings")
+            return tuple(value)
         return value
 
-    @field_validator("qdrant_url", mode="before")
+    @field_validator("path_patterns")
+    @classmethod
+    def _patterns_compile(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+            unknown = set(compiled.groupindex) - _PATH_GROUPS
+            if unknown:
+                raise ValueError(
+                    f"regex {pattern!r} has groups {sorted(unknown)}; "
+                    f"only {sorted(_PATH_GROUPS)} are read"
+                )
+        return value
+
+    @field_validator("qdrant_url", "openai_base_url", mode="before")
     @classmethod
     def _empty_url_is_none(cls, value: object) -> object:
         return value or None
 
+    @field_validator("qdrant_url", "openai_base_url", "dagster_url")
+    @classmethod
+    def _url_has_scheme_and_host(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError on a malformed port
+        except ValueError as exc:
+            raise ValueError(f"malformed URL {value!r}: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"malformed URL {value!r}: expected http(s)://host[:port]")
+        return value.rstrip("/")
 
-def load_settings(**overrides: object) -> Settings:
-    """Read settings from the environment, with explicit overrides winning."""
-    return Settings(**overrides)  # type: ignore[arg-type]
+    @field_validator("collection")
+    @classmethod
+    def _safe_collection(cls, value: str) -> str:
+        if not COLLECTION_PATTERN.fullmatch(value):
+            raise ValueError(
+                f"invalid collection name {value!r}: use 1-100 letters, digits, '_' or '-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _chunk_budget_is_coherent(self) -> Settings:
+        if self.chunk_target_tokens > self.chunk_max_tokens:
+            raise ValueError(
+                f"RAG_CHUNK_TARGET_TOKENS ({self.chunk_target_tokens}) is above "
+                f"RAG_CHUNK_MAX_TOKENS ({self.chunk_max_tokens})"
+            )
+        if self.chunk_min_tokens > self.chunk_target_tokens:
+            raise ValueError(
+                f"RAG_CHUNK_MIN_TOKENS ({self.chunk_min_tokens}) is above "
+                f"RAG_CHUNK_TARGET_TOKENS ({self.chunk_target_tokens})"
+            )
+        return self
+
+
+def _variable(field: str) -> str:
+    """The environment variable a settings field is read from."""
+    info = Settings.model_fields.get(field)
+    alias = info.validation_alias if info is not None else None
+    if isinstance(alias, AliasChoices):
+        return str(alias.choices[0])
+    return f"RAG_{field.upper()}"
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line per problem, each naming the environment variable and the value it had."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        field = ".".join(str(part) for part in error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if not field:  # a model-level check names its variables itself
+            lines.append(message)
+            continue
+        value: Any = error.get("input")
+        shown = "" if value is None or isinstance(value, dict) else f"={str(value)[:80]!r}"
+        lines.append(f"{_variable(field)}{shown}: {message}")
+    return "; ".join(lines)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read settings from the environment, with explicit overrides winning.
+
+    Raises :class:`SettingsError` naming every bad variable (never a raw traceback)."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(f"invalid configuration: {describe_validation_error(exc)}") from None
+    except EnvParseError as exc:  # a value the environment source could not even decode
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = _variable(field.group(1)) if field else "a RAG_ variable"
+        raise SettingsError(f"invalid configuration: {name}: {exc}") from None
 
 
 def ensure_dagster_home(default: Path | str = ".dagster_home") -> Path:
     """``DAGSTER_HOME`` (set to ``./.dagster_home`` when unset), with a dagster.yaml in it:
     the project's own when run from the repository, else telemetry off."""
     home = Path(os.environ.get("DAGSTER_HOME") or Path(default).resolve())
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["DAGSTER_HOME"] = str(home)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        project_yaml = Path("dagster.yaml")
-        config.write_text(
-            project_yaml.read_text() if project_yaml.is_file() else "telemetry:\n  enabled: false\n"
-        )
+    if not home.is_absolute():
+        raise SettingsError(f"DAGSTER_HOME={str(home)!r}: must be an absolute path")
+    if home.exists() and not home.is_dir():
+        raise SettingsError(f"DAGSTER_HOME={str(home)!r}: is a file, not a folder")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        os.environ["DAGSTER_HOME"] = str(home)
+        config = home / "dagster.yaml"
+        if not config.exists():
+            project_yaml = Path("dagster.yaml")
+            config.write_text(
+                project_yaml.read_text()
+                if project_yaml.is_file()
+                else "telemetry:\n  enabled: false\n"
+            )
+    except OSError as exc:
+        raise SettingsError(f"DAGSTER_HOME={str(home)!r}: {exc.strerror or exc}") from None
     return home

@@ -8,15 +8,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "BOOK_ID_PATTERN",
     "POINT_NAMESPACE",
     "Chunk",
     "DocumentMeta",
     "FileError",
+    "InvalidBookIdError",
     "ParsedDocument",
     "PathMeta",
     "SourceFile",
     "document_id",
     "normalize_proficiency",
+    "printable",
+    "validate_book_id",
 ]
 
 # Fixed namespace so point and document ids are the same on every machine and every run.
@@ -24,6 +28,38 @@ POINT_NAMESPACE = uuid.UUID("6f6c7c1e-3b1f-5d0a-9a43-5d2b8e0d7a11")
 
 
 _CEFR = re.compile(r"^[ABC][12]$", re.IGNORECASE)
+#: a book id is a partition key, a payload value and a path segment at once
+BOOK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class InvalidBookIdError(ValueError):
+    """A book id that is not safe to use as a partition key, filter value or path segment."""
+
+
+def validate_book_id(book_id: str) -> str:
+    """Return ``book_id`` if it is a safe id, else raise :class:`InvalidBookIdError`."""
+    if not isinstance(book_id, str) or not BOOK_ID_PATTERN.fullmatch(book_id) or ".." in book_id:
+        shown = printable(book_id) if isinstance(book_id, str) else repr(book_id)
+        raise InvalidBookIdError(
+            f"invalid book id {shown!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return book_id
+
+
+def printable(name: str, limit: int = 200) -> str:
+    """A file or folder name as safe text: undecodable bytes and controls escaped."""
+    out = []
+    for ch in name:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode keeps it
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 32 or code == 127:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def normalize_proficiency(value: str) -> str:
@@ -60,7 +96,7 @@ class SourceFile:
     path_meta: PathMeta = PathMeta()
 
 
-Stage = Literal["crawl", "parse", "chunk", "embed", "index"]
+Stage = Literal["crawl", "read", "parse", "chunk", "embed", "index"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +138,8 @@ class ParsedDocument:
     meta: DocumentMeta
     body: str
     frontmatter: dict[str, Any] = field(default_factory=dict)
+    #: what was odd but not fatal (a frontmatter field of the wrong type, NUL bytes removed)
+    warnings: tuple[str, ...] = ()
 
     @property
     def is_empty(self) -> bool:

@@ -43,15 +43,17 @@ def local_embedder(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(params=["client", "edge"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator:
     """An empty store on each embedded backend."""
+    from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store.edge import EdgeStore
     from rag_pipeline.store.qdrant import QdrantStore
 
+    backend: object
     if request.param == "client":
-        backend = QdrantStore("test_chunks", path=":memory:")
+        backend = QdrantStore("test_chunks", COLLECTION_SCHEMA, path=":memory:")
     else:
-        backend = EdgeStore("test_chunks", tmp_path / "edge")
+        backend = EdgeStore("test_chunks", tmp_path / "edge", COLLECTION_SCHEMA)
     yield backend
-    backend.close()
+    backend.close()  # type: ignore[attr-defined]
 
 
 BookWriter = Callable[[str, Mapping[str, str | bytes]], Path]
@@ -90,6 +92,21 @@ def sample_books(data_dir: Path) -> Path:
         if book.is_dir():
             shutil.copytree(book, data_dir / book.name)
     return data_dir
+
+
+def make_source(data_dir: Path, *, max_file_bytes: int = 10 * 1024 * 1024):
+    """The source config of ``data_dir`` with the default path patterns."""
+    from rag_pipeline.config import DEFAULT_PATH_PATTERNS, SourceConfig
+
+    return SourceConfig(Path(data_dir), DEFAULT_PATH_PATTERNS, max_file_bytes, 1)
+
+
+def make_recipe(embedder, **chunking):  # type: ignore[no-untyped-def]
+    """The index recipe of ``embedder`` with a chunk budget (defaults unless given)."""
+    from rag_pipeline.config import ChunkingConfig
+    from rag_pipeline.ingest.recipe import IndexRecipe
+
+    return IndexRecipe.build(embedder, ChunkingConfig(**chunking))
 
 
 def section(title: str, paragraphs: int = 3, words: int = 40, seed: str = "") -> str:

@@ -6,8 +6,8 @@ import pytest
 
 from rag_pipeline.chunk import ChunkBudget, chunk_document
 from rag_pipeline.config import ChunkingConfig
+from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.models import ParsedDocument, compose_embed_text
-from rag_pipeline.parse import parse_document
 from rag_pipeline_tests.conftest import CORPUS, section
 
 FIXTURE_FILES = sorted(p for p in CORPUS.rglob("*") if p.suffix in (".md", ".mdx"))

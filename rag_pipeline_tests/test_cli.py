@@ -66,6 +66,17 @@ class Cli:
     def json(self, *args: str):
         return json.loads(self(*args, "--json").stdout)
 
+    def as_user(self, prefix: list[str], *args: str) -> subprocess.CompletedProcess:
+        """The command run through ``prefix`` (e.g. setpriv as another user), unchecked."""
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "rag_pipeline.cli", *args],
+            env={**self.env, "HOME": str(self.cwd)},
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
 
 @pytest.fixture
 def cli(tmp_path, sample_books):
@@ -304,9 +315,12 @@ def test_end_to_end_with_the_default_local_model(tmp_path, sample_books):
 def test_busy_embedded_store_is_a_clear_error(ingested):
     cli = ingested
     from rag_pipeline.config import load_settings
+    from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store import open_store
 
-    holder = open_store(load_settings(qdrant_path=cli.env["RAG_QDRANT_PATH"]))
+    holder = open_store(
+        load_settings(qdrant_path=cli.env["RAG_QDRANT_PATH"]).store(), COLLECTION_SCHEMA
+    )
     try:
         env = {**cli.env, "RAG_BUSY_WAIT_S": "0"}
         proc = subprocess.run(
@@ -326,7 +340,7 @@ def test_busy_embedded_store_is_a_clear_error(ingested):
             timeout=120,
         )
         assert proc.returncode == 2
-        assert "in use by another process" in proc.stderr
+        assert "is in use by" in proc.stderr and f"pid {os.getpid()}" in proc.stderr
         assert "Traceback" not in proc.stderr
     finally:
         holder.close()

@@ -1,19 +1,35 @@
+"""Books and files on disk: safe ids, symlinks, loops, odd names, unreadable entries, reads."""
+
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from rag_pipeline.config import DEFAULT_PATH_PATTERNS
-from rag_pipeline.crawl import (
-    InvalidBookIdError,
+from rag_pipeline.ingest.crawl import (
+    DataDirError,
+    SourceReadError,
     compile_path_patterns,
     discover_books,
-    discover_files,
     extract_path_meta,
+    hash_file,
+    path_is_gone,
+    path_meta,
+    read_source,
     scan_book,
-    validate_book_id,
 )
-from rag_pipeline.models import PathMeta
+from rag_pipeline.models import InvalidBookIdError, PathMeta, validate_book_id
+
+
+def discover_files(data_dir, book_id, patterns=DEFAULT_PATH_PATTERNS):
+    """(files as (name, sha256, path meta), errors) of one book."""
+    scan = scan_book(data_dir, book_id)
+    files = [
+        (f.source_file, hash_file(f.path), path_meta(f.source_file, patterns), f)
+        for f in scan.files
+    ]
+    return files, list(scan.errors)
 
 
 @pytest.mark.parametrize("book_id", ["ros2", "Microsoft.PowerShell.Core", "book_1", "a-b.c_d", "9"])
@@ -56,8 +72,9 @@ def test_discover_books_reports_unsafe_folders_and_skips_hidden(data_dir, write_
     assert "invalid book id" in scan.rejected[0].reason
 
 
-def test_missing_data_dir_has_no_books(tmp_path):
-    assert discover_books(tmp_path / "nope").book_ids == ()
+def test_missing_data_dir_is_an_error_not_an_empty_corpus(tmp_path):
+    with pytest.raises(DataDirError, match="does not exist"):
+        discover_books(tmp_path / "nope")
 
 
 def test_discover_files_finds_md_and_mdx_recursively(data_dir, write_book):
@@ -73,32 +90,116 @@ def test_discover_files_finds_md_and_mdx_recursively(data_dir, write_book):
         },
     )
     files, errors = discover_files(data_dir, "b")
-    assert [f.source_file for f in files] == ["intro.md", "part/deep/er/two.MD", "part/one.mdx"]
+    assert [f[0] for f in files] == ["intro.md", "part/deep/er/two.MD", "part/one.mdx"]
     assert not errors
-    assert all(len(f.sha256) == 64 and f.size > 0 for f in files)
+    assert all(len(f[1]) == 64 and f[3].size > 0 for f in files)
 
 
-def test_symlink_outside_data_dir_is_refused(tmp_path, data_dir, write_book):
+def test_symlinks_leaving_the_book_folder_are_refused(tmp_path, data_dir, write_book):
     outside = tmp_path / "secret.md"
     outside.write_text("# secret")
+    other = write_book("other", {"private.md": "# other book's text"})
     root = write_book("b", {"ok.md": "# ok"})
     os.symlink(outside, root / "leak.md")
     os.symlink(tmp_path, root / "leakdir")
-    os.symlink(root / "ok.md", root / "alias.md")  # inside: allowed
+    os.symlink(other / "private.md", root / "cross.md")  # into another book: the tenant boundary
+    os.symlink(other, root / "crossdir")
+    os.symlink(root / "ok.md", root / "alias.md")  # inside its own book: allowed
     os.symlink(root / "missing.md", root / "broken.md")
     files, errors = discover_files(data_dir, "b")
-    assert sorted(f.source_file for f in files) == ["alias.md", "ok.md"]
+    assert sorted(f[0] for f in files) == ["alias.md", "ok.md"]
     reasons = {e.source_file: e.reason for e in errors}
-    assert "outside the data directory" in reasons["leak.md"]
-    assert "outside the data directory" in reasons["leakdir"]
-    assert reasons["broken.md"] == "broken symlink"
+    for name in ("leak.md", "leakdir", "cross.md", "crossdir"):
+        assert "outside its book folder" in reasons[name], name
+    assert "broken symlink" in reasons["broken.md"]
 
 
 def test_symlink_loops_terminate(data_dir, write_book):
     root = write_book("b", {"sub/a.md": "# a"})
     os.symlink(root, root / "sub" / "loop")
-    files, _ = discover_files(data_dir, "b")
-    assert "sub/a.md" in [f.source_file for f in files]
+    os.symlink(root / "self.md", root / "self.md")  # a file symlink to itself
+    os.symlink(root / "y.md", root / "x.md")
+    os.symlink(root / "x.md", root / "y.md")  # two links pointing at each other
+    files, errors = discover_files(data_dir, "b")
+    assert [f[0] for f in files] == ["sub/a.md"]
+    reasons = {e.source_file: e.reason for e in errors}
+    assert {"self.md", "x.md", "y.md"} <= set(reasons)
+    assert all("loop" in reasons[n] for n in ("self.md", "x.md", "y.md"))
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_alone(data_dir, write_book):
+    root = write_book("b", {"ok.md": "# ok"})
+    with open(os.path.join(os.fsencode(root), b"caf\xe9.md"), "wb") as fh:
+        fh.write(b"# latin-1 name")
+    files, errors = discover_files(data_dir, "b")
+    assert [f[0] for f in files] == ["ok.md"]
+    assert len(errors) == 1 and "not valid UTF-8" in errors[0].reason
+    assert errors[0].source_file == "caf\\xe9.md"  # printable, and JSON-safe
+    errors[0].source_file.encode("utf-8")
+
+
+def test_a_book_folder_linking_into_another_book_is_refused(data_dir, write_book):
+    write_book("real", {"a.md": "# A"})
+    os.symlink(data_dir / "real", data_dir / "alias")
+    scan = discover_books(data_dir)
+    assert scan.book_ids == ("real",)
+    assert "into book 'real'" in scan.rejected[0].reason
+
+
+def test_an_unlistable_folder_is_an_error_and_its_files_are_not_gone(
+    data_dir, write_book, monkeypatch
+):
+    root = write_book("b", {"ok.md": "# ok", "locked/secret.md": "# s"})
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if str(path).endswith("locked"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    files, errors = discover_files(data_dir, "b")
+    assert [f[0] for f in files] == ["ok.md"]
+    assert errors[0].source_file == "locked" and "Permission denied" in errors[0].reason
+    assert not path_is_gone(root, "locked/secret.md")
+    assert path_is_gone(root, "never-existed.md")
+
+
+def test_only_a_missing_path_is_gone(tmp_path, monkeypatch):
+    (tmp_path / "a.md").write_text("x")
+    assert not path_is_gone(tmp_path, "a.md")
+    assert path_is_gone(tmp_path, "b.md")
+    assert path_is_gone(tmp_path, "a.md/inside.md")  # a file where a folder was
+    real_lstat = os.lstat
+
+    def lstat(path, *args, **kwargs):
+        if str(path).endswith("c.md"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    assert not path_is_gone(tmp_path, "c.md")  # cannot tell: not gone
+
+
+def test_read_source_checks_the_file_actually_opened(tmp_path, data_dir, write_book):
+    root = write_book("b", {"ok.md": "# ok", "big.md": "x" * 100})
+    folder = os.path.realpath(root)
+    assert read_source(str(root / "ok.md"), folder, 1000) == b"# ok"
+    with pytest.raises(SourceReadError, match="file too large"):
+        read_source(str(root / "big.md"), folder, 50)
+    # a link that was inside at scan time and is re-pointed outside before the read
+    outside = tmp_path / "secret.md"
+    outside.write_text("# secret")
+    os.symlink(root / "ok.md", root / "race.md")
+    os.unlink(root / "race.md")
+    os.symlink(outside, root / "race.md")
+    with pytest.raises(SourceReadError, match="outside its book folder"):
+        read_source(str(root / "race.md"), folder, 1000)
+    os.mkfifo(root / "pipe.md")
+    with pytest.raises(SourceReadError, match="not a regular file"):
+        read_source(str(root / "pipe.md"), folder, 1000)
+    with pytest.raises(SourceReadError, match="cannot read file"):
+        read_source(str(root / "gone.md"), folder, 1000)
 
 
 def test_scan_book_refuses_unsafe_id(data_dir):
@@ -130,8 +231,13 @@ def test_path_metadata_from_default_patterns(path, expected):
 
 def test_custom_path_patterns(data_dir, write_book):
     write_book("b", {"unit-3/topic-7.md": "# x"})
-    files, _ = discover_files(data_dir, "b", [r"unit-(?P<chapter>\d+)/topic-(?P<lesson>\d+)"])
-    assert files[0].path_meta == PathMeta(None, 3, 7)
+    files, _ = discover_files(data_dir, "b", (r"unit-(?P<chapter>\d+)/topic-(?P<lesson>\d+)",))
+    assert files[0][2] == PathMeta(None, 3, 7)
+
+
+def test_a_huge_number_in_a_path_is_capped_to_a_payload_integer():
+    meta = extract_path_meta("chapter-" + "9" * 40 + "-x/a.md", PATTERNS)
+    assert meta.chapter is not None and meta.chapter < 2**63
 
 
 def test_invalid_path_pattern_names_the_pattern():
@@ -144,4 +250,4 @@ def test_file_hash_matches_bytes(data_dir, write_book):
 
     root = write_book("b", {"a.md": b"# caf\xc3\xa9\r\n"})
     files, _ = discover_files(data_dir, "b")
-    assert files[0].sha256 == hashlib.sha256(Path(root / "a.md").read_bytes()).hexdigest()
+    assert files[0][1] == hashlib.sha256(Path(root / "a.md").read_bytes()).hexdigest()

@@ -11,16 +11,17 @@ from dagster import (
     materialize,
 )
 
-from rag_pipeline.config import ChunkingConfig, load_settings
-from rag_pipeline.definitions import build_definitions, build_resources
+from rag_pipeline.config import load_settings
+from rag_pipeline.definitions import build_definitions
 from rag_pipeline.defs.assets import ingestion_assets
 from rag_pipeline.defs.io import BookPartitionIOManager
+from rag_pipeline.defs.location import fixed_resources
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.embed.hashing import HashEmbedder
-from rag_pipeline.index import CHUNK
-from rag_pipeline.resources import EmbedderResource
+from rag_pipeline.ingest.recipe import IndexRecipe
+from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.store import open_store
-from rag_pipeline.store.filters import Match, tenant_filter
 
 BOOKS = ("humanoid-robotics-ros2", "ros2-fundamentals")
 
@@ -35,11 +36,19 @@ def settings(sample_books, tmp_path):
     )
 
 
-@pytest.fixture
-def resources(settings, tmp_path):
-    res = build_resources(settings, ChunkingConfig())
+def resources_for(settings, tmp_path, recipe=None):
+    res = fixed_resources(
+        BooksResource.from_settings(settings),
+        QdrantStoreResource.from_settings(settings),
+        IndexRecipeResource.from_settings(settings, recipe),
+    )
     res["io_manager"] = BookPartitionIOManager(base_dir=str(tmp_path / "io"))
     return res
+
+
+@pytest.fixture
+def resources(settings, tmp_path):
+    return resources_for(settings, tmp_path)
 
 
 @pytest.fixture
@@ -50,8 +59,8 @@ def instance():
 
 
 def chunk_count(settings, book):
-    with open_store(settings) as store:
-        return store.count(tenant_filter(book, Match("record_type", CHUNK)))
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        return store.count(chunks_of(book))
 
 
 def test_definitions_load_with_everything_bound(monkeypatch, tmp_path):
@@ -67,7 +76,7 @@ def test_definitions_load_with_everything_bound(monkeypatch, tmp_path):
     repo = defs.get_repository_def()
     assert {s.name for s in repo.sensor_defs} == {"books_sensor"}
     assert {"ingest_books", "purge_book"} <= set(repo.job_names)
-    assert {"io_manager", "books", "qdrant", "embedder"} <= set(defs.resources)
+    assert {"io_manager", "books", "qdrant", "recipe"} <= set(defs.resources)
     # the chain is linear: files -> documents -> chunks -> embeddings -> points
     assert graph.get(AssetKey("qdrant_points")).parent_keys == {
         AssetKey("chunks"),
@@ -75,6 +84,21 @@ def test_definitions_load_with_everything_bound(monkeypatch, tmp_path):
     }
     assert "qdrant" in graph.get(AssetKey("qdrant_points")).kinds
     assert graph.get(AssetKey("chunks")).code_version
+
+
+def test_index_settings_are_not_per_run_config_and_force_is(monkeypatch, tmp_path):
+    """The chunk budget or model changed from the Launchpad would be undone by the next sensor
+    run: what defines the index is deployment configuration; a run may only ask to force."""
+    monkeypatch.setenv("RAG_EMBEDDER", "hash")
+    monkeypatch.setenv("RAG_QDRANT_PATH", str(tmp_path / "q"))
+    job = build_definitions().resolve_job_def("ingest_books")
+    fields = job.run_config_schema.config_type.fields
+    for name in ("books", "qdrant", "recipe"):
+        field = fields["resources"].config_type.fields[name]
+        inner = field.config_type.fields["config"].config_type
+        assert not getattr(inner, "fields", None), f"resource {name} takes run config"
+    ops = fields["ops"].config_type.fields
+    assert set(ops["source_files"].config_type.fields["config"].config_type.fields) == {"force"}
 
 
 def test_the_real_code_location_module_loads():
@@ -196,19 +220,17 @@ def test_blocking_chunk_check_stops_publishing(settings, resources, instance, mo
     assert chunk_count(settings, book) == before  # nothing already indexed is lost
 
 
-class SmallHashEmbedder(EmbedderResource):
-    def get(self):
-        return HashEmbedder(dimension=64)
-
-
-def test_vector_dimension_check_blocks_a_model_with_another_size(settings, resources, instance):
+def test_vector_dimension_check_blocks_a_model_with_another_size(
+    settings, resources, instance, tmp_path
+):
     book = BOOKS[0]
     assert materialize(
         ingestion_assets, partition_key=book, instance=instance, resources=resources
     ).success
     before = chunk_count(settings, book)
     (settings.data_dir / book / "index.md").write_text("# Changed\n\nNew text.")
-    swapped = {**resources, "embedder": SmallHashEmbedder(provider="hash")}
+    small = IndexRecipe.build(HashEmbedder(dimension=64), settings.chunking())
+    swapped = resources_for(settings, tmp_path, recipe=small)
     result = materialize(
         ingestion_assets,
         partition_key=book,

@@ -251,10 +251,12 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     # 5. after the webserver is gone, the index holds exactly the expected points
     dev.stop()
     from rag_pipeline.config import load_settings
-    from rag_pipeline.consistency import check_index
+    from rag_pipeline.ingest.consistency import check_index
+    from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store import open_store
 
-    with open_store(load_settings(qdrant_path=str(tmp_path / "qdrant"))) as store:
+    config = load_settings(qdrant_path=str(tmp_path / "qdrant")).store()
+    with open_store(config, COLLECTION_SCHEMA) as store:
         for book in books:
             report = check_index(store, book, 384)
             assert report.passed and report.points > 10, report.problems()
@@ -270,3 +272,69 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
             limit=1,
         )
         assert hits and "Zebra quartz umbrella" in hits[0].text
+
+
+def test_a_killed_run_worker_is_reaped_and_the_run_retried_without_a_manual_step(
+    tmp_path, sample_books
+):
+    """kill -9 of a run worker under `dagster dev`: run monitoring (with the project's
+    launcher health check) fails the run and frees its pool slots, run retries launch it
+    again, and the retry succeeds. Nobody touches anything."""
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+    from dagster._core.instance.ref import InstanceRef
+
+    from rag_pipeline.defs.reaper import run_worker
+    from rag_pipeline_tests.fakes import FakeOpenAI
+
+    shutil.rmtree(sample_books / "humanoid-robotics-ros2")
+    with FakeOpenAI() as openai:
+        openai.hang_s = 120  # the first embedding request keeps the run worker busy
+        openai.script.append("hang")
+        dev = DagsterDev(tmp_path, sample_books)
+        dev.env.update(
+            RAG_EMBEDDER="openai",
+            OPENAI_API_KEY="sk-test",
+            OPENAI_BASE_URL=openai.base_url,
+            RAG_OPENAI_TIMEOUT_S="300",
+            RAG_OPENAI_MAX_RETRIES="0",
+        )
+        try:
+            dev.start()
+            dev.wait_for(lambda: openai.requests, 300, "the sensor's run to start embedding")
+            ref = InstanceRef.from_dir(str(dev.home))
+            with DagsterInstance.from_ref(ref) as instance:
+                started = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
+                assert len(started) == 1
+                victim = started[0]
+                worker = run_worker(instance, victim)
+                assert worker is not None
+                os.kill(worker.pid, signal.SIGKILL)
+
+                def victim_status() -> str:
+                    run = instance.get_run_by_id(victim.run_id)
+                    return run.status.value if run and run.is_finished else ""
+
+                assert dev.wait_for(victim_status, 120, "run monitoring to fail the run") == (
+                    "FAILURE"
+                )
+                dev.wait_for(
+                    lambda: dev.book_runs("ros2-fundamentals"), 300, "the retried run to succeed"
+                )
+                storage = instance.event_log_storage
+                for pool in ("qdrant_store", "embedding_api"):
+                    dev.wait_for(
+                        lambda p=pool: not storage.get_concurrency_info(p).claimed_slots,
+                        60,
+                        f"pool {pool} to be free",
+                    )
+        finally:
+            dev.stop()
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.ingest.consistency import check_index
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store import open_store
+
+    config = load_settings(qdrant_path=str(tmp_path / "qdrant")).store()
+    with open_store(config, COLLECTION_SCHEMA) as store:
+        report = check_index(store, "ros2-fundamentals", 1536)
+        assert report.passed and report.points > 10, report.problems()

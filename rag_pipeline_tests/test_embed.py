@@ -76,10 +76,10 @@ def test_regex_token_counter_split_keeps_words():
 
 
 def test_create_embedder_by_name(monkeypatch):
-    assert create_embedder(load_settings(embedder="hash")).model_name == "hash-384"
+    assert create_embedder(load_settings(embedder="hash").embedding()).model_name == "hash-384"
     with pytest.raises(EmbedError, match="OPENAI_API_KEY"):
         monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-        create_embedder(load_settings(embedder="openai", openai_api_key=None))
+        create_embedder(load_settings(embedder="openai", openai_api_key=None).embedding())
 
 
 def test_missing_model_folder_is_a_clear_error(tmp_path):

@@ -3,9 +3,8 @@ import math
 
 import pytest
 
-from rag_pipeline.chunk import ChunkBudget
-from rag_pipeline.config import ChunkingConfig
-from rag_pipeline.evaluate import (
+from rag_pipeline.retrieve import Hit
+from rag_pipeline.retrieve.evaluate import (
     evaluate,
     index_corpus,
     load_beir,
@@ -14,8 +13,7 @@ from rag_pipeline.evaluate import (
     rank_documents,
     recall_at_k,
 )
-from rag_pipeline.retrieve import Hit
-from rag_pipeline.sparse import Bm25Encoder
+from rag_pipeline_tests.conftest import make_recipe
 
 
 def test_ndcg_by_hand():
@@ -72,12 +70,12 @@ def tiny_beir(tmp_path):
 def test_eval_end_to_end_on_a_tiny_dataset(tiny_beir, store, hash_embedder):
     dataset = load_beir(tiny_beir)
     assert len(dataset.corpus) == 3 and set(dataset.qrels) == {"q1", "q2"}
-    budget = ChunkBudget.for_tokenizer(ChunkingConfig(), hash_embedder.tokenizer)
-    first = index_corpus(store, "eval-tiny", dataset.corpus, hash_embedder, budget, Bm25Encoder())
+    recipe = make_recipe(hash_embedder)
+    first = index_corpus(store, "eval-tiny", dataset.corpus, recipe)
     assert first["indexed"] == 3 and first["embedded"] == 3
-    again = index_corpus(store, "eval-tiny", dataset.corpus, hash_embedder, budget, Bm25Encoder())
+    again = index_corpus(store, "eval-tiny", dataset.corpus, recipe)
     assert again["indexed"] == 0 and again["skipped"] == 3  # re-runs embed nothing
-    report = evaluate(store, hash_embedder, dataset, "eval-tiny", mode="sparse")
+    report = evaluate(store, recipe, dataset, "eval-tiny", mode="sparse")
     assert report.queries == 2
     assert report.ndcg_at_10 == pytest.approx(1.0)
     assert report.as_dict()["mrr@10"] == pytest.approx(1.0)

@@ -13,7 +13,9 @@ import pytest
 
 from rag_pipeline.embed import EmbedError
 from rag_pipeline.embed.openai import OpenAIEmbedder
-from rag_pipeline.store import CollectionSpec, StoreUnavailableError, tenant_filter
+from rag_pipeline.schema import COLLECTION_SCHEMA
+from rag_pipeline.schema import book_filter as tenant_filter
+from rag_pipeline.store import CollectionSpec, StoreUnavailableError
 from rag_pipeline.store.qdrant import QdrantStore
 from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.fakes import FakeOpenAI, FakeQdrant
@@ -93,7 +95,7 @@ def free_port() -> int:
 
 def test_unreachable_qdrant_server_fails_cleanly_after_retries():
     url = f"http://127.0.0.1:{free_port()}"
-    store = QdrantStore("c", url=url, retries=3, timeout_s=1)
+    store = QdrantStore("c", COLLECTION_SCHEMA, url=url, retries=3, timeout_s=1)
     started = time.monotonic()
     with pytest.raises(StoreUnavailableError, match="unreachable after 3 attempts") as info:
         store.count(tenant_filter("book"))
@@ -104,7 +106,12 @@ def test_unreachable_qdrant_server_fails_cleanly_after_retries():
 def test_cluster_collection_gets_shards_replication_and_tenant_index():
     with FakeQdrant() as server:
         store = QdrantStore(
-            "books", url=server.url, api_key="secret", shards=3, replication_factor=2
+            "books",
+            COLLECTION_SCHEMA,
+            url=server.url,
+            api_key="secret",
+            shards=3,
+            replication_factor=2,
         )
         store.ensure_collection(CollectionSpec("books", 384))
         created = server.collections["books"]
@@ -143,14 +150,19 @@ def test_ingest_against_an_unreachable_server_names_the_cause(tmp_path, sample_b
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    from rag_pipeline.config import SourceConfig, load_settings
+    from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.pipeline import default_budget, ingest_book
-    from rag_pipeline.sparse import Bm25Encoder
+    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store import open_store
 
+    sys.path.insert(0, os.getcwd())
+    from rag_pipeline_tests.conftest import make_recipe, make_source
+
     data_dir, qdrant, engine, kill_after = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    store = open_store(load_settings(qdrant_path=qdrant, qdrant_embedded=engine))
+    store = open_store(
+        load_settings(qdrant_path=qdrant, qdrant_embedded=engine).store(), COLLECTION_SCHEMA
+    )
     real = store.upsert
     calls = {"n": 0}
     def upsert(points):
@@ -161,22 +173,20 @@ KILLER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)  # mid-write, no cleanup of any kind
         return real(points)
     store.upsert = upsert
-    emb = HashEmbedder()
-    ingest_book(SourceConfig(__import__("pathlib").Path(data_dir)), "book", store, emb,
-                default_budget(emb), Bm25Encoder(), "run")
+    ingest_book(make_source(data_dir), "book", store, make_recipe(HashEmbedder()), "run")
     store.close()
 """)
 
 
 @pytest.mark.parametrize("engine", ["client", "edge"])
 def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_dir, engine):
-    from rag_pipeline.config import SourceConfig, load_settings
-    from rag_pipeline.consistency import check_index
+    from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.pipeline import default_budget, ingest_book
-    from rag_pipeline.sparse import Bm25Encoder
+    from rag_pipeline.ingest.consistency import check_index
+    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.schema import chunks_of
     from rag_pipeline.store import open_store
-    from rag_pipeline_tests.conftest import section
+    from rag_pipeline_tests.conftest import make_recipe, make_source, section
 
     files = {
         f"f{i}.md": "".join(section(f"S{j}", 3, 50, seed=f"{i}") for j in range(6))
@@ -201,27 +211,16 @@ def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_di
         [sys.executable, str(script), str(data_dir), qdrant, engine, "0"], timeout=300, cwd=REPO
     )
     assert proc.returncode == -signal.SIGKILL
-    emb = HashEmbedder()
-    with open_store(load_settings(qdrant_path=qdrant, qdrant_embedded=engine)) as store:
-        run = ingest_book(
-            SourceConfig(data_dir),
-            "book",
-            store,
-            emb,
-            default_budget(emb),
-            Bm25Encoder(),
-            "recovery",
-        )
+    recipe = make_recipe(HashEmbedder())
+    config = load_settings(qdrant_path=qdrant, qdrant_embedded=engine).store()
+    with open_store(config, COLLECTION_SCHEMA) as store:
+        run = ingest_book(make_source(data_dir), "book", store, recipe, "recovery")
         assert set(run.inventory.changes.modified) >= {"f0.md", "f1.md", "f2.md"}
-        report = check_index(store, "book", emb.dimension)
+        report = check_index(store, "book", recipe.dimension)
         assert report.passed, report.problems()
-        from rag_pipeline.store.filters import Match
-
-        ids = {r.id for r in store.scroll(tenant_filter("book", Match("record_type", "chunk")))}
-        fresh = QdrantStore("rag_chunks", path=":memory:")
-        expected = ingest_book(
-            SourceConfig(data_dir), "book", fresh, emb, default_budget(emb), Bm25Encoder(), "fresh"
-        )
+        ids = {r.id for r in store.scroll(chunks_of("book"))}
+        fresh = QdrantStore("rag_chunks", COLLECTION_SCHEMA, path=":memory:")
+        expected = ingest_book(make_source(data_dir), "book", fresh, recipe, "fresh")
         assert ids == {c.id for c in expected.chunked.chunks}
         fresh.close()
 
@@ -234,22 +233,27 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
     outlasts both, the run fails naming the cause, and the next run completes."""
     from dagster import DagsterInstance, materialize
 
-    from rag_pipeline.config import ChunkingConfig, load_settings
-    from rag_pipeline.definitions import build_resources
+    from rag_pipeline.config import load_settings
     from rag_pipeline.defs.assets import ingestion_assets
     from rag_pipeline.defs.io import BookPartitionIOManager
-    from rag_pipeline.resources import EmbedderResource
+    from rag_pipeline.defs.location import fixed_resources
+    from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
 
-    settings = load_settings(data_dir=sample_books, qdrant_path=str(tmp_path / "q"))
-    resources = build_resources(settings, ChunkingConfig())
-    resources["io_manager"] = BookPartitionIOManager(base_dir=str(tmp_path / "io"))
-    resources["embedder"] = EmbedderResource(
-        provider="openai",
+    settings = load_settings(
+        data_dir=sample_books,
+        qdrant_path=str(tmp_path / "q"),
+        embedder="openai",
         openai_api_key="sk-test",
         openai_base_url=openai_server.base_url,
         openai_max_retries=1,
         openai_timeout_s=5,
     )
+    resources = fixed_resources(
+        BooksResource.from_settings(settings),
+        QdrantStoreResource.from_settings(settings),
+        IndexRecipeResource.from_settings(settings),
+    )
+    resources["io_manager"] = BookPartitionIOManager(base_dir=str(tmp_path / "io"))
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("books", ["ros2-fundamentals"])
 

@@ -43,3 +43,12 @@ def test_pure_modules_never_import_dagster():
         if "import dagster" in text or "from dagster" in text:
             offenders.append(str(rel))
     assert offenders == []
+
+
+def test_type_check_is_clean():
+    """mypy, strict, over rag_pipeline/ (configured in pyproject.toml)."""
+    pytest.importorskip("mypy", reason="mypy is not installed (it is in the dev extra)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

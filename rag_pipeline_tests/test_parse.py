@@ -2,8 +2,8 @@ import hashlib
 
 import pytest
 
+from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.models import FileError, ParsedDocument, PathMeta, document_id
-from rag_pipeline.parse import parse_document
 from rag_pipeline_tests.conftest import CORPUS
 
 
@@ -145,3 +145,90 @@ def test_document_id_is_stable_and_per_book():
     doc = parse(b"# T", "a/b.md")
     assert doc.parent_doc_id == document_id("book", "a/b.md")
     assert document_id("book", "a/b.md") != document_id("other", "a/b.md")
+
+
+# -- hostile frontmatter: bounded, never fatal to the book ------------------------------------
+
+
+def parse_text(text: str | bytes):
+    data = text.encode() if isinstance(text, str) else text
+    return parse_document("b", "x.md", data, "h")
+
+
+def alias_bomb(levels: int, fanout: int = 9) -> str:
+    lines = ["---", "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for level in range(1, levels + 1):
+        refs = ", ".join(f"*a{level - 1}" for _ in range(fanout))
+        lines.append(f"a{level}: &a{level} [{refs}]")
+    return "\n".join([*lines, "title: boom", "---", "# Body", ""])
+
+
+@pytest.mark.parametrize("levels", [4, 7, 9])
+def test_a_yaml_alias_bomb_is_refused_at_once(levels):
+    import time
+
+    started = time.perf_counter()
+    result = parse_text(alias_bomb(levels))
+    assert time.perf_counter() - started < 1.0
+    assert isinstance(result, FileError)
+    assert "aliases" in result.reason or "expands to more than" in result.reason
+
+
+def test_a_recursive_yaml_anchor_is_a_per_file_error():
+    result = parse_text("---\na: &a [*a]\ntitle: x\n---\n# Body\n")
+    assert isinstance(result, FileError) and "refers to itself" in result.reason
+
+
+def test_deep_and_huge_frontmatter_are_refused():
+    deep = "---\nx: " + "[" * 200 + "]" * 200 + "\n---\nbody\n"
+    assert "nested deeper" in parse_text(deep).reason
+    huge = "---\ntitle: " + "y" * 70_000 + "\n---\nbody\n"
+    assert "larger than 64 KiB" in parse_text(huge).reason
+
+
+def test_a_few_aliases_are_fine():
+    doc = parse_text("---\nbase: &b {tier: 2}\nother: *b\ntitle: Shared\n---\n# Body\n")
+    assert isinstance(doc, ParsedDocument) and doc.frontmatter["other"] == {"tier": 2}
+
+
+@pytest.mark.parametrize(
+    ("frontmatter", "field", "expected", "warned"),
+    [
+        ("chapter: [1, 2]", "chapter", None, "'chapter'"),
+        ("hardware_tier: abc", "hardware_tier", 1, "used the default 1"),
+        ("lesson: {a: 1}", "lesson", None, "'lesson'"),
+        ("title: [a, b]", "title", "Body", "'title'"),
+        ("tags: {a: 1}", "tags", (), "'tags'"),
+        ("chapter: 99999999999999999999999", "chapter", None, "'chapter'"),
+        ("chapter: Chapter 3", "chapter", 3, None),
+    ],
+)
+def test_wrong_frontmatter_types_keep_the_file_with_a_warning(frontmatter, field, expected, warned):
+    doc = parse_text(f"---\n{frontmatter}\n---\n# Body\n\ntext\n")
+    assert isinstance(doc, ParsedDocument)
+    assert getattr(doc.meta, field) == expected
+    if warned:
+        assert any(warned in w for w in doc.warnings), doc.warnings
+    else:
+        assert not doc.warnings
+
+
+def test_nul_bytes_after_the_head_are_removed_with_a_warning():
+    doc = parse_text(b"# Title\n\n" + b"x" * 9000 + b"\x00tail\x00\n")
+    assert isinstance(doc, ParsedDocument) and "\x00" not in doc.body
+    assert doc.warnings == ("2 NUL characters removed from the text",)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"---\n" + b"\xff" * 10 + b"\n---\n",
+        "---\ntitle: \ud800\n---\n".encode("utf-8", "surrogatepass"),
+        b"+++\ntitle = [\n+++\nbody",
+        b"---\n!!python/object/apply:os.system ['true']\n---\n",
+        b"---\n: : :\n---\n",
+    ],
+)
+def test_every_bad_frontmatter_is_an_error_never_an_exception(data):
+    result = parse_text(data)
+    assert isinstance(result, FileError | ParsedDocument)

@@ -5,16 +5,14 @@ import os
 
 import pytest
 
-from rag_pipeline.chunk import ChunkBudget, chunk_document
-from rag_pipeline.config import ChunkingConfig, SourceConfig
-from rag_pipeline.consistency import check_index
-from rag_pipeline.index import CHUNK, DOCUMENT
+from rag_pipeline.chunk import chunk_document
+from rag_pipeline.ingest.consistency import check_index
+from rag_pipeline.ingest.parse import parse_document
+from rag_pipeline.ingest.plan import plan_ingest
+from rag_pipeline.ingest.stages import ingest_book
 from rag_pipeline.models import ParsedDocument, document_id
-from rag_pipeline.parse import parse_document
-from rag_pipeline.pipeline import default_budget, ingest_book, plan_book
-from rag_pipeline.sparse import Bm25Encoder
-from rag_pipeline.store.filters import Match, tenant_filter
-from rag_pipeline_tests.conftest import section
+from rag_pipeline.schema import DOCUMENT, book_filter, chunks_of, documents_of
+from rag_pipeline_tests.conftest import make_recipe, make_source, section
 
 BOOK = "guide"
 
@@ -27,10 +25,9 @@ def long_doc(title: str, sections: int = 4, seed: str = "") -> str:
 
 @pytest.fixture
 def env(store, data_dir, write_book, hash_embedder):
-    budget = ChunkBudget.for_tokenizer(
-        ChunkingConfig(target_tokens=150, max_tokens=200), hash_embedder.tokenizer
-    )
-    source = SourceConfig(data_dir)
+    recipe = make_recipe(hash_embedder, target_tokens=150, max_tokens=200)
+    budget = recipe.budget
+    source = make_source(data_dir)
     write_book(
         BOOK,
         {
@@ -43,11 +40,16 @@ def env(store, data_dir, write_book, hash_embedder):
     class Env:
         root = data_dir / BOOK
 
-        def run(self, run_id="r"):
-            return ingest_book(source, BOOK, store, hash_embedder, budget, Bm25Encoder(), run_id)
+        def __init__(self):
+            self.recipe = recipe
+            self.source = source
 
-        def plan(self):
-            return plan_book(source, BOOK, store, hash_embedder, budget, Bm25Encoder())
+        def run(self, run_id="r", force=False):
+            return ingest_book(source, BOOK, store, recipe, run_id, force=force)
+
+        def plan(self, force=False):
+            """The book's plan, with the preview of what a run will do."""
+            return plan_ingest(source, store, recipe, [BOOK], force=force, detail=True).books[BOOK]
 
         def expected_ids(self):
             """Chunk ids a from-scratch chunking of the files on disk gives."""
@@ -60,10 +62,7 @@ def env(store, data_dir, write_book, hash_embedder):
             return ids
 
         def chunk_points(self):
-            return {
-                r.id: r.payload
-                for r in store.scroll(tenant_filter(BOOK, Match("record_type", CHUNK)))
-            }
+            return {r.id: r.payload for r in store.scroll(chunks_of(BOOK))}
 
         def assert_exact(self):
             points = self.chunk_points()
@@ -99,7 +98,7 @@ def test_first_run_indexes_every_chunk_with_lineage(env, store):
     ):
         assert key in sample
     assert sample["run_id"] == "run-1"
-    docs = list(store.scroll(tenant_filter(BOOK, Match("record_type", DOCUMENT))))
+    docs = list(store.scroll(documents_of(BOOK)))
     assert {d.payload["source_file"] for d in docs} == {"a.md", "sub/b.md", "c.md"}
     assert all(d.id == document_id(BOOK, d.payload["source_file"]) for d in docs)
 
@@ -111,7 +110,7 @@ def test_rerun_without_change_does_nothing(env):
     assert run.inventory.changes.has_work is False
     assert run.embedded.embedded == 0 and run.written.upserted == 0
     assert env.chunk_points() == before  # not even the run id changed
-    assert not env.plan().changes.has_work
+    assert env.plan().action == "unchanged"
 
 
 def test_editing_one_section_embeds_only_that_section(env):
@@ -123,7 +122,7 @@ def test_editing_one_section_embeds_only_that_section(env):
     run = env.run("run-2")
     assert 1 <= run.embedded.embedded <= 3
     assert run.embedded.reused == len(run.chunked.chunks) - run.embedded.embedded
-    assert plan.chunks_to_embed == run.embedded.embedded
+    assert plan.preview.to_embed == run.embedded.embedded
     points = env.assert_exact()
     edited = [p for p in points.values() if "EDITED WORDS HERE" in p["text"]]
     assert edited and all(p["run_id"] == "run-2" for p in edited)
@@ -172,14 +171,11 @@ def test_bad_files_are_recorded_and_the_rest_is_ingested(env, write_book, store)
     run = env.run("run-2")
     reasons = {e.source_file: e.reason for e in run.chunked.errors}
     assert "not valid UTF-8" in reasons["bad.md"] and "binary" in reasons["bin.md"]
-    records = {
-        r.payload["source_file"]: r.payload
-        for r in store.scroll(tenant_filter(BOOK, Match("record_type", DOCUMENT)))
-    }
+    records = {r.payload["source_file"]: r.payload for r in store.scroll(documents_of(BOOK))}
     assert records["bad.md"]["status"] == "error"
     assert "not valid UTF-8" in records["bad.md"]["error"]
     assert records["empty.md"]["status"] == "empty"
-    from rag_pipeline.index import read_index_state
+    from rag_pipeline.ingest.index import read_index_state
 
     state = read_index_state(store, BOOK, documents_only=True)
     assert "not valid UTF-8" in state.documents["bad.md"].error
@@ -238,8 +234,7 @@ def test_changing_the_model_reembeds_everything(env, store, data_dir, write_book
     env.run()
     other = HashEmbedder(dimension=384)
     other.model_name = "hash-384-v2"
-    source = SourceConfig(data_dir)
-    run = ingest_book(source, BOOK, store, other, default_budget(other), Bm25Encoder())
+    run = ingest_book(env.source, BOOK, store, make_recipe(other))
     assert set(run.inventory.changes.modified) == {"a.md", "sub/b.md", "c.md"}
     assert run.embedded.reused == 0
 
@@ -247,36 +242,30 @@ def test_changing_the_model_reembeds_everything(env, store, data_dir, write_book
 def test_interleaved_runs_of_one_book_leave_no_duplicates(env, store, data_dir, hash_embedder):
     """Two runs that read the index before either wrote (the worst interleaving the run
     queue's per-book limit exists to prevent) still leave one consistent version."""
-    from rag_pipeline.pipeline import (
+    from rag_pipeline.ingest.stages import (
         chunk_book,
         embed_book,
-        index_signature,
-        lineage_for,
         parse_book,
         take_inventory,
+        vectors_to_reuse,
         write_book,
     )
 
     env.run()
-    budget = ChunkBudget.for_tokenizer(
-        ChunkingConfig(target_tokens=150, max_tokens=200), hash_embedder.tokenizer
-    )
-    source = SourceConfig(data_dir)
-    sparse = Bm25Encoder()
-    signature = index_signature(hash_embedder, budget, sparse)
+    recipe = env.recipe
     path = env.root / "a.md"
     original = path.read_text()
 
     def prepare(text):
         path.write_text(text)
-        inventory = take_inventory(source, BOOK, store, signature, hash_embedder.model_name)
-        chunked = chunk_book(parse_book(inventory, source), hash_embedder, budget)
-        return chunked, embed_book(chunked, hash_embedder, store, sparse)
+        inventory = take_inventory(env.source, BOOK, store, recipe)
+        chunked = chunk_book(parse_book(inventory, env.source), recipe)
+        return chunked, embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
 
     older = prepare(original.replace("## Part 1", "## Part 1 version one"))
     newer = prepare(original.replace("## Part 1", "## Part 1 version two"))
-    write_book(store, *newer, lineage_for(hash_embedder, budget, sparse, "newer"))
-    write_book(store, *older, lineage_for(hash_embedder, budget, sparse, "older"))  # stale last
+    write_book(store, *newer, recipe.lineage("newer"))
+    write_book(store, *older, recipe.lineage("older"))  # stale last
     points = env.chunk_points()
     a_points = {pid for pid, p in points.items() if p["source_file"] == "a.md"}
     assert a_points == {c.id for c in older[0].chunks}  # one version, nothing of the other
@@ -295,7 +284,7 @@ def test_a_file_that_turns_bad_keeps_its_last_good_chunks(env, store):
     assert run.chunked.errors[0].source_file == "c.md"
     after = {pid for pid, p in env.chunk_points().items() if p["source_file"] == "c.md"}
     assert after == before  # still searchable
-    record = store.retrieve(tenant_filter(BOOK), [document_id(BOOK, "c.md")])[0].payload
+    record = store.retrieve(book_filter(BOOK), [document_id(BOOK, "c.md")])[0].payload
     assert record["status"] == "error" and record["serving_previous_version"] is True
     assert record["total_chunks"] == len(before)
     assert check_index(store, BOOK, 384).passed
@@ -324,12 +313,10 @@ def test_too_large_and_duplicate_files(env, write_book):
 def test_consistency_check_finds_a_duplicated_chunk(env, store):
     import uuid
 
-    from rag_pipeline.store.base import PointRecord
+    from rag_pipeline.store import PointRecord
 
     env.run()
-    record = next(
-        iter(store.scroll(tenant_filter(BOOK, Match("record_type", CHUNK)), with_vectors=True))
-    )
+    record = next(iter(store.scroll(chunks_of(BOOK), with_vectors=True)))
     # a second copy of a chunk under another id, as a writer with a broken id scheme would leave
     store.upsert([PointRecord(str(uuid.uuid4()), dict(record.payload), dense=record.dense)])
     report = check_index(store, BOOK)
@@ -344,4 +331,103 @@ def test_repeated_text_within_a_document_is_not_a_duplicate(store, data_dir, wri
     points = env.chunk_points()
     hashes = [p["content_hash"] for p in points.values() if p["source_file"] == "twice.md"]
     assert len(hashes) > len(set(hashes))  # the same text really is indexed more than once
+    assert check_index(store, BOOK).passed
+
+
+# -- what is not a deletion, what is lost, what is damaged ---------------------------------
+
+
+def test_an_unreadable_file_keeps_its_chunks_and_is_an_error(env, store, monkeypatch):
+    """Permission denied (chmod 000, as a non-root user sees it) is not a deletion."""
+    import errno
+
+    from rag_pipeline.ingest import stages
+
+    env.run()
+    before = {pid for pid, p in env.chunk_points().items() if p["source_file"] == "c.md"}
+    real_hash = stages.hash_file
+
+    def hash_file(path):
+        if str(path).endswith("c.md"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_hash(path)
+
+    monkeypatch.setattr(stages, "hash_file", hash_file)
+    plan = env.plan()
+    assert plan.action == "run" and plan.changes.unreadable == ("c.md",)
+    assert plan.preview.points_to_delete == 0
+    run = env.run("run-2")
+    assert run.inventory.changes.deleted == ()
+    after = {pid for pid, p in env.chunk_points().items() if p["source_file"] == "c.md"}
+    assert after == before
+    record = store.retrieve(book_filter(BOOK), [document_id(BOOK, "c.md")])[0].payload
+    assert record["status"] == "error" and "Permission denied" in record["error"]
+    assert record["serving_previous_version"] is True
+    assert check_index(store, BOOK).passed
+    assert env.plan().action == "unchanged"  # a standing error starts no run
+    monkeypatch.setattr(stages, "hash_file", real_hash)
+    env.run("run-3")  # readable again: indexed as it is
+    env.assert_exact()
+
+
+def test_lost_chunk_points_are_detected_and_rebuilt(env, store):
+    env.run()
+    points = env.chunk_points()
+    lost = sorted(pid for pid, p in points.items() if p["source_file"] == "a.md")[:2]
+    store.delete_ids(book_filter(BOOK), lost)
+    plan = env.plan()
+    assert plan.action == "run" and plan.changes.modified == ("a.md",)
+    assert any("chunk points" in r for r in plan.reasons)
+    run = env.run("repair")
+    assert run.embedded.embedded == 2  # only the lost ones; the rest are reused
+    env.assert_exact()
+
+
+def test_force_rebuilds_whatever_the_records_say(env, store):
+    env.run()
+    store.delete_where(chunks_of(BOOK))  # every chunk gone, the records still promise them
+    forced = env.plan(force=True)
+    assert forced.action == "run" and forced.reasons == ["forced rebuild"]
+    run = env.run("forced", force=True)
+    assert run.embedded.reused == 0 and run.embedded.embedded == len(run.chunked.chunks)
+    env.assert_exact()
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["edit", "delete", "add", "turn-bad", "lose-points", "rename", "none"],
+)
+def test_the_plan_is_what_the_run_does(env, store, write_book, change):
+    env.run()
+    if change == "edit":
+        path = env.root / "a.md"
+        path.write_text(path.read_text().replace("part2w1x5", "PLANNED EDIT"))
+    elif change == "delete":
+        os.remove(env.root / "c.md")
+    elif change == "add":
+        write_book(BOOK, {"new.md": long_doc("New", 2, seed="n")})
+    elif change == "turn-bad":
+        (env.root / "c.md").write_bytes(b"---\ntitle: [unclosed\n---\nbody")
+    elif change == "lose-points":
+        store.delete_ids(book_filter(BOOK), sorted(env.chunk_points())[:3])
+    elif change == "rename":
+        os.rename(env.root / "c.md", env.root / "c2.md")
+    plan = env.plan()
+    points_before = len(env.chunk_points())
+    run = env.run("checked")
+    assert plan.action == ("unchanged" if change == "none" else "run")
+    assert plan.changes.new == run.inventory.changes.new
+    assert plan.changes.modified == run.inventory.changes.modified
+    assert plan.changes.deleted == run.inventory.changes.deleted
+    if plan.preview is not None:
+        assert plan.preview.to_embed == run.embedded.embedded
+        assert plan.preview.reused == run.embedded.reused
+        assert plan.preview.points_to_delete == run.written.deleted
+        assert plan.preview.chunks == len(run.chunked.chunks)
+        expected = (
+            points_before
+            - run.written.deleted
+            + len(set(c.id for c in run.chunked.chunks) - set(env.chunk_points()) | set())
+        )
+        assert expected >= 0
     assert check_index(store, BOOK).passed

@@ -154,6 +154,10 @@ def test_instance_configs_are_valid(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     instance = DagsterInstance.get()
     assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+    assert type(instance.run_launcher).__name__ == "LocalRunLauncher"
+    assert instance.run_launcher.supports_check_run_worker_health
+    assert instance.run_monitoring_enabled
+    assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 10
     config = instance.get_concurrency_config()
     assert config.run_queue_config.max_concurrent_runs == 1
     limits = config.run_queue_config.tag_concurrency_limits

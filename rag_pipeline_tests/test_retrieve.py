@@ -2,13 +2,9 @@
 
 import pytest
 
-from rag_pipeline.chunk import ChunkBudget
-from rag_pipeline.config import ChunkingConfig, SourceConfig
-from rag_pipeline.pipeline import ingest_book
-from rag_pipeline.retrieve import expand_context, get_document, search
-from rag_pipeline.sparse import Bm25Encoder
-from rag_pipeline.store.filters import SearchFilters
-from rag_pipeline_tests.conftest import section
+from rag_pipeline.ingest.stages import ingest_book
+from rag_pipeline.retrieve import SearchFilters, expand_context, get_document, search
+from rag_pipeline_tests.conftest import make_recipe, make_source, section
 
 BOOKS = [f"book-{i}" for i in range(5)]
 
@@ -16,9 +12,7 @@ BOOKS = [f"book-{i}" for i in range(5)]
 @pytest.fixture
 def indexed(store, data_dir, write_book, hash_embedder):
     """Five books with the same text (overlapping tenants) plus a distinct long document."""
-    budget = ChunkBudget.for_tokenizer(
-        ChunkingConfig(target_tokens=120, max_tokens=160), hash_embedder.tokenizer
-    )
+    recipe = make_recipe(hash_embedder, target_tokens=120, max_tokens=160, min_tokens=100)
     for i, book in enumerate(BOOKS):
         write_book(
             book,
@@ -28,7 +22,7 @@ def indexed(store, data_dir, write_book, hash_embedder):
                 + "".join(section(f"Part {j}", 2, 60, seed=f"b{i}") for j in range(5)),
             },
         )
-        ingest_book(SourceConfig(data_dir), book, store, hash_embedder, budget, Bm25Encoder())
+        ingest_book(make_source(data_dir), book, store, recipe)
     return store
 
 
@@ -60,7 +54,8 @@ def test_filters_apply_within_the_book(indexed, hash_embedder):
 
 
 def _document(store, book, title):
-    from rag_pipeline.store.filters import Match, tenant_filter
+    from rag_pipeline.schema import book_filter as tenant_filter
+    from rag_pipeline.store import Match
 
     records = store.scroll(tenant_filter(book, Match("title", title)), fields=["parent_doc_id"])
     return next(iter(records)).payload["parent_doc_id"]
@@ -160,8 +155,7 @@ def test_hybrid_finds_a_keyword_only_match_that_dense_search_misses(
         )
     }
     write_book("errors", paragraphs)
-    budget = ChunkBudget.for_tokenizer(ChunkingConfig(), local_embedder.tokenizer)
-    ingest_book(SourceConfig(data_dir), "errors", store, local_embedder, budget, Bm25Encoder())
+    ingest_book(make_source(data_dir), "errors", store, make_recipe(local_embedder))
     query = "mxq-7731-rz error when the command fails"
     top = 3
 

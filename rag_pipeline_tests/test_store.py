@@ -5,10 +5,21 @@ import uuid
 import numpy as np
 import pytest
 
+from rag_pipeline.retrieve import SearchFilters
+from rag_pipeline.schema import PAYLOAD_INDEXES
+from rag_pipeline.schema import book_filter as tenant_filter
 from rag_pipeline.sparse import Bm25Encoder
-from rag_pipeline.store import CollectionSpec, PointRecord, StoreError, tenant_filter
-from rag_pipeline.store.base import PAYLOAD_INDEXES
-from rag_pipeline.store.filters import Match, MatchAny, Range, SearchFilters, TenantFilter
+from rag_pipeline.store import (
+    CollectionSpec,
+    HasIds,
+    Match,
+    MatchAny,
+    PointRecord,
+    Range,
+    StoreDamagedError,
+    StoreError,
+    TenantFilter,
+)
 
 DIM = 8
 
@@ -117,14 +128,17 @@ def test_tenant_isolation_for_every_operation(store):
     assert store.delete_where(tenant_filter("c")) == 10
     assert store.count(tenant_filter("c")) == 0
     assert store.count(tenant_filter("d")) == 10
-    assert store.book_ids() == ["a", "b", "d", "e"]
+    assert store.tenants() == ["a", "b", "d", "e"]
 
 
-def test_tenant_filter_cannot_be_built_unsafely():
+def test_tenant_filter_cannot_be_built_unsafely(store):
     with pytest.raises(ValueError, match="invalid book id"):
         tenant_filter("")
+    with pytest.raises(ValueError, match="needs a tenant"):
+        TenantFilter("")
+    fill(store)
     with pytest.raises(ValueError, match="tenant key"):
-        TenantFilter("a", (Match("book_id", "b"),))
+        store.count(TenantFilter("a", (Match("book_id", "b"),)))
     with pytest.raises(ValueError, match="cannot be used as a free filter"):
         SearchFilters(equals={"book_id": "b"}).conditions()
     with pytest.raises(ValueError, match="chapter range is empty"):
@@ -171,11 +185,56 @@ def test_sparse_and_hybrid_queries(store):
 
 
 def test_conditions_translate_for_both_backends():
-    from rag_pipeline.store.edge import to_edge_filter
-    from rag_pipeline.store.qdrant import to_qdrant_filter
+    from rag_pipeline.store.edge import EDGE
+    from rag_pipeline.store.native import native_filter
+    from rag_pipeline.store.qdrant import CLIENT
 
-    where = tenant_filter("a", Match("m", "x"), MatchAny("p", ("A2",)), Range("c", gte=1, lte=2))
-    native = to_qdrant_filter(where)
+    where = tenant_filter(
+        "a",
+        Match("m", "x"),
+        MatchAny("p", ("A2",)),
+        Range("c", gte=1, lte=2),
+        HasIds((pid(1),)),
+    )
+    native = native_filter(CLIENT, "book_id", where)
     assert native.must[0].key == "book_id" and native.must[0].match.value == "a"
-    assert len(native.must) == 4
-    assert to_edge_filter(where) is not None
+    assert len(native.must) == 5
+    assert repr(native_filter(EDGE, "book_id", where)).startswith(
+        'Filter(must=[FieldCondition(key="book_id"'
+    )
+
+
+@pytest.mark.parametrize("bad", ["not-a-uuid", "", "1e23", "../x", "12345"])
+def test_point_ids_are_checked_before_reaching_the_engine(bad):
+    with pytest.raises(ValueError, match="is not a point id"):
+        HasIds((bad,))
+    assert HasIds((pid(1).upper(),)).ids == (pid(1),)
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 10**23])
+def test_filter_integers_must_fit_the_index(value):
+    with pytest.raises(ValueError, match="64 bits"):
+        Match("chapter", value)
+    with pytest.raises(ValueError, match="64 bits"):
+        Range("chapter", gte=value)
+
+
+def test_counts_by_a_keyword_field(store):
+    fill(store, books=("a", "b"), per_book=6)
+    counts = store.counts_by(tenant_filter("a", Match("record_type", "chunk")), "module")
+    assert counts == {"m0": 3, "m1": 3}
+
+
+def test_a_score_no_cosine_can_have_is_damage_not_a_result(store, monkeypatch):
+    from rag_pipeline.store.base import ScoredRecord
+
+    fill(store)
+    monkeypatch.setattr(
+        type(store), "_query", lambda self, *a, **k: [ScoredRecord(pid(1), 3.2e28, {})]
+    )
+    with pytest.raises(StoreDamagedError, match="damaged"):
+        store.query_dense(tenant_filter("a"), vec(0), limit=3)
+    with pytest.raises(StoreDamagedError, match="damaged"):
+        store.query_hybrid(
+            tenant_filter("a"), vec(0), Bm25Encoder().encode_query("x"), limit=3, prefetch_limit=3
+        )

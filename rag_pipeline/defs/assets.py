@@ -1,6 +1,9 @@
-"""The ingestion assets, one partition per book: thin calls into :mod:`rag_pipeline.pipeline`.
+"""The ingestion assets, one partition per book: thin calls into :mod:`rag_pipeline.ingest`.
 
 source_files -> documents -> chunks -> chunk_embeddings -> qdrant_points
+
+Each step opens the store only for its own reads or writes, so a search or another process
+gets in while a step parses or embeds.
 """
 
 from collections.abc import Iterator
@@ -11,38 +14,40 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     Backoff,
-    MaterializeResult,
+    Config,
     MetadataValue,
     Output,
     RetryPolicy,
     asset,
 )
+from pydantic import Field
 
-from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget
-from rag_pipeline.consistency import check_chunks, check_index, check_vectors
+from rag_pipeline.chunk import CHUNKER_VERSION
 from rag_pipeline.defs.metadata import error_table, md_table, shorten
 from rag_pipeline.defs.partitions import book_partitions_def
-from rag_pipeline.embed import Embedder
-from rag_pipeline.index import CHUNK
-from rag_pipeline.pipeline import (
+from rag_pipeline.ingest.consistency import check_chunks, check_index, check_vectors
+from rag_pipeline.ingest.progress import ProgressLog
+from rag_pipeline.ingest.report import BookResult
+from rag_pipeline.ingest.stages import (
     BookInventory,
     ChunkedBook,
     EmbeddedBook,
     ParsedBook,
+    book_result,
     chunk_book,
     embed_book,
-    index_signature,
-    lineage_for,
     parse_book,
     take_inventory,
+    vectors_to_reuse,
     write_book,
 )
-from rag_pipeline.resources import BookSourceResource, EmbedderResource, QdrantStoreResource
-from rag_pipeline.sparse import Bm25Encoder
-from rag_pipeline.store.filters import Match, tenant_filter
+from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
 
 __all__ = [
+    "EMBEDDING_POOL",
     "INGESTION_GROUP",
+    "STORE_POOL",
+    "IngestRunConfig",
     "chunk_embeddings",
     "chunks",
     "documents",
@@ -57,43 +62,41 @@ OWNERS = ["team:data-platform"]
 STORE_POOL = "qdrant_store"
 #: embedding steps; its limit caps concurrent calls to a paid embedding API
 EMBEDDING_POOL = "embedding_api"
-_common = {
-    "partitions_def": book_partitions_def,
-    "group_name": INGESTION_GROUP,
-    "owners": OWNERS,
-}
 
 
-def _tools(
-    books: BookSourceResource, embedder: EmbedderResource
-) -> tuple[Embedder, ChunkBudget, Bm25Encoder]:
-    model = embedder.get()
-    return model, ChunkBudget.for_tokenizer(books.chunking(), model.tokenizer), Bm25Encoder()
+class IngestRunConfig(Config):
+    """Per-run choices. What defines the index (chunk budget, model) is deployment
+    configuration, set in the environment, never here."""
+
+    force: bool = Field(
+        default=False,
+        description="rebuild every file of the book and embed every chunk again, whatever "
+        "the index says",
+    )
 
 
 @asset(
-    **_common,
+    partitions_def=book_partitions_def,
+    group_name=INGESTION_GROUP,
+    owners=OWNERS,
     kinds={"markdown", "qdrant"},
-    code_version="1",
+    code_version="2",
     pool=STORE_POOL,
     description="Markdown files of the book on disk (path, size, sha256, module/chapter/lesson "
-    "from the path) and what each needs compared with the index: new, modified, unchanged or "
-    "deleted. The index state is read from Qdrant payloads; there is no other state store.",
+    "from the path) and what each needs compared with the index: new, modified, unchanged, "
+    "deleted or unreadable (kept). The index state is read from Qdrant payloads; there is no "
+    "other state store.",
 )
 def source_files(
     context: AssetExecutionContext,
-    books: BookSourceResource,
+    config: IngestRunConfig,
+    books: BooksResource,
     qdrant: QdrantStoreResource,
-    embedder: EmbedderResource,
+    recipe: IndexRecipeResource,
 ) -> Output[BookInventory]:
-    model, budget, sparse = _tools(books, embedder)
     with qdrant.open() as store:
         inventory = take_inventory(
-            books.source(),
-            context.partition_key,
-            store,
-            index_signature(model, budget, sparse),
-            model.model_name,
+            books.source(), context.partition_key, store, recipe.get(), force=config.force
         )
     changes = inventory.changes
     status = changes.statuses()
@@ -101,15 +104,21 @@ def source_files(
         {
             "file": f.source_file,
             "status": status[f.source_file],
+            "why": changes.reasons.get(f.source_file, ""),
             "bytes": f.size,
-            "module": f.path_meta.module,
-            "chapter": f.path_meta.chapter,
-            "lesson": f.path_meta.lesson,
+            "module": f.path_meta.module or "",
+            "chapter": "" if f.path_meta.chapter is None else f.path_meta.chapter,
+            "lesson": "" if f.path_meta.lesson is None else f.path_meta.lesson,
         }
         for f in inventory.files
     ]
-    rows += [{"file": name, "status": "deleted"} for name in changes.deleted]
+    rows += [
+        {"file": name, "status": status[name], "why": changes.reasons.get(name, "")}
+        for name in (*changes.deleted, *changes.unreadable)
+    ]
     rows.sort(key=lambda row: row["status"] == "unchanged")  # what changed comes first
+    for error in inventory.crawl_errors:
+        context.log.warning(str(error))
     return Output(
         inventory,
         metadata={
@@ -118,6 +127,7 @@ def source_files(
             "crawl_errors": len(inventory.crawl_errors),
             "bytes": sum(f.size for f in inventory.files),
             "indexed_chunk_points": inventory.state.chunk_points,
+            "forced": inventory.reembed,
             "files_table": md_table(rows, limit=40),
             "errors": error_table(inventory.crawl_errors),
         },
@@ -125,13 +135,15 @@ def source_files(
 
 
 @asset(
-    **_common,
+    partitions_def=book_partitions_def,
+    group_name=INGESTION_GROUP,
+    owners=OWNERS,
     kinds={"markdown"},
-    code_version="1",
+    code_version="2",
     description="New and modified files parsed: frontmatter split off and normalized (title, "
     "module, chapter, lesson, hardware tier, proficiency level, tags), sha256 of the bytes "
-    "parsed. A file that cannot be parsed is an error record naming the reason; the rest of "
-    "the book goes on.",
+    "parsed. A file that cannot be read or parsed is an error record naming the reason (its "
+    "last good chunks stay); the rest of the book goes on.",
     check_specs=[
         AssetCheckSpec(
             "parse_errors",
@@ -142,27 +154,31 @@ def source_files(
     ],
 )
 def documents(
-    context: AssetExecutionContext, books: BookSourceResource, source_files: BookInventory
+    context: AssetExecutionContext, books: BooksResource, source_files: BookInventory
 ) -> Iterator[Output[ParsedBook] | AssetCheckResult]:
     parsed = parse_book(source_files, books.source())
     rows = [
         {
             "file": d.source_file,
             "title": shorten(d.meta.title, 60),
-            "proficiency": d.meta.proficiency_level,
-            "tier": d.meta.hardware_tier,
+            "proficiency": d.meta.proficiency_level or "",
+            "tier": "" if d.meta.hardware_tier is None else d.meta.hardware_tier,
             "chars": len(d.body),
+            "warnings": len(d.warnings),
         }
         for d in parsed.documents
     ]
     for error in parsed.errors:
-        context.log.warning(f"{error.book_id}/{error.source_file}: {error.reason}")
+        context.log.warning(str(error))
+    for warning in parsed.warnings:
+        context.log.warning(f"{parsed.book_id}/{warning}")
     # the check covers the whole book: files that stay broken or empty are reported every run
     all_errors = parsed.errors + parsed.standing_errors
     all_empty = parsed.empty_documents + parsed.standing_empty_documents
     files = len(parsed.inventory.files)
     error_rate = round(len(all_errors) / files, 4) if files else 0.0
     empty_list = MetadataValue.md("\n".join(f"- {n}" for n in all_empty) or "(none)")
+    warnings = MetadataValue.md("\n".join(f"- {w}" for w in parsed.warnings[:50]) or "(none)")
     yield Output(
         parsed,
         metadata={
@@ -171,7 +187,9 @@ def documents(
             "book_errors": len(all_errors),
             "error_rate": error_rate,
             "empty_documents": len(all_empty),
+            "warnings": len(parsed.warnings),
             "empty_files": empty_list,
+            "warning_list": warnings,
             "error_table": error_table(all_errors),
             "documents": md_table(rows),
         },
@@ -192,12 +210,15 @@ def documents(
 
 
 @asset(
-    **_common,
+    partitions_def=book_partitions_def,
+    group_name=INGESTION_GROUP,
+    owners=OWNERS,
     kinds={"python"},
     code_version=CHUNKER_VERSION,
-    description="Heading-aware chunks of the parsed documents: split on ## headings, packed to "
+    description="Heading-aware chunks of the parsed documents: split on headings, packed to "
     "a token budget measured with the embedder's own tokenizer (never above its input limit), "
-    "with overlap, no split inside code fences or tables, content-hash ids and prev/next links.",
+    "with overlap, no split inside code fences or tables, content-hash ids and prev/next links. "
+    "A file whose chunks break an invariant is an error of that file alone.",
     check_specs=[
         AssetCheckSpec(
             "chunks_valid",
@@ -210,13 +231,10 @@ def documents(
     ],
 )
 def chunks(
-    context: AssetExecutionContext,
-    books: BookSourceResource,
-    embedder: EmbedderResource,
-    documents: ParsedBook,
+    context: AssetExecutionContext, recipe: IndexRecipeResource, documents: ParsedBook
 ) -> Iterator[Output[ChunkedBook] | AssetCheckResult]:
-    model, budget, _ = _tools(books, embedder)
-    chunked = chunk_book(documents, model, budget)
+    index_recipe = recipe.get()
+    chunked = chunk_book(documents, index_recipe)
     stats = chunked.token_stats()
     rows = [
         {
@@ -237,14 +255,14 @@ def chunks(
             "tokens_mean": stats["mean"],
             "tokens_p95": stats["p95"],
             "tokens_max": stats["max"],
-            "token_limit": budget.limit,
-            "target_tokens": budget.target,
+            "token_limit": index_recipe.budget.limit,
+            "target_tokens": index_recipe.budget.target,
             "chunk_errors": error_table([e for e in chunked.errors if e.stage == "chunk"]),
             "seconds": round(chunked.seconds, 3),
             "preview": md_table(rows),
         },
     )
-    problems = check_chunks(chunked.chunks, budget.limit)
+    problems = check_chunks(chunked.chunks, index_recipe.budget.limit)
     yield AssetCheckResult(
         check_name="chunks_valid",
         passed=not problems,
@@ -256,9 +274,11 @@ def chunks(
 
 
 @asset(
-    **_common,
-    kinds={"onnx", "openai"},
-    code_version="1",
+    partitions_def=book_partitions_def,
+    group_name=INGESTION_GROUP,
+    owners=OWNERS,
+    kinds={"python"},
+    code_version="2",
     pool=EMBEDDING_POOL,
     retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL),
     description="Dense vectors (the configured embedder) and BM25 sparse vectors for every "
@@ -277,15 +297,21 @@ def chunks(
 )
 def chunk_embeddings(
     context: AssetExecutionContext,
-    books: BookSourceResource,
-    embedder: EmbedderResource,
+    recipe: IndexRecipeResource,
     qdrant: QdrantStoreResource,
     chunks: ChunkedBook,
 ) -> Iterator[Output[EmbeddedBook] | AssetCheckResult]:
-    model, _, sparse = _tools(books, embedder)
+    index_recipe = recipe.get()
     with qdrant.open() as store:
-        embedded = embed_book(chunks, model, store, sparse)
+        reuse = vectors_to_reuse(chunks, index_recipe, store)
         collection_dim = store.dense_dimension()
+    todo = len(chunks.chunks) - sum(1 for c in chunks.chunks if c.content_hash in reuse)
+    context.log.info(
+        f"{len(chunks.chunks)} chunks: {len(chunks.chunks) - todo} already indexed, "
+        f"{todo} to embed with {index_recipe.embedding_model}"
+    )
+    progress = ProgressLog("embedding", context.log.info)
+    embedded = embed_book(chunks, index_recipe, reuse, progress)
     rate = embedded.embedded / embedded.embed_seconds if embedded.embed_seconds > 0 else 0.0
     yield Output(
         embedded,
@@ -301,12 +327,12 @@ def chunk_embeddings(
             "chunks_per_second": round(rate, 1),
         },
     )
-    problems = check_vectors(embedded.dense, model.dimension, collection_dim)
+    problems = check_vectors(embedded.dense, index_recipe.dimension, collection_dim)
     yield AssetCheckResult(
         check_name="vector_dimension",
         passed=not problems,
         metadata={
-            "model_dimension": model.dimension,
+            "model_dimension": index_recipe.dimension,
             "collection_dimension": collection_dim if collection_dim is not None else -1,
             "details": MetadataValue.md("\n".join(f"- {p}" for p in problems) or "(none)"),
         },
@@ -314,9 +340,11 @@ def chunk_embeddings(
 
 
 @asset(
-    **_common,
+    partitions_def=book_partitions_def,
+    group_name=INGESTION_GROUP,
+    owners=OWNERS,
     kinds={"qdrant"},
-    code_version="1",
+    code_version="2",
     pool=STORE_POOL,
     retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL),
     description="The book's points in the Qdrant collection (book_id is the tenant key). New "
@@ -335,21 +363,32 @@ def chunk_embeddings(
 )
 def qdrant_points(
     context: AssetExecutionContext,
-    books: BookSourceResource,
-    embedder: EmbedderResource,
+    recipe: IndexRecipeResource,
     qdrant: QdrantStoreResource,
     chunks: ChunkedBook,
     chunk_embeddings: EmbeddedBook,
-) -> MaterializeResult:
-    model, budget, sparse = _tools(books, embedder)
-    lineage = lineage_for(model, budget, sparse, context.run_id)
+) -> Iterator[Output[BookResult] | AssetCheckResult]:
+    index_recipe = recipe.get()
+    lineage = index_recipe.lineage(context.run_id)
     with qdrant.open() as store:
-        report = write_book(store, chunks, chunk_embeddings, lineage)
-        points = store.count(tenant_filter(context.partition_key, Match("record_type", CHUNK)))
-        target = store.description
-        consistency = check_index(store, context.partition_key, model.dimension)
+        written = write_book(store, chunks, chunk_embeddings, lineage)
+        consistency = check_index(store, context.partition_key, index_recipe.dimension)
+    result = book_result(chunks, chunk_embeddings, written, consistency)
     problems = consistency.problems()
-    check = AssetCheckResult(
+    yield Output(
+        result,
+        metadata={
+            "points_upserted": written.upserted,
+            "points_deleted": written.deleted,
+            "document_records": written.documents,
+            "points_in_book": consistency.points,
+            "collection": qdrant.collection,
+            "store": qdrant.description,
+            "embedding_model": lineage.embedding_model,
+            "signature": lineage.signature,
+        },
+    )
+    yield AssetCheckResult(
         check_name="index_consistency",
         passed=consistency.passed,
         metadata={
@@ -358,19 +397,6 @@ def qdrant_points(
             "documents": consistency.documents,
             "problems": len(problems),
             "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
-        },
-    )
-    return MaterializeResult(
-        check_results=[check],
-        metadata={
-            "points_upserted": report.upserted,
-            "points_deleted": report.deleted,
-            "document_records": report.documents,
-            "points_in_book": points,
-            "collection": qdrant.collection,
-            "store": target,
-            "embedding_model": lineage.embedding_model,
-            "signature": lineage.signature,
         },
     )
 

@@ -1,17 +1,20 @@
 """Jobs: ingest one book (all assets), and purge a removed book's points."""
 
+from typing import Any
+
 from dagster import AssetSelection, Config, OpExecutionContext, define_asset_job, job, op
 
-from rag_pipeline.crawl import validate_book_id
 from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL
 from rag_pipeline.defs.partitions import book_partitions_def
+from rag_pipeline.models import validate_book_id
 from rag_pipeline.resources import QdrantStoreResource
-from rag_pipeline.store import tenant_filter
+from rag_pipeline.schema import book_filter
 
 __all__ = [
     "INGEST_JOB_NAME",
     "PURGE_JOB_NAME",
     "ingest_books_job",
+    "ingest_run_config",
     "purge_book_job",
     "purge_run_config",
 ]
@@ -27,6 +30,10 @@ ingest_books_job = define_asset_job(
 )
 
 
+def ingest_run_config(*, force: bool = False) -> dict[str, Any]:
+    return {"ops": {"source_files": {"config": {"force": force}}}}
+
+
 class PurgeBookConfig(Config):
     book_id: str
 
@@ -37,7 +44,7 @@ def purge_book_points(
 ) -> int:
     book_id = validate_book_id(config.book_id)
     with qdrant.open() as store:
-        deleted = store.delete_where(tenant_filter(book_id))
+        deleted = store.delete_where(book_filter(book_id))
     context.log.info(f"purged {deleted} points of removed book {book_id!r}")
     return deleted
 
@@ -47,5 +54,5 @@ def purge_book_job() -> None:
     purge_book_points()
 
 
-def purge_run_config(book_id: str) -> dict:
+def purge_run_config(book_id: str) -> dict[str, Any]:
     return {"ops": {"purge_book_points": {"config": {"book_id": book_id}}}}

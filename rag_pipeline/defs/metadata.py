@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
-from dagster import MetadataValue
+from dagster import MarkdownMetadataValue, MetadataValue
 
 from rag_pipeline.models import FileError
 
@@ -18,7 +18,9 @@ def shorten(text: str, width: int = 90) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def md_table(rows: Sequence[Mapping[str, Any]], limit: int = 25, empty: str = "(none)"):
+def md_table(
+    rows: Sequence[Mapping[str, Any]], limit: int = 25, empty: str = "(none)"
+) -> MarkdownMetadataValue:
     """A Markdown table of the first ``limit`` rows, saying how many were left out."""
     if not rows:
         return MetadataValue.md(empty)
@@ -29,7 +31,7 @@ def md_table(rows: Sequence[Mapping[str, Any]], limit: int = 25, empty: str = "(
     return MetadataValue.md(text)
 
 
-def error_table(errors: Iterable[FileError], limit: int = 50):
+def error_table(errors: Iterable[FileError], limit: int = 50) -> MarkdownMetadataValue:
     rows = [
         {"file": e.source_file or "(book folder)", "stage": e.stage, "reason": e.reason}
         for e in errors

@@ -1,184 +1,176 @@
-"""Run the ingest job for many books from one process (what ``rag-pipeline ingest`` does).
+"""Execute an ingest plan through Dagster, from one process (what ``rag-pipeline ingest`` does).
 
-Per-book Dagster runs keep per-book lineage, metadata and run keys, but a run costs Dagster
-start-up time, and the embedded store costs a load on open. So this runner
+Per-book Dagster runs keep per-book lineage, metadata, checks and run history, but a run costs
+Dagster start-up time. So the runner
 
-* executes runs in-process, one after another, against the instance in ``DAGSTER_HOME``;
-* holds one store handle and one embedder for all of them (the resources share them);
-* skips a book whose files, chunker and model all match its document records in the index,
-  so an unchanged corpus launches no run at all.
+* is handed the plan (only books that need it run) and the resources the CLI already built
+  (one model, one store configuration for every run);
+* executes the runs in-process, one after another, against the instance in ``DAGSTER_HOME``;
+* first marks failed the runs whose process died (they would hold their pool slots forever);
+  while a run executes, a step waiting for a pool held by another live run is reported every
+  ``busy_wait_s`` seconds, naming that run (see :class:`PoolWatch`);
+* reads each run's result as the pipeline's own typed :class:`BookResult`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster import DagsterInstance, Definitions
+from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
-from rag_pipeline.chunk import ChunkBudget
-from rag_pipeline.config import ChunkingConfig, Settings, ensure_dagster_home, load_settings
-from rag_pipeline.crawl import validate_book_id
-from rag_pipeline.defs.jobs import INGEST_JOB_NAME, PURGE_JOB_NAME, purge_run_config
-from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.freshness import (
-    BookResult,
-    DataDirError,
-    IngestReport,
-    assess_book,
-    fill_from_index,
-    refusing_to_purge_all,
-    scan_data_dir,
-    write_partitions_marker,
+from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL
+from rag_pipeline.defs.jobs import (
+    INGEST_JOB_NAME,
+    PURGE_JOB_NAME,
+    ingest_run_config,
+    purge_run_config,
 )
-from rag_pipeline.pipeline import index_signature
-from rag_pipeline.resources import BookSourceResource, EmbedderResource, QdrantStoreResource
-from rag_pipeline.sparse import Bm25Encoder
+from rag_pipeline.defs.location import build_defs, fixed_resources
+from rag_pipeline.defs.partition_marker import write_partitions_marker
+from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+from rag_pipeline.defs.reaper import process_tags, reap_dead_runs, run_worker
+from rag_pipeline.ingest.plan import IngestPlan
+from rag_pipeline.ingest.report import BookResult, IngestReport
+from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
 
-__all__ = [
-    "BookResult",
-    "DataDirError",
-    "IngestReport",
-    "ensure_dagster_home",
-    "ingest_books",
-]
+__all__ = ["IngestResources", "PoolWatch", "execute_plan"]
 
 log = logging.getLogger(__name__)
 QUIET_RUN_CONFIG: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+TRIGGER_TAG = "rag/trigger"
+BOOK_TAG = "rag/book"
 
 
-def ingest_books(
-    book_ids: Sequence[str] | None = None,
-    *,
-    force: bool = False,
-    settings: Settings | None = None,
-    chunking: ChunkingConfig | None = None,
+@dataclass(frozen=True)
+class IngestResources:
+    """The resources every run of one command shares (built once by the caller)."""
+
+    books: BooksResource
+    qdrant: QdrantStoreResource
+    recipe: IndexRecipeResource
+
+
+def execute_plan(
+    plan: IngestPlan,
+    resources: IngestResources,
     instance: DagsterInstance | None = None,
-    definitions: Definitions | None = None,
-    purge_removed: bool = True,
+    *,
     dagster_home: Path | None = None,
-    unchanged: Mapping[str, BookResult] | None = None,
+    trigger: str = "cli",
+    notify: Callable[[str], None] | None = None,
 ) -> IngestReport:
-    """Bring the index of the named books (default: every book folder) in step with the files.
-
-    ``unchanged`` holds books the caller has just found up to date (``freshness.quick_check``
-    in the same process, same store handle); they are not checked again."""
-    from rag_pipeline.definitions import build_definitions
-
+    """Run and purge the books the plan says; unchanged and missing books are reported as
+    planned. Returns the ingest report. Without ``instance``, the one in ``DAGSTER_HOME``."""
+    if instance is None:
+        with DagsterInstance.get() as home_instance:
+            return execute_plan(
+                plan,
+                resources,
+                home_instance,
+                dagster_home=dagster_home,
+                trigger=trigger,
+                notify=notify,
+            )
     started = time.perf_counter()
-    settings = settings or load_settings()
-    defs = definitions or build_definitions(settings, chunking)
-    instance = instance or DagsterInstance.get()
-    books_res: BookSourceResource = defs.resources["books"]  # type: ignore[assignment]
-    source = books_res.source()
-    scan = scan_data_dir(source)
-    report = IngestReport(rejected=[str(e) for e in scan.rejected])
-    on_disk = set(scan.book_ids)
-    targets = [validate_book_id(b) for b in book_ids] if book_ids else list(scan.book_ids)
-
-    qdrant: QdrantStoreResource = defs.resources["qdrant"]  # type: ignore[assignment]
-    embedder_res: EmbedderResource = defs.resources["embedder"]  # type: ignore[assignment]
-    embedder = embedder_res.get()
-    budget = ChunkBudget.for_tokenizer(books_res.chunking(), embedder.tokenizer)
-    signature = index_signature(embedder, budget, Bm25Encoder())
+    say = notify or log.warning
+    report = IngestReport(rejected=list(plan.rejected), warnings=list(plan.warnings))
+    defs = build_defs(fixed_resources(resources.books, resources.qdrant, resources.recipe))
     ingest_job = defs.resolve_job_def(INGEST_JOB_NAME)
     purge_job = defs.resolve_job_def(PURGE_JOB_NAME)
 
+    for run_id in reap_dead_runs(instance, log=say):
+        report.warnings.append(f"run {run_id} had died with its process; marked failed")
+    runs = plan.with_action("run")
     known = set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
-    missing = [b for b in targets if b in on_disk and b not in known]
+    missing = [b for b in runs if b not in known]
     if missing:
         instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, missing)
+    tags = {TRIGGER_TAG: trigger, **process_tags()}
+    wait_s = resources.qdrant.busy_wait_s
 
-    with qdrant.open() as store:  # held for every run of this process
-        removed = []
-        if purge_removed and not book_ids:
-            removed = [b for b in store.book_ids() if b not in on_disk]
-            if removed and not on_disk:
-                report.warnings.append(refusing_to_purge_all(source, len(removed)))
-                removed = []
-        for book_id in targets:
-            if book_id not in on_disk:
-                if book_id in store.book_ids():
-                    removed.append(book_id)
-                else:
-                    report.books[book_id] = BookResult(
-                        book_id,
-                        "missing",
-                        error_messages=[f"no book folder {book_id!r} under {source.data_dir}"],
-                    )
-                continue
-            if not force and unchanged and book_id in unchanged:
-                report.books[book_id] = unchanged[book_id]  # checked just before, in process
-                continue
-            t0 = time.perf_counter()
-            assessed = (
-                None
-                if force
-                else assess_book(source, book_id, store, signature, embedder.model_name)
-            )
-            if assessed is not None:
-                result = assessed
+    for book_id, book in plan.books.items():
+        t0 = time.perf_counter()
+        if book.action in ("unchanged", "missing"):
+            report.books[book_id] = book.result()
+            continue
+        run_id = str(uuid.uuid4())
+        with PoolWatch(instance, run_id, [STORE_POOL, EMBEDDING_POOL], wait_s, say):
+            if book.action == "run":
+                report.books[book_id] = _run_book(
+                    ingest_job, instance, run_id, book_id, plan.force, {**tags, BOOK_TAG: book_id}
+                )
             else:
-                result = _run_book(ingest_job, instance, book_id)
-                fill_from_index(result, source, store, book_id)
-            result.seconds = time.perf_counter() - t0
-            report.books[book_id] = result
-        for book_id in removed:
-            t0 = time.perf_counter()
-            outcome = purge_job.execute_in_process(
-                run_config={**QUIET_RUN_CONFIG, **purge_run_config(book_id)},
-                instance=instance,
-                raise_on_error=False,
-                tags={"rag/book": book_id},
-            )
-            result = BookResult(
-                book_id, "removed" if outcome.success else "failed", run_id=outcome.run_id
-            )
-            if outcome.success:
-                result.deleted = int(outcome.output_for_node("purge_book_points"))
-                if book_id in set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)):
-                    instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
-            else:
-                result.error_messages.append(_failure_message(outcome))
-            result.seconds = time.perf_counter() - t0
-            report.books[book_id] = result
-    if dagster_home is not None:  # the instance is the one in DAGSTER_HOME
+                report.books[book_id] = _purge_book(
+                    purge_job, instance, run_id, book_id, {**tags, BOOK_TAG: book_id}
+                )
+        report.books[book_id].reasons = list(book.reasons)
+        report.books[book_id].seconds = time.perf_counter() - t0
+
+    if dagster_home is not None:
         write_partitions_marker(
             dagster_home, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
         )
-    report.seconds = time.perf_counter() - started
+    report.seconds = plan.seconds + time.perf_counter() - started
     return report
 
 
-def _run_book(job: Any, instance: DagsterInstance, book_id: str) -> BookResult:
+def _run_book(
+    job: JobDefinition,
+    instance: DagsterInstance,
+    run_id: str,
+    book_id: str,
+    force: bool,
+    tags: dict[str, str],
+) -> BookResult:
     outcome = job.execute_in_process(
-        partition_key=book_id, instance=instance, run_config=QUIET_RUN_CONFIG, raise_on_error=False
+        run_config={**QUIET_RUN_CONFIG, **ingest_run_config(force=force)},
+        instance=instance,
+        run_id=run_id,
+        partition_key=book_id,
+        raise_on_error=False,
+        tags=tags,
     )
-    result = BookResult(book_id, "ingested" if outcome.success else "failed", run_id=outcome.run_id)
-    for event in outcome.get_asset_materialization_events():
-        meta = {k: v.value for k, v in event.materialization.metadata.items()}
-        name = event.materialization.asset_key.to_user_string()
-        if name == "source_files":
-            result.files_new = int(meta.get("files_new", 0))
-            result.files_modified = int(meta.get("files_modified", 0))
-            result.files_deleted = int(meta.get("files_deleted", 0))
-        elif name == "chunk_embeddings":
-            result.embedded = int(meta.get("chunks_embedded", 0))
-            result.reused = int(meta.get("chunks_reused", 0))
-            result.tokens = int(meta.get("embedder_tokens", 0))
-            result.cost_usd = float(meta.get("cost_usd_estimate", 0.0))
-            result.embed_seconds = float(meta.get("embed_seconds", 0.0))
-        elif name == "qdrant_points":
-            result.deleted = int(meta.get("points_deleted", 0))
     if not outcome.success:
-        result.error_messages.append(_failure_message(outcome))
+        return _failed(book_id, outcome.run_id, _failure_message(outcome))
+    result: BookResult = outcome.output_for_node("qdrant_points")
+    result.run_id = outcome.run_id
     return result
 
 
-def _failure_message(outcome: Any) -> str:
+def _purge_book(
+    job: JobDefinition, instance: DagsterInstance, run_id: str, book_id: str, tags: dict[str, str]
+) -> BookResult:
+    outcome = job.execute_in_process(
+        run_config={**QUIET_RUN_CONFIG, **purge_run_config(book_id)},
+        instance=instance,
+        run_id=run_id,
+        raise_on_error=False,
+        tags=tags,
+    )
+    if not outcome.success:
+        return _failed(book_id, outcome.run_id, _failure_message(outcome))
+    if book_id in set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)):
+        instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
+    return BookResult(
+        book_id,
+        "removed",
+        deleted=int(outcome.output_for_node("purge_book_points")),
+        run_id=outcome.run_id,
+    )
+
+
+def _failed(book_id: str, run_id: str | None, message: str) -> BookResult:
+    return BookResult(book_id, "failed", run_id=run_id, error_messages=[message])
+
+
+def _failure_message(outcome: ExecuteInProcessResult) -> str:
     for event in outcome.all_events:
         if event.is_step_failure and event.step_failure_data is not None:
             error = event.step_failure_data.error
@@ -187,4 +179,93 @@ def _failure_message(outcome: Any) -> str:
                 while cause.cause is not None:
                     cause = cause.cause
                 return f"step {event.step_key} failed: {cause.message.strip()}"
+    for event in outcome.all_events:
+        if event.is_run_failure and event.message:
+            return event.message
     return "run failed"
+
+
+class PoolWatch:
+    """While a run executes in this process, watch its steps' pool claims: a step that waits
+    for a pool is reported every ``every_s`` seconds, naming the runs that hold it, and runs
+    whose process died are reaped on the way, so their slots come free."""
+
+    def __init__(
+        self,
+        instance: DagsterInstance,
+        run_id: str,
+        pools: Sequence[str],
+        every_s: float,
+        notify: Callable[[str], None],
+    ) -> None:
+        self.instance = instance
+        self.run_id = run_id
+        self.pools = list(pools)
+        self.every_s = max(every_s, 1.0)
+        self.notify = notify
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="pool-watch", daemon=True)
+
+    def __enter__(self) -> PoolWatch:
+        if self.instance.event_log_storage.supports_global_concurrency_limits:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        waiting_since: float | None = None
+        reported = 0.0
+        while not self._stop.wait(1.0):
+            try:
+                waiting = self._waiting_steps()
+            except Exception:  # a watcher must never break the run it watches
+                continue
+            if not waiting:
+                waiting_since = None
+                continue
+            now = time.monotonic()
+            waiting_since = waiting_since or now
+            if now - waiting_since >= self.every_s and now - reported >= self.every_s:
+                reported = now
+                holders = "; ".join(
+                    f"pool {pool} held by {who}"
+                    for pool, who in _busy_pools(self.instance, list(waiting)).items()
+                )
+                steps = ", ".join(sorted(set(waiting.values())))
+                self.notify(
+                    f"run {self.run_id}: step {steps} has waited {now - waiting_since:.0f}s "
+                    f"for a pool slot ({holders or 'held by other steps'})"
+                )
+                reap_dead_runs(self.instance, log=self.notify)
+
+    def _waiting_steps(self) -> dict[str, str]:
+        """pool -> step of this run that waits for a slot of it."""
+        out = {}
+        infos = self.instance.event_log_storage.get_concurrency_infos(self.pools)
+        for pool, info in infos.items():
+            for step in info.pending_steps:
+                if step.run_id == self.run_id and step.assigned_timestamp is None:
+                    out[pool] = step.step_key
+        return out
+
+
+def _busy_pools(instance: DagsterInstance, pools: Sequence[str]) -> dict[str, str]:
+    busy = {}
+    for pool, info in instance.event_log_storage.get_concurrency_infos(list(pools)).items():
+        if info.limit is None or len(info.claimed_slots) < info.limit:
+            continue
+        run_ids = sorted(info.active_run_ids)
+        busy[pool] = ", ".join(_describe_run(instance, r) for r in run_ids) or "unknown runs"
+    return busy
+
+
+def _describe_run(instance: DagsterInstance, run_id: str) -> str:
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        return f"run {run_id} (no longer recorded)"
+    worker = run_worker(instance, run)
+    return f"run {run_id} ({run.job_name}, {run.status.value}" + (f", {worker})" if worker else ")")

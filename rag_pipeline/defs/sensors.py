@@ -12,17 +12,22 @@ from what the previous tick saw. The cursor stays compact: one entry per book,
 * a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
   its points (the sensor never opens the store: runs hold its lock).
 
-A missing data folder, or one with no book left in it while books are known, purges nothing:
-that is far more often an unmounted volume than a decision to delete every book.
+The purge policy is the one ``rag-pipeline plan`` and ``ingest`` apply
+(:func:`rag_pipeline.ingest.plan.decide_purges`): a missing data folder, or one with no book
+left in it while books are known, purges nothing (far more often an unmounted volume than a
+decision to delete every book), and a book folder that exists but cannot be used keeps its
+points.
 """
+
+from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dagster import (
     AddDynamicPartitionsRequest,
@@ -35,10 +40,11 @@ from dagster import (
     sensor,
 )
 
-from rag_pipeline.changes import fingerprint_book
-from rag_pipeline.crawl import discover_books, scan_book
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+from rag_pipeline.ingest.changes import fingerprint_book
+from rag_pipeline.ingest.crawl import DataDirError, discover_books, scan_book
+from rag_pipeline.ingest.plan import decide_purges
 
 __all__ = ["BookScanState", "build_books_sensor", "read_cursor", "scan_books", "write_cursor"]
 
@@ -64,11 +70,13 @@ class BookScanState:
 
 
 def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
-    stats, _ = scan_book(data_dir, book_id)
+    scan = scan_book(data_dir, book_id)
     h = hashlib.sha256()
-    for st in stats:
+    for st in scan.files:
         h.update(f"{st.source_file}\0{st.size}\0{st.mtime_ns}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()[:32], len(stats)
+    for error in scan.errors:  # an entry turning unreadable is a change too
+        h.update(f"!{error.source_file}\0{error.reason}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()[:32], len(scan.files)
 
 
 def scan_books(
@@ -109,7 +117,9 @@ def write_cursor(books: Mapping[str, list[str]], seq: int) -> str:
     return json.dumps({"books": books, "seq": seq}, sort_keys=True, separators=(",", ":"))
 
 
-def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30, name: str = "books_sensor"):
+def build_books_sensor(
+    data_dir: str | Path, *, interval_s: int = 30, name: str = "books_sensor"
+) -> Any:
     """The sensor for books under ``data_dir`` (on by default under the daemon)."""
     root = Path(data_dir)
 
@@ -124,19 +134,20 @@ def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30, name: str 
     def books_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         started = time.perf_counter()
         previous, seq = read_cursor(context.cursor)
-        if not root.is_dir():
-            return SkipReason(f"data folder {root} is missing; nothing scanned or purged")
-        states, rejected = scan_books(root, previous)
+        try:
+            states, rejected = scan_books(root, previous)
+        except DataDirError as exc:
+            return SkipReason(str(exc))
         for refused in rejected:
             context.log.warning(f"refused book folder: {refused}")
         known = set(context.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
         new_books = sorted(b for b in states if b not in known)
-        removed = sorted((known | set(previous)) - set(states))
-        if removed and not states:
-            return SkipReason(
-                f"no book folder under {root}: refusing to purge all {len(removed)} known books "
-                "at once (purge them one by one with `rag-pipeline ingest --book ID`)"
-            )
+        decision = decide_purges(root, set(states), known | set(previous))
+        for warning in decision.warnings:
+            context.log.warning(warning)
+        if decision.warnings and not states:
+            return SkipReason(decision.warnings[0])
+        removed = list(decision.purge)
         run_requests: list[RunRequest] = []
         for book_id, state in sorted(states.items()):
             before = previous.get(book_id)
@@ -160,14 +171,15 @@ def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30, name: str 
                     tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
                 )
             )
-        partition_requests: list = []
+        partition_requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
         if new_books:
             partition_requests.append(AddDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, new_books))
         gone = [b for b in removed if b in known]
         if gone:
             partition_requests.append(DeleteDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, gone))
+        kept = {b: previous[b] for b in decision.kept if b in previous}
         cursor = write_cursor(
-            {b: [s.stat_digest, s.content_digest] for b, s in states.items()}, seq
+            {**kept, **{b: [s.stat_digest, s.content_digest] for b, s in states.items()}}, seq
         )
         hashed = sum(s.hashed for s in states.values())
         context.log.info(
@@ -182,7 +194,3 @@ def build_books_sensor(data_dir: str | Path, *, interval_s: int = 30, name: str 
         )
 
     return books_sensor
-
-
-def sensor_interval_s() -> int:
-    return int(os.environ.get("RAG_SENSOR_INTERVAL_S", "30"))

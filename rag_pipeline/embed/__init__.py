@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rag_pipeline.config import Settings
+from rag_pipeline.config import EmbedderConfig
 from rag_pipeline.embed.base import (
     Embedder,
     EmbedError,
@@ -19,27 +19,26 @@ __all__ = [
 ]
 
 
-def create_embedder(settings: Settings) -> Embedder:
-    """The provider ``settings.embedder`` names, configured from settings."""
-    if settings.embedder == "hash":
+def create_embedder(config: EmbedderConfig) -> Embedder:
+    """The provider ``config.provider`` names, configured from it."""
+    if config.provider == "hash":
         from rag_pipeline.embed.hashing import HashEmbedder
 
         return HashEmbedder()
-    if settings.embedder == "openai":
+    if config.provider == "openai":
         from rag_pipeline.embed.openai import OpenAIEmbedder
 
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
         return OpenAIEmbedder(
-            key,
-            model=settings.openai_model,
-            base_url=settings.openai_base_url,
-            max_retries=settings.openai_max_retries,
-            timeout_s=settings.openai_timeout_s,
+            config.openai_api_key,
+            model=config.openai_model,
+            base_url=config.openai_base_url,
+            max_retries=config.openai_max_retries,
+            timeout_s=config.openai_timeout_s,
         )
     from rag_pipeline.embed.local import LocalEmbedder
 
     return LocalEmbedder(
-        settings.local_model_dir,
-        batch_size=settings.embed_batch_size,
-        cache_dir=settings.cache_dir / "models",
+        config.local_model_dir,
+        batch_size=config.batch_size,
+        cache_dir=config.cache_dir / "models",
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,14 +104,21 @@ class Embedder(ABC):
     def _embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         """Embed one batch (at most ``batch_size`` texts) into an (n, dim) array."""
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed any number of texts; returns an (n, dim) float32 array, rows L2-normalized."""
+    def embed(
+        self, texts: Sequence[str], progress: Callable[[int, int], None] | None = None
+    ) -> np.ndarray:
+        """Embed any number of texts; returns an (n, dim) float32 array, rows L2-normalized.
+        ``progress(done, total)`` is called after each batch."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         # Batches of similar length waste less compute on padding; results go back in order.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         ordered = [texts[i] for i in order]
-        parts = [self._embed_batch(batch) for batch in self.batches(ordered)]
+        parts = []
+        for batch in self.batches(ordered):
+            parts.append(self._embed_batch(batch))
+            if progress:
+                progress(sum(len(p) for p in parts), len(texts))
         vectors = np.empty((len(texts), self.dimension), dtype=np.float32)
         vectors[order] = np.concatenate(parts)
         return _normalize(vectors)

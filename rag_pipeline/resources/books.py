@@ -1,4 +1,4 @@
-"""Dagster resource describing where the books are and how they are read and cut."""
+"""Where the books are and how their files are read."""
 
 from __future__ import annotations
 
@@ -7,24 +7,30 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from rag_pipeline.config import DEFAULT_PATH_PATTERNS, ChunkingConfig, SourceConfig
+from rag_pipeline.config import Settings, SourceConfig
 
-__all__ = ["BookSourceResource"]
+__all__ = ["BooksResource"]
 
 
-class BookSourceResource(ConfigurableResource):
-    """The books folder (one sub-folder per book) and the chunking budget."""
+# Dagster types ConfigurableResource as generic in its own value type, but subclasses are
+# declared unparametrized (as its docs do): a parametrized base changes its pydantic model.
+class BooksResource(ConfigurableResource):  # type: ignore[type-arg]
+    """The books folder (one sub-folder per book) and how its files are read."""
 
-    data_dir: str = Field("data/books", description="folder holding one folder per book")
-    path_patterns: list[str] = Field(
-        list(DEFAULT_PATH_PATTERNS), description="regexes with module/chapter/lesson groups"
-    )
-    max_file_bytes: int = Field(10 * 1024 * 1024, description="larger files are refused")
-    default_hardware_tier: int = Field(1, description="tier of documents that state none")
-    chunk_target_tokens: int = 400
-    chunk_max_tokens: int = 512
-    chunk_min_tokens: int = 100
-    chunk_overlap: float = 0.15
+    data_dir: str = Field(description="folder holding one folder per book (RAG_DATA_DIR)")
+    path_patterns: list[str] = Field(description="regexes with module/chapter/lesson groups")
+    max_file_bytes: int = Field(description="larger files are refused (RAG_MAX_FILE_BYTES)")
+    default_hardware_tier: int = Field(description="tier of documents that state none")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BooksResource:
+        source = settings.source()
+        return cls(
+            data_dir=str(source.data_dir),
+            path_patterns=list(source.path_patterns),
+            max_file_bytes=source.max_file_bytes,
+            default_hardware_tier=settings.default_hardware_tier,
+        )
 
     def source(self) -> SourceConfig:
         return SourceConfig(
@@ -32,12 +38,4 @@ class BookSourceResource(ConfigurableResource):
             tuple(self.path_patterns),
             self.max_file_bytes,
             self.default_hardware_tier,
-        )
-
-    def chunking(self) -> ChunkingConfig:
-        return ChunkingConfig(
-            target_tokens=self.chunk_target_tokens,
-            max_tokens=self.chunk_max_tokens,
-            min_tokens=self.chunk_min_tokens,
-            overlap=self.chunk_overlap,
         )

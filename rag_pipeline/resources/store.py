@@ -1,46 +1,79 @@
-"""Dagster resource for the vector store: a Qdrant server, an embedded folder, or memory."""
+"""The vector store: a Qdrant server, an embedded folder, or memory."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from rag_pipeline.config import load_settings
+from rag_pipeline.config import Settings, StoreConfig
+from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.store import VectorStore, open_store
 from rag_pipeline.store.sharing import shared_store, store_key
 
 __all__ = ["QdrantStoreResource"]
 
 
-class QdrantStoreResource(ConfigurableResource):
-    """Where points live. ``url`` (a Qdrant server) wins; else ``path`` (``:memory:`` allowed)."""
+# Dagster types ConfigurableResource as generic in its own value type, but subclasses are
+# declared unparametrized (as its docs do): a parametrized base changes its pydantic model.
+class QdrantStoreResource(ConfigurableResource):  # type: ignore[type-arg]
+    """Where points live. ``url`` (a Qdrant server) wins; else ``path`` (``:memory:`` allowed).
 
-    collection: str = Field("rag_chunks", description="Qdrant collection name")
-    path: str = Field(".rag/qdrant", description="embedded store folder, or :memory:")
-    url: str | None = Field(None, description="Qdrant server URL; overrides path")
-    api_key: str | None = Field(None, description="Qdrant server API key")
-    embedded: str = Field(
-        "edge",
-        description="embedded engine: client (qdrant-client local mode) or edge (Qdrant Edge)",
-    )
-    busy_wait_s: float = Field(30.0, description="how long to wait for a busy embedded store")
+    An embedded folder is locked while a step has it open, so every step opens it for its own
+    store work only: searches and other runs get in between (while a step embeds, say)."""
+
+    collection: str = Field(description="Qdrant collection name (RAG_COLLECTION)")
+    path: str = Field(description="embedded store folder, or :memory: (RAG_QDRANT_PATH)")
+    url: str | None = Field(description="Qdrant server URL; overrides path (RAG_QDRANT_URL)")
+    api_key: str | None = Field(description="Qdrant server API key")
+    embedded: Literal["client", "edge"] = Field(description="embedded engine: edge or client")
+    busy_wait_s: float = Field(description="how long to wait for a store another process holds")
+    timeout_s: float = Field(description="server call timeout")
+    retries: int = Field(description="server call attempts")
+    shards: int | None = Field(description="shards of a new collection on a cluster")
+    replication_factor: int | None = Field(description="replicas of a new collection")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> QdrantStoreResource:
+        c = settings.store()
+        return cls(
+            collection=c.collection,
+            path=c.path,
+            url=c.url,
+            api_key=c.api_key,
+            embedded=c.embedded,
+            busy_wait_s=c.busy_wait_s,
+            timeout_s=c.timeout_s,
+            retries=c.retries,
+            shards=c.shards,
+            replication_factor=c.replication_factor,
+        )
+
+    def config(self) -> StoreConfig:
+        return StoreConfig(
+            collection=self.collection,
+            path=self.path,
+            url=self.url,
+            api_key=self.api_key,
+            embedded=self.embedded,
+            busy_wait_s=self.busy_wait_s,
+            timeout_s=self.timeout_s,
+            retries=self.retries,
+            shards=self.shards,
+            replication_factor=self.replication_factor,
+        )
 
     @property
-    def target(self) -> str:
-        return self.url or (f"{self.embedded}:{self.path}")
+    def description(self) -> str:
+        return f"collection {self.collection!r} on {self.config().target}"
 
     @contextmanager
     def open(self) -> Iterator[VectorStore]:
-        settings = load_settings(
-            collection=self.collection,
-            qdrant_path=self.path,
-            qdrant_url=self.url,
-            qdrant_api_key=self.api_key,
-            qdrant_embedded=self.embedded,
-        )
-        key = store_key(self.collection, self.path, self.url, self.embedded)
-        with shared_store(key, lambda: open_store(settings), self.busy_wait_s) as store:
+        config = self.config()
+        with shared_store(
+            store_key(config), lambda: open_store(config, COLLECTION_SCHEMA)
+        ) as store:
             yield store

@@ -1,63 +1,107 @@
-"""Vector stores behind one tenant-safe interface, chosen by settings."""
+"""Vector stores behind one tenant-safe interface, chosen by a :class:`StoreConfig`."""
 
 from __future__ import annotations
 
-from rag_pipeline.config import Settings
+from rag_pipeline.config import StoreConfig
 from rag_pipeline.store.base import (
     DENSE_VECTOR,
-    PAYLOAD_INDEXES,
     SPARSE_VECTOR,
+    CollectionSchema,
     CollectionSpec,
+    Fusion,
     PointRecord,
     ScoredRecord,
     SparseVector,
     StoreBusyError,
+    StoreDamagedError,
     StoredRecord,
     StoreError,
     StoreUnavailableError,
     VectorStore,
 )
-from rag_pipeline.store.filters import SearchFilters, TenantFilter, tenant_filter
+from rag_pipeline.store.filters import Condition, HasIds, Match, MatchAny, Range, TenantFilter
 
 __all__ = [
     "DENSE_VECTOR",
-    "PAYLOAD_INDEXES",
     "SPARSE_VECTOR",
+    "CollectionSchema",
     "CollectionSpec",
+    "Condition",
+    "Fusion",
+    "HasIds",
+    "Match",
+    "MatchAny",
     "PointRecord",
+    "Range",
     "ScoredRecord",
-    "SearchFilters",
     "SparseVector",
     "StoreBusyError",
+    "StoreDamagedError",
     "StoreError",
     "StoreUnavailableError",
     "StoredRecord",
     "TenantFilter",
     "VectorStore",
     "open_store",
-    "tenant_filter",
+    "set_aside",
 ]
 
 
-def open_store(settings: Settings) -> VectorStore:
-    """The store the settings describe: a server URL wins, then ``:memory:``, then a folder."""
-    api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-    if settings.qdrant_url:
+def open_store(config: StoreConfig, schema: CollectionSchema) -> VectorStore:
+    """The store the config describes: a server URL wins, then ``:memory:``, then a folder.
+
+    An embedded folder is locked for as long as the handle is open (waiting up to
+    ``config.busy_wait_s`` for another process), so keep handles short."""
+    if config.url:
         from rag_pipeline.store.qdrant import QdrantStore
 
         return QdrantStore(
-            settings.collection,
-            url=settings.qdrant_url,
-            api_key=api_key,
-            timeout_s=settings.qdrant_timeout_s,
-            retries=settings.qdrant_retries,
-            shards=settings.qdrant_shards,
-            replication_factor=settings.qdrant_replication_factor,
+            config.collection,
+            schema,
+            url=config.url,
+            api_key=config.api_key,
+            timeout_s=config.timeout_s,
+            retries=config.retries,
+            shards=config.shards,
+            replication_factor=config.replication_factor,
         )
-    if settings.qdrant_embedded == "edge" and settings.qdrant_path != ":memory:":
+    if config.embedded == "edge" and config.path != ":memory:":
         from rag_pipeline.store.edge import EdgeStore
 
-        return EdgeStore(settings.collection, settings.qdrant_path)
+        return EdgeStore(config.collection, config.path, schema, busy_wait_s=config.busy_wait_s)
     from rag_pipeline.store.qdrant import QdrantStore
 
-    return QdrantStore(settings.collection, path=settings.qdrant_path)
+    return QdrantStore(config.collection, schema, path=config.path, busy_wait_s=config.busy_wait_s)
+
+
+def set_aside(config: StoreConfig) -> str:
+    """Take the collection out of service so that it can be rebuilt from the books: a Qdrant
+    Edge folder is renamed (kept for inspection), any other collection is deleted. Returns
+    what was done, for the user."""
+    import time
+    from pathlib import Path
+
+    if config.embedded == "edge" and not config.url and config.path != ":memory:":
+        from rag_pipeline.store.lock import FolderLock
+
+        root = Path(config.path)
+        folder = root / config.collection
+        lock = FolderLock(root / f"{config.collection}.lock", f"the store at {folder}")
+        lock.acquire(config.busy_wait_s)
+        try:
+            if not folder.exists():
+                return f"nothing to set aside: {folder} does not exist"
+            target = folder.with_name(f"{folder.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
+            folder.rename(target)
+        finally:
+            lock.release()
+        return f"moved {folder} to {target}"
+    from rag_pipeline.store.qdrant import QdrantStore
+
+    store = open_store(config, CollectionSchema(tenant_field=""))
+    assert isinstance(store, QdrantStore)
+    try:
+        store.drop_collection()
+    finally:
+        store.close()
+    return f"deleted collection {config.collection!r} from {store.description}"

@@ -5,14 +5,16 @@ the low milliseconds at 100k points. One collection is one Edge shard, kept in
 ``<path>/<collection>``. Segments are searched as written (plain index + payload indexes); the
 HNSW build (``optimize``) is left out on purpose: it takes minutes at 100k points on two cores
 and filtered search is already fast without it.
+
+A handle holds the folder's :class:`FolderLock` from open to close: handles are meant to be
+short (one phase of a run, one command), so readers and writers take turns.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,66 +23,108 @@ import qdrant_edge as qe
 
 from rag_pipeline.store.base import (
     DENSE_VECTOR,
-    PAYLOAD_INDEXES,
     SPARSE_VECTOR,
+    CollectionSchema,
     CollectionSpec,
+    Fusion,
     PointRecord,
     ScoredRecord,
     SparseVector,
-    StoreBusyError,
+    StoreDamagedError,
     StoredRecord,
     StoreError,
     VectorStore,
-    batched,
 )
-from rag_pipeline.store.filters import Condition, Match, MatchAny, Range, TenantFilter
+from rag_pipeline.store.filters import TenantFilter
+from rag_pipeline.store.lock import FolderLock
+from rag_pipeline.store.native import (
+    Dialect,
+    native_filter,
+    native_point,
+    native_sparse,
+    payload_selector,
+    to_record,
+    to_scored,
+    vector_selector,
+)
 
-__all__ = ["EdgeStore", "to_edge_filter"]
+__all__ = ["EDGE", "EdgeStore"]
 
-
-def to_edge_filter(where: TenantFilter, *extra: Any) -> qe.Filter:
-    must: list[Any] = [qe.FieldCondition(key="book_id", match=qe.MatchValue(where.book_id))]
-    must.extend(_condition(c) for c in where.conditions)
-    must.extend(extra)
-    return qe.Filter(must=must)
-
-
-def _condition(c: Condition) -> qe.FieldCondition:
-    if isinstance(c, Match):
-        return qe.FieldCondition(key=c.key, match=qe.MatchValue(c.value))
-    if isinstance(c, MatchAny):
-        return qe.FieldCondition(key=c.key, match=qe.MatchAny(list(c.values)))
-    if isinstance(c, Range):
-        return qe.FieldCondition(key=c.key, range=qe.RangeFloat(gte=c.gte, lte=c.lte))
-    raise TypeError(f"unknown condition {c!r}")
+EDGE = Dialect(
+    models=qe,
+    range=qe.RangeFloat,
+    has_id=lambda ids: qe.HasIdCondition(point_ids=set(ids)),
+    point=qe.Point,
+)
+_CONFIG_FILE = "edge_config.json"
+_REBUILD = "rag-pipeline ingest --rebuild"
 
 
 class EdgeStore(VectorStore):
     """A collection as a Qdrant Edge shard in ``<path>/<collection>``."""
 
-    def __init__(self, collection: str, path: str | Path) -> None:
+    def __init__(
+        self,
+        collection: str,
+        path: str | Path,
+        schema: CollectionSchema,
+        *,
+        busy_wait_s: float = 0.0,
+    ) -> None:
         self.collection = collection
+        self.schema = schema
         self.root = Path(path)
         self.folder = self.root / collection
         self.description = f"Qdrant Edge folder {self.folder}"
         self._shard: qe.EdgeShard | None = None
         self._lock = threading.RLock()
-        if (self.folder / "edge_config.json").exists():
+        self._folder_lock = FolderLock(
+            self.root / f"{collection}.lock", f"the Qdrant Edge store at {self.folder}"
+        )
+        self._folder_lock.acquire(busy_wait_s)
+        try:
             self._shard = self._load()
+        except BaseException:
+            self._folder_lock.release()
+            raise
 
-    def _load(self) -> qe.EdgeShard:
+    def _load(self) -> qe.EdgeShard | None:
+        if not (self.folder / _CONFIG_FILE).exists():
+            if _has_data(self.folder):
+                raise StoreDamagedError(
+                    f"{self.description} holds segments but no {_CONFIG_FILE}: the store is "
+                    f"damaged. Rebuild it from the books with `{_REBUILD}`."
+                )
+            return None
         try:
             return qe.EdgeShard.load(str(self.folder))
         except Exception as exc:
-            message = str(exc)
-            # a second opener of the folder fails on the WAL's file lock ("WouldBlock")
-            if "WouldBlock" in message or "lock" in message.lower():
-                raise StoreBusyError(
-                    f"the Qdrant Edge store at {self.folder} is in use by another process "
-                    "(a running ingest, `dagster dev`, or another CLI); wait for it, or use a "
-                    "Qdrant server (RAG_QDRANT_URL) for concurrent access"
-                ) from None
-            raise StoreError(f"cannot open the Qdrant Edge store at {self.folder}: {exc}") from exc
+            raise StoreDamagedError(
+                f"cannot open {self.description}: {exc}. If its files were changed or lost, "
+                f"rebuild it from the books with `{_REBUILD}`."
+            ) from exc
+
+    @property
+    def lock(self) -> FolderLock:
+        return self._folder_lock
+
+    def _engine(self) -> qe.EdgeShard:
+        if self._shard is None:
+            raise StoreError(f"collection {self.collection!r} does not exist yet")
+        return self._shard
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        """Run an engine call; an engine failure names the store and how to rebuild it."""
+        with self._lock:
+            try:
+                return fn(*args)
+            except (StoreError, ValueError, TypeError):
+                raise
+            except Exception as exc:
+                raise StoreError(
+                    f"{self.description}: {what} failed: {exc}. If the store's files were "
+                    f"damaged, rebuild it from the books with `{_REBUILD}`."
+                ) from exc
 
     # -- collection -------------------------------------------------------------------------
 
@@ -88,11 +132,17 @@ class EdgeStore(VectorStore):
         return self._shard is not None
 
     def dense_dimension(self) -> int | None:
-        config_file = self.folder / "edge_config.json"
+        config_file = self.folder / _CONFIG_FILE
         if self._shard is None or not config_file.is_file():
             return None
-        vectors = json.loads(config_file.read_text()).get("vectors") or {}
-        size = (vectors.get(DENSE_VECTOR) or {}).get("size")
+        try:
+            vectors = json.loads(config_file.read_text()).get("vectors") or {}
+            size = (vectors.get(DENSE_VECTOR) or {}).get("size")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise StoreDamagedError(
+                f"{self.description}: {_CONFIG_FILE} is unreadable ({exc}); rebuild the store "
+                f"with `{_REBUILD}`"
+            ) from exc
         return int(size) if size is not None else None
 
     def ensure_collection(self, spec: CollectionSpec) -> None:
@@ -109,237 +159,123 @@ class EdgeStore(VectorStore):
                         SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
                     },
                 )
-                self._shard = qe.EdgeShard.create(str(self.folder), config)
-            existing = self.dense_dimension()
-            if existing is not None and existing != spec.dense_dim:
-                raise StoreError(
-                    f"collection {self.collection!r} holds {existing}-dimensional vectors but "
-                    f"the embedder makes {spec.dense_dim}: use another RAG_COLLECTION"
+                self._shard = self._call("create", qe.EdgeShard.create, str(self.folder), config)
+            self._check_dimension(self.dense_dimension(), spec)
+            present = set(self.payload_indexes())
+            wanted: dict[str, Any] = {
+                self.schema.tenant_field: qe.KeywordIndexParams(is_tenant=True)
+            }
+            for name, kind in self.schema.payload_indexes.items():
+                wanted[name] = (
+                    qe.IntegerIndexParams(lookup=True, range=True)
+                    if kind == "integer"
+                    else qe.KeywordIndexParams()
                 )
-            present = set(self._shard.info().payload_schema)
-            for field, kind in PAYLOAD_INDEXES.items():
-                if field in present:
-                    continue
-                if kind == "tenant":
-                    params: Any = qe.KeywordIndexParams(is_tenant=True)
-                elif kind == "integer":
-                    params = qe.IntegerIndexParams(lookup=True, range=True)
-                else:
-                    params = qe.KeywordIndexParams()
-                self._shard.update(qe.UpdateOperation.create_field_index(field, params))
+            for name, params in wanted.items():
+                if name not in present:
+                    operation = qe.UpdateOperation.create_field_index(name, params)
+                    self._call("index creation", self._engine().update, operation)
 
     def payload_indexes(self) -> dict[str, str]:
         if self._shard is None:
             return {}
-        return {k: str(v.data_type) for k, v in self._shard.info().payload_schema.items()}
+        schema = self._call("info", self._shard.info).payload_schema
+        return {k: str(v.data_type) for k, v in schema.items()}
 
-    def drop(self) -> None:
-        """Delete the collection's folder (tests and `--recreate`)."""
-        self.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+    # -- primitives -------------------------------------------------------------------------
 
-    # -- writes -----------------------------------------------------------------------------
+    def _filter(self, where: TenantFilter) -> Any:
+        return native_filter(EDGE, self.schema.tenant_field, where)
 
-    def _require(self) -> qe.EdgeShard:
-        if self._shard is None:
-            raise StoreError(f"collection {self.collection!r} does not exist yet")
-        return self._shard
+    def _upsert(self, points: Sequence[PointRecord]) -> None:
+        operation = qe.UpdateOperation.upsert_points([native_point(EDGE, p) for p in points])
+        self._call("upsert", self._engine().update, operation)
 
-    def upsert(self, points: Sequence[PointRecord]) -> int:
-        shard = self._require()
-        with self._lock:
-            for batch in batched(points):
-                shard.update(qe.UpdateOperation.upsert_points([_to_point(p) for p in batch]))
-            shard.flush()
-        return len(points)
+    def _flush(self) -> None:
+        if self._shard is not None:
+            self._call("flush", self._shard.flush)
 
-    def delete_ids(self, where: TenantFilter, ids: Sequence[str]) -> int:
-        if self._shard is None or not ids:
-            return 0
-        deleted = 0
-        with self._lock:
-            for batch in batched(list(ids), 1024):
-                native = to_edge_filter(where, qe.HasIdCondition(set(batch)))
-                matching = self._shard.count(qe.CountRequest(filter=native))
-                if matching:
-                    self._shard.update(qe.UpdateOperation.delete_points_by_filter(native))
-                    deleted += matching
-            self._shard.flush()
-        return deleted
+    def _delete(self, where: TenantFilter) -> None:
+        operation = qe.UpdateOperation.delete_points_by_filter(self._filter(where))
+        self._call("delete", self._engine().update, operation)
 
-    def delete_where(self, where: TenantFilter) -> int:
-        if self._shard is None:
-            return 0
-        native = to_edge_filter(where)
-        with self._lock:
-            matching = self._shard.count(qe.CountRequest(filter=native))
-            if matching:
-                self._shard.update(qe.UpdateOperation.delete_points_by_filter(native))
-                self._shard.flush()
-        return matching
+    def _count(self, where: TenantFilter) -> int:
+        request = qe.CountRequest(filter=self._filter(where))
+        return int(self._call("count", self._engine().count, request))
 
-    # -- reads ------------------------------------------------------------------------------
-
-    def scroll(
+    def _scroll_page(
         self,
         where: TenantFilter,
-        *,
-        fields: Sequence[str] | None = None,
-        with_vectors: bool = False,
-        page_size: int = 1024,
-    ) -> Iterator[StoredRecord]:
-        if self._shard is None:
-            return
-        native = to_edge_filter(where)
-        payload: Any = list(fields) if fields is not None else True
-        vectors: Any = [DENSE_VECTOR] if with_vectors else False
-        offset = None
-        while True:
-            records, offset = self._shard.scroll(
-                qe.ScrollRequest(
-                    filter=native,
-                    limit=page_size,
-                    offset=offset,
-                    with_payload=payload,
-                    with_vector=vectors,
-                )
-            )
-            for r in records:
-                yield _to_record(r)
-            if offset is None:
-                return
-
-    def retrieve(
-        self, where: TenantFilter, ids: Sequence[str], *, with_vectors: bool = False
-    ) -> list[StoredRecord]:
-        if self._shard is None or not ids:
-            return []
-        native = to_edge_filter(where, qe.HasIdCondition(set(ids)))
-        records, _ = self._shard.scroll(
-            qe.ScrollRequest(
-                filter=native,
-                limit=len(ids),
-                with_payload=True,
-                with_vector=[DENSE_VECTOR] if with_vectors else False,
-            )
-        )
-        return [_to_record(r) for r in records]
-
-    def count(self, where: TenantFilter) -> int:
-        if self._shard is None:
-            return 0
-        return int(self._shard.count(qe.CountRequest(filter=to_edge_filter(where))))
-
-    def query_dense(
-        self,
-        where: TenantFilter,
-        vector: np.ndarray,
-        *,
         limit: int,
-        score_threshold: float | None = None,
-    ) -> list[ScoredRecord]:
-        query = qe.Query.Nearest(np.asarray(vector, dtype=np.float32).tolist(), using=DENSE_VECTOR)
-        return self._query(where, query=query, limit=limit, score_threshold=score_threshold)
-
-    def query_sparse(
-        self,
-        where: TenantFilter,
-        vector: SparseVector,
-        *,
-        limit: int,
-        score_threshold: float | None = None,
-    ) -> list[ScoredRecord]:
-        if not vector.indices:
-            return []
-        return self._query(
-            where,
-            query=qe.Query.Nearest(_sparse(vector), using=SPARSE_VECTOR),
+        offset: Any,
+        fields: Sequence[str] | None,
+        with_vectors: bool,
+    ) -> tuple[list[StoredRecord], Any]:
+        request = qe.ScrollRequest(
+            filter=self._filter(where),
             limit=limit,
-            score_threshold=score_threshold,
+            offset=offset,
+            with_payload=payload_selector(fields),
+            with_vector=vector_selector(with_vectors),
         )
+        records, next_offset = self._call("scroll", self._engine().scroll, request)
+        return [to_record(r) for r in records], next_offset
 
-    def query_hybrid(
+    def _query(
         self,
         where: TenantFilter,
-        dense: np.ndarray,
-        sparse: SparseVector,
-        *,
+        dense: np.ndarray | None,
+        sparse: SparseVector | None,
         limit: int,
         prefetch_limit: int,
-        rrf_k: int = 60,
-        score_threshold: float | None = None,
+        fusion: Fusion | None,
+        score_threshold: float | None,
     ) -> list[ScoredRecord]:
-        native = to_edge_filter(where)
-        prefetches = [
-            qe.Prefetch(
-                query=qe.Query.Nearest(
-                    np.asarray(dense, dtype=np.float32).tolist(), using=DENSE_VECTOR
-                ),
-                filter=native,
-                limit=prefetch_limit,
-            )
-        ]
-        if sparse.indices:
-            prefetches.append(
-                qe.Prefetch(
-                    query=qe.Query.Nearest(_sparse(sparse), using=SPARSE_VECTOR),
-                    filter=native,
-                    limit=prefetch_limit,
-                )
-            )
-        return self._query(
-            where,
-            query=qe.Fusion.Rrf(k=rrf_k),
-            prefetches=prefetches,
+        native = self._filter(where)
+        nearest = []
+        if dense is not None:
+            nearest.append(qe.Query.Nearest(dense.tolist(), using=DENSE_VECTOR))
+        if sparse is not None:
+            nearest.append(qe.Query.Nearest(native_sparse(EDGE, sparse), using=SPARSE_VECTOR))
+        kwargs: dict[str, Any] = {"query": nearest[0]}
+        if fusion is not None:
+            kwargs = {
+                "query": qe.Fusion.Dbsf()
+                if fusion.method == "dbsf"
+                else qe.Fusion.Rrf(k=fusion.rrf_k),
+                "prefetches": [
+                    qe.Prefetch(query=q, filter=native, limit=prefetch_limit) for q in nearest
+                ],
+            }
+        request = qe.QueryRequest(
             limit=limit,
+            filter=native,
             score_threshold=score_threshold,
+            with_payload=True,
+            with_vector=False,
+            **kwargs,
         )
+        return [to_scored(p) for p in self._call("query", self._engine().query, request)]
 
-    def _query(self, where: TenantFilter, *, limit: int, **kwargs: Any) -> list[ScoredRecord]:
-        if self._shard is None:
-            return []
-        points = self._shard.query(
-            qe.QueryRequest(
-                limit=limit,
-                filter=to_edge_filter(where),
-                with_payload=True,
-                with_vector=False,
-                **kwargs,
-            )
-        )
-        return [ScoredRecord(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
-
-    def book_ids(self) -> list[str]:
-        if self._shard is None:
-            return []
-        hits = self._shard.facet(qe.FacetRequest(key="book_id", limit=1_000_000, exact=True))
+    def _facet(self, key: str, where: TenantFilter | None) -> list[tuple[str, int]]:
+        native = None if where is None else self._filter(where)
+        request = qe.FacetRequest(key=key, limit=1_000_000, exact=True, filter=native)
+        hits = self._call("facet", self._engine().facet, request)
         # the keyword index may keep a value whose points were all deleted, with count 0
-        return sorted(str(h.value) for h in hits if h.count > 0)
+        return [(str(h.value), int(h.count)) for h in hits]
 
     def close(self) -> None:
         with self._lock:
-            if self._shard is not None:
-                self._shard.flush()
-                self._shard.close()
+            try:
+                if self._shard is not None:
+                    self._shard.flush()
+                    self._shard.close()
+            finally:
                 self._shard = None
+                self._folder_lock.release()
 
 
-def _sparse(vector: SparseVector) -> qe.SparseVector:
-    return qe.SparseVector(indices=list(vector.indices), values=list(vector.values))
-
-
-def _to_point(point: PointRecord) -> qe.Point:
-    vector: dict[str, Any] = {}
-    if point.dense is not None:
-        vector[DENSE_VECTOR] = np.asarray(point.dense, dtype=np.float32).tolist()
-    if point.sparse is not None and point.sparse.indices:
-        vector[SPARSE_VECTOR] = _sparse(point.sparse)
-    return qe.Point(id=point.id, vector=vector, payload=point.payload)
-
-
-def _to_record(record: Any) -> StoredRecord:
-    dense = None
-    vectors = record.vector
-    if isinstance(vectors, dict) and DENSE_VECTOR in vectors:
-        dense = np.asarray(vectors[DENSE_VECTOR], dtype=np.float32)
-    return StoredRecord(str(record.id), dict(record.payload or {}), dense)
+def _has_data(folder: Path) -> bool:
+    return any(
+        (folder / part).is_dir() and any((folder / part).iterdir()) for part in ("segments", "wal")
+    )

@@ -1,29 +1,43 @@
-"""Backend-neutral filters whose type makes the tenant (book) condition impossible to omit.
+"""Backend-neutral filters whose type makes the tenant condition impossible to omit.
 
-Every read, count and delete of a store takes a :class:`TenantFilter`; the only way to build one
-is with a validated ``book_id``, and each backend turns it into a native filter whose first
-``must`` condition is ``book_id == ...``.
+Every read, count and delete of a store takes a :class:`TenantFilter`; it cannot exist without
+a tenant value, and each backend turns it into a native filter whose first ``must`` condition
+is ``<tenant field> == tenant``. Which payload field is the tenant key is the collection
+schema's business (:class:`rag_pipeline.store.base.CollectionSchema`), not this module's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-
-from rag_pipeline.crawl import validate_book_id
-from rag_pipeline.models import normalize_proficiency
+import uuid
+from dataclasses import dataclass
 
 __all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
     "Condition",
+    "HasIds",
     "Match",
     "MatchAny",
     "Range",
-    "SearchFilters",
+    "Scalar",
     "TenantFilter",
-    "tenant_filter",
+    "check_point_id",
 ]
 
 Scalar = str | int | bool
+# Qdrant stores integers as signed 64-bit: a larger value is refused by the engine, not here.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def _check_scalar(key: str, value: object) -> None:
+    if isinstance(value, bool | str):
+        return
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ValueError(f"filter value {value} for {key!r} does not fit in 64 bits")
+        return
+    raise ValueError(f"filter value {value!r} for {key!r} must be a string, integer or boolean")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +45,20 @@ class Match:
     key: str
     value: Scalar
 
+    def __post_init__(self) -> None:
+        _check_scalar(self.key, self.value)
+
 
 @dataclass(frozen=True, slots=True)
 class MatchAny:
     key: str
     values: tuple[Scalar, ...]
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise ValueError(f"match-any on {self.key!r} needs at least one value")
+        for value in self.values:
+            _check_scalar(self.key, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,82 +67,51 @@ class Range:
     gte: int | float | None = None
     lte: int | float | None = None
 
+    def __post_init__(self) -> None:
+        for bound in (self.gte, self.lte):
+            if isinstance(bound, int) and not INT64_MIN <= bound <= INT64_MAX:
+                raise ValueError(f"range bound {bound} for {self.key!r} does not fit in 64 bits")
 
-Condition = Match | MatchAny | Range
+
+def check_point_id(point_id: str) -> str:
+    """``point_id`` in canonical form if it is a UUID (every id this pipeline writes), else
+    ValueError naming it."""
+    try:
+        return str(uuid.UUID(str(point_id).strip()))
+    except (ValueError, AttributeError):
+        raise ValueError(
+            f"{str(point_id)[:80]!r} is not a point id (point ids are UUIDs, e.g. from "
+            "`search --json`)"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class HasIds:
+    """Points whose id is one of ``ids`` (and that meet the rest of the filter)."""
+
+    ids: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ids", tuple(check_point_id(i) for i in self.ids))
+
+    @property
+    def key(self) -> str:
+        return ""  # an id condition names no payload field
+
+
+Condition = Match | MatchAny | Range | HasIds
 
 
 @dataclass(frozen=True, slots=True)
 class TenantFilter:
-    """``book_id == X`` AND all ``conditions``. Build it with :func:`tenant_filter`."""
+    """``<tenant field> == tenant`` AND all ``conditions``."""
 
-    book_id: str
+    tenant: str
     conditions: tuple[Condition, ...] = ()
 
     def __post_init__(self) -> None:
-        validate_book_id(self.book_id)
-        for condition in self.conditions:
-            if condition.key == "book_id":
-                raise ValueError("book_id is the tenant key; it cannot be filtered again")
+        if not isinstance(self.tenant, str) or not self.tenant:
+            raise ValueError("a store filter needs a tenant: results never cross tenants")
 
     def with_conditions(self, *conditions: Condition) -> TenantFilter:
-        return TenantFilter(self.book_id, self.conditions + tuple(conditions))
-
-
-def tenant_filter(book_id: str, *conditions: Condition) -> TenantFilter:
-    return TenantFilter(book_id, tuple(conditions))
-
-
-@dataclass(frozen=True, slots=True)
-class SearchFilters:
-    """The user-facing filters of a search, all optional and combined with AND."""
-
-    module: str | None = None
-    chapter_min: int | None = None
-    chapter_max: int | None = None
-    lesson: int | None = None
-    hardware_tier: int | None = None  # this tier or lower
-    proficiency_levels: tuple[str, ...] = ()
-    equals: Mapping[str, Scalar] = field(default_factory=dict)
-
-    def conditions(self) -> tuple[Condition, ...]:
-        out: list[Condition] = []
-        if self.module is not None:
-            out.append(Match("module", self.module))
-        if self.chapter_min is not None or self.chapter_max is not None:
-            if (
-                self.chapter_min is not None
-                and self.chapter_max is not None
-                and self.chapter_min > self.chapter_max
-            ):
-                raise ValueError(
-                    f"chapter range is empty: min {self.chapter_min} > max {self.chapter_max}"
-                )
-            out.append(Range("chapter", gte=self.chapter_min, lte=self.chapter_max))
-        if self.lesson is not None:
-            out.append(Match("lesson", self.lesson))
-        if self.hardware_tier is not None:
-            out.append(Range("hardware_tier", lte=self.hardware_tier))
-        if self.proficiency_levels:
-            levels = tuple(normalize_proficiency(v) for v in self.proficiency_levels)
-            out.append(MatchAny("proficiency_level", levels))
-        for key, value in sorted(self.equals.items()):
-            if key in ("book_id", "record_type"):
-                raise ValueError(f"{key} cannot be used as a free filter")
-            out.append(Match(key, value))
-        return tuple(out)
-
-
-def parse_equals(pairs: Sequence[str]) -> dict[str, Scalar]:
-    """``key=value`` strings to a dict; integer-looking values become ints, true/false bools."""
-    out: dict[str, Scalar] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"filter {pair!r} is not key=value")
-        value: Scalar = raw
-        if raw.lstrip("-").isdigit():
-            value = int(raw)
-        elif raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        out[key.strip()] = value
-    return out
+        return TenantFilter(self.tenant, self.conditions + tuple(conditions))

@@ -3,53 +3,52 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
-from rag_pipeline.store.base import StoreBusyError, VectorStore
+from rag_pipeline.config import StoreConfig
+from rag_pipeline.store.base import VectorStore
 
 __all__ = ["shared_store", "store_key"]
 
-_lock = threading.Lock()
-_open: dict[Hashable, tuple[VectorStore, int]] = {}
+
+@dataclass
+class _Slot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    store: VectorStore | None = None
+    users: int = 0
 
 
-def store_key(collection: str, path: str, url: str | None, embedded: str) -> Hashable:
-    """What makes two store handles the same one (the CLI and the Dagster resource share it)."""
-    return ("store", collection, path, url or None, embedded)
+_registry_lock = threading.Lock()
+_slots: dict[Hashable, _Slot] = {}
+
+
+def store_key(config: StoreConfig) -> Hashable:
+    """What makes two store handles the same one (the CLI and the Dagster resources share it)."""
+    return ("store", config.collection, config.path, config.url, config.embedded)
 
 
 @contextmanager
-def shared_store(
-    key: Hashable, factory: Callable[[], VectorStore], wait_s: float = 0.0
-) -> Iterator[VectorStore]:
+def shared_store(key: Hashable, factory: Callable[[], VectorStore]) -> Iterator[VectorStore]:
     """One open store per configuration per process, reference-counted.
 
-    The embedded store locks its folder and loads its points on open, so every step of every
-    run in a process shares one handle; the last user closes it and releases the lock.
+    An embedded store locks its folder from open to close, and a second handle in the same
+    process would wait for the first: every user in the process shares one handle, and the
+    last one out closes it, which lets other processes in.
     """
-    with _lock:
-        entry = _open.get(key)
-        if entry is None:
-            deadline = time.monotonic() + wait_s
-            while True:
-                try:
-                    store = factory()
-                    break
-                except StoreBusyError:
-                    if time.monotonic() >= deadline:
-                        raise
-                    time.sleep(0.5)
-            entry = (store, 0)
-        _open[key] = (entry[0], entry[1] + 1)
+    with _registry_lock:
+        slot = _slots.setdefault(key, _Slot())
+    with slot.lock:  # opening may wait for another process: only this key waits
+        if slot.store is None:
+            slot.store = factory()
+        slot.users += 1
+        store = slot.store
     try:
-        yield entry[0]
+        yield store
     finally:
-        with _lock:
-            store, refs = _open[key]
-            if refs <= 1:
-                del _open[key]
-                store.close()
-            else:
-                _open[key] = (store, refs - 1)
+        with slot.lock:
+            slot.users -= 1
+            if slot.users == 0 and slot.store is not None:
+                closing, slot.store = slot.store, None
+                closing.close()

@@ -1,12 +1,9 @@
-"""Qdrant payloads, the index state of a book, and crash-safe writes of a book's changes.
+"""Payloads, the index state of a book, and crash-safe writes of a book's changes.
 
-The collection holds two kinds of point per book (``record_type``):
-
-* ``chunk``: a dense + sparse vector and the full lineage payload of one chunk;
-* ``document``: one per file, no vector, whose id is the file's ``parent_doc_id``. It records
-  the file's hash, the chunker and model it was indexed with, its status (ok / empty / error)
-  and its chunk count. It is written last, as the commit mark of the file: a run that dies
-  before it leaves the file "modified", so the next run redoes it and converges.
+A file's document record (see :mod:`rag_pipeline.schema`) is its commit mark: a run writes the
+file's new chunks, then deletes the ones they replace (read from the store at that moment),
+then writes the record. A run that dies anywhere leaves the file looking modified, so the next
+run redoes it and converges, reusing every vector already written.
 """
 
 from __future__ import annotations
@@ -14,31 +11,29 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rag_pipeline.changes import FileChanges, IndexedDocument
+from rag_pipeline.ingest.changes import FileChanges, IndexedDocument
+from rag_pipeline.ingest.recipe import LineageInfo
 from rag_pipeline.models import Chunk, DocumentMeta, FileError, document_id
-from rag_pipeline.store.base import PointRecord, SparseVector, VectorStore
-from rag_pipeline.store.filters import Match, MatchAny, tenant_filter
+from rag_pipeline.schema import CHUNK, DOCUMENT, book_filter, chunks_of, documents_of
+from rag_pipeline.store import MatchAny, PointRecord, SparseVector, VectorStore
 
 __all__ = [
-    "CHUNK",
-    "DOCUMENT",
     "DocumentOutcome",
     "IndexState",
-    "LineageInfo",
     "WriteReport",
     "chunk_payload",
+    "damaged_vectors",
     "document_payload",
     "read_index_state",
+    "reusable_vectors",
     "write_book_changes",
 ]
 
-CHUNK = "chunk"
-DOCUMENT = "document"
 _STATE_FIELDS = [
     "record_type",
     "source_file",
@@ -52,25 +47,13 @@ _STATE_FIELDS = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class LineageInfo:
-    """Where and how a run wrote its points (goes into every payload)."""
-
-    embedding_model: str
-    embedding_dim: int
-    sparse_model: str
-    signature: str
-    pipeline_version: str
-    run_id: str | None = None
-
-
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def chunk_payload(chunk: Chunk, lineage: LineageInfo) -> dict[str, Any]:
     meta = chunk.meta
-    payload: dict[str, Any] = {
+    return {
         "record_type": CHUNK,
         "book_id": chunk.book_id,
         "source_file": chunk.source_file,
@@ -99,12 +82,11 @@ def chunk_payload(chunk: Chunk, lineage: LineageInfo) -> dict[str, Any]:
         "run_id": lineage.run_id,
         "indexed_at": _now(),
     }
-    return payload
 
 
 @dataclass(frozen=True, slots=True)
 class DocumentOutcome:
-    """What the document record of a new or modified file will say."""
+    """What the document record of a new, modified or unreadable file will say."""
 
     source_file: str
     source_file_hash: str
@@ -113,6 +95,7 @@ class DocumentOutcome:
     doc_meta: DocumentMeta | None = None
     frontmatter: Mapping[str, Any] = field(default_factory=dict)
     error: FileError | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def document_payload(
@@ -131,6 +114,7 @@ def document_payload(
         "serving_previous_version": outcome.status == "error" and outcome.total_chunks > 0,
         "error": error.reason if error else None,
         "error_stage": error.stage if error else None,
+        "warnings": list(outcome.warnings),
         "embedding_model": lineage.embedding_model,
         "embedding_dim": lineage.embedding_dim,
         "signature": lineage.signature,
@@ -170,6 +154,13 @@ class IndexState:
         """Files with chunk points but no document record (left by an interrupted run)."""
         return set(self.chunk_ids) - set(self.documents)
 
+    def chunk_counts(self) -> dict[str, int]:
+        return {name: len(ids) for name, ids in self.chunk_ids.items()}
+
+    @property
+    def promised_chunks(self) -> int:
+        return sum(d.total_chunks for d in self.documents.values())
+
 
 def read_index_state(
     store: VectorStore,
@@ -180,11 +171,7 @@ def read_index_state(
 ) -> IndexState:
     """Scan a book's payloads once: document records, chunk ids per file, reusable hashes."""
     state = IndexState(book_id)
-    where = (
-        tenant_filter(book_id, Match("record_type", DOCUMENT))
-        if documents_only
-        else tenant_filter(book_id)
-    )
+    where = documents_of(book_id) if documents_only else book_filter(book_id)
     for record in store.scroll(where, fields=_STATE_FIELDS):
         p = record.payload
         source_file = p.get("source_file")
@@ -196,7 +183,7 @@ def read_index_state(
                 str(p.get("source_file_hash", "")),
                 str(p.get("status", "ok")),
                 str(p.get("signature", "")),
-                int(p.get("total_chunks") or 0),
+                _int(p.get("total_chunks")),
                 p.get("error"),
             )
         elif p.get("record_type") == CHUNK:
@@ -208,26 +195,61 @@ def read_index_state(
     return state
 
 
+def _int(value: object) -> int:
+    if isinstance(value, int | float | str):
+        try:
+            return int(value)
+        except ValueError:
+            return 0
+    return 0
+
+
+def _sound(vector: np.ndarray | None, dimension: int) -> bool:
+    """A stored dense vector this pipeline could have written: finite, unit length."""
+    if vector is None or vector.shape != (dimension,) or not np.isfinite(vector).all():
+        return False
+    return abs(float(np.linalg.norm(vector)) - 1.0) <= 1e-3
+
+
 def reusable_vectors(
-    store: VectorStore, book_id: str, state: IndexState, content_hashes: Iterable[str]
+    store: VectorStore,
+    book_id: str,
+    state: IndexState,
+    content_hashes: Iterable[str],
+    dimension: int,
 ) -> dict[str, np.ndarray]:
-    """Dense vectors already in the index for these content hashes (one id per hash)."""
+    """Dense vectors already in the index for these content hashes (one per hash). A stored
+    vector that is not finite and unit length is never reused: its text is embedded again."""
     ids = {state.by_content[h][0]: h for h in set(content_hashes) if state.by_content.get(h)}
     out: dict[str, np.ndarray] = {}
     id_list = list(ids)
     for start in range(0, len(id_list), 512):
         batch = id_list[start : start + 512]
-        for record in store.retrieve(tenant_filter(book_id), batch, with_vectors=True):
-            if record.dense is not None:
-                out[ids[record.id]] = record.dense
+        for record in store.retrieve(book_filter(book_id), batch, with_vectors=True):
+            dense = record.dense
+            if dense is not None and _sound(dense, dimension):
+                out[ids[record.id]] = dense
     return out
+
+
+def damaged_vectors(store: VectorStore, book_id: str, ids: Sequence[str], dimension: int) -> int:
+    """How many of these stored chunk vectors are not what this pipeline writes (a cheap probe
+    for a damaged store: a few vectors are read, not scored)."""
+    if not ids:
+        return 0
+    found = store.retrieve(chunks_of(book_id), list(ids), with_vectors=True)
+    return sum(1 for record in found if not _sound(record.dense, dimension))
 
 
 @dataclass(frozen=True, slots=True)
 class WriteReport:
+    """What one write of a book did, with the ids (for the run's lineage metadata)."""
+
     upserted: int
     deleted: int
     documents: int
+    written_ids: tuple[str, ...] = ()
+    deleted_ids: tuple[str, ...] = ()
 
 
 def write_book_changes(
@@ -244,50 +266,64 @@ def write_book_changes(
     """Upsert the new points, delete what they replace, then commit the document records.
 
     Order matters for readers and for crashes: new chunks first (the book stays fully
-    searchable), stale chunks next, document records last (the commit mark).
+    searchable), stale chunks next, document records last (the commit mark). Files whose new
+    version failed keep their last good chunks (nothing indexed is lost); their record carries
+    the error until the file is fixed.
     """
-    where = tenant_filter(book_id)
     points = [
         PointRecord(c.id, chunk_payload(c, lineage), dense[i], sparse[i])
         for i, c in enumerate(chunks)
     ]
     upserted = store.upsert(points)
-
     new_ids = {c.id for c in chunks}
-    # A file that turned unreadable keeps its last good chunks (nothing indexed is lost); its
-    # document record carries the error until the file is fixed.
     failed = {o.source_file for o in outcomes if o.status == "error"}
-    kept = {
-        name: store.count(
-            tenant_filter(book_id, Match("record_type", CHUNK), Match("source_file", name))
-        )
-        for name in failed
-    }
-    outcomes = [
-        replace(o, total_chunks=kept[o.source_file]) if o.source_file in failed else o
-        for o in outcomes
-    ]
     # What to replace is read now, not taken from the inventory: if another run of this book
     # wrote in between, its points for these files are replaced too, never left as duplicates.
     touched = tuple(sorted((set(changes.changed) - failed) | set(changes.deleted)))
-    stale = set()
-    if touched:
-        current = store.scroll(
-            tenant_filter(book_id, Match("record_type", CHUNK), MatchAny("source_file", touched)),
-            fields=["source_file"],
-        )
-        stale = {record.id for record in current} - new_ids
-    deleted = store.delete_ids(where, sorted(stale))
-
+    current = _chunk_ids_of(store, book_id, (*touched, *sorted(failed)))
+    stale = sorted(i for name in touched for i in current.get(name, ()) if i not in new_ids)
+    deleted = store.delete_ids(book_filter(book_id), stale)
     records = [
-        PointRecord(document_id(book_id, o.source_file), document_payload(book_id, o, lineage))
+        PointRecord(
+            document_id(book_id, o.source_file),
+            document_payload(
+                book_id,
+                _keeping(o, len(current.get(o.source_file, ()))) if o.source_file in failed else o,
+                lineage,
+            ),
+        )
         for o in outcomes
     ]
     store.upsert(records)
     if changes.deleted:
-        deleted += store.delete_ids(where, [document_id(book_id, name) for name in changes.deleted])
-        # Chunk points of deleted files that a crashed run may have left without ids above.
+        gone = [document_id(book_id, name) for name in changes.deleted]
+        deleted += store.delete_ids(book_filter(book_id), gone)
+        # chunk points of deleted files that a crashed run may have left without known ids
         deleted += store.delete_where(
-            tenant_filter(book_id, MatchAny("source_file", tuple(changes.deleted)))
+            book_filter(book_id, MatchAny("source_file", tuple(changes.deleted)))
         )
-    return WriteReport(upserted, deleted, len(records))
+    return WriteReport(upserted, deleted, len(records), tuple(c.id for c in chunks), tuple(stale))
+
+
+def _keeping(outcome: DocumentOutcome, kept: int) -> DocumentOutcome:
+    return DocumentOutcome(
+        outcome.source_file,
+        outcome.source_file_hash,
+        outcome.status,
+        kept,
+        outcome.doc_meta,
+        outcome.frontmatter,
+        outcome.error,
+        outcome.warnings,
+    )
+
+
+def _chunk_ids_of(store: VectorStore, book_id: str, files: Sequence[str]) -> dict[str, set[str]]:
+    if not files:
+        return {}
+    out: dict[str, set[str]] = defaultdict(set)
+    for record in store.scroll(
+        chunks_of(book_id, MatchAny("source_file", tuple(files))), fields=["source_file"]
+    ):
+        out[str(record.payload.get("source_file"))].add(record.id)
+    return out

@@ -7,18 +7,18 @@ Two levels, both without a state database:
   thousands of unchanged files reads no file. A book's digest is over content hashes, so a
   ``touch`` that leaves the bytes alone changes nothing.
 * :func:`classify_files` compares the files on disk with the document records stored in Qdrant
-  payloads and says which are new, modified, unchanged or deleted.
+  payloads and says, with a reason, what the next run must do with each file.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rag_pipeline.crawl import FileStat, hash_file, scan_book
+from rag_pipeline.ingest.crawl import FileStat, hash_file, scan_book
 
 __all__ = [
     "BookFingerprint",
@@ -29,7 +29,7 @@ __all__ = [
     "fingerprint_book",
 ]
 
-FileStatus = Literal["new", "modified", "unchanged", "deleted"]
+FileStatus = Literal["new", "modified", "unchanged", "deleted", "unreadable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +50,11 @@ def fingerprint_book(
     previous: Mapping[str, tuple[int, int, str]] | None = None,
 ) -> BookFingerprint:
     """Digest of (path, sha256) of every Markdown file of the book, hashing only what changed."""
-    stats, _ = scan_book(data_dir, book_id)
+    scan = scan_book(data_dir, book_id)
     previous = previous or {}
     entries: dict[str, tuple[int, int, str]] = {}
     hashed = 0
-    for st in stats:
+    for st in scan.files:
         cached = previous.get(st.source_file)
         if cached is not None and cached[0] == st.size and cached[1] == st.mtime_ns:
             entries[st.source_file] = cached
@@ -70,6 +70,8 @@ def fingerprint_book(
         h.update(b"\0")
         h.update(entries[name][2].encode())
         h.update(b"\n")
+    for error in scan.errors:  # a file turning unreadable is a change too
+        h.update(f"!{error.source_file}\0{error.reason}\n".encode("utf-8", "surrogateescape"))
     return BookFingerprint(book_id, h.hexdigest(), len(entries), entries, hashed)
 
 
@@ -94,12 +96,18 @@ class IndexedDocument:
 
 @dataclass(frozen=True, slots=True)
 class FileChanges:
-    """Files of one book sorted by what the next run has to do with them."""
+    """Files of one book sorted by what the next run has to do with them.
+
+    ``unreadable`` files exist but could not be read this time: their last good chunks stay
+    and the run records the error on their document record. ``reasons`` says why each file
+    that is not unchanged needs work."""
 
     new: tuple[str, ...] = ()
     modified: tuple[str, ...] = ()
     unchanged: tuple[str, ...] = ()
     deleted: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
+    reasons: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def changed(self) -> tuple[str, ...]:
@@ -107,12 +115,12 @@ class FileChanges:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.new or self.modified or self.deleted)
+        return bool(self.new or self.modified or self.deleted or self.unreadable)
 
     def statuses(self) -> dict[str, FileStatus]:
         """Every file's status, by path."""
         out: dict[str, FileStatus] = {}
-        for status in ("new", "modified", "unchanged", "deleted"):
+        for status in ("new", "modified", "unchanged", "deleted", "unreadable"):
             out.update(dict.fromkeys(getattr(self, status), status))
         return out
 
@@ -122,6 +130,7 @@ class FileChanges:
             "files_modified": len(self.modified),
             "files_unchanged": len(self.unchanged),
             "files_deleted": len(self.deleted),
+            "files_unreadable": len(self.unreadable),
         }
 
 
@@ -129,22 +138,75 @@ def classify_files(
     current: Mapping[str, str],
     indexed: Mapping[str, IndexedDocument],
     signature: str,
+    *,
+    is_gone: Callable[[str], bool],
+    chunk_points: Mapping[str, int] | None = None,
     orphan_files: Iterable[str] = (),
+    force: bool = False,
 ) -> FileChanges:
-    """Compare ``{source_file: sha256}`` on disk with the index.
+    """Compare ``{source_file: sha256}`` of the files read on disk with the index.
 
-    A file is unchanged only if its bytes, the chunker and the embedding model all match what it
-    was indexed with. ``orphan_files`` are files that still have chunk points but no document
-    record (a run that crashed mid-write); they count as deleted when gone from disk.
+    A file is unchanged only if its bytes, the chunker and the embedding model all match what
+    it was indexed with and (when ``chunk_points`` is given) the index holds as many chunk
+    points for it as its record promises. A file the index knows but that was not read is
+    deleted only if ``is_gone`` says the path no longer exists; otherwise it is unreadable and
+    keeps its chunks. ``orphan_files`` have chunk points but no record (a run that died
+    mid-write). ``force`` rebuilds every file whatever the records say.
     """
-    new, modified, unchanged = [], [], []
+    new: list[str] = []
+    modified: list[str] = []
+    unchanged: list[str] = []
+    reasons: dict[str, str] = {}
     for name in sorted(current):
         record = indexed.get(name)
+        reason = _reason(current[name], record, signature, chunk_points, name, force)
         if record is None:
             new.append(name)
-        elif record.source_file_hash != current[name] or record.signature != signature:
+        elif reason:
             modified.append(name)
         else:
             unchanged.append(name)
-    gone = (set(indexed) | set(orphan_files)) - set(current)
-    return FileChanges(tuple(new), tuple(modified), tuple(unchanged), tuple(sorted(gone)))
+        if reason:
+            reasons[name] = reason
+    deleted: list[str] = []
+    unreadable: list[str] = []
+    for name in sorted((set(indexed) | set(orphan_files)) - set(current)):
+        if is_gone(name):
+            deleted.append(name)
+            reasons[name] = "file removed"
+        elif name in indexed and indexed[name].status != "error":
+            unreadable.append(name)
+            reasons[name] = "file exists but could not be read; its last good chunks stay"
+        elif name in indexed:
+            unchanged.append(name)  # still unreadable, and its record already says so
+    return FileChanges(
+        tuple(new),
+        tuple(modified),
+        tuple(sorted(unchanged)),
+        tuple(deleted),
+        tuple(unreadable),
+        reasons,
+    )
+
+
+def _reason(
+    digest: str,
+    record: IndexedDocument | None,
+    signature: str,
+    chunk_points: Mapping[str, int] | None,
+    name: str,
+    force: bool,
+) -> str:
+    if record is None:
+        return "new file"
+    if force:
+        return "forced rebuild"
+    if record.source_file_hash != digest:
+        return "content changed"
+    if record.signature != signature:
+        return "chunker or embedding model changed"
+    if chunk_points is not None:
+        held = chunk_points.get(name, 0)
+        if held != record.total_chunks:
+            return f"index holds {held} chunk points, its record promises {record.total_chunks}"
+    return ""

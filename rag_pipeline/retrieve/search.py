@@ -1,8 +1,8 @@
 """Retrieval: tenant-scoped search (dense, sparse, hybrid), context expansion, documents.
 
-Every function takes a ``book_id`` and builds its filters through :func:`tenant_filter`, so no
-code path can search, expand or read across books: a point of another book is never returned,
-even when its id is asked for by name.
+Every function takes a ``book_id`` and builds its filters through
+:func:`rag_pipeline.schema.chunks_of`, so no code path can search, expand or read across books:
+a point of another book is never returned, even when its id is asked for by name.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rag_pipeline.embed.base import Embedder
-from rag_pipeline.index import CHUNK, DOCUMENT
+from rag_pipeline.retrieve.filters import SearchFilters
+from rag_pipeline.schema import HIT_FIELDS, chunks_of
 from rag_pipeline.sparse import Bm25Encoder
-from rag_pipeline.store.base import ScoredRecord, StoredRecord, VectorStore
-from rag_pipeline.store.filters import Match, Range, SearchFilters, tenant_filter
+from rag_pipeline.store import Fusion, Match, Range, ScoredRecord, StoredRecord, VectorStore
 
 __all__ = [
     "DEFAULT_MODE",
@@ -31,27 +31,6 @@ SearchMode = Literal["dense", "sparse", "hybrid"]
 #: chosen by measurement on BEIR SciFact (docs/benchmarks.md)
 DEFAULT_MODE: SearchMode = "hybrid"
 DEFAULT_RRF_K = 60
-HIT_FIELDS = (
-    "book_id",
-    "text",
-    "source_file",
-    "section_title",
-    "chunk_index",
-    "total_chunks",
-    "parent_doc_id",
-    "title",
-    "prev_chunk_id",
-    "next_chunk_id",
-    "module",
-    "chapter",
-    "lesson",
-    "hardware_tier",
-    "proficiency_level",
-    "content_hash",
-    "source_file_hash",
-    "embedding_model",
-    "run_id",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +82,7 @@ def search(
         raise ValueError("search needs a book id: results are always scoped to one book")
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    where = tenant_filter(
-        book_id, Match("record_type", CHUNK), *(filters or SearchFilters()).conditions()
-    )
+    where = chunks_of(book_id, *(filters or SearchFilters()).conditions())
     encoder = sparse_encoder or Bm25Encoder()
     if mode == "sparse":
         records = store.query_sparse(
@@ -124,7 +101,7 @@ def search(
                 encoder.encode_query(query),
                 limit=limit,
                 prefetch_limit=prefetch_limit or max(limit * 5, 50),
-                rrf_k=rrf_k,
+                fusion=Fusion("rrf", rrf_k),
                 score_threshold=score_threshold,
             )
         else:
@@ -142,7 +119,7 @@ def expand_context(
     """
     if prev < 0 or next < 0:
         raise ValueError("prev and next must be >= 0")
-    where = tenant_filter(book_id, Match("record_type", CHUNK))
+    where = chunks_of(book_id)
     found = store.retrieve(where, [chunk_id])
     if not found:
         return []
@@ -192,15 +169,6 @@ def _walk_chain(
 
 def get_document(store: VectorStore, book_id: str, parent_doc_id: str) -> list[Hit]:
     """All chunks of one document of one book, ordered by ``chunk_index``."""
-    where = tenant_filter(
-        book_id, Match("record_type", CHUNK), Match("parent_doc_id", parent_doc_id)
-    )
+    where = chunks_of(book_id, Match("parent_doc_id", parent_doc_id))
     records = sorted(store.scroll(where), key=lambda r: int(r.payload.get("chunk_index") or 0))
     return _hits(records)
-
-
-def get_document_record(store: VectorStore, book_id: str, parent_doc_id: str) -> dict | None:
-    """The document record (file status, hash, title, run) of a document, if indexed."""
-    where = tenant_filter(book_id, Match("record_type", DOCUMENT))
-    found = store.retrieve(where, [parent_doc_id])
-    return found[0].payload if found else None

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from rag_pipeline.index import CHUNK, DOCUMENT
 from rag_pipeline.models import Chunk
-from rag_pipeline.store.base import VectorStore
-from rag_pipeline.store.filters import tenant_filter
+from rag_pipeline.schema import CHUNK, DOCUMENT, book_filter
+from rag_pipeline.store import VectorStore
 
 __all__ = ["IndexConsistency", "check_chunks", "check_index", "check_vectors"]
 
@@ -25,6 +25,7 @@ _FIELDS = [
     "next_chunk_id",
     "content_hash",
     "status",
+    "error",
     "embedding_dim",
 ]
 
@@ -41,6 +42,8 @@ class IndexConsistency:
     duplicates: list[str] = field(default_factory=list)
     broken_links: list[str] = field(default_factory=list)
     dimension_errors: list[str] = field(default_factory=list)
+    #: files whose document record says they failed (they serve their last good chunks)
+    file_errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -66,18 +69,22 @@ class IndexConsistency:
 def check_index(store: VectorStore, book_id: str, dimension: int | None = None) -> IndexConsistency:
     """Points == chunks the document records promise; no orphans, duplicates or broken links."""
     report = IndexConsistency(book_id)
-    documents: dict[str, dict] = {}
-    chunks: dict[str, dict] = {}
-    for record in store.scroll(tenant_filter(book_id), fields=_FIELDS):
+    documents: dict[str, dict[str, Any]] = {}
+    chunks: dict[str, dict[str, Any]] = {}
+    for record in store.scroll(book_filter(book_id), fields=_FIELDS):
         if record.payload.get("record_type") == DOCUMENT:
             documents[str(record.payload.get("source_file"))] = record.payload
+            if record.payload.get("status") == "error":
+                report.file_errors[str(record.payload.get("source_file"))] = str(
+                    record.payload.get("error") or "unknown error"
+                )
         elif record.payload.get("record_type") == CHUNK:
             chunks[record.id] = record.payload
     report.points = len(chunks)
     report.documents = len(documents)
     report.expected = sum(int(d.get("total_chunks") or 0) for d in documents.values())
 
-    by_doc: dict[str, list[tuple[str, dict]]] = defaultdict(list)
+    by_doc: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for point_id, p in chunks.items():
         source = str(p.get("source_file"))
         doc = documents.get(source)
@@ -118,7 +125,7 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None) 
     return report
 
 
-def _check_chain(report: IndexConsistency, source: str, members: dict[str, dict]) -> None:
+def _check_chain(report: IndexConsistency, source: str, members: dict[str, dict[str, Any]]) -> None:
     """Every chunk of a document lies on one prev/next chain from its head. Text may repeat
     within a document (each occurrence has its own id and position), so a point that repeats
     the content of a chunk on the chain but is not on it is a duplicate, not a repetition."""

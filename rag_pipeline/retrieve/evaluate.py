@@ -15,23 +15,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag_pipeline.changes import classify_files
-from rag_pipeline.chunk import ChunkBudget
-from rag_pipeline.embed.base import Embedder
-from rag_pipeline.index import read_index_state
-from rag_pipeline.models import DocumentMeta, ParsedDocument, SourceFile, document_id
-from rag_pipeline.pipeline import (
+from rag_pipeline.ingest.changes import FileChanges, classify_files
+from rag_pipeline.ingest.index import read_index_state
+from rag_pipeline.ingest.recipe import IndexRecipe
+from rag_pipeline.ingest.stages import (
     BookInventory,
     ParsedBook,
     chunk_book,
     embed_book,
-    index_signature,
-    lineage_for,
+    vectors_to_reuse,
     write_book,
 )
-from rag_pipeline.retrieve import SearchMode, search
-from rag_pipeline.sparse import Bm25Encoder
-from rag_pipeline.store.base import VectorStore
+from rag_pipeline.models import DocumentMeta, ParsedDocument, SourceFile, document_id
+from rag_pipeline.retrieve.search import Hit, SearchMode, search
+from rag_pipeline.store import VectorStore
 
 __all__ = [
     "BeirDataset",
@@ -128,20 +125,23 @@ def index_corpus(
     store: VectorStore,
     book_id: str,
     corpus: Mapping[str, tuple[str, str]],
-    embedder: Embedder,
-    budget: ChunkBudget,
-    sparse: Bm25Encoder,
+    recipe: IndexRecipe,
     *,
     batch_docs: int = 500,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, int]:
     """Index (incrementally: a re-run embeds nothing) every document of the corpus."""
-    signature = index_signature(embedder, budget, sparse)
-    lineage = lineage_for(embedder, budget, sparse, run_id=None)
+    lineage = recipe.lineage(run_id=None)
     docs = _documents(book_id, corpus)
-    state = read_index_state(store, book_id, embedding_model=embedder.model_name)
+    state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
     current = {d.source_file: d.source_file_hash for d in docs}
-    changes = classify_files(current, state.documents, signature, state.orphan_files)
+    changes = classify_files(
+        current,
+        state.documents,
+        recipe.signature,
+        is_gone=lambda name: True,  # a document no longer in the corpus is gone
+        orphan_files=state.orphan_files,
+    )
     todo = [d for d in docs if d.source_file in set(changes.changed)]
     totals = {
         "documents": len(docs),
@@ -150,31 +150,28 @@ def index_corpus(
         "chunks": 0,
         "embedded": 0,
     }
-    for start in range(0, len(todo), batch_docs):
-        part = todo[start : start + batch_docs]
+    batches = [todo[start : start + batch_docs] for start in range(0, len(todo), batch_docs)]
+    if changes.deleted:  # documents no longer in the corpus
+        batches.append([])
+    for part in batches:
         names = {d.source_file for d in part}
-        part_changes = type(changes)(
+        part_changes = FileChanges(
             new=tuple(n for n in changes.new if n in names),
             modified=tuple(n for n in changes.modified if n in names),
+            deleted=() if part else changes.deleted,
         )
         files = tuple(
             SourceFile(book_id, d.source_file, "", 0, 0, d.source_file_hash) for d in part
         )
-        inventory = BookInventory(book_id, files, (), part_changes, state, signature)
-        chunked = chunk_book(ParsedBook(inventory, tuple(part), ()), embedder, budget)
-        embedded = embed_book(chunked, embedder, store, sparse)
+        inventory = BookInventory(book_id, "", files, (), part_changes, state, recipe.signature)
+        chunked = chunk_book(ParsedBook(inventory, tuple(part), ()), recipe)
+        embedded = embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
         write_book(store, chunked, embedded, lineage)
         totals["indexed"] += len(part)
         totals["chunks"] += len(chunked.chunks)
         totals["embedded"] += embedded.embedded
-        if progress:
-            progress(start + len(part), len(todo))
-    if changes.deleted:  # documents no longer in the corpus
-        inventory = BookInventory(
-            book_id, (), (), type(changes)(deleted=changes.deleted), state, signature
-        )
-        chunked = chunk_book(ParsedBook(inventory, (), ()), embedder, budget)
-        write_book(store, chunked, embed_book(chunked, embedder, store, sparse), lineage)
+        if progress and part:
+            progress(totals["indexed"], len(todo))
     return totals
 
 
@@ -204,12 +201,12 @@ class EvalReport:
         }
 
 
-def rank_documents(hits: Iterable[object], depth: int = 100) -> list[str]:
+def rank_documents(hits: Iterable[Hit], depth: int = 100) -> list[str]:
     """Document ids in the order of their best chunk."""
     ranked: list[str] = []
     seen: set[str] = set()
     for hit in hits:
-        doc = str(hit.payload.get("source_file"))  # type: ignore[attr-defined]
+        doc = str(hit.payload.get("source_file"))
         if doc not in seen:
             seen.add(doc)
             ranked.append(doc)
@@ -220,32 +217,30 @@ def rank_documents(hits: Iterable[object], depth: int = 100) -> list[str]:
 
 def evaluate(
     store: VectorStore,
-    embedder: Embedder,
+    recipe: IndexRecipe,
     dataset: BeirDataset,
     book_id: str,
     *,
     mode: SearchMode,
     split: str = "test",
-    sparse: Bm25Encoder | None = None,
     rrf_k: int = 60,
     depth: int = 100,
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalReport:
     """Run every judged query of the split and average the metrics."""
     started = time.perf_counter()
-    encoder = sparse or Bm25Encoder()
     ids = [q for q in dataset.qrels if q in dataset.queries]
     totals = {"ndcg": 0.0, "r10": 0.0, "r100": 0.0, "mrr": 0.0}
     for n, query_id in enumerate(ids, 1):
         # a few more chunks than documents, since a long document may fill several slots
         hits = search(
             store,
-            embedder,
+            recipe.embedder,
             dataset.queries[query_id],
             book_id,
             limit=depth * 2,
             mode=mode,
-            sparse_encoder=encoder,
+            sparse_encoder=recipe.sparse,
             rrf_k=rrf_k,
             prefetch_limit=depth * 2,
         )

@@ -1,0 +1,395 @@
+"""Find books and their Markdown files on disk, and read them, safely.
+
+A book is a folder directly under the data directory; its id is the folder name, accepted only
+when it is a safe identifier (it becomes a Dagster partition key, a payload value and a path
+segment). Files are ``*.md`` / ``*.mdx`` anywhere below the book folder.
+
+The book folder is the tenant boundary: a symlink (file or folder) is followed only when it
+resolves inside its own book's folder, and that is checked again on the file actually opened
+(:func:`read_source`), so a link re-pointed between the scan and the read is refused too.
+
+Nothing here raises for one bad entry: every problem becomes a :class:`FileError` naming the
+path and the reason, and the rest of the book goes on. A path that exists but cannot be read
+is *unreadable*, never *deleted*: :func:`path_is_gone` tells the two apart.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from rag_pipeline.models import (
+    FileError,
+    InvalidBookIdError,
+    PathMeta,
+    printable,
+    validate_book_id,
+)
+
+__all__ = [
+    "MARKDOWN_SUFFIXES",
+    "BookFiles",
+    "BookScan",
+    "DataDirError",
+    "FileStat",
+    "SourceReadError",
+    "compile_path_patterns",
+    "discover_books",
+    "extract_path_meta",
+    "hash_file",
+    "path_is_gone",
+    "path_meta",
+    "read_source",
+    "scan_book",
+]
+
+MARKDOWN_SUFFIXES = (".md", ".mdx")
+_GONE = (errno.ENOENT, errno.ENOTDIR)
+
+
+class DataDirError(ValueError):
+    """The data folder is missing or unreadable: nothing can be told apart from "every book
+    was removed", so nothing is ingested or purged."""
+
+
+class SourceReadError(Exception):
+    """A source file could not be read safely; ``str()`` is the reason a user reads."""
+
+    def __init__(self, code: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.errno = code
+
+
+@dataclass(frozen=True, slots=True)
+class BookScan:
+    """Book folders found under the data directory, and the folders refused as unsafe."""
+
+    book_ids: tuple[str, ...]
+    rejected: tuple[FileError, ...] = ()
+
+
+def discover_books(data_dir: Path | str) -> BookScan:
+    """List the book folders of ``data_dir`` (sorted); unsafe ones are reported, not used.
+
+    Raises :class:`DataDirError` when the data folder itself is missing or unreadable."""
+    root = Path(data_dir)
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        problem = "does not exist or is not a folder" if exc.errno in _GONE else exc.strerror
+        raise DataDirError(
+            f"data folder {root} {problem} (RAG_DATA_DIR); nothing was ingested or purged"
+        ) from None
+    root_real = os.path.realpath(root)
+    found: dict[str, str] = {}  # book id -> real folder
+    rejected: list[FileError] = []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            book_id, real = _book_folder(entry, root_real)
+        except _Refused as refused:
+            rejected.append(FileError(printable(entry.name), "", "crawl", str(refused)))
+            continue
+        if book_id is not None:
+            found[book_id] = real
+    # Two book folders that are the same folder, or one inside the other, would serve one
+    # book's text under another's id: the links among them are refused.
+    books: list[str] = []
+    for book_id, real in found.items():
+        other = next(
+            (b for b, r in found.items() if b != book_id and _overlaps(real, r, b, book_id)), None
+        )
+        if other is not None and os.path.islink(root / book_id):
+            rejected.append(
+                FileError(
+                    book_id,
+                    "",
+                    "crawl",
+                    f"book folder is a symlink into book {other!r}'s folder; refused (a book "
+                    "folder is the boundary of its book's data)",
+                )
+            )
+        else:
+            books.append(book_id)
+    return BookScan(tuple(sorted(books)), tuple(sorted(rejected, key=lambda e: e.book_id)))
+
+
+class _Refused(Exception):
+    pass
+
+
+def _book_folder(entry: os.DirEntry[str], root_real: str) -> tuple[str | None, str]:
+    try:
+        if not entry.is_dir(follow_symlinks=True):
+            return None, ""
+    except OSError as exc:
+        raise _Refused(f"cannot inspect folder: {exc.strerror}") from None
+    try:
+        validate_book_id(entry.name)
+    except InvalidBookIdError as exc:
+        raise _Refused(str(exc)) from None
+    real = os.path.realpath(entry.path)
+    if entry.is_symlink() and not _within(real, root_real):
+        raise _Refused("book folder is a symlink that points outside the data directory; refused")
+    return entry.name, real
+
+
+def _overlaps(real: str, other_real: str, book: str, other: str) -> bool:
+    if real == other_real:
+        return book > other  # the same folder twice: keep the first name, refuse the second
+    return _within(real, other_real) or _within(other_real, real)
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """A Markdown file's identity for change detection, before any byte is read."""
+
+    source_file: str
+    path: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class BookFiles:
+    """What a scan of one book folder found: the files it can ingest and the problems."""
+
+    book_id: str
+    folder: str  # the book folder's real path: the boundary every file must stay within
+    files: tuple[FileStat, ...]
+    errors: tuple[FileError, ...] = ()
+
+
+def scan_book(data_dir: Path | str, book_id: str) -> BookFiles:
+    """Stat every Markdown file of a book (no reads)."""
+    validate_book_id(book_id)
+    book_dir = Path(data_dir) / book_id
+    folder = os.path.realpath(book_dir)
+    stats: list[FileStat] = []
+    errors: list[FileError] = []
+    for rel, path, problem in _walk(str(book_dir), folder):
+        if problem is not None:
+            errors.append(FileError(book_id, rel, "crawl", problem))
+            continue
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            if exc.errno in _GONE:
+                continue  # vanished since it was listed: it is gone
+            errors.append(FileError(book_id, rel, "crawl", f"cannot stat file: {exc.strerror}"))
+            continue
+        stats.append(FileStat(rel, path, st.st_size, st.st_mtime_ns))
+    stats.sort(key=lambda s: s.source_file)
+    return BookFiles(book_id, folder, tuple(stats), tuple(errors))
+
+
+def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
+    """Yield (relative path, path, problem or None) for every Markdown file and every entry
+    that could not be listed or was refused."""
+    stack = [book_dir]
+    seen: set[str] = set()
+    while stack:
+        current = stack.pop()
+        real = os.path.realpath(current)
+        if real in seen:
+            continue
+        seen.add(real)
+        rel_dir = _relative(current, book_dir)
+        try:
+            entries = sorted(os.scandir(current), key=lambda e: e.name)
+        except OSError as exc:
+            if exc.errno in _GONE and current != book_dir:
+                continue
+            yield rel_dir or ".", current, f"cannot list folder: {exc.strerror}"
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            rel = _relative(entry.path, book_dir)
+            try:
+                problem, is_dir = _inspect(entry, rel, folder)
+            except Exception as exc:  # one odd entry never stops the scan
+                yield printable(rel), entry.path, f"cannot inspect: {type(exc).__name__}: {exc}"
+                continue
+            if is_dir:
+                if problem is None:
+                    stack.append(entry.path)
+                else:
+                    yield printable(rel), entry.path, problem
+            elif problem is not None or entry.name.lower().endswith(MARKDOWN_SUFFIXES):
+                yield printable(rel), entry.path, problem
+
+
+def _inspect(entry: os.DirEntry[str], rel: str, folder: str) -> tuple[str | None, bool]:
+    """(problem or None, is a folder) for one directory entry."""
+    is_link = entry.is_symlink()
+    try:
+        is_dir = entry.is_dir(follow_symlinks=True)
+    except OSError as exc:
+        if not entry.name.lower().endswith(MARKDOWN_SUFFIXES):
+            return None, False
+        if exc.errno == errno.ELOOP:
+            return "symlink loop (a link that leads back to itself); refused", False
+        return f"cannot inspect: {exc.strerror}", False
+    markdown = entry.name.lower().endswith(MARKDOWN_SUFFIXES)
+    if not is_dir and not markdown:
+        return None, False
+    if is_link:
+        target = os.path.realpath(entry.path)
+        if not _within(target, folder):
+            kind = "symlinked folder" if is_dir else "symlink"
+            return f"{kind} points outside its book folder; refused", is_dir
+        if not is_dir and not os.path.isfile(target):
+            return "broken symlink (or a symlink loop)", False
+    if not _valid_utf8(rel):
+        return "file name is not valid UTF-8; rename it to ingest it", is_dir
+    if not is_dir and not entry.is_file(follow_symlinks=True):
+        return "not a regular file", False
+    return None, is_dir
+
+
+def path_is_gone(book_dir: Path | str, source_file: str) -> bool:
+    """True only when the file no longer exists: a path that exists but cannot be read or
+    listed (permissions, I/O errors) is not gone, and its indexed chunks must stay."""
+    try:
+        os.lstat(Path(book_dir) / source_file)
+    except OSError as exc:
+        return exc.errno in _GONE
+    return False
+
+
+def read_source(path: str, folder: str, max_bytes: int) -> bytes:
+    """The bytes of one source file, read once from the file actually opened.
+
+    Refuses (:class:`SourceReadError`) a file that resolves outside ``folder`` at the moment it
+    is opened (a symlink re-pointed after the scan), that is not a regular file, or that is
+    larger than ``max_bytes``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise SourceReadError(exc.errno, f"cannot read file: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceReadError(errno.EINVAL, "not a regular file")
+        opened = _opened_path(fd, path, st)
+        if opened is None or not _within(opened, folder):
+            raise SourceReadError(
+                errno.EPERM,
+                "resolves outside its book folder when opened (a symlink changed); refused",
+            )
+        if st.st_size > max_bytes:
+            raise SourceReadError(errno.EFBIG, _too_large(st.st_size, max_bytes))
+        chunks = []
+        remaining = max_bytes + 1
+        while remaining > 0:
+            block = os.read(fd, min(remaining, 1 << 20))
+            if not block:
+                break
+            chunks.append(block)
+            remaining -= len(block)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:  # it grew after the stat
+            raise SourceReadError(errno.EFBIG, _too_large(len(data), max_bytes))
+        return data
+    except OSError as exc:
+        raise SourceReadError(exc.errno, f"cannot read file: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return (
+        f"file too large: {size / 1e6:.1f} MB exceeds the {max_bytes / 1e6:.1f} MB limit "
+        "(RAG_MAX_FILE_BYTES)"
+    )
+
+
+def _opened_path(fd: int, path: str, st: os.stat_result) -> str | None:
+    """The real path of the file behind ``fd``: exact on Linux (/proc), else the path's
+    resolution confirmed by inode."""
+    proc = f"/proc/self/fd/{fd}"
+    if os.path.islink(proc):
+        try:
+            return os.readlink(proc)
+        except OSError:
+            pass
+    real = os.path.realpath(path)
+    try:
+        again = os.stat(real)
+    except OSError:
+        return None
+    return real if (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino) else None
+
+
+def hash_file(path: str | Path) -> str:
+    """sha256 of a file's bytes, streamed so large files never sit in memory twice."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=32)
+def compile_path_patterns(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as exc:
+            raise ValueError(f"invalid path pattern {pattern!r}: {exc}") from exc
+    return tuple(compiled)
+
+
+def extract_path_meta(source_file: str, patterns: Iterable[re.Pattern[str]]) -> PathMeta:
+    """Module / chapter / lesson from the path; the first pattern that matches a field wins."""
+    found: dict[str, str] = {}
+    for pattern in patterns:
+        match = pattern.search(source_file)
+        if not match:
+            continue
+        for name, value in match.groupdict().items():
+            if value is not None and name not in found:
+                found[name] = value
+    return PathMeta(
+        module=found.get("module"),
+        chapter=_to_int(found.get("chapter")),
+        lesson=_to_int(found.get("lesson")),
+    )
+
+
+def path_meta(source_file: str, patterns: Sequence[str]) -> PathMeta:
+    return extract_path_meta(source_file, compile_path_patterns(tuple(patterns)))
+
+
+def _to_int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    digits = re.sub(r"\D", "", value)[:18]  # a 64-bit payload integer
+    return int(digits) if digits else None
+
+
+def _relative(path: str, book_dir: str) -> str:
+    rel = os.path.relpath(path, book_dir)
+    return "" if rel == "." else Path(rel).as_posix()
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _valid_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,79 @@
+"""What an ingest did, per book: the ``rag-pipeline ingest --json`` contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["BookResult", "BookStatus", "IngestReport"]
+
+BookStatus = Literal["ingested", "unchanged", "removed", "failed", "missing"]
+
+
+@dataclass
+class BookResult:
+    book_id: str
+    status: BookStatus
+    files: int = 0
+    errors: int = 0
+    chunks: int = 0  # what the document records promise
+    embedded: int = 0
+    points: int = 0  # chunk points the index holds (== chunks when consistent)
+    reused: int = 0
+    deleted: int = 0
+    files_new: int = 0
+    files_modified: int = 0
+    files_deleted: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    embed_seconds: float = 0.0
+    seconds: float = 0.0
+    run_id: str | None = None
+    error_messages: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why the book ran (or was purged)
+    files_unreadable: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "errors": self.errors,
+            "chunks": self.chunks,
+            "embedded": self.embedded,
+            "points": self.points,
+            "reused": self.reused,
+            "deleted": self.deleted,
+            "files_new": self.files_new,
+            "files_modified": self.files_modified,
+            "files_deleted": self.files_deleted,
+            "files_unreadable": self.files_unreadable,
+            "status": self.status,
+            "tokens": self.tokens,
+            "cost_usd": round(self.cost_usd, 6),
+            "embed_seconds": round(self.embed_seconds, 3),
+            "seconds": round(self.seconds, 3),
+            "run_id": self.run_id,
+            "error_messages": self.error_messages,
+            "warnings": self.warnings,
+            "reasons": self.reasons,
+        }
+
+
+@dataclass
+class IngestReport:
+    books: dict[str, BookResult] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(b.status in ("failed", "missing") for b in self.books.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "books": {k: v.as_dict() for k, v in self.books.items()},
+            "rejected_folders": self.rejected,
+            "warnings": self.warnings,
+            "seconds": round(self.seconds, 3),
+        }

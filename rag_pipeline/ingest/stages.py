@@ -1,0 +1,532 @@
+"""The ingestion stages of one book as plain functions; Dagster assets are thin calls to these.
+
+inventory (files on disk vs the index) -> parse changed files -> chunk -> embed new text (reuse
+vectors of text already indexed) -> write points, delete stale ones, commit document records.
+
+Every stage works file by file: a file that cannot be read, parsed or chunked becomes an error
+on its own document record (its last good chunks stay), and the rest of the book goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rag_pipeline.chunk import chunk_document
+from rag_pipeline.config import SourceConfig
+from rag_pipeline.ingest.changes import FileChanges, classify_files
+from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks
+from rag_pipeline.ingest.crawl import (
+    SourceReadError,
+    hash_file,
+    path_is_gone,
+    path_meta,
+    read_source,
+    scan_book,
+)
+from rag_pipeline.ingest.index import (
+    DocumentOutcome,
+    IndexState,
+    WriteReport,
+    damaged_vectors,
+    read_index_state,
+    reusable_vectors,
+    write_book_changes,
+)
+from rag_pipeline.ingest.parse import parse_document
+from rag_pipeline.ingest.recipe import IndexRecipe, LineageInfo
+from rag_pipeline.ingest.report import BookResult
+from rag_pipeline.models import Chunk, FileError, ParsedDocument, SourceFile
+from rag_pipeline.store import CollectionSpec, SparseVector, VectorStore
+
+__all__ = [
+    "BookInventory",
+    "BookRun",
+    "ChunkedBook",
+    "EmbeddedBook",
+    "ParsedBook",
+    "Progress",
+    "WritePreview",
+    "book_result",
+    "chunk_book",
+    "embed_book",
+    "ingest_book",
+    "parse_book",
+    "preview_writes",
+    "read_book_files",
+    "take_inventory",
+    "vectors_to_reuse",
+    "write_book",
+]
+
+#: ``progress(done, total)`` after each embedding batch
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class BookInventory:
+    """Files of a book on disk, what the index holds for it, and what must change."""
+
+    book_id: str
+    folder: str  # the book folder's real path: every read stays inside it
+    files: tuple[SourceFile, ...]
+    crawl_errors: tuple[FileError, ...]
+    changes: FileChanges
+    state: IndexState
+    signature: str
+    #: every vector is embedded again (forced, or the stored vectors are damaged)
+    reembed: bool = False
+
+    @property
+    def changed_files(self) -> tuple[SourceFile, ...]:
+        changed = set(self.changes.changed)
+        return tuple(f for f in self.files if f.source_file in changed)
+
+    def crawl_error(self, source_file: str) -> FileError | None:
+        return next((e for e in self.crawl_errors if e.source_file == source_file), None)
+
+
+@dataclass(frozen=True)
+class BookFilesRead:
+    """A book's files as read for change detection: hashed files and per-file errors."""
+
+    folder: str
+    files: tuple[SourceFile, ...]
+    errors: tuple[FileError, ...]
+
+
+def read_book_files(source: SourceConfig, book_id: str) -> BookFilesRead:
+    """Scan and hash every Markdown file of the book (the planner and the runs both use this,
+    so they see the same files)."""
+    scan = scan_book(source.data_dir, book_id)
+    files: list[SourceFile] = []
+    errors = list(scan.errors)
+    for st in scan.files:
+        try:
+            digest = hash_file(st.path)
+        except OSError as exc:
+            if path_is_gone(Path(source.data_dir) / book_id, st.source_file):
+                continue
+            errors.append(
+                FileError(book_id, st.source_file, "read", f"cannot read file: {exc.strerror}")
+            )
+            continue
+        meta = path_meta(st.source_file, source.path_patterns)
+        files.append(
+            SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest, meta)
+        )
+    return BookFilesRead(scan.folder, tuple(files), tuple(errors))
+
+
+def take_inventory(
+    source: SourceConfig,
+    book_id: str,
+    store: VectorStore,
+    recipe: IndexRecipe,
+    *,
+    force: bool = False,
+) -> BookInventory:
+    """Hash the book's files and compare them with what the index holds."""
+    found = read_book_files(source, book_id)
+    files, errors = list(found.files), list(found.errors)
+    state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
+    sample = sorted(i for ids in state.chunk_ids.values() for i in ids)[:4]
+    damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
+    book_dir = Path(source.data_dir) / book_id
+    changes = classify_files(
+        {f.source_file: f.sha256 for f in files},
+        state.documents,
+        recipe.signature,
+        is_gone=lambda name: path_is_gone(book_dir, name),
+        chunk_points=state.chunk_counts(),
+        orphan_files=state.orphan_files,
+        force=force or damaged,
+    )
+    if damaged:
+        changes = _with_reason(changes, "stored vectors are damaged: rebuilding the book")
+    return BookInventory(
+        book_id,
+        found.folder,
+        tuple(files),
+        tuple(errors),
+        changes,
+        state,
+        recipe.signature,
+        reembed=force or damaged,
+    )
+
+
+def _with_reason(changes: FileChanges, reason: str) -> FileChanges:
+    reasons = {name: reason for name in changes.changed}
+    return FileChanges(
+        changes.new,
+        changes.modified,
+        changes.unchanged,
+        changes.deleted,
+        changes.unreadable,
+        {**changes.reasons, **reasons},
+    )
+
+
+@dataclass(frozen=True)
+class ParsedBook:
+    """The new and modified files parsed (or the reason each could not be)."""
+
+    inventory: BookInventory
+    documents: tuple[ParsedDocument, ...]
+    errors: tuple[FileError, ...]
+    # bytes actually parsed may be newer than the inventory's: this is what gets recorded
+    file_hashes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def book_id(self) -> str:
+        return self.inventory.book_id
+
+    @property
+    def empty_documents(self) -> tuple[str, ...]:
+        return tuple(d.source_file for d in self.documents if d.is_empty)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(f"{d.source_file}: {w}" for d in self.documents for w in d.warnings)
+
+    @property
+    def standing_errors(self) -> tuple[FileError, ...]:
+        """Errors of unchanged files, as recorded by the run that last saw them: a file that
+        stays broken keeps being reported, not only in the run that first found it."""
+        documents = self.inventory.state.documents
+        return tuple(
+            FileError(self.book_id, name, "parse", documents[name].error or "unknown error")
+            for name in self.inventory.changes.unchanged
+            if documents[name].status == "error"
+        )
+
+    @property
+    def standing_empty_documents(self) -> tuple[str, ...]:
+        documents = self.inventory.state.documents
+        return tuple(n for n in self.inventory.changes.unchanged if documents[n].status == "empty")
+
+
+def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
+    """Read and parse the new and modified files; each bad file becomes an error, the rest
+    goes on. Indexed files that could not be read are errors too (their chunks stay)."""
+    documents: list[ParsedDocument] = []
+    errors: list[FileError] = []
+    hashes: dict[str, str] = {}
+    for f in inventory.changed_files:
+        hashes[f.source_file] = f.sha256
+        try:
+            data = read_source(f.path, inventory.folder, source.max_file_bytes)
+        except SourceReadError as exc:
+            errors.append(FileError(f.book_id, f.source_file, "read", str(exc), f.sha256))
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        hashes[f.source_file] = digest
+        result = parse_document(
+            f.book_id,
+            f.source_file,
+            data,
+            digest,
+            f.path_meta,
+            default_hardware_tier=source.default_hardware_tier,
+        )
+        if isinstance(result, FileError):
+            errors.append(result)
+        else:
+            documents.append(result)
+    for name in inventory.changes.unreadable:
+        known = inventory.crawl_error(name)
+        reason = known.reason if known else "file exists but could not be read"
+        errors.append(FileError(inventory.book_id, name, "read", reason))
+        hashes[name] = inventory.state.documents[name].source_file_hash
+    return ParsedBook(inventory, tuple(documents), tuple(errors), hashes)
+
+
+@dataclass(frozen=True)
+class ChunkedBook:
+    """Chunks of the parsed files, and what each changed file's document record will say."""
+
+    inventory: BookInventory
+    chunks: tuple[Chunk, ...]
+    outcomes: tuple[DocumentOutcome, ...]
+    errors: tuple[FileError, ...] = ()  # read, parse and chunk errors of this run
+    warnings: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def book_id(self) -> str:
+        return self.inventory.book_id
+
+    def token_stats(self) -> dict[str, float]:
+        if not self.chunks:
+            return {"min": 0, "mean": 0, "p95": 0, "max": 0, "total": 0}
+        counts = np.array([c.token_count for c in self.chunks])
+        return {
+            "min": int(counts.min()),
+            "mean": round(float(counts.mean()), 1),
+            "p95": int(np.percentile(counts, 95)),
+            "max": int(counts.max()),
+            "total": int(counts.sum()),
+        }
+
+
+def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
+    """Chunk every parsed document; a document whose chunks break an invariant (over the
+    model's limit, a broken chain) is an error of that file alone."""
+    started = time.perf_counter()
+    chunks: list[Chunk] = []
+    errors: list[FileError] = list(parsed.errors)
+    outcomes: list[DocumentOutcome] = []
+    for doc in parsed.documents:
+        try:
+            doc_chunks = chunk_document(doc, recipe.embedder.tokenizer, recipe.budget)
+            problems = check_chunks(doc_chunks, recipe.budget.limit)
+            if problems:
+                raise ValueError("; ".join(problems[:3]))
+        except Exception as exc:  # a chunker bug on one file must not sink the book
+            error = FileError(
+                doc.book_id,
+                doc.source_file,
+                "chunk",
+                f"chunking failed: {type(exc).__name__}: {exc}",
+                doc.source_file_hash,
+            )
+            errors.append(error)
+            outcomes.append(
+                DocumentOutcome(
+                    doc.source_file, doc.source_file_hash, "error", doc_meta=doc.meta, error=error
+                )
+            )
+            continue
+        chunks.extend(doc_chunks)
+        outcomes.append(
+            DocumentOutcome(
+                doc.source_file,
+                doc.source_file_hash,
+                "ok" if doc_chunks else "empty",
+                len(doc_chunks),
+                doc.meta,
+                doc.frontmatter,
+                warnings=doc.warnings,
+            )
+        )
+    for error in parsed.errors:
+        outcomes.append(
+            DocumentOutcome(
+                error.source_file,
+                parsed.file_hashes.get(error.source_file, ""),
+                "error",
+                error=error,
+            )
+        )
+    return ChunkedBook(
+        parsed.inventory,
+        tuple(chunks),
+        tuple(outcomes),
+        tuple(errors),
+        parsed.warnings,
+        time.perf_counter() - started,
+    )
+
+
+@dataclass(frozen=True)
+class WritePreview:
+    """What writing a chunked book will do, computed from the inventory without embedding:
+    the numbers ``rag-pipeline plan`` prints are the ones the run then produces."""
+
+    chunks: int
+    to_embed: int
+    reused: int
+    tokens: int
+    points_to_delete: int
+
+
+def preview_writes(chunked: ChunkedBook) -> WritePreview:
+    inventory = chunked.inventory
+    state = inventory.state
+    todo = [
+        c for c in chunked.chunks if inventory.reembed or not state.by_content.get(c.content_hash)
+    ]
+    new_ids = {c.id for c in chunked.chunks}
+    failed = {o.source_file for o in chunked.outcomes if o.status == "error"}
+    changes = inventory.changes
+    touched = (set(changes.changed) - failed) | set(changes.deleted)
+    stale = sum(len(state.chunk_ids.get(name, set()) - new_ids) for name in touched)
+    records = sum(1 for name in changes.deleted if name in state.documents)
+    return WritePreview(
+        len(chunked.chunks),
+        len(todo),
+        len(chunked.chunks) - len(todo),
+        sum(c.token_count for c in todo),
+        stale + records,
+    )
+
+
+@dataclass(frozen=True)
+class EmbeddedBook:
+    """Dense and sparse vectors aligned with the chunks, and what producing them cost."""
+
+    book_id: str
+    model: str
+    dense: np.ndarray
+    sparse: tuple[SparseVector, ...]
+    embedded: int
+    reused: int
+    tokens: int
+    cost_usd: float
+    seconds: float
+    embed_seconds: float = 0.0  # inside the embedder only: the "pure embedding time"
+
+
+def vectors_to_reuse(
+    chunked: ChunkedBook, recipe: IndexRecipe, store: VectorStore
+) -> dict[str, np.ndarray]:
+    """Stored vectors for the chunks whose text the index already holds (none when the book
+    is being re-embedded)."""
+    inventory = chunked.inventory
+    if inventory.reembed:
+        return {}
+    return reusable_vectors(
+        store,
+        inventory.book_id,
+        inventory.state,
+        (c.content_hash for c in chunked.chunks),
+        recipe.dimension,
+    )
+
+
+def embed_book(
+    chunked: ChunkedBook,
+    recipe: IndexRecipe,
+    reuse: Mapping[str, np.ndarray],
+    progress: Progress | None = None,
+) -> EmbeddedBook:
+    """Vectors for every chunk: ``reuse`` when its text is there, else embedded (the store
+    is not needed here, so a step can release it while the model runs)."""
+    started = time.perf_counter()
+    chunks = chunked.chunks
+    embedder = recipe.embedder
+    dense = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
+    todo: list[int] = []
+    for i, c in enumerate(chunks):
+        vector = reuse.get(c.content_hash)
+        if vector is not None:
+            dense[i] = vector
+        else:
+            todo.append(i)
+    tokens = sum(chunks[i].token_count for i in todo)
+    embed_started = time.perf_counter()
+    if todo:
+        texts = [chunks[i].embed_text for i in todo]
+        dense[todo] = embedder.embed(texts, progress=progress)
+    embed_seconds = time.perf_counter() - embed_started
+    sparse = tuple(recipe.sparse.encode_documents([c.embed_text for c in chunks]))
+    return EmbeddedBook(
+        chunked.book_id,
+        embedder.model_name,
+        dense,
+        sparse,
+        len(todo),
+        len(chunks) - len(todo),
+        tokens,
+        embedder.cost_usd(tokens),
+        time.perf_counter() - started,
+        embed_seconds,
+    )
+
+
+def write_book(
+    store: VectorStore,
+    chunked: ChunkedBook,
+    embedded: EmbeddedBook,
+    lineage: LineageInfo,
+) -> WriteReport:
+    if len(chunked.chunks) != len(embedded.dense):
+        raise ValueError(
+            f"{chunked.book_id}: {len(chunked.chunks)} chunks but "
+            f"{len(embedded.dense)} vectors; re-materialize chunk_embeddings"
+        )
+    store.ensure_collection(CollectionSpec(store.collection, lineage.embedding_dim))
+    inventory = chunked.inventory
+    return write_book_changes(
+        store,
+        inventory.book_id,
+        changes=inventory.changes,
+        chunks=chunked.chunks,
+        dense=embedded.dense,
+        sparse=embedded.sparse,
+        outcomes=chunked.outcomes,
+        lineage=lineage,
+    )
+
+
+@dataclass(frozen=True)
+class BookRun:
+    """Everything one pass over a book produced (the assets' outputs, without Dagster)."""
+
+    inventory: BookInventory
+    parsed: ParsedBook
+    chunked: ChunkedBook
+    embedded: EmbeddedBook
+    written: WriteReport
+
+
+def ingest_book(
+    source: SourceConfig,
+    book_id: str,
+    store: VectorStore,
+    recipe: IndexRecipe,
+    run_id: str | None = None,
+    *,
+    force: bool = False,
+) -> BookRun:
+    """All stages of one book in order, as the asset chain runs them."""
+    inventory = take_inventory(source, book_id, store, recipe, force=force)
+    parsed = parse_book(inventory, source)
+    chunked = chunk_book(parsed, recipe)
+    embedded = embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
+    written = write_book(store, chunked, embedded, recipe.lineage(run_id))
+    return BookRun(inventory, parsed, chunked, embedded, written)
+
+
+def book_result(
+    chunked: ChunkedBook,
+    embedded: EmbeddedBook,
+    written: WriteReport,
+    index: IndexConsistency,
+) -> BookResult:
+    """What a run did to its book, with the book's totals as the index now holds them."""
+    inventory = chunked.inventory
+    changes = inventory.changes
+    recorded = set(index.file_errors)
+    messages = [
+        f"{inventory.book_id}/{name}: {reason}"
+        for name, reason in sorted(index.file_errors.items())
+    ]
+    messages += [str(e) for e in inventory.crawl_errors if e.source_file not in recorded]
+    return BookResult(
+        inventory.book_id,
+        "ingested",
+        files=len(inventory.files) + len(changes.unreadable),
+        errors=len(messages),
+        chunks=index.expected,
+        embedded=embedded.embedded,
+        points=index.points,
+        reused=embedded.reused,
+        deleted=written.deleted,
+        files_new=len(changes.new),
+        files_modified=len(changes.modified),
+        files_deleted=len(changes.deleted),
+        files_unreadable=len(changes.unreadable),
+        tokens=embedded.tokens,
+        cost_usd=embedded.cost_usd,
+        embed_seconds=embedded.embed_seconds,
+        error_messages=messages,
+        warnings=list(chunked.warnings),
+        reasons=sorted(set(changes.reasons.values())),
+    )

@@ -1,0 +1,153 @@
+"""An inter-process lock for an embedded store folder, that says who holds it.
+
+Embedded engines must never be opened by two processes at once: Qdrant Edge's own WAL lock does
+not cover its segments, and a second opener "recovers" files the first is writing (seen as
+``Tracker journal ... is shorter than expected`` in the writer). Every opener, reader or writer,
+takes this lock first. It is an ``flock`` on ``<name>.lock``, so the kernel releases it when the
+holder dies, ``kill -9`` included. The holder writes its pid, command and start time into the
+file, so a waiter can name it. Waiters also hold a shared lock on ``<name>.wait``, which lets a
+long-lived holder (the query service) notice them and step aside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rag_pipeline.store.base import StoreBusyError
+
+__all__ = ["FolderLock", "describe_holder"]
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.05
+_NOTICE_EVERY_S = 10.0
+
+
+def describe_holder(info: dict[str, Any] | None) -> str:
+    """'pid 123 on host (rag-pipeline ingest), since 12:00:01' or 'an unknown process'."""
+    if not info:
+        return "an unknown process"
+    since = info.get("since")
+    when = time.strftime("%H:%M:%S", time.localtime(since)) if isinstance(since, float) else "?"
+    return f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')}), since {when}"
+
+
+class FolderLock:
+    """Exclusive lock of one store folder across processes (not re-entrant within one)."""
+
+    def __init__(self, lock_path: Path, what: str) -> None:
+        self.path = lock_path
+        self.wait_path = lock_path.with_suffix(".wait")
+        self.what = what
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def holder(self) -> dict[str, Any] | None:
+        """Who holds (or last held) the lock, as it wrote itself down."""
+        try:
+            data = json.loads(self.path.read_text() or "null")
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def acquire(self, wait_s: float, notify: Callable[[str], None] | None = None) -> None:
+        """Take the lock, waiting up to ``wait_s`` seconds for its holder; then
+        :class:`StoreBusyError` naming the holder. ``notify`` hears about the wait."""
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not _try_lock(fd):
+                self._wait(fd, wait_s, notify or log.warning)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def _wait(self, fd: int, wait_s: float, notify: Callable[[str], None]) -> None:
+        started = time.monotonic()
+        deadline = started + wait_s
+        noticed = 0.0
+        with self._waiting():
+            while True:
+                now = time.monotonic()
+                if now - started >= noticed and wait_s > 0:
+                    notify(
+                        f"waiting up to {wait_s:g}s for {self.what}: held by "
+                        f"{describe_holder(self.holder())}"
+                    )
+                    noticed += _NOTICE_EVERY_S
+                if now >= deadline:
+                    raise StoreBusyError(
+                        f"{self.what} is in use by {describe_holder(self.holder())}; waited "
+                        f"{wait_s:g}s (RAG_BUSY_WAIT_S). Wait for it to finish, or use a "
+                        "Qdrant server (RAG_QDRANT_URL) for concurrent access."
+                    )
+                time.sleep(_POLL_S)
+                if _try_lock(fd):
+                    return
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """Hold a shared lock on the wait file while waiting, so the holder can see us."""
+        try:
+            fd = os.open(self.wait_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+    def others_waiting(self) -> bool:
+        """True when another process waits for this lock (for long-lived holders)."""
+        try:
+            fd = os.open(self.wait_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return False
+        try:
+            return not _try_lock(fd)
+        finally:
+            os.close(fd)  # closing drops the probe's lock, if it got it
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the descriptor releases the flock
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _me() -> dict[str, Any]:
+    command = " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv[:3]))
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command or "python",
+        "since": time.time(),
+    }

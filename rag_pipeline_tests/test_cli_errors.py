@@ -1,0 +1,173 @@
+"""Every command, fed malformed arguments and settings, answers with a message and an exit code:
+never a Python traceback. Settings errors name the variable and exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from click.testing import CliRunner
+
+from rag_pipeline.cli import main
+
+GOOD_ID = str(uuid.uuid4())
+
+
+@pytest.fixture
+def env(tmp_path, sample_books, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("RAG_") or name.startswith("OPENAI_"):
+            monkeypatch.delenv(name)
+    values = {
+        "RAG_DATA_DIR": str(sample_books),
+        "RAG_QDRANT_PATH": str(tmp_path / "qdrant"),
+        "RAG_CACHE_DIR": str(tmp_path / "cache"),
+        "RAG_EMBEDDER": "hash",
+        "RAG_BUSY_WAIT_S": "2",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    return monkeypatch
+
+
+def run(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    text = result.output + (getattr(result, "stderr", "") or "")
+    assert "Traceback" not in text, text
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"{args}: escaped {result.exception!r}\n{text}")
+    return result.exit_code, text
+
+
+COMMANDS = [
+    ("ingest",),
+    ("plan",),
+    ("books",),
+    ("search", "robots", "--book", "ros2-fundamentals"),
+    ("context", GOOD_ID, "--book", "ros2-fundamentals"),
+    ("document", GOOD_ID, "--book", "ros2-fundamentals"),
+    ("lineage", GOOD_ID, "--book", "ros2-fundamentals"),
+]
+
+BAD_SETTINGS = [
+    ("RAG_CHUNK_TARGET_TOKENS", "abc"),
+    ("RAG_CHUNK_TARGET_TOKENS", "-5"),
+    ("RAG_CHUNK_TARGET_TOKENS", "999999999999"),
+    ("RAG_CHUNK_MIN_TOKENS", "450"),
+    ("RAG_CHUNK_MAX_TOKENS", "100"),
+    ("RAG_CHUNK_OVERLAP", "0.9"),
+    ("RAG_PATH_PATTERNS", "["),
+    ("RAG_PATH_PATTERNS", '["(unclosed"]'),
+    ("RAG_PATH_PATTERNS", '["(?P<bogus>x)"]'),
+    ("RAG_PATH_PATTERNS", '{"a": 1}'),
+    ("RAG_SENSOR_INTERVAL_S", "0"),
+    ("RAG_SENSOR_INTERVAL_S", "soon"),
+    ("RAG_QDRANT_URL", "not a url"),
+    ("RAG_QDRANT_URL", "http://"),
+    ("RAG_QDRANT_URL", "http://host:notaport"),
+    ("RAG_COLLECTION", "../x"),
+    ("RAG_COLLECTION", "."),
+    ("RAG_COLLECTION", "a/b"),
+    ("RAG_COLLECTION", "x" * 300),
+    ("RAG_EMBEDDER", "nope"),
+    ("RAG_QDRANT_EMBEDDED", "nope"),
+    ("RAG_BUSY_WAIT_S", "-1"),
+    ("RAG_MAX_FILE_BYTES", "0"),
+    ("RAG_EMBED_BATCH_SIZE", "0"),
+    ("RAG_QDRANT_PATH", ""),
+    ("RAG_DAGSTER_URL", "ftp://x"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_SETTINGS)
+def test_a_bad_setting_is_a_message_naming_it_with_exit_2(env, name, value):
+    env.setenv(name, value)
+    for command in (("books",), ("search", "x", "--book", "ros2-fundamentals"), ("ingest",)):
+        code, text = run(*command)
+        assert code == 2, (command, text)
+        assert name in text or name.removeprefix("RAG_") in text.upper(), text
+
+
+def test_an_empty_collection_name_is_refused(env):
+    env.setenv("RAG_COLLECTION", "")
+    code, text = run("books")
+    assert code == 2 and "RAG_COLLECTION" in text
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_dagster_home_that_is_a_file_or_a_missing_data_folder(env, tmp_path, command):
+    if command[0] == "ingest":
+        (tmp_path / "home-file").write_text("not a folder")
+        env.setenv("DAGSTER_HOME", str(tmp_path / "home-file"))
+        code, text = run(*command)
+        assert code == 2 and "DAGSTER_HOME" in text and "is a file" in text
+        env.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    env.setenv("RAG_DATA_DIR", str(tmp_path / "not-mounted"))
+    code, text = run(*command)
+    if command[0] in ("ingest", "plan", "books"):
+        assert code == 2 and "not-mounted" in text and "nothing was ingested" in text, text
+    else:  # reading the index needs no data folder
+        assert code in (0, 1), text
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("search", "x"),
+        ("search", "x", "--book", "../etc"),
+        ("search", "x", "--book", ""),
+        ("search", "x", "--book", "b", "--limit", "0"),
+        ("search", "x", "--book", "b", "--chapter-min", "1e23"),
+        ("search", "x", "--book", "b", "--chapter-min", str(10**30)),
+        ("search", "x", "--book", "b", "--where", "chapter=100000000000000000000000"),
+        ("search", "x", "--book", "b", "--where", "noequals"),
+        ("search", "x", "--book", "b", "--where", "=x"),
+        ("search", "x", "--book", "b", "--where", "book_id=other"),
+        ("search", "x", "--book", "b", "--chapter-min", "5", "--chapter-max", "1"),
+        ("search", "x", "--book", "b", "--mode", "magic"),
+        ("context", "not-a-uuid", "--book", "b"),
+        ("context", "1e23", "--book", "b"),
+        ("context", GOOD_ID, "--book", "b", "--prev", "-1"),
+        ("lineage", "123", "--book", "b"),
+        ("lineage", "", "--book", "b"),
+        ("document", "../../etc/passwd", "--book", "b"),
+        ("ingest", "--book", "../x"),
+        ("ingest", "--book", "a b"),
+        ("ingest", "--rebuild", "--book", "ros2-fundamentals"),
+        ("plan", "--book", "\x00"),
+        ("eval", "--dataset", "/nonexistent"),
+        ("eval", "--dataset", "."),
+        ("eval", "--dataset", ".", "--rrf-k", "0"),
+        ("nonsense",),
+    ],
+)
+def test_malformed_arguments_are_messages_not_tracebacks(env, args):
+    code, text = run(*args)
+    assert code in (1, 2), text
+    assert text.strip()
+
+
+def test_missing_ids_are_exit_1_with_a_message(env):
+    assert run("ingest")[0] == 0
+    for command in COMMANDS[4:]:
+        code, text = run(*command)
+        assert code == 1 and "no " in text, text
+
+
+def test_a_real_process_prints_no_traceback_on_a_bad_setting(tmp_path):
+    env = {**os.environ, "RAG_CHUNK_OVERLAP": "7", "DAGSTER_HOME": str(tmp_path / "h")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_pipeline.cli", "plan"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "RAG_CHUNK_OVERLAP" in proc.stderr and "Traceback" not in proc.stderr

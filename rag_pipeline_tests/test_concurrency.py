@@ -1,0 +1,120 @@
+"""Readers never break a writer, and two writers take turns: searches in a loop while an
+ingest runs, and two ingests started together, on one embedded store and one DAGSTER_HOME."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.test_cli import Cli
+from rag_pipeline_tests.test_crash import point_set
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def books_with_a_third(tmp_path):
+    books = tmp_path / "books"
+    shutil.copytree(REPO / "data" / "books", books)
+    shutil.copytree(books / "ros2-fundamentals", books / "third-book")
+    return books
+
+
+def start_ingest(cli: Cli) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
+        env=cli.env,
+        cwd=cli.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> dict:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+    return json.loads(out)
+
+
+def reference_points(tmp_path) -> dict[str, set[str]]:
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    cli = Cli(ref, books_with_a_third(ref))
+    cli("ingest")
+    return point_set(ref / "qdrant")
+
+
+def test_searches_in_a_loop_while_an_ingest_runs(tmp_path):
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.retrieve import search
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store import open_store
+
+    cli = Cli(tmp_path, books_with_a_third(tmp_path))
+    config = load_settings(qdrant_path=cli.env["RAG_QDRANT_PATH"], busy_wait_s=60).store()
+    embedder = HashEmbedder()
+    stop = threading.Event()
+    errors: list[str] = []
+    counts = {"searches": 0, "with_hits": 0}
+
+    def searcher(mode: str) -> None:
+        while not stop.is_set():
+            try:
+                with open_store(config, COLLECTION_SCHEMA) as store:
+                    hits = search(
+                        store, embedder, "ROS 2 nodes and topics", "third-book", mode=mode
+                    )
+                counts["searches"] += 1
+                counts["with_hits"] += bool(hits)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=searcher, args=(m,)) for m in ("hybrid", "dense")]
+    ingest = start_ingest(cli)
+    for thread in threads:
+        thread.start()
+    try:
+        report = finish(ingest)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert errors == []
+    assert counts["searches"] >= 10
+    assert {b["status"] for b in report["books"].values()} == {"ingested"}
+    assert point_set(tmp_path / "qdrant") == reference_points(tmp_path)
+
+
+def test_a_search_process_during_an_ingest_never_fails_it(tmp_path):
+    cli = Cli(tmp_path, books_with_a_third(tmp_path))
+    cli("ingest", "--book", "ros2-fundamentals")
+    ingest = start_ingest(cli)
+    searches = []
+    while ingest.poll() is None:
+        proc = cli("search", "nodes", "--book", "ros2-fundamentals", "--json", check=False)
+        searches.append(proc)
+    finish(ingest)
+    assert searches and all(p.returncode == 0 for p in searches), [p.stderr for p in searches]
+    assert all(json.loads(p.stdout) for p in searches)  # the book stayed searchable
+
+
+def test_two_ingests_started_together_both_succeed_and_agree(tmp_path):
+    cli = Cli(tmp_path, books_with_a_third(tmp_path))
+    first, second = start_ingest(cli), start_ingest(cli)
+    reports = [finish(first), finish(second)]
+    for report in reports:
+        assert {b["status"] for b in report["books"].values()} <= {"ingested", "unchanged"}
+        assert all(b["points"] == b["chunks"] > 0 for b in report["books"].values())
+    assert point_set(tmp_path / "qdrant") == reference_points(tmp_path)
+    again = cli.json("ingest")
+    assert {b["status"] for b in again["books"].values()} == {"unchanged"}
