@@ -239,3 +239,34 @@ def test_a_file_vanishing_mid_scan_is_tolerated(harness, write_book, data_dir, m
     time.sleep(0.01)
     result = harness.tick()  # next tick sees the settled folder
     assert isinstance(result, SensorResult | SkipReason)
+
+
+def test_a_book_whose_runs_keep_failing_is_retried_after_a_back_off(
+    harness, write_book, monkeypatch
+):
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from rag_pipeline.defs.jobs import ingest_books_job
+
+    write_book("alpha", {"a.md": "# A"})
+    harness.tick()
+    failed = create_run_for_test(
+        harness.instance,
+        job_name=ingest_books_job.name,
+        tags={"dagster/partition": "alpha"},
+        status=DagsterRunStatus.FAILURE,
+    )
+    assert isinstance(harness.tick(), SkipReason)  # failed just now: wait for the back-off
+    later = time.time() + sensors_module.RETRY_AFTER_S + 1
+    monkeypatch.setattr(sensors_module.time, "time", lambda: later)
+    result = harness.tick()
+    retries = ingest_requests(result)
+    assert [r.partition_key for r in retries] == ["alpha"]
+    assert retries[0].tags["rag/trigger"] == "books_sensor_retry"
+    assert failed.run_id not in retries[0].run_key
+
+
+def test_a_garbled_cursor_starts_afresh():
+    assert read_cursor("{not json") == ({}, 0)
+    assert read_cursor('["a list"]') == ({}, 0)

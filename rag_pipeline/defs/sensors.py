@@ -31,9 +31,12 @@ from typing import Any
 
 from dagster import (
     AddDynamicPartitionsRequest,
+    DagsterInstance,
+    DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -103,14 +106,46 @@ def scan_books(
     return states, [str(e) for e in scan.rejected]
 
 
+#: after a book's runs failed (retries included), the sensor tries again after this long,
+#: doubling per consecutive failure: an outage heals without anyone touching the book
+RETRY_AFTER_S = 300.0
+RETRY_AFTER_MAX_S = 6 * 3600.0
+
+
+def _due_for_retry(instance: DagsterInstance, book_id: str) -> bool:
+    """True when the book's latest ingest runs all failed and the back-off has passed."""
+    records = instance.get_run_records(
+        RunsFilter(job_name=ingest_books_job.name, tags={"dagster/partition": book_id}),
+        limit=8,
+    )
+    failures = 0
+    for record in records:  # newest first
+        status = record.dagster_run.status
+        if status == DagsterRunStatus.FAILURE:
+            failures += 1
+        elif status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.CANCELED) or not failures:
+            break  # succeeded, canceled by a person, or one is queued or running
+    if not failures or records[0].dagster_run.status != DagsterRunStatus.FAILURE:
+        return False
+    ended = float(records[0].end_time or records[0].update_timestamp.timestamp())
+    wait = min(RETRY_AFTER_S * 2.0 ** (failures - 1), RETRY_AFTER_MAX_S)
+    return time.time() - ended >= wait
+
+
 def read_cursor(cursor: str | None) -> tuple[dict[str, list[str]], int]:
-    """(per-book ``[stat digest, content digest]``, request counter) from a cursor."""
+    """(per-book ``[stat digest, content digest]``, request counter) from a cursor; a cursor
+    that cannot be read starts afresh (every book is looked at once more)."""
     if not cursor:
         return {}, 0
-    data = json.loads(cursor)
-    if "books" in data and "seq" in data:
-        return data["books"], int(data["seq"])
-    return data, 0  # the first cursor format: the per-book map alone
+    try:
+        data = json.loads(cursor)
+        if isinstance(data, dict) and "books" in data and "seq" in data:
+            return dict(data["books"]), int(data["seq"])
+        if isinstance(data, dict):
+            return data, 0  # the first cursor format: the per-book map alone
+    except (ValueError, TypeError):
+        pass
+    return {}, 0
 
 
 def write_cursor(books: Mapping[str, list[str]], seq: int) -> str:
@@ -151,14 +186,19 @@ def build_books_sensor(
         run_requests: list[RunRequest] = []
         for book_id, state in sorted(states.items()):
             before = previous.get(book_id)
-            if book_id in new_books or before is None or before[1] != state.content_digest:
+            changed = book_id in new_books or before is None or before[1] != state.content_digest
+            retry = not changed and _due_for_retry(context.instance, book_id)
+            if changed or retry:
                 seq += 1
                 run_requests.append(
                     RunRequest(
                         job_name=ingest_books_job.name,
                         partition_key=book_id,
                         run_key=f"ingest:{book_id}:{state.content_digest}:{seq}",
-                        tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
+                        tags={
+                            "rag/book": book_id,
+                            "rag/trigger": "books_sensor" if changed else "books_sensor_retry",
+                        },
                     )
                 )
         for book_id in removed:

@@ -224,8 +224,10 @@ def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
                     stack.append(entry.path)
                 else:
                     yield printable(rel), entry.path, problem
-            elif problem is not None or entry.name.lower().endswith(MARKDOWN_SUFFIXES):
+            elif problem is not None:
                 yield printable(rel), entry.path, problem
+            elif entry.name.lower().endswith(MARKDOWN_SUFFIXES):
+                yield rel, entry.path, None
 
 
 def _inspect(entry: os.DirEntry[str], rel: str, folder: str) -> tuple[str | None, bool]:
