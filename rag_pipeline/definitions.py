@@ -23,7 +23,10 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         IndexRecipeResource.from_settings(settings),
     )
     return build_defs(
-        resources, data_dir=settings.data_dir, sensor_interval_s=settings.sensor_interval_s
+        resources,
+        embedder=settings.embedder,
+        data_dir=settings.data_dir,
+        sensor_interval_s=settings.sensor_interval_s,
     )
 
 

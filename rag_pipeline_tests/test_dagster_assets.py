@@ -70,12 +70,28 @@ def test_definitions_load_with_everything_bound(monkeypatch, tmp_path):
     Definitions.validate_loadable(defs)
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"source_files", "documents", "chunks", "chunk_embeddings", "qdrant_points"}
+    assert keys == {
+        "source_files",
+        "documents",
+        "chunks",
+        "chunk_embeddings",
+        "qdrant_points",
+        "qdrant_collection",
+    }
     checks = {k.name for k in graph.asset_check_keys}
-    assert checks == {"parse_errors", "chunks_valid", "vector_dimension", "index_consistency"}
+    assert checks == {
+        "parse_errors",
+        "chunks_valid",
+        "vector_dimension",
+        "index_consistency",
+        "books_indexed",
+        "book_checks_pass",
+        "no_orphan_books",
+    }
     repo = defs.get_repository_def()
-    assert {s.name for s in repo.sensor_defs} == {"books_sensor"}
-    assert {"ingest_books", "purge_book"} <= set(repo.job_names)
+    assert {s.name for s in repo.sensor_defs} == {"books_sensor", "collection_sensor"}
+    assert {"ingest_books", "purge_book", "refresh_collection"} <= set(repo.job_names)
+    assert graph.get(AssetKey("chunk_embeddings")).kinds == {"python"}  # RAG_EMBEDDER=hash
     assert {"io_manager", "books", "qdrant", "recipe"} <= set(defs.resources)
     # the chain is linear: files -> documents -> chunks -> embeddings -> points
     assert graph.get(AssetKey("qdrant_points")).parent_keys == {
@@ -245,3 +261,53 @@ def test_vector_dimension_check_blocks_a_model_with_another_size(
     assert not check.passed
     assert "384-dimensional" in check.metadata["details"].value
     assert chunk_count(settings, book) == before
+
+
+def test_the_collection_asset_shows_every_book_with_its_last_run_and_checks(
+    settings, resources, instance, sample_books
+):
+    from rag_pipeline.defs.collection import qdrant_collection
+
+    (sample_books / BOOKS[0] / "broken.md").write_bytes(b"---\ntitle: [oops\n---\nbody")
+    runs = {
+        book: materialize(
+            ingestion_assets, partition_key=book, instance=instance, resources=resources
+        )
+        for book in BOOKS
+    }
+    assert all(r.success for r in runs.values())
+    # a run whose warning check did not pass is marked in the run list
+    assert instance.get_run_by_id(runs[BOOKS[0]].run_id).tags["rag/checks"] == "warned"
+    assert "rag/checks" not in instance.get_run_by_id(runs[BOOKS[1]].run_id).tags
+    result = materialize([qdrant_collection], instance=instance, resources=resources)
+    assert result.success
+    meta = result.get_asset_materialization_events()[0].materialization.metadata
+    table = meta["book_table"].value
+    for book in BOOKS:
+        line = next(row for row in table.splitlines() if row.startswith(f"| {book}"))
+        assert runs[book].run_id[:8] in line
+        assert chunk_count(settings, book) and str(chunk_count(settings, book)) in line
+    assert "warned" in next(r for r in table.splitlines() if r.startswith(f"| {BOOKS[0]}"))
+    assert meta["books"].value == 2 and meta["books_with_failing_checks"].value == 1
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert checks["books_indexed"].passed
+    assert not checks["book_checks_pass"].passed and BOOKS[0] in str(
+        checks["book_checks_pass"].metadata["books"].value
+    )
+    assert checks["no_orphan_books"].passed
+
+
+def test_every_run_names_its_book_and_trigger(settings, resources, instance):
+    result = materialize(
+        ingestion_assets, partition_key=BOOKS[1], instance=instance, resources=resources
+    )
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert tags["dagster/partition"] == BOOKS[1]
+    assert tags["rag/book"] == BOOKS[1] and tags["rag/trigger"] == "ui"
+    meta = {
+        e.materialization.asset_key.to_user_string(): e.materialization.metadata
+        for e in result.get_asset_materialization_events()
+    }
+    written = meta["qdrant_points"]["points_written"].value
+    assert "| point id" in written and "| file" in written
+    assert "chunk points written" in meta["qdrant_points"]["summary"].value

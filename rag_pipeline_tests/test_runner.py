@@ -92,6 +92,19 @@ def test_a_removed_book_is_purged_when_others_remain(settings, instance, data_di
     report = ingest_books(settings, instance)
     assert report.books["beta"].status == "removed"
     assert chunk_points(settings, "beta") == 0 and chunk_points(settings, "alpha") > 0
+    # the purge is recorded on every asset it emptied, and on the collection's page
+    from dagster import AssetKey, AssetRecordsFilter
+
+    for asset in ("source_files", "qdrant_points"):
+        latest = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=["beta"]), limit=1
+        ).records[0]
+        metadata = latest.asset_materialization.metadata
+        assert metadata["purged"].value is True and metadata["points_in_book"].value == 0
+        assert latest.run_id == report.books["beta"].run_id
+    page = instance.get_latest_materialization_event(AssetKey("qdrant_collection"))
+    table = page.asset_materialization.metadata["book_table"].value
+    assert "| alpha" in table and "| beta" not in table
 
 
 def test_orphan_chunks_without_a_document_record_start_a_run(settings, instance):

@@ -6,6 +6,7 @@ Each step opens the store only for its own reads or writes, so a search or anoth
 gets in while a step parses or embeds.
 """
 
+import warnings
 from collections.abc import Iterator
 
 from dagster import (
@@ -15,8 +16,10 @@ from dagster import (
     AssetExecutionContext,
     Backoff,
     Config,
+    MarkdownMetadataValue,
     MetadataValue,
     Output,
+    PreviewWarning,
     RetryPolicy,
     asset,
 )
@@ -25,7 +28,9 @@ from pydantic import Field
 from rag_pipeline.chunk import CHUNKER_VERSION
 from rag_pipeline.defs.metadata import error_table, md_table, shorten
 from rag_pipeline.defs.partitions import book_partitions_def
+from rag_pipeline.defs.runs import tag_checks, tag_run
 from rag_pipeline.ingest.consistency import check_chunks, check_index, check_vectors
+from rag_pipeline.ingest.index import WriteReport
 from rag_pipeline.ingest.progress import ProgressLog
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.ingest.stages import (
@@ -55,6 +60,14 @@ __all__ = [
     "qdrant_points",
     "source_files",
 ]
+
+# Per-book checks (AssetCheckSpec(partitions_def=...)) are a preview feature this project relies
+# on deliberately: that one warning is silenced here, every other warning still shows.
+warnings.filterwarnings(
+    "ignore",
+    message=r"Specifying a partitions_def on an AssetCheckSpec",
+    category=PreviewWarning,
+)
 
 INGESTION_GROUP = "ingestion"
 OWNERS = ["team:data-platform"]
@@ -94,6 +107,7 @@ def source_files(
     qdrant: QdrantStoreResource,
     recipe: IndexRecipeResource,
 ) -> Output[BookInventory]:
+    tag_run(context, context.partition_key)
     with qdrant.open() as store:
         inventory = take_inventory(
             books.source(), context.partition_key, store, recipe.get(), force=config.force
@@ -178,6 +192,8 @@ def documents(
     files = len(parsed.inventory.files)
     error_rate = round(len(all_errors) / files, 4) if files else 0.0
     empty_list = MetadataValue.md("\n".join(f"- {n}" for n in all_empty) or "(none)")
+    if all_errors or all_empty:
+        tag_checks(context, "warned")
     warnings = MetadataValue.md("\n".join(f"- {w}" for w in parsed.warnings[:50]) or "(none)")
     yield Output(
         parsed,
@@ -246,6 +262,8 @@ def chunks(
         }
         for c in chunked.chunks[:20]
     ]
+    for row in rows:
+        row["text"] = row["text"] or "(only a heading)"
     yield Output(
         chunked,
         metadata={
@@ -375,9 +393,17 @@ def qdrant_points(
         consistency = check_index(store, context.partition_key, index_recipe.dimension)
     result = book_result(chunks, chunk_embeddings, written, consistency)
     problems = consistency.problems()
+    if problems:
+        tag_checks(context, "failed")
     yield Output(
         result,
         metadata={
+            "summary": _summary(chunks, chunk_embeddings, written, consistency.points),
+            "points_written": _written_table(chunks, written),
+            "points_deleted_list": md_table(
+                [{"point id": i, "file": f} for i, f in written.deleted_points],
+                limit=LINEAGE_ROWS,
+            ),
             "points_upserted": written.upserted,
             "points_deleted": written.deleted,
             "document_records": written.documents,
@@ -399,6 +425,36 @@ def qdrant_points(
             "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
         },
     )
+
+
+#: how many written or deleted points a run lists in its metadata (the totals are exact)
+LINEAGE_ROWS = 100
+
+
+def _summary(
+    chunked: ChunkedBook, embedded: EmbeddedBook, written: WriteReport, points: int
+) -> str:
+    if not chunked.inventory.changes.has_work:
+        return f"{points} chunks already indexed, 0 embedded: nothing changed"
+    return (
+        f"{written.upserted} chunk points written ({embedded.embedded} embedded, "
+        f"{embedded.reused} vectors reused), {written.deleted} points deleted; "
+        f"{points} chunk points in the book"
+    )
+
+
+def _written_table(chunked: ChunkedBook, written: WriteReport) -> MarkdownMetadataValue:
+    """Which points this run wrote: search a point id here to find the run that wrote it."""
+    rows = [
+        {
+            "point id": c.id,
+            "file": c.source_file,
+            "section": shorten(c.section_title or "", 40),
+            "content hash": c.content_hash[:12],
+        }
+        for c in chunked.chunks
+    ]
+    return md_table(rows, limit=LINEAGE_ROWS)
 
 
 ingestion_assets = [source_files, documents, chunks, chunk_embeddings, qdrant_points]

@@ -2,10 +2,18 @@
 
 from typing import Any
 
-from dagster import AssetSelection, Config, OpExecutionContext, define_asset_job, job, op
+from dagster import (
+    AssetMaterialization,
+    AssetSelection,
+    Config,
+    OpExecutionContext,
+    define_asset_job,
+    job,
+    op,
+)
 
 from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL
-from rag_pipeline.defs.partitions import book_partitions_def
+from rag_pipeline.defs.runs import tag_run
 from rag_pipeline.models import validate_book_id
 from rag_pipeline.resources import QdrantStoreResource
 from rag_pipeline.schema import book_filter
@@ -19,13 +27,14 @@ __all__ = [
     "purge_run_config",
 ]
 
+#: the assets whose partition a purge empties
+PURGED_ASSETS = ("source_files", "documents", "chunks", "chunk_embeddings", "qdrant_points")
 INGEST_JOB_NAME = "ingest_books"
 PURGE_JOB_NAME = "purge_book"
 
 ingest_books_job = define_asset_job(
     INGEST_JOB_NAME,
     selection=AssetSelection.groups(INGESTION_GROUP),
-    partitions_def=book_partitions_def,
     description="Ingest one book: files -> documents -> chunks -> embeddings -> Qdrant points.",
 )
 
@@ -43,9 +52,21 @@ def purge_book_points(
     context: OpExecutionContext, config: PurgeBookConfig, qdrant: QdrantStoreResource
 ) -> int:
     book_id = validate_book_id(config.book_id)
+    tag_run(context, book_id)
     with qdrant.open() as store:
         deleted = store.delete_where(book_filter(book_id))
     context.log.info(f"purged {deleted} points of removed book {book_id!r}")
+    # The book's partition of every ingestion asset is now empty: say so on each of them, so
+    # that the assets' pages no longer show the book's last counts as current.
+    for key in PURGED_ASSETS:
+        context.log_event(
+            AssetMaterialization(
+                asset_key=key,
+                partition=book_id,
+                description=f"book {book_id!r} purged: its folder was removed",
+                metadata={"purged": True, "points_deleted": deleted, "points_in_book": 0},
+            )
+        )
     return deleted
 
 

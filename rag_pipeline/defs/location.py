@@ -13,6 +13,7 @@ from typing import Any
 from dagster import Definitions, ResourceDefinition, in_process_executor
 
 from rag_pipeline.defs.assets import ingestion_assets
+from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import BookPartitionIOManager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
 from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
@@ -34,24 +35,38 @@ def fixed_resources(
     }
 
 
+#: what the UI shows as the kind of the embedding step, by RAG_EMBEDDER
+EMBEDDER_KINDS = {"local": "onnx", "openai": "openai", "hash": "python"}
+
+
 def build_defs(
     resources: Mapping[str, Any],
     *,
+    embedder: str = "local",
     data_dir: Path | None = None,
     sensor_interval_s: int = 30,
 ) -> Definitions:
-    """The code location's definitions; the books sensor watches ``data_dir`` when given."""
+    """The code location's definitions; the sensors run when ``data_dir`` is given."""
     from rag_pipeline.defs.sensors import build_books_sensor
 
     sensors = (
-        [] if data_dir is None else [build_books_sensor(data_dir, interval_s=sensor_interval_s)]
+        []
+        if data_dir is None
+        else [build_books_sensor(data_dir, interval_s=sensor_interval_s), collection_sensor]
     )
+    kind = EMBEDDER_KINDS.get(embedder, "python")
+    assets = [
+        a.map_asset_specs(lambda spec: spec.replace_attributes(kinds={kind}))
+        if a.key.to_user_string() == "chunk_embeddings"
+        else a
+        for a in ingestion_assets
+    ]
     return Definitions(
         # One process per run: steps share the store handle and the loaded model, and a run
         # launched from the UI starts in seconds instead of one code load per step.
         executor=in_process_executor,
-        assets=ingestion_assets,
-        jobs=[ingest_books_job, purge_book_job],
+        assets=[*assets, qdrant_collection],
+        jobs=[ingest_books_job, purge_book_job, collection_job],
         sensors=sensors,
         resources=dict(resources),
     )

@@ -24,10 +24,12 @@ def md_table(
     """A Markdown table of the first ``limit`` rows, saying how many were left out."""
     if not rows:
         return MetadataValue.md(empty)
-    frame = pd.DataFrame(list(rows[:limit]))
+    frame = pd.DataFrame(list(rows[:limit])).astype(object)
+    # a missing value reads as an empty cell, never "nan"
+    frame = frame.where(frame.notna(), "")
     text = frame.to_markdown(index=False)
     if len(rows) > limit:
-        text += f"\n\n… and {len(rows) - limit} more"
+        text += f"\n\n… and {len(rows) - limit} more ({len(rows)} in all)"
     return MetadataValue.md(text)
 
 

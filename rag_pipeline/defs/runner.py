@@ -26,6 +26,7 @@ from typing import Any
 from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL
+from rag_pipeline.defs.collection import report_collection
 from rag_pipeline.defs.jobs import (
     INGEST_JOB_NAME,
     PURGE_JOB_NAME,
@@ -81,7 +82,10 @@ def execute_plan(
     started = time.perf_counter()
     say = notify or log.warning
     report = IngestReport(rejected=list(plan.rejected), warnings=list(plan.warnings))
-    defs = build_defs(fixed_resources(resources.books, resources.qdrant, resources.recipe))
+    defs = build_defs(
+        fixed_resources(resources.books, resources.qdrant, resources.recipe),
+        embedder=resources.recipe.provider,
+    )
     ingest_job = defs.resolve_job_def(INGEST_JOB_NAME)
     purge_job = defs.resolve_job_def(PURGE_JOB_NAME)
 
@@ -113,6 +117,11 @@ def execute_plan(
         report.books[book_id].reasons = list(book.reasons)
         report.books[book_id].seconds = time.perf_counter() - t0
 
+    if plan.needs_runs:  # one refresh of the collection's page for the whole command
+        try:
+            report_collection(instance, resources.books, resources.qdrant)
+        except Exception as exc:  # the books are ingested; only the overview is late
+            report.warnings.append(f"the collection asset was not refreshed: {exc}")
     if dagster_home is not None:
         write_partitions_marker(
             dagster_home, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)

@@ -249,7 +249,8 @@ class WriteReport:
     deleted: int
     documents: int
     written_ids: tuple[str, ...] = ()
-    deleted_ids: tuple[str, ...] = ()
+    #: (point id, file) of every chunk point this write deleted
+    deleted_points: tuple[tuple[str, str], ...] = ()
 
 
 def write_book_changes(
@@ -281,8 +282,8 @@ def write_book_changes(
     # wrote in between, its points for these files are replaced too, never left as duplicates.
     touched = tuple(sorted((set(changes.changed) - failed) | set(changes.deleted)))
     current = _chunk_ids_of(store, book_id, (*touched, *sorted(failed)))
-    stale = sorted(i for name in touched for i in current.get(name, ()) if i not in new_ids)
-    deleted = store.delete_ids(book_filter(book_id), stale)
+    stale = sorted((i, name) for name in touched for i in current.get(name, ()) if i not in new_ids)
+    deleted = store.delete_ids(book_filter(book_id), [i for i, _ in stale])
     records = [
         PointRecord(
             document_id(book_id, o.source_file),

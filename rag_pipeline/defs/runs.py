@@ -1,0 +1,48 @@
+"""Run tags that make every run of a book findable and say who started it, however it started.
+
+Dagster tags every partitioned run with ``dagster/partition`` (the one filter that finds all
+runs of a book: sensor, backfill, asset graph, Launchpad, CLI). The first step of each run adds
+``rag/book`` and ``rag/trigger`` (books_sensor, backfill, ui, cli, ...) when whoever launched
+it did not, and steps whose checks did not pass tag the run ``rag/checks``.
+"""
+
+from collections.abc import Mapping
+
+from dagster import AssetExecutionContext, OpExecutionContext
+
+__all__ = ["BOOK_TAG", "CHECKS_TAG", "TRIGGER_TAG", "tag_checks", "tag_run", "trigger_of"]
+
+BOOK_TAG = "rag/book"
+TRIGGER_TAG = "rag/trigger"
+CHECKS_TAG = "rag/checks"
+
+
+def trigger_of(tags: Mapping[str, str]) -> str:
+    """Who or what started a run, from the tags Dagster gave it."""
+    if TRIGGER_TAG in tags:
+        return tags[TRIGGER_TAG]
+    if "dagster/backfill" in tags:
+        return "backfill"
+    if "dagster/sensor_name" in tags:
+        return tags["dagster/sensor_name"]
+    if "dagster/schedule_name" in tags:
+        return "schedule"
+    if any(k.startswith("dagster/auto") or "automation" in k for k in tags):
+        return "automation"
+    if "dagster/parent_run_id" in tags:
+        return "retry"
+    return "ui"
+
+
+def tag_run(context: AssetExecutionContext | OpExecutionContext, book_id: str) -> None:
+    tags = context.run.tags
+    wanted = {BOOK_TAG: book_id, TRIGGER_TAG: trigger_of(tags)}
+    missing = {k: v for k, v in wanted.items() if tags.get(k) != v}
+    if missing:
+        context.instance.add_run_tags(context.run_id, missing)
+
+
+def tag_checks(context: AssetExecutionContext, outcome: str) -> None:
+    """Mark the run in the run list: ``warned`` (a warning check) or ``failed``."""
+    if context.run.tags.get(CHECKS_TAG) != "failed":
+        context.instance.add_run_tags(context.run_id, {CHECKS_TAG: outcome})

@@ -1,0 +1,111 @@
+"""The collection as a whole: its schema and, per book, what the index holds against the disk.
+
+Read from document records and per-book counts only (never chunk payloads or vectors), so it
+stays cheap for many books. The Dagster layer adds each book's last run and check results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from rag_pipeline.ingest.index import read_index_state
+from rag_pipeline.models import InvalidBookIdError, validate_book_id
+from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
+from rag_pipeline.store import DENSE_VECTOR, SPARSE_VECTOR, VectorStore
+
+__all__ = ["BookHealth", "CollectionState", "describe_collection"]
+
+
+@dataclass(frozen=True)
+class BookHealth:
+    """One book as the index holds it."""
+
+    book_id: str
+    on_disk: bool
+    points: int  # chunk points held
+    chunks: int  # chunk points the document records promise
+    files: int  # document records
+    errors: int  # files whose record says they failed
+    models: tuple[str, ...] = ()
+
+    @property
+    def consistent(self) -> bool:
+        return self.points == self.chunks
+
+    @property
+    def state(self) -> str:
+        if not self.on_disk:
+            return "no folder: purged by the next ingest"
+        if not self.files:
+            return "not indexed yet"
+        if not self.consistent:
+            return f"inconsistent: {self.points} points, records promise {self.chunks}"
+        return "errors in files" if self.errors else "ok"
+
+
+@dataclass(frozen=True)
+class CollectionState:
+    """The collection's schema and every book's health."""
+
+    collection: str
+    store: str
+    exists: bool
+    dense_dim: int | None
+    payload_indexes: dict[str, str]
+    books: tuple[BookHealth, ...] = field(default=())
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {
+            "books": len(self.books),
+            "points": sum(b.points for b in self.books),
+            "chunks": sum(b.chunks for b in self.books),
+            "files": sum(b.files for b in self.books),
+            "errors": sum(b.errors for b in self.books),
+        }
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "collection": self.collection,
+            "vectors": {
+                DENSE_VECTOR: {"size": self.dense_dim, "distance": "cosine"},
+                SPARSE_VECTOR: {"kind": "BM25 weights", "modifier": "idf"},
+            },
+            "tenant_field": COLLECTION_SCHEMA.tenant_field,
+            "payload_indexes": self.payload_indexes,
+        }
+
+
+def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> CollectionState:
+    """Every book on disk or in the index, with its counts."""
+    indexed = set()
+    for tenant in store.tenants():
+        try:
+            indexed.add(validate_book_id(tenant))
+        except InvalidBookIdError:
+            continue  # not a book (nothing this pipeline writes)
+    books = []
+    for book_id in sorted(indexed | set(books_on_disk)):
+        state = read_index_state(store, book_id, documents_only=True)
+        models = store.counts_by(chunks_of(book_id), "embedding_model")
+        books.append(
+            BookHealth(
+                book_id,
+                book_id in books_on_disk,
+                points=sum(models.values()),
+                chunks=state.promised_chunks,
+                files=len(state.documents),
+                errors=sum(1 for d in state.documents.values() if d.status == "error"),
+                models=tuple(sorted(models)),
+            )
+        )
+    return CollectionState(
+        store.collection,
+        store.description,
+        store.collection_exists(),
+        store.dense_dimension(),
+        store.payload_indexes(),
+        tuple(books),
+    )
