@@ -166,7 +166,70 @@ def dev(tmp_path, sample_books):
         server.stop()
 
 
+BACKFILL = """
+mutation Backfill($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+  }
+}"""
+RUNS_OF_BOOK = """query Runs($filter: RunsFilter!) { runsOrError(filter: $filter) {
+  ... on Runs { results { runId status jobName tags { key value } } } } }"""
+ASSET_EVENTS = """query Events($path: [String!]!, $partitions: [String!]) {
+  assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
+    assetMaterializations(limit: 5, partitions: $partitions) {
+      runId partition metadataEntries { label
+        ... on MarkdownMetadataEntry { mdStr }
+        ... on BoolMetadataEntry { boolValue }
+        ... on IntMetadataEntry { intValue } } } } } }"""
+
+
+def chromium_shot(page: str, name: str, tmp_path: Path) -> str:
+    """Load ``page`` in headless Chromium: its DOM, and a screenshot in test-artifacts/."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (.ci/run installs Debian's package)")
+    ARTIFACTS.mkdir(exist_ok=True)
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1600,1000",
+        "--virtual-time-budget=20000",
+    ]
+    dom = subprocess.run(
+        [chromium, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120
+    ).stdout
+    shot = ARTIFACTS / name
+    subprocess.run(
+        [chromium, *flags, f"--screenshot={shot}", page], capture_output=True, timeout=120
+    )
+    assert shot.is_file() and shot.stat().st_size > 10_000
+    for marker in ("PythonError", "Unexpected GraphQL error", "An unexpected error"):
+        assert marker not in dom, marker
+    return dom
+
+
+def metadata(event: dict) -> dict:
+    out = {}
+    for entry in event["metadataEntries"]:
+        for key in ("mdStr", "boolValue", "intValue"):
+            if key in entry:
+                out[entry["label"]] = entry[key]
+    return out
+
+
 def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
+    """Every way a run starts is found by one filter per book (tag dagster/partition) and says
+    who started it; the collection asset shows every book; a purge leaves its trace; lineage
+    gives the full run URL of the run that wrote a point."""
     books = ["humanoid-robotics-ros2", "ros2-fundamentals"]
     # 1. the sensor (on by default) adds both partitions and ingests both books
     for book in books:
@@ -181,7 +244,7 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     )
     assert len(dev.book_runs("humanoid-robotics-ros2")) == 1
 
-    # 3. what the UI's Materialize button sends: the asset job, one partition
+    # 3. what the UI's Materialize button sends: the implicit asset job, one partition
     data = dev.graphql(
         LAUNCH,
         executionParams={
@@ -212,43 +275,91 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     )
     assert status == "SUCCESS"
 
-    # 4. the asset graph page renders in a real browser without an error panel
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("chromium is not installed (.ci/run installs Debian's package)")
-    ARTIFACTS.mkdir(exist_ok=True)
-    page = f"{dev.url}/asset-groups/ingestion"
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        "--window-size=1600,1000",
-        "--virtual-time-budget=20000",
-    ]
-    dom = subprocess.run(
-        [chromium, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120
-    ).stdout
-    shot = ARTIFACTS / "asset-graph.png"
-    subprocess.run(
-        [chromium, *flags, f"--screenshot={shot}", page], capture_output=True, timeout=120
-    )
-    assert shot.is_file() and shot.stat().st_size > 10_000
-    assert "qdrant_points" in dom and "chunk_embeddings" in dom
-    for marker in (
-        "PythonError",
-        "Unexpected GraphQL error",
-        "An unexpected error",
-        "Error loading",
-    ):
-        assert marker not in dom, marker
+    # 4. a backfill of both books from the asset graph
+    backfill = dev.graphql(
+        BACKFILL,
+        params={"partitionNames": books, "assetSelection": [{"path": [a]} for a in ASSETS]},
+    )["launchPartitionBackfill"]
+    assert backfill["__typename"] == "LaunchBackfillSuccess", backfill
+    for book in books:
+        dev.wait_for(
+            lambda b=book: [
+                r
+                for r in dev.book_runs(b)
+                if {"key": "rag/trigger", "value": "backfill"} in r["tags"]
+            ],
+            300,
+            f"the backfill's run of {book}",
+        )
 
-    # 5. after the webserver is gone, the index holds exactly the expected points
+    # 5. one filter finds every run of a book, whoever started it, and says who did
+    for book in books:
+        runs = dev.graphql(
+            RUNS_OF_BOOK, filter={"tags": [{"key": "dagster/partition", "value": book}]}
+        )["runsOrError"]["results"]
+        triggers = {t["value"] for r in runs for t in r["tags"] if t["key"] == "rag/trigger"}
+        assert {"books_sensor", "backfill"} <= triggers, triggers
+        assert all({"key": "rag/book", "value": book} in r["tags"] for r in runs)
+    ui_runs = dev.graphql(
+        RUNS_OF_BOOK,
+        filter={"tags": [{"key": "dagster/partition", "value": "humanoid-robotics-ros2"}]},
+    )["runsOrError"]["results"]
+    assert any(
+        r["runId"] == run_id and {"key": "rag/trigger", "value": "ui"} in r["tags"] for r in ui_runs
+    )
+
+    # 6. the collection asset lists every book with its counts and check results
+    def collection_table() -> str:
+        events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
+        found = events["assetNodeOrError"]["assetMaterializations"]
+        table = metadata(found[0])["book_table"] if found else ""
+        return table if all(f"| {b}" in table for b in books) and "passed" in table else ""
+
+    table = dev.wait_for(collection_table, 180, "the collection asset's refresh")
+    for book in books:
+        row = next(line for line in table.splitlines() if line.startswith(f"| {book}"))
+        assert "| ok" in row and "passed" in row
+
+    # 7. a point's lineage gives the full URL of the run that wrote it
+    from rag_pipeline_tests.test_cli import Cli
+
+    cli = Cli(tmp_path, sample_books)
+    cli.env.update(dev.env)
+    cli.env["RAG_DAGSTER_URL"] = dev.url
+    hits = cli.json("search", "Zebra quartz umbrella", "--book", "ros2-fundamentals")
+    lineage = cli.json("lineage", hits[0]["id"], "--book", "ros2-fundamentals")
+    url = lineage["dagster_run_url"]
+    assert url == f"{dev.url}/runs/{lineage['run_id']}"
+    assert requests.get(url, timeout=30).ok
+    writer = dev.graphql(RUN_STATUS, runId=lineage["run_id"])["runOrError"]
+    assert writer["status"] == "SUCCESS"
+    written = dev.graphql(ASSET_EVENTS, path=["qdrant_points"], partitions=["ros2-fundamentals"])[
+        "assetNodeOrError"
+    ]["assetMaterializations"]
+    by_run = {e["runId"]: metadata(e) for e in written}
+    assert hits[0]["id"] in by_run[lineage["run_id"]]["points_written"]
+
+    # 8. pages render in a real browser: the asset graph and the collection asset
+    dom = chromium_shot(
+        f"{dev.url}/locations/{LOCATION}/asset-groups/ingestion", "asset-graph.png", tmp_path
+    )
+    assert "qdrant_points" in dom and "chunk_embeddings" in dom
+    dom = chromium_shot(f"{dev.url}/assets/qdrant_collection", "collection-asset.png", tmp_path)
+    assert "qdrant_collection" in dom and "book_table" in dom
+    assert "Join the Dagster community" not in dom  # no newsletter dialog over the pages
+
+    # 9. a removed book is purged, and the purge is recorded on the assets it emptied
+    shutil.rmtree(sample_books / "humanoid-robotics-ros2")
+
+    def purge_event() -> dict:
+        events = dev.graphql(
+            ASSET_EVENTS, path=["qdrant_points"], partitions=["humanoid-robotics-ros2"]
+        )["assetNodeOrError"]["assetMaterializations"]
+        return next((metadata(e) for e in events if metadata(e).get("purged")), {})
+
+    assert dev.wait_for(purge_event, 240, "the purge's event")["points_in_book"] == 0
+
+    # 10. after the webserver is gone, the index holds exactly the expected points
     dev.stop()
     from rag_pipeline.config import load_settings
     from rag_pipeline.ingest.consistency import check_index
@@ -257,9 +368,9 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
 
     config = load_settings(qdrant_path=str(tmp_path / "qdrant")).store()
     with open_store(config, COLLECTION_SCHEMA) as store:
-        for book in books:
-            report = check_index(store, book, 384)
-            assert report.passed and report.points > 10, report.problems()
+        report = check_index(store, "ros2-fundamentals", 384)
+        assert report.passed and report.points > 10, report.problems()
+        assert store.tenants() == ["ros2-fundamentals"]
         from rag_pipeline.embed.hashing import HashEmbedder
         from rag_pipeline.retrieve import search
 

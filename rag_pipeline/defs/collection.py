@@ -26,6 +26,7 @@ from dagster import (
     AssetRecordsFilter,
     DagsterInstance,
     DagsterRunStatus,
+    DefaultSensorStatus,
     MarkdownMetadataValue,
     MaterializeResult,
     MetadataValue,
@@ -143,13 +144,13 @@ def collection_page(
     orphans = [b.book_id for b in state.books if not b.on_disk]
     return CollectionPage(
         metadata={
+            "book_table": md_table(rows, limit=500),
             "books": totals["books"],
             "points": totals["points"],
             "chunks": totals["chunks"],
             "files": totals["files"],
             "file_errors": totals["errors"],
             "books_with_failing_checks": len(failing),
-            "book_table": md_table(rows, limit=500),
             "schema": MetadataValue.json(state.schema()),
             "store": state.store,
         },
@@ -256,7 +257,8 @@ collection_job = define_asset_job(
 @sensor(
     name="collection_sensor",
     job=collection_job,
-    minimum_interval_seconds=30,
+    minimum_interval_seconds=15,
+    default_status=DefaultSensorStatus.RUNNING,
     description="Refreshes the collection asset after book runs and purges finish.",
 )
 def collection_sensor(context: SensorEvaluationContext) -> RunRequest | SkipReason:
