@@ -11,6 +11,7 @@ from rag_pipeline.chunk import (
     ChunkBudget,
     _blocks,
     _count,
+    _cut,
     _enforce_limit,
     _fences,
     _fit,
@@ -26,7 +27,7 @@ from rag_pipeline.chunk import (
     chunk_document,
 )
 from rag_pipeline.config import ChunkingConfig
-from rag_pipeline.models import ParsedDocument, compose_embed_text
+from rag_pipeline.models import DocumentMeta, ParsedDocument, compose_embed_text
 from rag_pipeline.parse import parse_document
 from rag_pipeline_tests.conftest import CORPUS, section
 
@@ -444,6 +445,162 @@ def test_headings_that_end_the_document_join_the_last_chunk(hash_embedder):
     )
     assert len(chunks) == 1
     assert chunks[0].text.endswith("## See also\n\n### Nothing here")
+
+
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_a_huge_title_is_cut_to_fit(embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    budget = budget_for(tokenizer)
+    title = " ".join(f"title{i}" for i in range(5000))
+    doc = parse(section("Setup", 3, 40), title=title)
+    chunks = chunk_document(doc, tokenizer, budget)
+    assert chunks
+    assert_within_limit(chunks, tokenizer, budget)
+    for c in chunks:
+        assert c.meta.title.startswith("title0 title1") and c.meta.title.endswith("…")
+        assert tokenizer.count([c.meta.title])[0] <= budget.limit // 8
+        assert tokenizer.count([compose_embed_text(c.meta.title, c.section_title, "")])[0] <= (
+            budget.limit // 4
+        )
+        assert c.section_title == "Setup"
+        assert c.embed_text.startswith(c.meta.title + " > Setup\n\n")
+    assert doc.meta.title == title  # the document keeps its title; its chunks embed a cut one
+
+
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_a_huge_heading_is_cut_in_the_path_and_kept_whole_in_the_text(embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    budget = budget_for(tokenizer)
+    heading = " ".join(f"head{i}" for i in range(3000))
+    body = (
+        f"## Intro\n\nHello.\n\n### {heading}\n\nBody of the huge heading.\n\n"
+        "#### Small\n\nMore text " + "more " * 450 + "\n"
+    )
+    chunks = chunk_document(parse(body, title="T"), tokenizer, budget)
+    assert_within_limit(chunks, tokenizer, budget)
+    for c in chunks:
+        header = compose_embed_text(c.meta.title, c.section_title, "")
+        assert tokenizer.count([header])[0] <= budget.limit // 4
+    words = {w for c in chunks for w in re.findall(r"head\d+", c.text)}
+    assert len(words) == 3000  # the heading itself is all there, in the chunks' text
+    holder = next(c for c in chunks if "Body of the huge heading" in c.text)
+    assert holder.section_title.startswith("head0 head1") and holder.section_title.endswith("…")
+    assert "head2999" in holder.text  # the end of the heading travels with its body
+    small = next(c for c in chunks if "More text" in c.text)
+    assert small.section_title == "… > Small"  # outer names give way first
+
+
+def test_long_heading_paths_give_way_from_the_outside(hash_embedder):
+    tokenizer = hash_embedder.tokenizer
+    budget = budget_for(tokenizer, max_tokens=64, target_tokens=64, min_tokens=0)  # share 16
+    header = _Header("Doc", tokenizer, budget)
+    assert header.path(()) is None
+    assert header.path(("A", "B")) == "A > B"
+    names = (
+        "One two three four five six",
+        "Seven eight nine ten eleven twelve thirteen fourteen",
+        "Fifteen sixteen",
+        "Seventeen",
+    )
+    assert header.path(names) == "… > Fifteen sixteen > Seventeen"
+    # "Doc >" takes 2 of the 16 tokens, the mark 1
+    assert header.path(("one " * 40,)) == " ".join(["one"] * 13) + "…"
+    for path in (header.path(names), header.path(("one " * 40,)), header.path(names[-1:])):
+        assert tokenizer.count([header.text(path, "")])[0] <= 16
+
+
+def test_cut_marks_the_cut_and_fits(local_embedder):
+    tokenizer = local_embedder.tokenizer
+    assert _cut("short title", 10, tokenizer) == "short title"
+    for text in ("word " * 500, "数" * 900, "🙂" * 400, "x" * 100_000, "!" * 5000, "\u200b" * 999):
+        cut = _cut(text, 12, tokenizer)
+        assert tokenizer.count([cut])[0] <= 12
+        assert cut == text or (cut.endswith("…") and text.startswith(cut[:-1].rstrip()))
+
+
+def adversarial_docs() -> dict[str, tuple[str | None, str]]:
+    big = " ".join(f"w{i}" for i in range(20000))
+    code = "\n".join(f"x{i} = {i}" for i in range(3000))
+    return {
+        "huge title": ("T " * 5000, "## A\n\ntext here.\n"),
+        "huge title without spaces": ("T" * 100_000, "text\n"),
+        "huge heading": (None, "## " + big + "\n\nbody text.\n"),
+        "huge h1 equal to the title": (None, "# " + big + "\n\nbody.\n"),
+        "six huge levels": (
+            None,
+            "".join("#" * (i % 6 + 1) + f" h{i} " * 400 + "\n" for i in range(12)) + "\nbody\n",
+        ),
+        "200 nested headings": (None, "".join("#" * (i % 6 + 1) + f" h{i}\n" for i in range(200))),
+        "200 headings with bodies": (
+            None,
+            "".join("#" * (i % 6 + 1) + f" h{i}\n\nbody {i}.\n\n" for i in range(200)),
+        ),
+        "200 nested quotes": (None, "> " * 200 + "# deep\n\n" + "> " * 200 + "text\n"),
+        "200 nested lists": (None, "".join("  " * d + f"- item {d}\n" for d in range(200))),
+        "one 100k-character line": (None, "x " * 50_000),
+        "one 100k-character word": (None, "y" * 100_000),
+        "lines of punctuation": (None, "\n".join("!?.,;:" * 50 for _ in range(200))),
+        "one line of punctuation": (None, "!" * 100_000),
+        "unclosed fence": (None, "## Code\n\n```python\n" + code),
+        "unclosed fence, one long line": (None, "```\n" + "z " * 40_000),
+        "fence with a huge info string": (None, "```" + "info" * 5000 + "\ncode\n```\n"),
+        "fence with a long info string": (None, "```py " + "i " * 3000 + "\n" + "c\n" * 500),
+        "unclosed fence in a list": (None, "- x\n\n  ````\n" + "  l q q q q q\n" * 600),
+        "table with a gigantic cell": (None, "| a | b |\n|---|---|\n| " + "cell " * 20_000 + "|"),
+        "table with a gigantic header": (
+            None,
+            "| " + " | ".join(f"h{i}" for i in range(3000)) + " |\n|" + "---|" * 3000 + "\n",
+        ),
+        "CJK": (None, "## 标题\n\n" + "数据处理" * 20_000 + "\n"),
+        "CJK title": ("标题" * 3000, "正文" * 100),
+        "Hangul heading": (None, "## " + "한" * 3000 + "\n\nbody\n"),
+        "emoji": (None, "# 🙂\n\n" + "👩‍👩‍👧‍👦" * 20_000),
+        "zero-width characters": (None, "\u200b" * 100_000 + "\n\n## \u200b\u200b\n\nx\u200d"),
+        "zero-width title": ("\u200b" * 100_000, "x"),
+        "lone surrogates": ("t\ud800", "## h\udfff\n\nbody \ud83d text\n"),
+        "control characters": (None, "\x00\x01\x02 text \x7f\n## \x0b\n\nx"),
+        "setext headings": (None, ("Title " * 3000 + "\n=====\n\n") * 3 + "text\n"),
+        "empty headings": (None, "#\n\n##\n\n###\n\ntext\n"),
+        "only headings": (None, "# a\n## b\n### c\n"),
+        "many tiny sections": (None, "".join(f"## S{i}\n\nt{i}.\n\n" for i in range(2000))),
+        "shuffled fences": (None, "~~~\n```\ncode\n~~~\n```\nstill\n```\n" * 300),
+    }
+
+
+ADVERSARIAL = adversarial_docs()
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_adversarial_documents_fit_the_limit(name, embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    title, body = ADVERSARIAL[name]
+    doc = ParsedDocument("book", "doc.md", "h", "p", DocumentMeta(title=title or "Doc"), body)
+    for budget in (budget_for(tokenizer), budget_for(tokenizer, max_tokens=16, min_tokens=0)):
+        chunks = chunk_document(doc, tokenizer, budget)
+        assert chunks
+        assert_chain(chunks)
+        valid = [c.embed_text.encode("utf-8", "replace").decode() for c in chunks]
+        for c, n in zip(chunks, tokenizer.count(valid), strict=True):
+            assert n + tokenizer.special_tokens == c.token_count <= budget.limit
+            assert c.text.strip()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_chunk_document_never_raises(seed, hash_embedder, local_embedder):
+    rng = random.Random(seed)
+    alphabet = [*"#`~|>-*_=[]()!.\n\n\n  \t1aZé", "数", "🙂", "\u200b", "\x00", "\ud800"]
+
+    def text(n: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(n))
+
+    doc = ParsedDocument(
+        "book", "doc.md", "h", "p", DocumentMeta(title=text(rng.randint(0, 300))), text(4000)
+    )
+    for tokenizer in (hash_embedder.tokenizer, local_embedder.tokenizer):
+        budget = budget_for(tokenizer, max_tokens=rng.choice([16, 64, 512]), min_tokens=0)
+        chunks = chunk_document(doc, tokenizer, budget)
+        assert all(c.token_count <= budget.limit for c in chunks)
 
 
 # -- the pure steps -------------------------------------------------------------------------
