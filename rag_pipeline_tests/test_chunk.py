@@ -1,13 +1,34 @@
 import hashlib
 import itertools
+import random
 import re
 
 import pytest
+from markdown_it import MarkdownIt
 
-from rag_pipeline.chunk import ChunkBudget, chunk_document
+from rag_pipeline.chunk import (
+    CHUNKER_VERSION,
+    ChunkBudget,
+    _blocks,
+    _count,
+    _cut,
+    _enforce_limit,
+    _fences,
+    _fit,
+    _Header,
+    _heading_paths,
+    _pack,
+    _pack_lines,
+    _pack_section,
+    _Piece,
+    _runs,
+    _sections,
+    _Unit,
+    chunk_document,
+)
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.ingest.parse import parse_document
-from rag_pipeline.models import ParsedDocument, compose_embed_text
+from rag_pipeline.models import DocumentMeta, ParsedDocument, compose_embed_text
 from rag_pipeline_tests.conftest import CORPUS, section
 
 FIXTURE_FILES = sorted(p for p in CORPUS.rglob("*") if p.suffix in (".md", ".mdx"))
@@ -246,18 +267,23 @@ def test_heading_only_document_is_one_chunk(hash_embedder):
     [
         ["intro", "```", "a", "```", "after", "more"],  # the middle line closes a bare fence
         ["intro", "```python", "a", "```", "after", "more"],
-        ["```", "a", "b", "c", "d", "```"],  # the cut falls inside the only fence
-        ["x", "y", "```", "a", "b", "```"],  # the cut falls on an opener
+        ["```", "a", "b", "c", "d", "```"],  # every cut falls inside the only fence
+        ["x", "y", "```", "a", "b", "```"],  # a cut falls on an opener
         ["~~~", "a", "~~~", "```", "b", "```"],
+        ["````", "a", "```", "b", "````", "c"],  # a shorter fence inside a longer one
+        ["```", "a", "b", "c"],  # never closed
+        ["  ```bash", "  a", "  b", "  ```", "  c"],  # indented, as in a list item
     ],
 )
-def test_halving_never_leaves_a_fence_open(lines, hash_embedder):
-    from rag_pipeline.chunk import _halve
-
-    halves = _halve("\n".join(lines), hash_embedder.tokenizer, room=1000)
-    assert len(halves) == 2
-    assert all(fences_balanced(h) for h in halves), halves
-    kept = [line for h in halves for line in h.split("\n")]
+def test_packing_lines_never_leaves_a_fence_open(lines, hash_embedder):
+    tokenizer = hash_embedder.tokenizer
+    lines = [line if FENCE.match(line) else line + " word" * 9 for line in lines]
+    pieces = _pack_lines(lines, 30, tokenizer, "text")
+    assert len(pieces) > 1
+    for piece in pieces:
+        assert all(f.end is not None for f in _fences(piece.text.split("\n"))), piece.text
+        assert tokenizer.count([piece.text])[0] <= piece.tokens <= 30
+    kept = [line for p in pieces for line in p.text.split("\n")]
     assert all(line in kept for line in lines)  # nothing dropped
 
 
@@ -282,3 +308,417 @@ def test_editing_a_small_section_leaves_the_next_sections_chunks_alone(hash_embe
     assert [c.text for c in before if "## Small" not in c.text] == [
         c.text for c in edited if "## Small" not in c.text
     ]
+
+
+# -- v3: headings travel with their body, headers are cut to fit, nothing exceeds the limit --
+
+_MD = MarkdownIt("commonmark").enable("table")
+
+
+def top_level(text: str) -> list[tuple[str, str]]:
+    """(token type, heading text) of each top-level block of ``text``, as markdown-it reads it."""
+    tokens = _MD.parse(text)
+    return [
+        (t.type, tokens[i + 1].content.strip() if t.type == "heading_open" else "")
+        for i, t in enumerate(tokens)
+        if t.level == 0 and t.nesting != -1
+    ]
+
+
+def assert_headings_travel_with_their_body(doc: ParsedDocument, chunks) -> None:
+    """No chunk ends with a heading, except the last one of a document that itself ends with
+    headings (there is no body for them to travel with); a chunk that opens with headings has
+    a heading path that ends with the last of them (an h1 equal to the title is left out)."""
+    blocks = top_level(doc.body)
+    ends_with_heading = bool(blocks) and blocks[-1][0] == "heading_open"
+    for c in chunks:
+        opened = top_level(c.text)
+        if opened and opened[-1][0] == "heading_open":
+            assert ends_with_heading and c.chunk_index == len(chunks) - 1, c.text[-300:]
+        lead = None
+        for kind, text in opened:
+            if kind != "heading_open":
+                break
+            lead = text
+        if lead and lead.lower() != doc.meta.title.strip().lower():
+            assert (c.section_title or "").endswith(lead), (c.section_title, c.text[:300])
+
+
+def assert_within_limit(chunks, tokenizer, budget) -> None:
+    exact = tokenizer.count([c.embed_text for c in chunks])
+    for c, n in zip(chunks, exact, strict=True):
+        assert n + tokenizer.special_tokens == c.token_count <= budget.limit
+        assert c.text.strip()
+
+
+def test_version_is_bumped_for_the_new_cuts():
+    assert CHUNKER_VERSION == "3"
+
+
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_real_files_never_end_a_chunk_with_a_heading(path, embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    data = path.read_bytes()
+    doc = parse_document("book", path.name, data, hashlib.sha256(data).hexdigest())
+    if not isinstance(doc, ParsedDocument):
+        pytest.skip(f"{path.name} is a parse-error fixture")
+    # a small target makes many more chunk boundaries, so many more chances to orphan a heading
+    for budget in (budget_for(tokenizer), budget_for(tokenizer, target_tokens=60, min_tokens=20)):
+        chunks = chunk_document(doc, tokenizer, budget)
+        assert_headings_travel_with_their_body(doc, chunks)
+        assert_within_limit(chunks, tokenizer, budget)
+
+
+def generated_doc(seed: int) -> str:
+    """Headings of every level (some without a body), prose, code, tables and lists of every
+    size; every word is unique so that nothing lost goes unnoticed."""
+    rng = random.Random(seed)
+    serial = itertools.count()
+
+    def words(n: int) -> str:
+        return " ".join(f"w{next(serial)}" for _ in range(n))
+
+    parts = []
+    for i in range(rng.randint(2, 40)):
+        parts.append("#" * rng.randint(1, 6) + f" H{i} {words(rng.choice([0, 1, 4]))}")
+        for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+            r = rng.random()
+            if r < 0.55:
+                sentences = [words(rng.randint(3, 12)) + "." for _ in range(rng.randint(1, 30))]
+                parts.append(" ".join(sentences))
+            elif r < 0.75:
+                code = "\n".join(words(rng.randint(1, 8)) for _ in range(rng.choice([2, 30, 120])))
+                parts.append(f"```text\n{code}\n```")
+            elif r < 0.87:
+                rows = [f"| {words(2)} | {words(rng.randint(1, 9))} |" for _ in range(40)]
+                parts.append("| A | B |\n|---|---|\n" + "\n".join(rows[: rng.randint(1, 40)]))
+            else:
+                parts.append("\n".join(f"- {words(rng.randint(2, 10))}" for _ in range(9)))
+    return "\n\n".join(parts) + "\n"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_generated_documents_keep_headings_with_their_body(seed, hash_embedder, local_embedder):
+    body = generated_doc(seed)
+    doc = parse(body, title="Generated")
+    cases = [(hash_embedder.tokenizer, dict(target_tokens=80, max_tokens=100, min_tokens=25))]
+    if seed % 4 == 0:
+        cases += [(hash_embedder.tokenizer, {}), (local_embedder.tokenizer, {})]
+    for tokenizer, overrides in cases:
+        budget = budget_for(tokenizer, **overrides)
+        chunks = chunk_document(doc, tokenizer, budget)
+        assert_chain(chunks)
+        assert_within_limit(chunks, tokenizer, budget)
+        assert_headings_travel_with_their_body(doc, chunks)
+        assert all(fences_balanced(c.text) for c in chunks)
+        seen = {w for c in chunks for w in re.findall(r"\bw\d+\b", c.text)}
+        assert seen == set(re.findall(r"\bw\d+\b", body))  # nothing lost
+
+
+def test_a_sub_heading_at_a_split_point_starts_the_next_chunk(hash_embedder):
+    """The case that orphaned headings in v2: a chunk nearly full, then a small heading whose
+    body does not fit in it."""
+    budget = budget_for(hash_embedder.tokenizer, target_tokens=120, max_tokens=150)
+    body = section("Guide", 2, 45) + "\n### Details\n\n" + " ".join(["detail"] * 60) + ".\n"
+    chunks = chunk_document(parse(body, title="T"), hash_embedder.tokenizer, budget)
+    assert len(chunks) == 2
+    assert "### Details" not in chunks[0].text
+    assert chunks[1].text.startswith("### Details\n\ndetail")
+    assert chunks[1].section_title == "Guide > Details"
+
+
+def test_every_chunk_of_a_split_subsection_names_it(hash_embedder):
+    budget = budget_for(hash_embedder.tokenizer, target_tokens=100, max_tokens=120)
+    sentences = " ".join(f"Sentence {i} is about the install." for i in range(120))
+    body = f"## Install\n\n### Linux\n\n#### Debian\n\n{sentences}\n"
+    chunks = chunk_document(parse(body, title="Guide"), hash_embedder.tokenizer, budget)
+    assert len(chunks) > 3
+    assert {c.section_title for c in chunks} == {"Install > Linux > Debian"}
+    assert chunks[0].text.startswith("## Install\n\n### Linux\n\n#### Debian\n\nSentence 0")
+
+
+def test_headings_that_end_the_document_join_the_last_chunk(hash_embedder):
+    body = section("Use", 1, 30) + "\n## See also\n\n### Nothing here\n"
+    chunks = chunk_document(
+        parse(body), hash_embedder.tokenizer, budget_for(hash_embedder.tokenizer)
+    )
+    assert len(chunks) == 1
+    assert chunks[0].text.endswith("## See also\n\n### Nothing here")
+
+
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_a_huge_title_is_cut_to_fit(embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    budget = budget_for(tokenizer)
+    title = " ".join(f"title{i}" for i in range(5000))
+    doc = parse(section("Setup", 3, 40), title=title)
+    chunks = chunk_document(doc, tokenizer, budget)
+    assert chunks
+    assert_within_limit(chunks, tokenizer, budget)
+    for c in chunks:
+        assert c.meta.title.startswith("title0 title1") and c.meta.title.endswith("…")
+        assert tokenizer.count([c.meta.title])[0] <= budget.limit // 8
+        assert tokenizer.count([compose_embed_text(c.meta.title, c.section_title, "")])[0] <= (
+            budget.limit // 4
+        )
+        assert c.section_title == "Setup"
+        assert c.embed_text.startswith(c.meta.title + " > Setup\n\n")
+    assert doc.meta.title == title  # the document keeps its title; its chunks embed a cut one
+
+
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_a_huge_heading_is_cut_in_the_path_and_kept_whole_in_the_text(embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    budget = budget_for(tokenizer)
+    heading = " ".join(f"head{i}" for i in range(3000))
+    body = (
+        f"## Intro\n\nHello.\n\n### {heading}\n\nBody of the huge heading.\n\n"
+        "#### Small\n\nMore text " + "more " * 450 + "\n"
+    )
+    chunks = chunk_document(parse(body, title="T"), tokenizer, budget)
+    assert_within_limit(chunks, tokenizer, budget)
+    for c in chunks:
+        header = compose_embed_text(c.meta.title, c.section_title, "")
+        assert tokenizer.count([header])[0] <= budget.limit // 4
+    words = {w for c in chunks for w in re.findall(r"head\d+", c.text)}
+    assert len(words) == 3000  # the heading itself is all there, in the chunks' text
+    holder = next(c for c in chunks if "Body of the huge heading" in c.text)
+    assert holder.section_title.startswith("head0 head1") and holder.section_title.endswith("…")
+    assert "head2999" in holder.text  # the end of the heading travels with its body
+    small = next(c for c in chunks if "More text" in c.text)
+    assert small.section_title == "… > Small"  # outer names give way first
+
+
+def test_long_heading_paths_give_way_from_the_outside(hash_embedder):
+    tokenizer = hash_embedder.tokenizer
+    budget = budget_for(tokenizer, max_tokens=64, target_tokens=64, min_tokens=0)  # share 16
+    header = _Header("Doc", tokenizer, budget)
+    assert header.path(()) is None
+    assert header.path(("A", "B")) == "A > B"
+    names = (
+        "One two three four five six",
+        "Seven eight nine ten eleven twelve thirteen fourteen",
+        "Fifteen sixteen",
+        "Seventeen",
+    )
+    assert header.path(names) == "… > Fifteen sixteen > Seventeen"
+    # "Doc >" takes 2 of the 16 tokens, the mark 1
+    assert header.path(("one " * 40,)) == " ".join(["one"] * 13) + "…"
+    for path in (header.path(names), header.path(("one " * 40,)), header.path(names[-1:])):
+        assert tokenizer.count([header.text(path, "")])[0] <= 16
+
+
+def test_cut_marks_the_cut_and_fits(local_embedder):
+    tokenizer = local_embedder.tokenizer
+    assert _cut("short title", 10, tokenizer) == "short title"
+    for text in ("word " * 500, "数" * 900, "🙂" * 400, "x" * 100_000, "!" * 5000, "\u200b" * 999):
+        cut = _cut(text, 12, tokenizer)
+        assert tokenizer.count([cut])[0] <= 12
+        assert cut == text or (cut.endswith("…") and text.startswith(cut[:-1].rstrip()))
+
+
+def adversarial_docs() -> dict[str, tuple[str | None, str]]:
+    big = " ".join(f"w{i}" for i in range(20000))
+    code = "\n".join(f"x{i} = {i}" for i in range(3000))
+    return {
+        "huge title": ("T " * 5000, "## A\n\ntext here.\n"),
+        "huge title without spaces": ("T" * 100_000, "text\n"),
+        "huge heading": (None, "## " + big + "\n\nbody text.\n"),
+        "huge h1 equal to the title": (None, "# " + big + "\n\nbody.\n"),
+        "six huge levels": (
+            None,
+            "".join("#" * (i % 6 + 1) + f" h{i} " * 400 + "\n" for i in range(12)) + "\nbody\n",
+        ),
+        "200 nested headings": (None, "".join("#" * (i % 6 + 1) + f" h{i}\n" for i in range(200))),
+        "200 headings with bodies": (
+            None,
+            "".join("#" * (i % 6 + 1) + f" h{i}\n\nbody {i}.\n\n" for i in range(200)),
+        ),
+        "200 nested quotes": (None, "> " * 200 + "# deep\n\n" + "> " * 200 + "text\n"),
+        "200 nested lists": (None, "".join("  " * d + f"- item {d}\n" for d in range(200))),
+        "one 100k-character line": (None, "x " * 50_000),
+        "one 100k-character word": (None, "y" * 100_000),
+        "lines of punctuation": (None, "\n".join("!?.,;:" * 50 for _ in range(200))),
+        "one line of punctuation": (None, "!" * 100_000),
+        "unclosed fence": (None, "## Code\n\n```python\n" + code),
+        "unclosed fence, one long line": (None, "```\n" + "z " * 40_000),
+        "fence with a huge info string": (None, "```" + "info" * 5000 + "\ncode\n```\n"),
+        "fence with a long info string": (None, "```py " + "i " * 3000 + "\n" + "c\n" * 500),
+        "unclosed fence in a list": (None, "- x\n\n  ````\n" + "  l q q q q q\n" * 600),
+        "table with a gigantic cell": (None, "| a | b |\n|---|---|\n| " + "cell " * 20_000 + "|"),
+        "table with a gigantic header": (
+            None,
+            "| " + " | ".join(f"h{i}" for i in range(3000)) + " |\n|" + "---|" * 3000 + "\n",
+        ),
+        "CJK": (None, "## 标题\n\n" + "数据处理" * 20_000 + "\n"),
+        "CJK title": ("标题" * 3000, "正文" * 100),
+        "Hangul heading": (None, "## " + "한" * 3000 + "\n\nbody\n"),
+        "emoji": (None, "# 🙂\n\n" + "👩‍👩‍👧‍👦" * 20_000),
+        "zero-width characters": (None, "\u200b" * 100_000 + "\n\n## \u200b\u200b\n\nx\u200d"),
+        "zero-width title": ("\u200b" * 100_000, "x"),
+        "lone surrogates": ("t\ud800", "## h\udfff\n\nbody \ud83d text\n"),
+        "control characters": (None, "\x00\x01\x02 text \x7f\n## \x0b\n\nx"),
+        "setext headings": (None, ("Title " * 3000 + "\n=====\n\n") * 3 + "text\n"),
+        "empty headings": (None, "#\n\n##\n\n###\n\ntext\n"),
+        "only headings": (None, "# a\n## b\n### c\n"),
+        "many tiny sections": (None, "".join(f"## S{i}\n\nt{i}.\n\n" for i in range(2000))),
+        "shuffled fences": (None, "~~~\n```\ncode\n~~~\n```\nstill\n```\n" * 300),
+    }
+
+
+ADVERSARIAL = adversarial_docs()
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_adversarial_documents_fit_the_limit(name, embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    title, body = ADVERSARIAL[name]
+    doc = ParsedDocument("book", "doc.md", "h", "p", DocumentMeta(title=title or "Doc"), body)
+    for budget in (budget_for(tokenizer), budget_for(tokenizer, max_tokens=16, min_tokens=0)):
+        chunks = chunk_document(doc, tokenizer, budget)
+        assert chunks
+        assert_chain(chunks)
+        valid = [c.embed_text.encode("utf-8", "replace").decode() for c in chunks]
+        for c, n in zip(chunks, tokenizer.count(valid), strict=True):
+            assert n + tokenizer.special_tokens == c.token_count <= budget.limit
+            assert c.text.strip()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_chunk_document_never_raises(seed, hash_embedder, local_embedder):
+    rng = random.Random(seed)
+    alphabet = [*"#`~|>-*_=[]()!.\n\n\n  \t1aZé", "数", "🙂", "\u200b", "\x00", "\ud800"]
+
+    def text(n: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(n))
+
+    doc = ParsedDocument(
+        "book", "doc.md", "h", "p", DocumentMeta(title=text(rng.randint(0, 300))), text(4000)
+    )
+    for tokenizer in (hash_embedder.tokenizer, local_embedder.tokenizer):
+        budget = budget_for(tokenizer, max_tokens=rng.choice([16, 64, 512]), min_tokens=0)
+        chunks = chunk_document(doc, tokenizer, budget)
+        assert all(c.token_count <= budget.limit for c in chunks)
+
+
+# -- the pure steps -------------------------------------------------------------------------
+
+
+def blocks_of(body: str, tokenizer) -> list:
+    return _count(_blocks(body), tokenizer)
+
+
+def test_runs_lead_each_block_with_the_headings_above_it(hash_embedder):
+    blocks = blocks_of(
+        "intro\n\n# A\n\n## B\n\ntext\n\n```\ncode\n```\n\n### C\n", hash_embedder.tokenizer
+    )
+    runs = _runs(blocks)
+    assert [([h.title for h in r.headings], r.content and r.content.kind) for r in runs] == [
+        ([], "text"),
+        (["A", "B"], "text"),
+        ([], "fence"),
+        (["C"], None),  # headings that end the document
+    ]
+    assert _sections(runs, split_level=2) == [[0], [1, 2, 3]]
+    assert _sections(runs, split_level=3) == [[0], [1, 2], [3]]
+    assert _heading_paths(runs, "A") == [(), ("B",), ("B",), ("B", "C")]
+    assert _heading_paths(runs, "Other") == [(), ("A", "B"), ("A", "B"), ("A", "B", "C")]
+
+
+def test_a_bodiless_heading_opens_the_section_of_the_heading_below_it(hash_embedder):
+    runs = _runs(blocks_of("## A\n\ntext\n\n#### Empty\n\n## B\n\nmore\n", hash_embedder.tokenizer))
+    assert [[h.title for h in r.headings] for r in runs] == [["A"], ["Empty", "B"]]
+    assert _sections(runs, 2) == [[0], [1]]
+
+
+def units_of(texts, tokens=10, path="P", lead=()):
+    return [_Unit(t, tokens, path, "text", t, lead=i in lead) for i, t in enumerate(texts)]
+
+
+def test_pack_section_repeats_prose_tails_but_not_before_a_heading(hash_embedder):
+    tokenizer = hash_embedder.tokenizer
+    budget = ChunkBudget(target=40, limit=60, minimum=0, overlap=6)
+    header = _Header("T", tokenizer, budget)
+    soft = header.room("P").soft
+    first = "One two three. Four five six. Seven eight nine."
+    units = [
+        _Unit(first, soft - 5, "P", "text", first),
+        _Unit("Next words.", soft - 10, "P", "text", "Next words."),
+        _Unit("### H\n\nBody.", 10, "P", "text", "Body.", lead=True),
+    ]
+    pieces = _pack_section(units, header, tokenizer, budget)
+    assert [p.text for p in pieces] == [
+        first,
+        "Seven eight nine.\n\nNext words.",  # the tail of the first chunk comes again
+        "### H\n\nBody.",  # a chunk opening with a heading repeats nothing
+    ]
+    assert [p.starts_with_overlap for p in pieces] == [False, True, False]
+
+
+def test_pack_merges_a_small_section_forward_only_when_the_next_fits_whole(hash_embedder):
+    tokenizer = hash_embedder.tokenizer
+    budget = ChunkBudget(target=100, limit=120, minimum=30, overlap=0)
+    header = _Header("T", tokenizer, budget)
+    soft = header.room("P").soft
+    small, fits, big = units_of(["small"]), units_of(["fits"], 40), units_of(["b1", "b2"], soft - 5)
+    merged = _pack([small, fits], header, tokenizer, budget)
+    assert [p.text for p in merged] == ["small\n\nfits"]
+    # merged into a section that gets split, its length would move that section's split points
+    alone = _pack([units_of(["before"], 50), small, big], header, tokenizer, budget)
+    assert [p.text for p in alone] == ["before\n\nsmall", "b1", "b2"]  # joins the one before
+
+
+def test_enforce_limit_is_pure_and_exact(local_embedder):
+    tokenizer = local_embedder.tokenizer
+    budget = budget_for(tokenizer)
+    header = _Header("Title", tokenizer, budget)
+    long_text = "\n\n".join(" ".join(f"p{i}w{j}" for j in range(60)) for i in range(12))
+    pieces = (_Piece("short text", "S", 3), _Piece(long_text, "S", 10))
+    out = _enforce_limit(pieces, header, tokenizer, budget)
+    assert pieces == (_Piece("short text", "S", 3), _Piece(long_text, "S", 10))  # untouched
+    assert len(out) > 2
+    exact = tokenizer.count([header.text(p.path, p.text) for p in out])
+    assert [n + tokenizer.special_tokens for n in exact] == [p.tokens for p in out]
+    assert all(p.tokens <= budget.limit for p in out)
+
+
+def test_fit_ends_with_every_part_within_a_non_additive_measure(hash_embedder):
+    tokenizer = hash_embedder.tokenizer
+    text = "```\n" + "\n".join(" ".join(f"c{i}x{j}" for j in range(9)) for i in range(50)) + "\n```"
+
+    def measure(t: str) -> int:  # every part costs more than the sum of its lines
+        return tokenizer.count([t])[0] + 5 + len(t) // 40
+
+    parts = _fit(text, measure, 60, tokenizer)
+    assert all(n == measure(t) <= 60 for t, n in parts)
+    assert all(fences_balanced(t) for t, _ in parts)
+    words = [w for t, _ in parts for w in re.findall(r"c\d+x\d+", t)]
+    assert words == re.findall(r"c\d+x\d+", text)  # in order, nothing lost or repeated
+    # no line, no space: cut mid-word, still every part within the limit and nothing lost
+    parts = _fit("x" * 1000, len, 7, tokenizer)
+    assert all(n == len(t) <= 7 for t, n in parts)
+    assert "".join(t for t, _ in parts) == "x" * 1000
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "```\na\n```",
+        "````\n```\n````",  # a shorter fence does not close a longer one
+        "~~~\n```\n~~~",  # nor one of the other character
+        "```py\ncode\n```   ",  # trailing spaces after a closer
+        "``` a`b\nnot a fence",  # a backtick info string has no backtick
+        "```\nnever closed",
+        "   ```\nindented\n   ```",
+        "text\n~~~~\nx\n~~~~~\nafter",
+    ],
+)
+def test_fences_follow_commonmark(text):
+    expected = [t.map for t in _MD.parse(text) if t.type == "fence"]
+    found = _fences(text.split("\n"))
+    assert [f.start for f in found] == [start for start, _ in expected]
+    for fence, (_, end) in zip(found, expected, strict=True):
+        # markdown-it's map ends after the closer, or at the end of the text when unclosed
+        assert (fence.end + 1 if fence.end is not None else len(text.split("\n"))) == end
