@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     busy_wait_s: float = Field(30.0, ge=0)
     path_patterns: tuple[str, ...] = DEFAULT_PATH_PATTERNS
     default_hardware_tier: int = 1
+    # Local model precision: fp32, int8 (ONNX Runtime dynamic quantization, its own
+    # embedding_model name) or auto (int8 on CPUs with VNNI/AMX int8 instructions). See
+    # docs/benchmarks.md for the speed and quality of each.
+    local_precision: Literal["fp32", "int8", "auto"] = "fp32"
 
     def source(self) -> SourceConfig:
         return SourceConfig(

@@ -42,4 +42,5 @@ def create_embedder(settings: Settings) -> Embedder:
         settings.local_model_dir,
         batch_size=settings.embed_batch_size,
         cache_dir=settings.cache_dir / "models",
+        precision=settings.local_precision,
     )

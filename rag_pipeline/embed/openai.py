@@ -113,17 +113,16 @@ class OpenAIEmbedder(Embedder):
     def tokenizer(self) -> TokenCounter:
         return self._tokens
 
-    def batches(self, texts: Sequence[str]) -> Iterator[Sequence[str]]:
+    def _batch_bounds(self, lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
         """Consecutive batches bounded by ``batch_size`` inputs and ``max_batch_tokens``."""
-        counts = self._tokens.count(texts)
         start, tokens = 0, 0
-        for i, n in enumerate(counts):
+        for i, n in enumerate(lengths):
             if i > start and (i - start >= self.batch_size or tokens + n > self.max_batch_tokens):
-                yield texts[start:i]
+                yield start, i
                 start, tokens = i, 0
             tokens += n
-        if start < len(texts):
-            yield texts[start:]
+        if start < len(lengths):
+            yield start, len(lengths)
 
     def _embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         import openai
