@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     # embedding_model name) or auto (int8 on CPUs with VNNI/AMX int8 instructions). See
     # docs/benchmarks.md for the speed and quality of each.
     local_precision: Literal["fp32", "int8", "auto"] = "fp32"
+    # OpenAI: requests in flight at once within one embed call, and optional client-side
+    # limits (none when unset) that no request goes over, in any 60-second window.
+    openai_concurrency: int = Field(4, ge=1)
+    openai_requests_per_minute: int | None = Field(None, ge=1)
+    openai_tokens_per_minute: int | None = Field(None, ge=1)
 
     def source(self) -> SourceConfig:
         return SourceConfig(

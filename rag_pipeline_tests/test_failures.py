@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from rag_pipeline.embed import EmbedError
-from rag_pipeline.embed.openai import OpenAIEmbedder
+from rag_pipeline.embed.openai import OpenAIEmbedder, RateLimit, RateLimiter
 from rag_pipeline.store import CollectionSpec, StoreUnavailableError, tenant_filter
 from rag_pipeline.store.qdrant import QdrantStore
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.fakes import FakeOpenAI, FakeQdrant
+from rag_pipeline_tests.fakes import FakeOpenAI, FakeQdrant, _vector
 
 
 @pytest.fixture
@@ -83,6 +83,151 @@ def test_openai_chunk_budget_uses_its_tokenizer(openai_server):
     budget = ChunkBudget.for_tokenizer(ChunkingConfig(), emb.tokenizer)
     assert (budget.target, budget.limit) == (400, 512)  # 8191 tokens allowed; the config rules
     assert emb.tokenizer.count(["Hello world"]) == [2]  # cl100k_base, offline
+
+
+def expected_vectors(texts):
+    """What the fake server answers for each text, in the order of ``texts``."""
+    return np.stack([_vector(t, 1536) for t in texts])
+
+
+def test_openai_requests_run_concurrently_and_results_keep_input_order():
+    texts = [f"passage {i} " + "word " * (i * 7 % 23) for i in range(16)]
+    with FakeOpenAI(latency_s=0.3) as server:
+        emb = embedder(server, timeout=5.0, batch_size=2, concurrency=4)
+        started = time.monotonic()
+        vectors = emb.embed(texts)
+        elapsed = time.monotonic() - started
+    assert len(server.requests) == 8
+    assert server.max_in_flight == 4  # the server saw four requests overlapping
+    assert elapsed < 8 * 0.3 * 0.6  # sequential would take 2.4 s
+    np.testing.assert_allclose(vectors, expected_vectors(texts), atol=1e-6)
+
+
+def test_openai_concurrency_one_is_sequential():
+    with FakeOpenAI(latency_s=0.05) as server:
+        embedder(server, batch_size=2, concurrency=1).embed([f"t{i}" for i in range(6)])
+    assert server.max_in_flight == 1 and len(server.requests) == 3
+
+
+def test_openai_progress_counts_every_text_once():
+    calls = []
+    with FakeOpenAI(latency_s=0.05) as server:
+        emb = embedder(server, timeout=5.0, batch_size=3, concurrency=3)
+        emb.embed([f"t{i}" for i in range(10)], progress=lambda d, t: calls.append((d, t)))
+    assert [t for _, t in calls] == [10] * 4
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls) and calls[-1] == (10, 10)
+
+
+def test_openai_client_rate_limit_is_never_exceeded():
+    """The server allows 3 requests per second and answers 429 beyond; the client limited to
+    3 per second never gets one, though 4 requests could be in flight."""
+    texts = [f"chunk {i}" for i in range(24)]
+    with FakeOpenAI(latency_s=0.05, rate_limit=(3, 1.0)) as server:
+        emb = embedder(
+            server, timeout=5.0, batch_size=2, concurrency=4, rate_limit=RateLimit(3, None, 1.0)
+        )
+        started = time.monotonic()
+        vectors = emb.embed(texts)
+        elapsed = time.monotonic() - started
+    assert server.rejected == 0
+    assert server.max_in_window(1.0) <= 3
+    assert elapsed >= 3.0  # 12 requests at 3 per second: the limit held them back
+    np.testing.assert_allclose(vectors, expected_vectors(texts), atol=1e-6)
+
+
+def test_openai_429_under_concurrency_is_retried():
+    """No client limit: the server's 429s (Retry-After: when its window frees) are retried
+    and every text still gets its own vector, in order."""
+    texts = [f"chunk {i}" for i in range(12)]
+    with FakeOpenAI(rate_limit=(2, 1.0)) as server:
+        emb = embedder(server, retries=8, timeout=5.0, batch_size=2, concurrency=4)
+        vectors = emb.embed(texts)
+    assert server.rejected >= 2  # 4 requests arrived at once, 2 allowed
+    assert len(server.requests) == 6
+    assert server.max_in_window(1.0) <= 2
+    np.testing.assert_allclose(vectors, expected_vectors(texts), atol=1e-6)
+
+
+def test_openai_retry_after_is_honoured():
+    """A 429 asking for 1.2 s: the retry waits that long (the backoff alone would be at most
+    0.5 s); once it is over, requests go at once."""
+    with FakeOpenAI() as server:
+        server.script.append((429, 1200))
+        emb = embedder(server, retries=2, timeout=5.0, batch_size=1, concurrency=1)
+        emb.embed(["first"])
+        emb2_started = time.monotonic()
+        emb.embed(["second"])  # the pause is over: no wait
+        times = [t for t, _ in server.arrivals]
+    assert times[1] - times[0] >= 1.2
+    assert time.monotonic() - emb2_started < 1.0
+
+
+def test_openai_failure_under_concurrency_stops_the_call():
+    with FakeOpenAI(latency_s=0.05) as server:
+        server.script.extend([500] * 100)
+        emb = embedder(server, retries=1, timeout=5.0, batch_size=1, concurrency=3)
+        with pytest.raises(EmbedError, match="HTTP 500"):
+            emb.embed([f"t{i}" for i in range(20)])
+        # three in flight, each tried at most twice; no new batch started after the failure
+        assert len(server.requests) <= 6
+        server.script.clear()
+        assert emb.embed(["recovered"]).shape == (1, 1536)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_rate_limiter_sliding_window_requests_and_tokens():
+    clock = FakeClock()
+    limiter = RateLimiter(RateLimit(2, 100, 60.0), clock=clock, sleep=clock.sleep)
+    window = 60.0 + 0.6  # period plus its safety margin
+    sent = []
+    for tokens in (10, 10, 10, 80, 30, 200):
+        limiter.acquire(tokens)
+        sent.append((clock.now, tokens))
+    for t, _ in sent:  # never more than 2 requests, nor 100 tokens, in any window
+        inside = [(u, n) for u, n in sent if t - window < u <= t]
+        assert len(inside) <= 2
+        assert sum(n for _, n in inside) <= 100 or len(inside) == 1
+    assert sent[2][0] == pytest.approx(100.0 + window)  # the third waited a window
+    assert sent[5][0] >= sent[4][0] + window  # too big for the limit: an empty window
+
+
+def test_rate_limiter_pause_holds_every_request():
+    clock = FakeClock()
+    limiter = RateLimiter(None, clock=clock, sleep=clock.sleep)
+    limiter.acquire()
+    limiter.pause_until(clock.now + 2.5)
+    limiter.acquire()
+    assert clock.now == pytest.approx(102.5)
+
+
+def test_openai_settings_reach_the_embedder():
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed import create_embedder
+
+    emb = create_embedder(
+        load_settings(
+            embedder="openai",
+            openai_api_key="sk-test",
+            openai_concurrency=6,
+            openai_requests_per_minute=500,
+            openai_tokens_per_minute=50_000,
+        )
+    )
+    assert emb.concurrency == 6
+    assert emb.rate_limit == RateLimit(500, 50_000, 60.0)
+    assert emb.max_batch_tokens == 50_000  # one batch never needs more than a window holds
 
 
 def free_port() -> int:

@@ -35,6 +35,9 @@ def create_embedder(settings: Settings) -> Embedder:
             base_url=settings.openai_base_url,
             max_retries=settings.openai_max_retries,
             timeout_s=settings.openai_timeout_s,
+            concurrency=settings.openai_concurrency,
+            requests_per_minute=settings.openai_requests_per_minute,
+            tokens_per_minute=settings.openai_tokens_per_minute,
         )
     from rag_pipeline.embed.local import LocalEmbedder
 

@@ -1,25 +1,37 @@
 """OpenAI embeddings (text-embedding-3-small by default), used when configured.
 
 Batches are bounded by input count and by tokens (counted with tiktoken's cl100k_base, bundled
-so counting works offline). Rate limits (429), server errors (5xx), connection errors and
-timeouts are retried by the OpenAI client with exponential backoff, ``max_retries`` times; what
-still fails becomes an :class:`EmbedError` naming the cause.
+so counting works offline). Up to ``concurrency`` requests run at once within one ``embed``
+call; vectors come back in input order. An optional client-side :class:`RateLimit` (requests
+and tokens per minute) holds each request until it fits, so none goes over the limit in any
+window. Rate limits (429), server errors (5xx), connection errors and timeouts are retried
+here, ``max_retries`` times, after the server's Retry-After or an exponential backoff (a 429
+pauses every request of the embedder, not only the one that got it); what still fails becomes
+an :class:`EmbedError` naming the cause.
 """
 
 from __future__ import annotations
 
+import email.utils
 import gzip
 import hashlib
 import os
+import random
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import numpy as np
 
 from rag_pipeline.embed.base import Embedder, EmbedError, TokenCounter
 
-__all__ = ["OPENAI_MODELS", "OpenAIEmbedder", "TiktokenCounter"]
+__all__ = ["OPENAI_MODELS", "OpenAIEmbedder", "RateLimit", "RateLimiter", "TiktokenCounter"]
 
 # model -> (dimension, US$ per 1M input tokens, max input tokens)
 OPENAI_MODELS: dict[str, tuple[int, float, int]] = {
@@ -30,6 +42,11 @@ OPENAI_MODELS: dict[str, tuple[int, float, int]] = {
 _CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 MAX_INPUTS_PER_REQUEST = 2048
 MAX_TOKENS_PER_REQUEST = 300_000
+# Backoff between retries when the server names no delay (as the OpenAI client does).
+INITIAL_RETRY_DELAY_S = 0.5
+MAX_RETRY_DELAY_S = 8.0
+MAX_RETRY_AFTER_S = 120.0  # a longer Retry-After is not believed; the backoff applies
+_RETRYABLE_STATUS = frozenset({408, 409, 429})  # and every 5xx
 
 
 class TiktokenCounter(TokenCounter):
@@ -76,6 +93,91 @@ def _prime_tiktoken_cache() -> None:
     os.replace(fh.name, target)
 
 
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``requests`` requests and ``tokens`` input tokens (None: no limit) in any
+    window of ``period_s`` seconds."""
+
+    requests: int | None = None
+    tokens: int | None = None
+    period_s: float = 60.0
+
+    @classmethod
+    def per_minute(cls, requests: int | None, tokens: int | None) -> RateLimit | None:
+        return cls(requests, tokens) if requests or tokens else None
+
+
+class RateLimiter:
+    """Holds each request until it fits the :class:`RateLimit` in a sliding window.
+
+    Every request granted is recorded with its send time and tokens; a new one goes when,
+    counting it, the last ``period_s`` (plus a safety margin for network jitter, 1 % of the
+    period and at least 0.1 s) hold at most the limit. A request of more tokens than the limit
+    waits for an empty window. :meth:`pause_until` holds every request (a 429's Retry-After).
+    """
+
+    def __init__(
+        self,
+        limit: RateLimit | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.limit = limit
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._sent: deque[tuple[float, int]] = deque()
+        self._window_tokens = 0
+        self._paused_until = 0.0
+        period = limit.period_s if limit else 0.0
+        self._window = period + max(0.1, 0.01 * period)
+
+    def acquire(self, tokens: int = 0, stop: threading.Event | None = None) -> bool:
+        """Wait until a request of ``tokens`` fits, and record it; False (nothing recorded)
+        if ``stop`` is set first."""
+        while True:
+            with self._lock:
+                delay = self._delay(tokens)
+                if delay <= 0:
+                    if self.limit is not None:
+                        self._sent.append((self._clock(), tokens))
+                        self._window_tokens += tokens
+                    return True
+            if stop is None:
+                self._sleep(delay)
+            elif stop.wait(delay):
+                return False
+
+    def pause_until(self, when: float) -> None:
+        with self._lock:
+            self._paused_until = max(self._paused_until, when)
+
+    def _delay(self, tokens: int) -> float:
+        """Seconds until a request of ``tokens`` may go (<= 0: now). Called under the lock."""
+        now = self._clock()
+        delay = self._paused_until - now
+        limit = self.limit
+        if limit is None:
+            return delay
+        while self._sent and self._sent[0][0] <= now - self._window:
+            self._window_tokens -= self._sent.popleft()[1]
+        if limit.requests is not None and len(self._sent) >= limit.requests:
+            expires = self._sent[len(self._sent) - limit.requests][0] + self._window
+            delay = max(delay, expires - now)
+        if limit.tokens is not None and self._window_tokens + tokens > limit.tokens:
+            # wait until enough of the oldest requests leave the window
+            excess = self._window_tokens + tokens - limit.tokens
+            freed, expires = 0, now
+            for sent_at, n in self._sent:
+                freed += n
+                expires = sent_at + self._window
+                if freed >= excess:
+                    break
+            delay = max(delay, expires - now)
+        return delay
+
+
 class OpenAIEmbedder(Embedder):
     """Embeddings from the OpenAI API (or any server speaking its protocol at ``base_url``)."""
 
@@ -89,7 +191,12 @@ class OpenAIEmbedder(Embedder):
         timeout_s: float = 30.0,
         batch_size: int = 256,
         max_batch_tokens: int = 100_000,
+        concurrency: int = 4,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
+        """``rate_limit`` (any period) overrides ``requests_per_minute``/``tokens_per_minute``."""
         import openai
 
         if not api_key:
@@ -98,15 +205,25 @@ class OpenAIEmbedder(Embedder):
             raise EmbedError(
                 f"unknown OpenAI embedding model {model!r}; known: {', '.join(OPENAI_MODELS)}"
             )
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         self.dimension, self.usd_per_million_tokens, max_input = OPENAI_MODELS[model]
         self.model_name = model
         self.batch_size = min(batch_size, MAX_INPUTS_PER_REQUEST)
         self.max_batch_tokens = min(max_batch_tokens, MAX_TOKENS_PER_REQUEST)
+        self.rate_limit = rate_limit or RateLimit.per_minute(requests_per_minute, tokens_per_minute)
+        if self.rate_limit is not None and self.rate_limit.tokens is not None:
+            # no batch may need more than the whole window's tokens
+            self.max_batch_tokens = min(self.max_batch_tokens, self.rate_limit.tokens)
         self.max_retries = max_retries
+        self.concurrency = concurrency
         self._tokens = TiktokenCounter(max_input)
+        # Retries are ours (see _request), so that each attempt passes the rate limiter.
         self._client = openai.OpenAI(
-            api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
+            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s
         )
+        self._limiter = RateLimiter(self.rate_limit)
+        self._usage_lock = threading.Lock()
         self.tokens_used = 0
 
     @property
@@ -124,35 +241,112 @@ class OpenAIEmbedder(Embedder):
         if start < len(lengths):
             yield start, len(lengths)
 
-    def _embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+    def _embed_batch(self, items: Sequence[Any]) -> np.ndarray:
+        return self._request(items, sum(self._tokens.count(items)))
+
+    def _run_batches(
+        self, batches: Sequence[tuple[Sequence[Any], int]]
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Up to ``concurrency`` requests in flight; results as they come. After a failure no
+        new request starts, requests in flight stop retrying, and the failure is raised."""
+        workers = min(self.concurrency, len(batches))
+        if workers <= 1:
+            for number, (items, tokens) in enumerate(batches):
+                yield number, self._request(items, tokens)
+            return
+        stop = threading.Event()
+        queue = iter(enumerate(batches))
+        pending: dict[Future[np.ndarray], int] = {}
+        with ThreadPoolExecutor(workers, thread_name_prefix="openai-embed") as pool:
+
+            def submit_next() -> None:
+                job = next(queue, None)
+                if job is not None:
+                    number, (items, tokens) = job
+                    pending[pool.submit(self._request, items, tokens, stop)] = number
+
+            for _ in range(workers):
+                submit_next()
+            try:
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        number = pending.pop(future)
+                        vectors = future.result()
+                        submit_next()
+                        yield number, vectors
+            finally:
+                stop.set()
+
+    def _request(
+        self, items: Sequence[Any], tokens: int, stop: threading.Event | None = None
+    ) -> np.ndarray:
+        """One embeddings request, through the rate limiter, retried on 429/5xx/timeouts."""
         import openai
 
-        try:
-            response = self._client.embeddings.create(model=self.model_name, input=list(texts))
-        except openai.APIStatusError as exc:
-            raise EmbedError(
-                f"OpenAI embeddings failed after {self.max_retries} retries: HTTP "
-                f"{exc.status_code} {_reason(exc)} from {self._client.base_url}"
-            ) from exc
-        except openai.APITimeoutError as exc:
-            raise EmbedError(
-                f"OpenAI embeddings timed out after {self.max_retries} retries "
-                f"({self._client.base_url})"
-            ) from exc
-        except openai.APIConnectionError as exc:
-            raise EmbedError(
-                f"cannot reach the OpenAI API at {self._client.base_url} after "
-                f"{self.max_retries} retries: {exc.__cause__ or exc}"
-            ) from exc
+        attempt = 0
+        while True:
+            if not self._limiter.acquire(tokens, stop):
+                raise EmbedError("OpenAI embeddings cancelled: another request of the call failed")
+            try:
+                response = self._client.embeddings.create(model=self.model_name, input=list(items))
+                break
+            except (openai.APIStatusError, openai.APIConnectionError) as exc:
+                status = getattr(exc, "status_code", None)
+                retryable = status is None or status in _RETRYABLE_STATUS or status >= 500
+                if not retryable or attempt >= self.max_retries or (stop and stop.is_set()):
+                    raise self._error(exc, retried=attempt if retryable else None) from exc
+                delay = _retry_delay(exc, attempt)
+                if status == 429:  # the account is over its limit: every request waits
+                    self._limiter.pause_until(time.monotonic() + delay)
+                time.sleep(delay)
+                attempt += 1
         if response.usage is not None:
-            self.tokens_used += response.usage.prompt_tokens
+            with self._usage_lock:
+                self.tokens_used += response.usage.prompt_tokens
         data = sorted(response.data, key=lambda d: d.index)
-        if len(data) != len(texts):
-            raise EmbedError(f"OpenAI returned {len(data)} embeddings for {len(texts)} inputs")
+        if len(data) != len(items):
+            raise EmbedError(f"OpenAI returned {len(data)} embeddings for {len(items)} inputs")
         return np.asarray([d.embedding for d in data], dtype=np.float32)
+
+    def _error(self, exc: Exception, retried: int | None) -> EmbedError:
+        import openai
+
+        after = f" after {retried} retries" if retried is not None else ""
+        url = self._client.base_url
+        if isinstance(exc, openai.APIStatusError):
+            return EmbedError(
+                f"OpenAI embeddings failed{after}: HTTP {exc.status_code} {_reason(exc)} from {url}"
+            )
+        if isinstance(exc, openai.APITimeoutError):
+            return EmbedError(f"OpenAI embeddings timed out{after} ({url})")
+        return EmbedError(f"cannot reach the OpenAI API at {url}{after}: {exc.__cause__ or exc}")
 
     def close(self) -> None:
         self._client.close()
+
+
+def _retry_delay(exc: Exception, attempt: int) -> float:
+    """The server's Retry-After (retry-after-ms, or retry-after in seconds or as a date) when
+    it gives a plausible one, else exponential backoff with jitter."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    seconds: float | None = None
+    try:
+        if headers.get("retry-after-ms"):
+            seconds = float(headers["retry-after-ms"]) / 1000
+        elif headers.get("retry-after"):
+            value = headers["retry-after"]
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is not None and 0 < seconds <= MAX_RETRY_AFTER_S:
+        return seconds
+    backoff = min(INITIAL_RETRY_DELAY_S * 2.0**attempt, MAX_RETRY_DELAY_S)
+    return backoff * (1 - 0.25 * random.random())
 
 
 def _reason(exc: Exception) -> str:
