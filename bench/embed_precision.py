@@ -80,13 +80,15 @@ def main() -> None:
     for embedder in variants.values():
         embedder.embed(texts[:16])  # warm-up: graph build or load, thread pools
     seconds: dict[str, list[float]] = {name: [] for name in variants}
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in variants}
     vectors: dict[str, np.ndarray] = {}
     names = list(variants)
     for round_ in range(args.rounds):
         for name in names if round_ % 2 == 0 else names[::-1]:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             vectors[name] = variants[name].embed(texts)
             seconds[name].append(time.perf_counter() - started)
+            cpu_seconds[name].append(time.process_time() - cpu_started)
     cos = (vectors["int8_tokens"] * vectors["fp32_tokens"]).sum(1)
     same = (vectors["fp32_chars"] * vectors["fp32_tokens"]).sum(1)
     results = {
@@ -101,6 +103,7 @@ def main() -> None:
             n: round(len(texts) / statistics.median(s), 2) for n, s in seconds.items()
         },
         "seconds_per_round": {n: [round(x, 2) for x in s] for n, s in seconds.items()},
+        "cpu_seconds_per_round": {n: [round(x, 2) for x in s] for n, s in cpu_seconds.items()},
         "padding_share": {
             "chars": round(padding_share(fp32, texts, by_chars=True), 4),
             "tokens": round(padding_share(fp32, texts, by_chars=False), 4),
@@ -111,12 +114,23 @@ def main() -> None:
             "min": round(float(cos.min()), 4),
         },
     }
-    best = results["chunks_per_s_best"]
-    results["speedup_best"] = {
-        "fp32 tokens / fp32 chars": round(best["fp32_tokens"] / best["fp32_chars"], 3),
-        "int8 tokens / fp32 tokens": round(best["int8_tokens"] / best["fp32_tokens"], 3),
-        "int8 tokens / fp32 chars": round(best["int8_tokens"] / best["fp32_chars"], 3),
+    pairs = {
+        "fp32 tokens vs fp32 chars": ("fp32_tokens", "fp32_chars"),
+        "int8 chars vs fp32 chars": ("int8_chars", "fp32_chars"),
+        "int8 tokens vs fp32 tokens": ("int8_tokens", "fp32_tokens"),
+        "int8 tokens vs fp32 chars": ("int8_tokens", "fp32_chars"),
     }
+    # speed-up = time of the second / time of the first, per round (the runs of a round are
+    # close in time, so load from other processes mostly cancels out), then their median
+    for label, timings in (("speedup", seconds), ("speedup_cpu_time", cpu_seconds)):
+        per_round = {
+            k: [round(b / a, 3) for a, b in zip(timings[x], timings[y], strict=True)]
+            for k, (x, y) in pairs.items()
+        }
+        results[f"{label}_per_round"] = per_round
+        results[f"{label}_median"] = {
+            k: round(statistics.median(v), 3) for k, v in per_round.items()
+        }
     print(json.dumps(results, indent=2))
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -63,8 +63,10 @@ class FakeOpenAI(_Server):
         *,
         latency_s: float = 0.0,
         rate_limit: tuple[int, float] | None = None,
+        floats_only: bool = False,
     ) -> None:
         self.dim = dim
+        self.floats_only = floats_only  # ignore encoding_format=base64, as some servers do
         self.script: deque[Any] = deque()
         self.requests: list[dict] = []
         self.hang_s = 3.0
@@ -168,7 +170,7 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
             vector = _vector(str(text), fake.dim)
             embedding: Any = (
                 base64.b64encode(vector.tobytes()).decode()
-                if body.get("encoding_format") == "base64"
+                if body.get("encoding_format") == "base64" and not fake.floats_only
                 else vector.tolist()
             )
             data.append({"object": "embedding", "index": i, "embedding": embedding})

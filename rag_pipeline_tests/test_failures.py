@@ -103,6 +103,15 @@ def test_openai_requests_run_concurrently_and_results_keep_input_order():
     np.testing.assert_allclose(vectors, expected_vectors(texts), atol=1e-6)
 
 
+def test_openai_server_answering_float_lists_works_too():
+    """Vectors are asked for as base64 (cheap to decode); a server that ignores that and
+    answers lists of floats is understood as well."""
+    with FakeOpenAI(floats_only=True) as server:
+        vectors = embedder(server).embed(["one", "two"])
+    assert server.requests[0]["encoding_format"] == "base64"
+    np.testing.assert_allclose(vectors, expected_vectors(["one", "two"]), atol=1e-6)
+
+
 def test_openai_concurrency_one_is_sequential():
     with FakeOpenAI(latency_s=0.05) as server:
         embedder(server, batch_size=2, concurrency=1).embed([f"t{i}" for i in range(6)])
