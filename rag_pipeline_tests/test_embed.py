@@ -150,6 +150,24 @@ def test_local_batches_are_sorted_by_tokens_and_results_keep_input_order(local_e
     np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
+def test_local_texts_are_tokenized_once(tmp_path):
+    embedder = LocalEmbedder(cache_dir=tmp_path, batch_size=8)
+    calls: list[int] = []
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def encode_batch(self, texts):
+            calls.append(len(texts))
+            return self.inner.encode_batch(texts)
+
+    embedder._encoder = Counting(embedder._encoder)
+    vectors = embedder.embed([f"sentence number {i} " * (i % 5 + 1) for i in range(40)])
+    assert vectors.shape == (40, 384)
+    assert calls == [40]  # one pass for sorting and for the 5 batches
+
+
 def test_progress_is_reported_after_every_batch(hash_embedder):
     calls: list[tuple[int, int]] = []
     texts = [f"text {i} " * (i % 7 + 1) for i in range(600)]
