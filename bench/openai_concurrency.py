@@ -6,7 +6,7 @@ Runs against the fake OpenAI server of the test suite (rag_pipeline_tests/fakes.
 answers every request after ``--latency`` seconds and refuses (429) a request that arrives
 when its last second already holds the limit of accepted ones. The server runs in a process
 of its own (its work is not ours to pay for in a real deployment; in this process it would
-compete for the GIL). The texts are 150-400 word passages of the powershell-docs corpus,
+compete for the GIL). The texts are 60-180 word passages of the powershell-docs corpus,
 batched as the embedder does (256 inputs / 100k tokens per request by default).
 
 Three runs: concurrency 1 and 4 with a client limit the server allows (it must not bind at
@@ -40,8 +40,8 @@ from rag_pipeline_tests.fakes import FakeOpenAI, _vector  # noqa: E402
 
 
 def passages(count: int) -> list[str]:
-    """Passages of 150-400 words cut from the powershell-docs corpus (English prose and code,
-    like real chunks), cycled to ``count``."""
+    """Passages of 60-180 words cut from the powershell-docs corpus (English prose and code;
+    about 200 cl100k tokens on average, as the real chunks), cycled to ``count``."""
     words: list[str] = []
     for path in sorted(CORPUS.rglob("*.md"))[:400]:
         words += path.read_text(errors="replace").split()
@@ -50,7 +50,7 @@ def passages(count: int) -> list[str]:
     rng = random.Random(11)
     texts, start = [], 0
     for i in range(count):
-        size = rng.randint(150, 400)
+        size = rng.randint(60, 180)
         if start + size > len(words):
             start = 0
         texts.append(f"Passage {i}. " + " ".join(words[start : start + size]))

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -186,39 +187,68 @@ def test_openai_failure_under_concurrency_stops_the_call():
 class FakeClock:
     def __init__(self) -> None:
         self.now = 100.0
-        self.slept: list[float] = []
 
     def __call__(self) -> float:
         return self.now
 
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
-
-def test_rate_limiter_sliding_window_requests_and_tokens():
+def test_rate_limiter_counts_each_request_until_a_window_after_its_answer():
     clock = FakeClock()
-    limiter = RateLimiter(RateLimit(2, 100, 60.0), clock=clock, sleep=clock.sleep)
-    window = 60.0 + 0.6  # period plus its safety margin
-    sent = []
-    for tokens in (10, 10, 10, 80, 30, 200):
-        limiter.acquire(tokens)
-        sent.append((clock.now, tokens))
-    for t, _ in sent:  # never more than 2 requests, nor 100 tokens, in any window
-        inside = [(u, n) for u, n in sent if t - window < u <= t]
-        assert len(inside) <= 2
-        assert sum(n for _, n in inside) <= 100 or len(inside) == 1
-    assert sent[2][0] == pytest.approx(100.0 + window)  # the third waited a window
-    assert sent[5][0] >= sent[4][0] + window  # too big for the limit: an empty window
+    limiter = RateLimiter(RateLimit(2, None, 60.0), clock=clock)
+    window = 60.0 * 1.01  # period plus its margin
+    first, _ = limiter.try_acquire()
+    second, _ = limiter.try_acquire()
+    assert first and second
+    assert limiter.try_acquire() == (None, None)  # both in flight: only a release helps
+    clock.now += 0.3  # the answers come back 0.3 s later
+    limiter.release(first)
+    limiter.release(second)
+    slot, wait_s = limiter.try_acquire()
+    assert slot is None and wait_s == pytest.approx(window)  # a window after the answer
+    clock.now += window
+    assert limiter.try_acquire()[0] is not None
+
+
+def test_rate_limiter_tokens_per_window():
+    clock = FakeClock()
+    limiter = RateLimiter(RateLimit(None, 100, 60.0), clock=clock)
+    a, _ = limiter.try_acquire(60)
+    assert a is not None
+    assert limiter.try_acquire(50) == (None, None)  # 110 > 100 and the 60 are in flight
+    limiter.release(a)
+    slot, wait_s = limiter.try_acquire(50)
+    assert slot is None and wait_s == pytest.approx(60.6)
+    b, _ = limiter.try_acquire(40)  # 60 + 40 fits now
+    assert b is not None
+    limiter.release(b)
+    clock.now += 60.6
+    big, _ = limiter.try_acquire(250)  # more than the limit: goes alone, in an empty window
+    assert big is not None
 
 
 def test_rate_limiter_pause_holds_every_request():
     clock = FakeClock()
-    limiter = RateLimiter(None, clock=clock, sleep=clock.sleep)
-    limiter.acquire()
-    limiter.pause_until(clock.now + 2.5)
-    limiter.acquire()
-    assert clock.now == pytest.approx(102.5)
+    limiter = RateLimiter(None, clock=clock)
+    assert limiter.try_acquire()[0] is not None
+    limiter.pause_for(2.5)
+    assert limiter.try_acquire() == (None, pytest.approx(2.5))
+    clock.now += 2.5
+    assert limiter.try_acquire()[0] is not None
+
+
+def test_rate_limiter_blocks_threads_until_release():
+    limiter = RateLimiter(RateLimit(1, None, 0.2))
+    first = limiter.acquire()
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(limiter.acquire()))
+    waiter.start()
+    time.sleep(0.3)
+    assert got == []  # the first is still in flight
+    started = time.monotonic()
+    limiter.release(first)
+    waiter.join(5)
+    assert got and got[0] is not None
+    assert time.monotonic() - started >= 0.2  # a window after the release
 
 
 def test_openai_settings_reach_the_embedder():

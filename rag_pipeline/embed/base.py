@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,7 +118,7 @@ class Embedder(ABC):
             yield start, min(start + self.batch_size, len(lengths))
 
     def _run_batches(
-        self, batches: Sequence[tuple[Sequence[Any], int]]
+        self, batches: Iterable[tuple[Sequence[Any], int]]
     ) -> Iterator[tuple[int, np.ndarray]]:
         """Embed ``(items, tokens)`` batches; yields ``(batch number, vectors)`` as each one is
         done, in any order. Sequential here; a provider may run batches concurrently."""

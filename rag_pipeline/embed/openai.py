@@ -1,8 +1,10 @@
 """OpenAI embeddings (text-embedding-3-small by default), used when configured.
 
 Batches are bounded by input count and by tokens (counted with tiktoken's cl100k_base, bundled
-so counting works offline). Up to ``concurrency`` requests run at once within one ``embed``
-call; vectors come back in input order. An optional client-side :class:`RateLimit` (requests
+so counting works offline), cut in input order as the tokens are counted (the API pads nothing,
+so sorting by length gains nothing here). Up to ``concurrency`` requests run at once within one
+``embed`` call, the first ones while later texts are still being counted; vectors come back in
+input order. An optional client-side :class:`RateLimit` (requests
 and tokens per minute) holds each request until it fits, so none goes over the limit in any
 window. Rate limits (429), server errors (5xx), connection errors and timeouts are retried
 here, ``max_retries`` times, after the server's Retry-After or an exponential backoff (a 429
@@ -21,8 +23,7 @@ import random
 import tempfile
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from importlib import resources
@@ -30,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from rag_pipeline.embed.base import Embedder, EmbedError, TokenCounter
+from rag_pipeline.embed.base import (
+    Embedder,
+    EmbedError,
+    ProgressCallback,
+    TokenCounter,
+    _normalize,
+)
 
 __all__ = ["OPENAI_MODELS", "OpenAIEmbedder", "RateLimit", "RateLimiter", "TiktokenCounter"]
 
@@ -48,6 +55,7 @@ INITIAL_RETRY_DELAY_S = 0.5
 MAX_RETRY_DELAY_S = 8.0
 MAX_RETRY_AFTER_S = 120.0  # a longer Retry-After is not believed; the backoff applies
 _RETRYABLE_STATUS = frozenset({408, 409, 429})  # and every 5xx
+_COUNT_SLICE = 256  # texts whose tokens are counted at a time, as batches are needed
 
 
 class TiktokenCounter(TokenCounter):
@@ -108,75 +116,100 @@ class RateLimit:
         return cls(requests, tokens) if requests or tokens else None
 
 
-class RateLimiter:
-    """Holds each request until it fits the :class:`RateLimit` in a sliding window.
+class _Slot:
+    """One request counted by a :class:`RateLimiter`: in flight until released."""
 
-    Every request granted is recorded with its send time and tokens; a new one goes when,
-    counting it, the last ``period_s`` (plus a safety margin for network jitter, 1 % of the
-    period and at least 0.1 s) hold at most the limit. A request of more tokens than the limit
-    waits for an empty window. :meth:`pause_until` holds every request (a 429's Retry-After).
+    __slots__ = ("end", "tokens")
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self.end: float | None = None  # when its answer (or failure) came back
+
+
+class RateLimiter:
+    """Holds each request until it fits the :class:`RateLimit`, in a sliding window.
+
+    A request counts from when it is granted until ``period_s`` after its answer came back
+    (:meth:`release`): the server saw it arrive somewhere in between, so however late the
+    network delivered one request and however early the next, no window of ``period_s`` the
+    server can measure holds more than the limit. (Counting from the send time instead let a
+    server see 6 requests in a second with a limit of 5, on a busy machine.) A small margin
+    (1 % of the period) covers clock differences. A request of more tokens than the limit
+    waits for an empty window. :meth:`pause_for` holds every request (a 429's Retry-After).
     """
 
-    def __init__(
-        self,
-        limit: RateLimit | None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
+    def __init__(self, limit: RateLimit | None, *, clock: Callable[[], float] = time.monotonic):
         self.limit = limit
         self._clock = clock
-        self._sleep = sleep
-        self._lock = threading.Lock()
-        self._sent: deque[tuple[float, int]] = deque()
-        self._window_tokens = 0
+        self._changed = threading.Condition()
+        self._slots: list[_Slot] = []
         self._paused_until = 0.0
-        period = limit.period_s if limit else 0.0
-        self._window = period + max(0.1, 0.01 * period)
+        self._window = limit.period_s * 1.01 if limit else 0.0
 
-    def acquire(self, tokens: int = 0, stop: threading.Event | None = None) -> bool:
-        """Wait until a request of ``tokens`` fits, and record it; False (nothing recorded)
-        if ``stop`` is set first."""
-        while True:
-            with self._lock:
-                delay = self._delay(tokens)
-                if delay <= 0:
-                    if self.limit is not None:
-                        self._sent.append((self._clock(), tokens))
-                        self._window_tokens += tokens
-                    return True
-            if stop is None:
-                self._sleep(delay)
-            elif stop.wait(delay):
-                return False
+    def acquire(self, tokens: int = 0, stop: threading.Event | None = None) -> _Slot | None:
+        """Wait until a request of ``tokens`` fits and count it; None if ``stop`` is set
+        first. Release the slot when the request is over."""
+        with self._changed:
+            while True:
+                if stop is not None and stop.is_set():
+                    return None
+                slot, delay = self._try(tokens)
+                if slot is not None:
+                    return slot
+                # a release wakes us early; short waits also notice ``stop``
+                self._changed.wait(0.25 if delay is None else min(delay, 0.25))
 
-    def pause_until(self, when: float) -> None:
-        with self._lock:
-            self._paused_until = max(self._paused_until, when)
+    def try_acquire(self, tokens: int = 0) -> tuple[_Slot | None, float | None]:
+        """The slot if the request may go now, else how long to wait (None: until a request
+        in flight is released)."""
+        with self._changed:
+            return self._try(tokens)
 
-    def _delay(self, tokens: int) -> float:
-        """Seconds until a request of ``tokens`` may go (<= 0: now). Called under the lock."""
+    def release(self, slot: _Slot) -> None:
+        with self._changed:
+            slot.end = self._clock()
+            self._changed.notify_all()
+
+    def pause_for(self, seconds: float) -> None:
+        """Hold every request for ``seconds`` from now."""
+        with self._changed:
+            self._paused_until = max(self._paused_until, self._clock() + seconds)
+
+    def _try(self, tokens: int) -> tuple[_Slot | None, float | None]:
         now = self._clock()
         delay = self._paused_until - now
+        blocked = False  # only a release can make room
         limit = self.limit
-        if limit is None:
-            return delay
-        while self._sent and self._sent[0][0] <= now - self._window:
-            self._window_tokens -= self._sent.popleft()[1]
-        if limit.requests is not None and len(self._sent) >= limit.requests:
-            expires = self._sent[len(self._sent) - limit.requests][0] + self._window
-            delay = max(delay, expires - now)
-        if limit.tokens is not None and self._window_tokens + tokens > limit.tokens:
-            # wait until enough of the oldest requests leave the window
-            excess = self._window_tokens + tokens - limit.tokens
-            freed, expires = 0, now
-            for sent_at, n in self._sent:
-                freed += n
-                expires = sent_at + self._window
-                if freed >= excess:
-                    break
-            delay = max(delay, expires - now)
-        return delay
+        if limit is not None:
+            horizon = now - self._window
+            self._slots = [s for s in self._slots if s.end is None or s.end > horizon]
+            done = sorted((s.end, s.tokens) for s in self._slots if s.end is not None)
+            in_flight = len(self._slots) - len(done)
+            if limit.requests is not None and len(self._slots) >= limit.requests:
+                need = len(self._slots) - limit.requests + 1  # slots that must expire first
+                if need > len(done):
+                    blocked = True
+                else:
+                    delay = max(delay, done[need - 1][0] + self._window - now)
+            used = sum(s.tokens for s in self._slots)
+            if limit.tokens is not None and used + tokens > limit.tokens:
+                excess, freed, expires = used + tokens - limit.tokens, 0, now - self._window
+                for end, n in done:
+                    freed, expires = freed + n, end
+                    if freed >= excess:
+                        break
+                if freed < excess and in_flight:
+                    blocked = True
+                else:  # enough expire, or (too big for the limit) all of them
+                    delay = max(delay, expires + self._window - now)
+        if blocked:
+            return None, None
+        if delay > 0:
+            return None, delay
+        slot = _Slot(tokens)
+        if limit is not None:
+            self._slots.append(slot)
+        return slot, None
 
 
 class OpenAIEmbedder(Embedder):
@@ -231,34 +264,62 @@ class OpenAIEmbedder(Embedder):
     def tokenizer(self) -> TokenCounter:
         return self._tokens
 
-    def _batch_bounds(self, lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
-        """Consecutive batches bounded by ``batch_size`` inputs and ``max_batch_tokens``."""
+    def embed(self, texts: Sequence[str], progress: ProgressCallback | None = None) -> np.ndarray:
+        """As :meth:`Embedder.embed`, but texts are not sorted (the API pads nothing and bills
+        tokens) and batches are cut as their tokens are counted: the first requests go out
+        while later texts are still being counted."""
+        total = len(texts)
+        if not total:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        bounds: list[tuple[int, int]] = []
+
+        def batches() -> Iterator[tuple[Sequence[str], int]]:
+            for start, end, tokens in self._stream_bounds(texts):
+                bounds.append((start, end))
+                yield texts[start:end], tokens
+
+        vectors = np.empty((total, self.dimension), dtype=np.float32)
+        done = 0
+        for number, part in self._run_batches(batches()):
+            start, end = bounds[number]
+            vectors[start:end] = part
+            done += end - start
+            if progress is not None:
+                progress(done, total)
+        return _normalize(vectors)
+
+    def _stream_bounds(self, texts: Sequence[str]) -> Iterator[tuple[int, int, int]]:
+        """``(start, end, tokens)`` of consecutive batches bounded by ``batch_size`` inputs and
+        ``max_batch_tokens``; tokens are counted a slice at a time, as batches are needed."""
         start, tokens = 0, 0
-        for i, n in enumerate(lengths):
-            if i > start and (i - start >= self.batch_size or tokens + n > self.max_batch_tokens):
-                yield start, i
-                start, tokens = i, 0
-            tokens += n
-        if start < len(lengths):
-            yield start, len(lengths)
+        for offset in range(0, len(texts), _COUNT_SLICE):
+            counts = self._tokens.count(texts[offset : offset + _COUNT_SLICE])
+            for i, n in enumerate(counts, start=offset):
+                if i > start and (
+                    i - start >= self.batch_size or tokens + n > self.max_batch_tokens
+                ):
+                    yield start, i, tokens
+                    start, tokens = i, 0
+                tokens += n
+        yield start, len(texts), tokens
 
     def _embed_batch(self, items: Sequence[Any]) -> np.ndarray:
         return self._request(items, sum(self._tokens.count(items)))
 
     def _run_batches(
-        self, batches: Sequence[tuple[Sequence[Any], int]]
+        self, batches: Iterable[tuple[Sequence[Any], int]]
     ) -> Iterator[tuple[int, np.ndarray]]:
-        """Up to ``concurrency`` requests in flight; results as they come. After a failure no
-        new request starts, requests in flight stop retrying, and the failure is raised."""
-        workers = min(self.concurrency, len(batches))
-        if workers <= 1:
-            for number, (items, tokens) in enumerate(batches):
+        """Up to ``concurrency`` requests in flight, the next batch taken from ``batches`` as
+        one finishes; results as they come. After a failure no new request starts, requests
+        in flight stop retrying, and the failure is raised."""
+        queue = iter(enumerate(batches))
+        if self.concurrency == 1:
+            for number, (items, tokens) in queue:
                 yield number, self._request(items, tokens)
             return
         stop = threading.Event()
-        queue = iter(enumerate(batches))
         pending: dict[Future[np.ndarray], int] = {}
-        with ThreadPoolExecutor(workers, thread_name_prefix="openai-embed") as pool:
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="openai-embed") as pool:
 
             def submit_next() -> None:
                 job = next(queue, None)
@@ -266,7 +327,7 @@ class OpenAIEmbedder(Embedder):
                     number, (items, tokens) = job
                     pending[pool.submit(self._request, items, tokens, stop)] = number
 
-            for _ in range(workers):
+            for _ in range(self.concurrency):
                 submit_next()
             try:
                 while pending:
@@ -287,25 +348,31 @@ class OpenAIEmbedder(Embedder):
 
         attempt = 0
         while True:
-            if not self._limiter.acquire(tokens, stop):
+            slot = self._limiter.acquire(tokens, stop)
+            if slot is None:
                 raise EmbedError("OpenAI embeddings cancelled: another request of the call failed")
+            failure: openai.APIError | None = None
             try:
                 # base64 decoded here: the client's own decoding (to lists of floats, then
                 # models) costs about 2 ms of CPU per input, which concurrency cannot hide
                 response = self._client.embeddings.create(
                     model=self.model_name, input=list(items), encoding_format="base64"
                 )
-                break
             except (openai.APIStatusError, openai.APIConnectionError) as exc:
-                status = getattr(exc, "status_code", None)
-                retryable = status is None or status in _RETRYABLE_STATUS or status >= 500
-                if not retryable or attempt >= self.max_retries or (stop and stop.is_set()):
-                    raise self._error(exc, retried=attempt if retryable else None) from exc
-                delay = _retry_delay(exc, attempt)
-                if status == 429:  # the account is over its limit: every request waits
-                    self._limiter.pause_until(time.monotonic() + delay)
-                time.sleep(delay)
-                attempt += 1
+                failure = exc
+            finally:
+                self._limiter.release(slot)  # the request is over, whatever became of it
+            if failure is None:
+                break
+            status = getattr(failure, "status_code", None)
+            retryable = status is None or status in _RETRYABLE_STATUS or status >= 500
+            if not retryable or attempt >= self.max_retries or (stop and stop.is_set()):
+                raise self._error(failure, retried=attempt if retryable else None) from failure
+            delay = _retry_delay(failure, attempt)
+            if status == 429:  # the account is over its limit: every request waits
+                self._limiter.pause_for(delay)
+            time.sleep(delay)
+            attempt += 1
         if response.usage is not None:
             with self._usage_lock:
                 self.tokens_used += response.usage.prompt_tokens
