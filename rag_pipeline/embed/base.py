@@ -88,7 +88,8 @@ class Embedder(ABC):
     them by token count so each batch holds texts of similar length (little padding), cuts the
     sorted run into batches (:meth:`_batch_bounds`), embeds them (:meth:`_run_batches`) and puts
     the vectors back in input order. Providers implement :meth:`_embed_batch` and may override
-    the other hooks.
+    the other hooks (the OpenAI embedder overrides :meth:`embed` itself: a remote API pads
+    nothing, so it keeps input order and streams batches as it counts tokens).
     """
 
     #: identifies the model in payloads; vectors of different models are never mixed.
