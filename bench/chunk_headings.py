@@ -30,11 +30,11 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-from rag_pipeline.chunk import CHUNKER_VERSION, chunk_document
+from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget, chunk_document
+from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.local import LocalEmbedder
+from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.models import Chunk, ParsedDocument
-from rag_pipeline.parse import parse_document
-from rag_pipeline.pipeline import default_budget
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPORA = REPO.parent / "shared" / "corpora"
@@ -75,7 +75,7 @@ def files_of(corpus: Path) -> list[tuple[str, Path]]:
 
 def measure(corpus: Path, embedder: LocalEmbedder) -> dict:
     tokenizer = embedder.tokenizer
-    budget = default_budget(embedder)
+    budget = ChunkBudget.for_tokenizer(ChunkingConfig(), embedder.tokenizer)
     files = files_of(corpus)
     chunks: list[Chunk] = []
     counts = collections.Counter()

@@ -19,11 +19,11 @@ import re
 import statistics
 from pathlib import Path
 
-from rag_pipeline.chunk import CHUNKER_VERSION, chunk_document
+from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget, chunk_document
+from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.local import LocalEmbedder
+from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.models import Chunk, ParsedDocument
-from rag_pipeline.parse import parse_document
-from rag_pipeline.pipeline import default_budget
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books"
@@ -42,7 +42,7 @@ def main() -> None:
     if not args.corpus.is_dir():
         raise SystemExit(f"{args.corpus} is missing (the shared corpora sit beside the repo)")
     embedder = LocalEmbedder(cache_dir=REPO / ".rag" / "cache" / "models")
-    budget = default_budget(embedder)
+    budget = ChunkBudget.for_tokenizer(ChunkingConfig(), embedder.tokenizer)
 
     def chunks(name: str, text: str) -> list[Chunk]:
         data = text.encode()

@@ -22,8 +22,8 @@ import numpy as np
 from rag_pipeline.chunk import ChunkBudget, chunk_document
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.local import LocalEmbedder, find_model_dir
+from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.models import ParsedDocument
-from rag_pipeline.parse import parse_document
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books"

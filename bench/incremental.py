@@ -57,11 +57,11 @@ def section_chunks(env: dict, book: str, source_file: str, heading: str) -> int:
     script = f"""
 import json
 from rag_pipeline.config import load_settings
-from rag_pipeline.store import open_store, tenant_filter
-from rag_pipeline.store.filters import Match
-with open_store(load_settings()) as store:
-    records = store.scroll(tenant_filter({book!r}, Match("record_type", "chunk"),
-                           Match("source_file", {source_file!r})), fields=["section_title"])
+from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
+from rag_pipeline.store import Match, open_store
+with open_store(load_settings().store(), COLLECTION_SCHEMA) as store:
+    records = store.scroll(chunks_of({book!r}, Match("source_file", {source_file!r})),
+                           fields=["section_title"])
     print(sum(1 for r in records if {heading!r} in (r.payload.get("section_title") or "")))
 """
     return int(

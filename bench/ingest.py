@@ -74,14 +74,14 @@ import json, sys, time
 from rag_pipeline.config import load_settings
 from rag_pipeline.embed.local import LocalEmbedder
 from rag_pipeline.models import compose_embed_text
-from rag_pipeline.store import open_store, tenant_filter
-from rag_pipeline.store.filters import Match
+from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
+from rag_pipeline.store import open_store
 settings = load_settings()
-emb = LocalEmbedder(cache_dir=settings.cache_dir / "models")
+emb = LocalEmbedder(cache_dir=settings.cache_dir / "models", precision="fp32")
 texts = []
-with open_store(settings) as store:
-    for book in store.book_ids():
-        for r in store.scroll(tenant_filter(book, Match("record_type", "chunk")),
+with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+    for book in store.tenants():
+        for r in store.scroll(chunks_of(book),
                               fields=["title", "section_title", "text"]):
             p = r.payload
             texts.append(compose_embed_text(p["title"], p.get("section_title"), p["text"]))

@@ -94,6 +94,10 @@ class EmbedderConfig:
     openai_model: str
     openai_timeout_s: float
     openai_max_retries: int
+    local_precision: Literal["fp32", "int8", "auto"]
+    openai_concurrency: int
+    openai_requests_per_minute: int | None
+    openai_tokens_per_minute: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +171,15 @@ class Settings(BaseSettings):
     sensor_interval_s: int = Field(30, ge=1, le=86400)
     # where `lineage` points its run links (the Dagster webserver)
     dagster_url: str = "http://127.0.0.1:3000"
+    # Local model precision: fp32, int8 (ONNX Runtime dynamic quantization, its own
+    # embedding_model name) or auto (int8 on CPUs with VNNI/AMX int8 instructions, where it is
+    # measured faster at the same quality; fp32 elsewhere). See docs/benchmarks.md.
+    local_precision: Literal["fp32", "int8", "auto"] = "auto"
+    # OpenAI: requests in flight at once within one embed call, and optional client-side
+    # limits (none when unset) that no request goes over, in any 60-second window.
+    openai_concurrency: int = Field(4, ge=1, le=64)
+    openai_requests_per_minute: int | None = Field(None, ge=1)
+    openai_tokens_per_minute: int | None = Field(None, ge=1)
 
     def source(self) -> SourceConfig:
         return SourceConfig(
@@ -195,6 +208,10 @@ class Settings(BaseSettings):
             openai_model=self.openai_model,
             openai_timeout_s=self.openai_timeout_s,
             openai_max_retries=self.openai_max_retries,
+            local_precision=self.local_precision,
+            openai_concurrency=self.openai_concurrency,
+            openai_requests_per_minute=self.openai_requests_per_minute,
+            openai_tokens_per_minute=self.openai_tokens_per_minute,
         )
 
     def store(self) -> StoreConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -46,18 +47,74 @@ def _vector(text: str, dim: int) -> np.ndarray:
 
 class FakeOpenAI(_Server):
     """POST /v1/embeddings. ``script`` holds what the next requests get: "ok", a status code
-    (429, 500, 503...) or "hang" (sleep past the client's timeout); when empty, "ok"."""
+    (429, 500, 503...; answered with retry-after-ms 10), a (status, retry-after-ms) pair, or
+    "hang" (sleep past the client's timeout); when empty, "ok".
 
-    def __init__(self, dim: int = 1536) -> None:
+    ``latency_s`` delays every answer (a real API takes hundreds of ms). ``rate_limit`` =
+    (requests, window_s) answers 429 with a Retry-After to a request that arrives when the
+    last ``window_s`` seconds already hold that many accepted ones, as a rate-limited account.
+    Every request's arrival is recorded in ``arrivals`` (monotonic time, status), and the most
+    requests in flight at once in ``max_in_flight``.
+    """
+
+    def __init__(
+        self,
+        dim: int = 1536,
+        *,
+        latency_s: float = 0.0,
+        rate_limit: tuple[int, float] | None = None,
+        floats_only: bool = False,
+    ) -> None:
         self.dim = dim
+        self.floats_only = floats_only  # ignore encoding_format=base64, as some servers do
         self.script: deque[Any] = deque()
         self.requests: list[dict] = []
         self.hang_s = 3.0
+        self.latency_s = latency_s
+        self.rate_limit = rate_limit
+        self.arrivals: list[tuple[float, int]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.lock = threading.Lock()
         super().__init__(_OpenAIHandler)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    def admit(self) -> tuple[int, float]:
+        """Record an arrival; (429, seconds to wait) if it is over the rate limit, else (200, 0)."""
+        with self.lock:
+            now = time.monotonic()
+            status, wait_s = 200, 0.0
+            if self.rate_limit is not None:
+                limit, window = self.rate_limit
+                recent = [t for t, s in self.arrivals if s == 200 and t > now - window]
+                if len(recent) >= limit:
+                    status, wait_s = 429, recent[len(recent) - limit] + window - now
+            self.arrivals.append((now, status))
+            if status == 200:
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            return status, wait_s
+
+    def done(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def max_in_window(self, window_s: float) -> int:
+        """The most accepted requests that arrived within any ``window_s`` seconds."""
+        times = sorted(t for t, s in self.arrivals if s == 200)
+        best, first = 0, 0
+        for last, t in enumerate(times):
+            while times[first] <= t - window_s:
+                first += 1
+            best = max(best, last - first + 1)
+        return best
+
+    @property
+    def rejected(self) -> int:
+        return sum(1 for _, s in self.arrivals if s == 429)
 
 
 class _OpenAIHandler(BaseHTTPRequestHandler):
@@ -77,17 +134,34 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         fake: FakeOpenAI = self.server.fake  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        status, wait_s = fake.admit()
+        if status == 429:
+            self._json(
+                429,
+                {"error": {"message": "Rate limit reached", "type": "requests"}},
+                {"retry-after-ms": str(math.ceil(wait_s * 1000) + 1)},
+            )
+            return
+        try:
+            self._answer(fake, body)
+        finally:
+            fake.done()
+
+    def _answer(self, fake: FakeOpenAI, body: dict) -> None:
         fake.requests.append(body)
+        if fake.latency_s:
+            time.sleep(fake.latency_s)
         action = fake.script.popleft() if fake.script else "ok"
         if action == "hang":
             time.sleep(fake.hang_s)
             action = "ok"
-        if isinstance(action, int):
-            message = "Rate limit reached" if action == 429 else "The server had an error"
+        if isinstance(action, int | tuple):
+            status, retry_after_ms = action if isinstance(action, tuple) else (action, 10)
+            message = "Rate limit reached" if status == 429 else "The server had an error"
             self._json(
-                action,
+                status,
                 {"error": {"message": message, "type": "server_error"}},
-                {"retry-after-ms": "10"},
+                {"retry-after-ms": str(retry_after_ms)},
             )
             return
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
@@ -96,7 +170,7 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
             vector = _vector(str(text), fake.dim)
             embedding: Any = (
                 base64.b64encode(vector.tobytes()).decode()
-                if body.get("encoding_format") == "base64"
+                if body.get("encoding_format") == "base64" and not fake.floats_only
                 else vector.tolist()
             )
             data.append({"object": "embedding", "index": i, "embedding": embedding})

@@ -6,19 +6,20 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from rag_pipeline.embed import EmbedError
-from rag_pipeline.embed.openai import OpenAIEmbedder
+from rag_pipeline.embed.openai import OpenAIEmbedder, RateLimit, RateLimiter
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.schema import book_filter as tenant_filter
 from rag_pipeline.store import CollectionSpec, StoreUnavailableError
 from rag_pipeline.store.qdrant import QdrantStore
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.fakes import FakeOpenAI, FakeQdrant
+from rag_pipeline_tests.fakes import FakeOpenAI, FakeQdrant, _vector
 
 
 @pytest.fixture
@@ -85,6 +86,189 @@ def test_openai_chunk_budget_uses_its_tokenizer(openai_server):
     budget = ChunkBudget.for_tokenizer(ChunkingConfig(), emb.tokenizer)
     assert (budget.target, budget.limit) == (400, 512)  # 8191 tokens allowed; the config rules
     assert emb.tokenizer.count(["Hello world"]) == [2]  # cl100k_base, offline
+
+
+def expected_vectors(texts):
+    """What the fake server answers for each text, in the order of ``texts``."""
+    return np.stack([_vector(t, 1536) for t in texts])
+
+
+def test_openai_requests_run_concurrently_and_results_keep_input_order():
+    texts = [f"passage {i} " + "word " * (i * 7 % 23) for i in range(16)]
+    with FakeOpenAI(latency_s=0.3) as server:
+        emb = embedder(server, timeout=5.0, batch_size=2, concurrency=4)
+        started = time.monotonic()
+        vectors = emb.embed(texts)
+        elapsed = time.monotonic() - started
+    assert len(server.requests) == 8
+    assert server.max_in_flight == 4  # the server saw four requests overlapping
+    assert elapsed < 8 * 0.3 * 0.6  # sequential would take 2.4 s
+    np.testing.assert_allclose(vectors, expected_vectors(texts), atol=1e-6)
+
+
+def test_openai_server_answering_float_lists_works_too():
+    """Vectors are asked for as base64 (cheap to decode); a server that ignores that and
+    answers lists of floats is understood as well."""
+    with FakeOpenAI(floats_only=True) as server:
+        vectors = embedder(server).embed(["one", "two"])
+    assert server.requests[0]["encoding_format"] == "base64"
+    np.testing.assert_allclose(vectors, expected_vectors(["one", "two"]), atol=1e-6)
+
+
+def test_openai_concurrency_one_is_sequential():
+    with FakeOpenAI(latency_s=0.05) as server:
+        embedder(server, batch_size=2, concurrency=1).embed([f"t{i}" for i in range(6)])
+    assert server.max_in_flight == 1 and len(server.requests) == 3
+
+
+def test_openai_progress_counts_every_text_once():
+    calls = []
+    with FakeOpenAI(latency_s=0.05) as server:
+        emb = embedder(server, timeout=5.0, batch_size=3, concurrency=3)
+        emb.embed([f"t{i}" for i in range(10)], progress=lambda d, t: calls.append((d, t)))
+    assert [t for _, t in calls] == [10] * 4
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls) and calls[-1] == (10, 10)
+
+
+def test_openai_client_rate_limit_is_never_exceeded():
+    """The server allows 3 requests per second and answers 429 beyond; the client limited to
+    3 per second never gets one, though 4 requests could be in flight."""
+    texts = [f"chunk {i}" for i in range(24)]
+    with FakeOpenAI(latency_s=0.05, rate_limit=(3, 1.0)) as server:
+        emb = embedder(
+            server, timeout=5.0, batch_size=2, concurrency=4, rate_limit=RateLimit(3, None, 1.0)
+        )
+        started = time.monotonic()
+        vectors = emb.embed(texts)
+        elapsed = time.monotonic() - started
+    assert server.rejected == 0
+    assert server.max_in_window(1.0) <= 3
+    assert elapsed >= 3.0  # 12 requests at 3 per second: the limit held them back
+    np.testing.assert_allclose(vectors, expected_vectors(texts), atol=1e-6)
+
+
+def test_openai_429_under_concurrency_is_retried():
+    """No client limit: the server's 429s (Retry-After: when its window frees) are retried
+    and every text still gets its own vector, in order."""
+    texts = [f"chunk {i}" for i in range(12)]
+    with FakeOpenAI(rate_limit=(2, 1.0)) as server:
+        emb = embedder(server, retries=8, timeout=5.0, batch_size=2, concurrency=4)
+        vectors = emb.embed(texts)
+    assert server.rejected >= 2  # 4 requests arrived at once, 2 allowed
+    assert len(server.requests) == 6
+    assert server.max_in_window(1.0) <= 2
+    np.testing.assert_allclose(vectors, expected_vectors(texts), atol=1e-6)
+
+
+def test_openai_retry_after_is_honoured():
+    """A 429 asking for 1.2 s: the retry waits that long (the backoff alone would be at most
+    0.5 s); once it is over, requests go at once."""
+    with FakeOpenAI() as server:
+        server.script.append((429, 1200))
+        emb = embedder(server, retries=2, timeout=5.0, batch_size=1, concurrency=1)
+        emb.embed(["first"])
+        emb2_started = time.monotonic()
+        emb.embed(["second"])  # the pause is over: no wait
+        times = [t for t, _ in server.arrivals]
+    assert times[1] - times[0] >= 1.2
+    assert time.monotonic() - emb2_started < 1.0
+
+
+def test_openai_failure_under_concurrency_stops_the_call():
+    with FakeOpenAI(latency_s=0.05) as server:
+        server.script.extend([500] * 100)
+        emb = embedder(server, retries=1, timeout=5.0, batch_size=1, concurrency=3)
+        with pytest.raises(EmbedError, match="HTTP 500"):
+            emb.embed([f"t{i}" for i in range(20)])
+        # three in flight, each tried at most twice; no new batch started after the failure
+        assert len(server.requests) <= 6
+        server.script.clear()
+        assert emb.embed(["recovered"]).shape == (1, 1536)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_limiter_counts_each_request_until_a_window_after_its_answer():
+    clock = FakeClock()
+    limiter = RateLimiter(RateLimit(2, None, 60.0), clock=clock)
+    window = 60.0 * 1.01  # period plus its margin
+    first, _ = limiter.try_acquire()
+    second, _ = limiter.try_acquire()
+    assert first and second
+    assert limiter.try_acquire() == (None, None)  # both in flight: only a release helps
+    clock.now += 0.3  # the answers come back 0.3 s later
+    limiter.release(first)
+    limiter.release(second)
+    slot, wait_s = limiter.try_acquire()
+    assert slot is None and wait_s == pytest.approx(window)  # a window after the answer
+    clock.now += window
+    assert limiter.try_acquire()[0] is not None
+
+
+def test_rate_limiter_tokens_per_window():
+    clock = FakeClock()
+    limiter = RateLimiter(RateLimit(None, 100, 60.0), clock=clock)
+    a, _ = limiter.try_acquire(60)
+    assert a is not None
+    assert limiter.try_acquire(50) == (None, None)  # 110 > 100 and the 60 are in flight
+    limiter.release(a)
+    slot, wait_s = limiter.try_acquire(50)
+    assert slot is None and wait_s == pytest.approx(60.6)
+    b, _ = limiter.try_acquire(40)  # 60 + 40 fits now
+    assert b is not None
+    limiter.release(b)
+    clock.now += 60.6
+    big, _ = limiter.try_acquire(250)  # more than the limit: goes alone, in an empty window
+    assert big is not None
+
+
+def test_rate_limiter_pause_holds_every_request():
+    clock = FakeClock()
+    limiter = RateLimiter(None, clock=clock)
+    assert limiter.try_acquire()[0] is not None
+    limiter.pause_for(2.5)
+    assert limiter.try_acquire() == (None, pytest.approx(2.5))
+    clock.now += 2.5
+    assert limiter.try_acquire()[0] is not None
+
+
+def test_rate_limiter_blocks_threads_until_release():
+    limiter = RateLimiter(RateLimit(1, None, 0.2))
+    first = limiter.acquire()
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(limiter.acquire()))
+    waiter.start()
+    time.sleep(0.3)
+    assert got == []  # the first is still in flight
+    started = time.monotonic()
+    limiter.release(first)
+    waiter.join(5)
+    assert got and got[0] is not None
+    assert time.monotonic() - started >= 0.2  # a window after the release
+
+
+def test_openai_settings_reach_the_embedder():
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed import create_embedder
+
+    emb = create_embedder(
+        load_settings(
+            embedder="openai",
+            openai_api_key="sk-test",
+            openai_concurrency=6,
+            openai_requests_per_minute=500,
+            openai_tokens_per_minute=50_000,
+        ).embedding()
+    )
+    assert emb.concurrency == 6
+    assert emb.rate_limit == RateLimit(500, 50_000, 60.0)
+    assert emb.max_batch_tokens == 50_000  # one batch never needs more than a window holds
 
 
 def free_port() -> int:

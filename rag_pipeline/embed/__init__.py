@@ -34,6 +34,9 @@ def create_embedder(config: EmbedderConfig) -> Embedder:
             base_url=config.openai_base_url,
             max_retries=config.openai_max_retries,
             timeout_s=config.openai_timeout_s,
+            concurrency=config.openai_concurrency,
+            requests_per_minute=config.openai_requests_per_minute,
+            tokens_per_minute=config.openai_tokens_per_minute,
         )
     from rag_pipeline.embed.local import LocalEmbedder
 
@@ -41,4 +44,5 @@ def create_embedder(config: EmbedderConfig) -> Embedder:
         config.local_model_dir,
         batch_size=config.batch_size,
         cache_dir=config.cache_dir / "models",
+        precision=config.local_precision,
     )

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 __all__ = [
     "EmbedError",
     "Embedder",
-    "EmbeddingBatch",
+    "ProgressCallback",
     "RegexTokenCounter",
     "TokenCounter",
 ]
@@ -77,16 +77,20 @@ def _split_at_spans(text: str, spans: Sequence[tuple[int, int]], max_tokens: int
     return [p for p in pieces if p.strip()]
 
 
-@dataclass(frozen=True, slots=True)
-class EmbeddingBatch:
-    """Vectors for a batch of texts, plus what they cost."""
-
-    vectors: np.ndarray  # (n, dim) float32, L2-normalized
-    tokens: int
+#: ``progress(done, total)``: texts embedded so far and texts in the call, after each batch.
+ProgressCallback = Callable[[int, int], None]
 
 
 class Embedder(ABC):
-    """Turns texts into L2-normalized dense vectors, in batches."""
+    """Turns texts into L2-normalized dense vectors, in batches.
+
+    :meth:`embed` prepares every text once (:meth:`_prepare`: tokenize, count tokens), sorts
+    them by token count so each batch holds texts of similar length (little padding), cuts the
+    sorted run into batches (:meth:`_batch_bounds`), embeds them (:meth:`_run_batches`) and puts
+    the vectors back in input order. Providers implement :meth:`_embed_batch` and may override
+    the other hooks (the OpenAI embedder overrides :meth:`embed` itself: a remote API pads
+    nothing, so it keeps input order and streams batches as it counts tokens).
+    """
 
     #: identifies the model in payloads; vectors of different models are never mixed.
     model_name: str
@@ -101,37 +105,53 @@ class Embedder(ABC):
         """The model's own tokenizer, for chunk budgets."""
 
     @abstractmethod
-    def _embed_batch(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed one batch (at most ``batch_size`` texts) into an (n, dim) array."""
+    def _embed_batch(self, items: Sequence[Any]) -> np.ndarray:
+        """Embed one batch of prepared items (see :meth:`_prepare`) into an (n, dim) array."""
 
-    def embed(
-        self, texts: Sequence[str], progress: Callable[[int, int], None] | None = None
-    ) -> np.ndarray:
-        """Embed any number of texts; returns an (n, dim) float32 array, rows L2-normalized.
-        ``progress(done, total)`` is called after each batch."""
-        if not texts:
+    def _prepare(self, texts: Sequence[str]) -> tuple[Sequence[int], Sequence[Any]]:
+        """Each text's token count (the sort key) and what :meth:`_embed_batch` takes for it;
+        by default the tokenizer's counts and the texts themselves."""
+        return self.tokenizer.count(texts), texts
+
+    def _batch_bounds(self, lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
+        """``(start, end)`` of consecutive batches over the sorted ``lengths``."""
+        for start in range(0, len(lengths), self.batch_size):
+            yield start, min(start + self.batch_size, len(lengths))
+
+    def _run_batches(
+        self, batches: Iterable[tuple[Sequence[Any], int]]
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Embed ``(items, tokens)`` batches; yields ``(batch number, vectors)`` as each one is
+        done, in any order. Sequential here; a provider may run batches concurrently."""
+        for number, (items, _tokens) in enumerate(batches):
+            yield number, self._embed_batch(items)
+
+    def embed(self, texts: Sequence[str], progress: ProgressCallback | None = None) -> np.ndarray:
+        """Embed any number of texts; returns an (n, dim) float32 array, rows L2-normalized, in
+        the order of ``texts``. ``progress(done, total)`` is called after each batch."""
+        total = len(texts)
+        if not total:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        # Batches of similar length waste less compute on padding; results go back in order.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        ordered = [texts[i] for i in order]
-        parts = []
-        for batch in self.batches(ordered):
-            parts.append(self._embed_batch(batch))
-            if progress:
-                progress(sum(len(p) for p in parts), len(texts))
-        vectors = np.empty((len(texts), self.dimension), dtype=np.float32)
-        vectors[order] = np.concatenate(parts)
+        lengths, items = self._prepare(texts)
+        # Batches of texts with similar token counts waste little compute on padding.
+        order = sorted(range(total), key=lengths.__getitem__)
+        sorted_lengths = [lengths[i] for i in order]
+        rows: list[list[int]] = []
+        batches: list[tuple[list[Any], int]] = []
+        for start, end in self._batch_bounds(sorted_lengths):
+            rows.append(order[start:end])
+            batches.append(([items[i] for i in rows[-1]], sum(sorted_lengths[start:end])))
+        vectors = np.empty((total, self.dimension), dtype=np.float32)
+        done = 0
+        for number, part in self._run_batches(batches):
+            vectors[rows[number]] = part
+            done += len(rows[number])
+            if progress is not None:
+                progress(done, total)
         return _normalize(vectors)
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.embed([text])[0]
-
-    def batches(self, texts: Sequence[str]) -> Iterator[Sequence[str]]:
-        for start in range(0, len(texts), self.batch_size):
-            yield texts[start : start + self.batch_size]
-
-    def count_tokens(self, texts: Sequence[str]) -> int:
-        return sum(self.tokenizer.count(texts)) + self.tokenizer.special_tokens * len(texts)
 
     def cost_usd(self, tokens: int) -> float:
         return tokens * self.usd_per_million_tokens / 1_000_000

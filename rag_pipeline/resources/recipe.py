@@ -31,6 +31,10 @@ class IndexRecipeResource(ConfigurableResource):  # type: ignore[type-arg]
     openai_base_url: str | None = Field(description="OpenAI-compatible endpoint")
     openai_max_retries: int = Field(description="client retries on 429/5xx/timeouts")
     openai_timeout_s: float = Field(description="OpenAI request timeout")
+    local_precision: Literal["fp32", "int8", "auto"] = Field(description="RAG_LOCAL_PRECISION")
+    openai_concurrency: int = Field(description="OpenAI requests in flight at once")
+    openai_requests_per_minute: int | None = Field(description="client-side request limit")
+    openai_tokens_per_minute: int | None = Field(description="client-side token limit")
     chunk_target_tokens: int = Field(description="RAG_CHUNK_TARGET_TOKENS")
     chunk_max_tokens: int = Field(description="RAG_CHUNK_MAX_TOKENS")
     chunk_min_tokens: int = Field(description="RAG_CHUNK_MIN_TOKENS")
@@ -56,6 +60,10 @@ class IndexRecipeResource(ConfigurableResource):  # type: ignore[type-arg]
             openai_base_url=e.openai_base_url,
             openai_max_retries=e.openai_max_retries,
             openai_timeout_s=e.openai_timeout_s,
+            local_precision=e.local_precision,
+            openai_concurrency=e.openai_concurrency,
+            openai_requests_per_minute=e.openai_requests_per_minute,
+            openai_tokens_per_minute=e.openai_tokens_per_minute,
             chunk_target_tokens=c.target_tokens,
             chunk_max_tokens=c.max_tokens,
             chunk_min_tokens=c.min_tokens,
@@ -75,6 +83,10 @@ class IndexRecipeResource(ConfigurableResource):  # type: ignore[type-arg]
             openai_model=self.openai_model,
             openai_timeout_s=self.openai_timeout_s,
             openai_max_retries=self.openai_max_retries,
+            local_precision=self.local_precision,
+            openai_concurrency=self.openai_concurrency,
+            openai_requests_per_minute=self.openai_requests_per_minute,
+            openai_tokens_per_minute=self.openai_tokens_per_minute,
         )
 
     def chunking(self) -> ChunkingConfig:
