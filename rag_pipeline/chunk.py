@@ -470,16 +470,16 @@ def _pack_lines(
     fence's opener is so long that repeating it would crowd out the code)."""
     fences = _fences(lines)
     inside: list[_Fence | None] = [None] * len(lines)  # the fence each line belongs to
-    for fence in fences:
-        end = len(lines) - 1 if fence.end is None else fence.end
-        for i in range(fence.start, end + 1):
-            inside[i] = fence
+    for each in fences:
+        end = len(lines) - 1 if each.end is None else each.end
+        for i in range(each.start, end + 1):
+            inside[i] = each
     wrap: dict[_Fence, tuple[str, int, str, int]] = {}  # opener, its tokens, closer, its tokens
-    for fence in fences:
-        opener, closer = lines[fence.start], fence.indent + fence.marker
-        n_open, n_close = tokenizer.count([opener, closer])
+    for each in fences:
+        fence_opener, fence_closer = lines[each.start], each.indent + each.marker
+        n_open, n_close = tokenizer.count([fence_opener, fence_closer])
         if n_open + n_close <= limit // 3:
-            wrap[fence] = (opener, n_open, closer, n_close)
+            wrap[each] = (fence_opener, n_open, fence_closer, n_close)
     out: list[_Block] = []
     part: list[str] = []
     total = 0

@@ -151,7 +151,8 @@ class Embedder(ABC):
         return _normalize(vectors)
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.embed([text])[0]
+        vector: np.ndarray = self.embed([text])[0]
+        return vector
 
     def cost_usd(self, tokens: int) -> float:
         return tokens * self.usd_per_million_tokens / 1_000_000
@@ -163,4 +164,5 @@ class Embedder(ABC):
 def _normalize(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
-    return vectors / norms
+    normalized: np.ndarray = vectors / norms
+    return normalized

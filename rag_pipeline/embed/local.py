@@ -25,7 +25,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -182,15 +182,16 @@ class LocalEmbedder(Embedder):
         for row, item in enumerate(items):
             ids[row, : len(item)] = item
             mask[row, : len(item)] = 1
-        return session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        vectors: np.ndarray = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        return vectors
 
-    def _get_session(self):  # type: ignore[no-untyped-def]
+    def _get_session(self) -> Any:  # an onnxruntime.InferenceSession (untyped library)
         with self._lock:
             if self._session is None:
                 self._session = self._load_session()
             return self._session
 
-    def _load_session(self):  # type: ignore[no-untyped-def]
+    def _load_session(self) -> Any:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -216,7 +217,7 @@ class LocalEmbedder(Embedder):
             cached = self._cache_dir / f"{self.model_dir.name}-{key}.onnx"
             if cached.is_file():
                 return str(cached)
-        model = self._build_graph(weights_file).SerializeToString()
+        model: bytes = self._build_graph(weights_file).SerializeToString()
         if self._cache_dir is None:
             return model
         self._cache_dir.mkdir(parents=True, exist_ok=True)
@@ -263,7 +264,7 @@ class LocalEmbedder(Embedder):
                 shutil.rmtree(folder, ignore_errors=True)
         return str(self._cache_dir / name)
 
-    def _build_graph(self, weights_file: Path):  # type: ignore[no-untyped-def]
+    def _build_graph(self, weights_file: Path) -> Any:  # an onnx.ModelProto (untyped library)
         from safetensors.numpy import load_file
 
         from rag_pipeline.embed.onnx_bert import BertSpec, build_sentence_encoder
@@ -280,7 +281,7 @@ class _DropPreprocessAdvice(logging.Filter):
         return "pre-processing before quantization" not in record.getMessage()
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 

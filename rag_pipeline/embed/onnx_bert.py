@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,16 +32,17 @@ class BertSpec:
     pooling: str = "mean"  # or "cls"
 
     @classmethod
-    def from_config(cls, config: Mapping[str, object], pooling: str = "mean") -> BertSpec:
+    def from_config(cls, config: Mapping[str, Any], pooling: str = "mean") -> BertSpec:
+        """The spec a model's config.json describes (its values are JSON numbers)."""
         if config.get("model_type") not in (None, "bert"):
             raise ValueError(f"only BERT encoders are supported, got {config.get('model_type')!r}")
         if config.get("hidden_act", "gelu") != "gelu":
             raise ValueError(f"unsupported activation {config.get('hidden_act')!r}")
         return cls(
-            hidden_size=int(config["hidden_size"]),  # type: ignore[call-overload]
-            num_layers=int(config["num_hidden_layers"]),  # type: ignore[call-overload]
-            num_heads=int(config["num_attention_heads"]),  # type: ignore[call-overload]
-            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),  # type: ignore[arg-type]
+            hidden_size=int(config["hidden_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=int(config["num_attention_heads"]),
+            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
             pooling=pooling,
         )
 
@@ -55,13 +57,13 @@ class _GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs: object) -> list[str]:
+    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs: Any) -> list[str]:
         self._count += 1
         names = [f"{op_type.lower()}_{self._count}_{i}" for i in range(outputs)]
         self.nodes.append(helper.make_node(op_type, inputs, names, **attrs))
         return names
 
-    def one(self, op_type: str, inputs: list[str], **attrs: object) -> str:
+    def one(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
         return self.op(op_type, inputs, **attrs)[0]
 
 
