@@ -11,6 +11,7 @@ from rag_pipeline.schema import book_filter as tenant_filter
 from rag_pipeline.sparse import Bm25Encoder
 from rag_pipeline.store import (
     CollectionSpec,
+    Fusion,
     HasIds,
     Match,
     MatchAny,
@@ -225,16 +226,24 @@ def test_counts_by_a_keyword_field(store):
     assert counts == {"m0": 3, "m1": 3}
 
 
-def test_a_score_no_cosine_can_have_is_damage_not_a_result(store, monkeypatch):
+@pytest.mark.parametrize("fusion", ["minmax", "dbsf", "rrf"])
+def test_a_score_no_cosine_can_have_is_damage_not_a_result(store, monkeypatch, fusion):
     from rag_pipeline.store.base import ScoredRecord
 
     fill(store)
     monkeypatch.setattr(
-        type(store), "_query", lambda self, *a, **k: [ScoredRecord(pid(1), 3.2e28, {})]
+        type(store),
+        "_query_batch",
+        lambda self, queries: [[ScoredRecord(pid(1), 3.2e28, {})] for _ in queries],
     )
     with pytest.raises(StoreDamagedError, match="damaged"):
         store.query_dense(tenant_filter("a"), vec(0), limit=3)
     with pytest.raises(StoreDamagedError, match="damaged"):
         store.query_hybrid(
-            tenant_filter("a"), vec(0), Bm25Encoder().encode_query("x"), limit=3, prefetch_limit=3
+            tenant_filter("a"),
+            vec(0),
+            Bm25Encoder().encode_query("shared"),
+            limit=3,
+            prefetch_limit=3,
+            fusion=Fusion(fusion),
         )

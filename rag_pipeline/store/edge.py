@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import qdrant_edge as qe
 
 from rag_pipeline.store.base import (
@@ -26,10 +25,9 @@ from rag_pipeline.store.base import (
     SPARSE_VECTOR,
     CollectionSchema,
     CollectionSpec,
-    Fusion,
+    NearestQuery,
     PointRecord,
     ScoredRecord,
-    SparseVector,
     StoreDamagedError,
     StoredRecord,
     StoreError,
@@ -41,7 +39,7 @@ from rag_pipeline.store.native import (
     Dialect,
     native_filter,
     native_point,
-    native_sparse,
+    native_vector,
     payload_selector,
     to_record,
     to_scored,
@@ -106,6 +104,10 @@ class EdgeStore(VectorStore):
 
     @property
     def lock(self) -> FolderLock:
+        return self._folder_lock
+
+    @property
+    def folder_lock(self) -> FolderLock:
         return self._folder_lock
 
     def _engine(self) -> qe.EdgeShard:
@@ -221,41 +223,32 @@ class EdgeStore(VectorStore):
         records, next_offset = self._call("scroll", self._engine().scroll, request)
         return [to_record(r) for r in records], next_offset
 
-    def _query(
-        self,
-        where: TenantFilter,
-        dense: np.ndarray | None,
-        sparse: SparseVector | None,
-        limit: int,
-        prefetch_limit: int,
-        fusion: Fusion | None,
-        score_threshold: float | None,
-    ) -> list[ScoredRecord]:
-        native = self._filter(where)
-        nearest = []
-        if dense is not None:
-            nearest.append(qe.Query.Nearest(dense.tolist(), using=DENSE_VECTOR))
-        if sparse is not None:
-            nearest.append(qe.Query.Nearest(native_sparse(EDGE, sparse), using=SPARSE_VECTOR))
-        kwargs: dict[str, Any] = {"query": nearest[0]}
-        if fusion is not None:
-            kwargs = {
+    def _query_batch(self, queries: Sequence[NearestQuery]) -> list[list[ScoredRecord]]:
+        request = qe.QueryBatchRequest([self._request(q) for q in queries])
+        found = self._call("query", self._engine().query_batch, request)
+        return [[to_scored(p) for p in points] for points in found]
+
+    def _request(self, q: NearestQuery) -> qe.QueryRequest:
+        native = self._filter(q.where)
+        nearest = [qe.Query.Nearest(native_vector(EDGE, v), using=name) for v, name in q.nearest]
+        shape: dict[str, Any] = {"query": nearest[0]}
+        if q.fusion is not None:
+            shape = {
                 "query": qe.Fusion.Dbsf()
-                if fusion.method == "dbsf"
-                else qe.Fusion.Rrf(k=fusion.rrf_k),
+                if q.fusion.method == "dbsf"
+                else qe.Fusion.Rrf(k=q.fusion.rrf_k),
                 "prefetches": [
-                    qe.Prefetch(query=q, filter=native, limit=prefetch_limit) for q in nearest
+                    qe.Prefetch(query=n, filter=native, limit=q.prefetch_limit) for n in nearest
                 ],
             }
-        request = qe.QueryRequest(
-            limit=limit,
+        return qe.QueryRequest(
+            limit=q.limit,
             filter=native,
-            score_threshold=score_threshold,
-            with_payload=True,
+            score_threshold=q.score_threshold,
+            with_payload=q.with_payload,
             with_vector=False,
-            **kwargs,
+            **shape,
         )
-        return [to_scored(p) for p in self._call("query", self._engine().query, request)]
 
     def _facet(self, key: str, where: TenantFilter | None) -> list[tuple[str, int]]:
         native = None if where is None else self._filter(where)

@@ -29,6 +29,7 @@ __all__ = [
     "native_filter",
     "native_point",
     "native_sparse",
+    "native_vector",
     "payload_selector",
     "to_record",
     "to_scored",
@@ -72,6 +73,13 @@ def _condition(dialect: Dialect, c: Condition) -> Any:
 
 def native_sparse(dialect: Dialect, vector: SparseVector) -> Any:
     return dialect.models.SparseVector(indices=list(vector.indices), values=list(vector.values))
+
+
+def native_vector(dialect: Dialect, vector: np.ndarray | SparseVector) -> Any:
+    """A query vector: a list of floats (dense) or the library's sparse vector."""
+    if isinstance(vector, SparseVector):
+        return native_sparse(dialect, vector)
+    return np.asarray(vector, dtype=np.float32).tolist()
 
 
 def native_point(dialect: Dialect, point: PointRecord) -> Any:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 from qdrant_client import QdrantClient
 from qdrant_client import models as qm
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
@@ -24,10 +23,9 @@ from rag_pipeline.store.base import (
     SPARSE_VECTOR,
     CollectionSchema,
     CollectionSpec,
-    Fusion,
+    NearestQuery,
     PointRecord,
     ScoredRecord,
-    SparseVector,
     StoreBusyError,
     StoredRecord,
     StoreError,
@@ -40,7 +38,7 @@ from rag_pipeline.store.native import (
     Dialect,
     native_filter,
     native_point,
-    native_sparse,
+    native_vector,
     payload_selector,
     to_record,
     to_scored,
@@ -107,6 +105,10 @@ class QdrantStore(VectorStore):
                         "its lock file"
                     ) from None
                 raise
+
+    @property
+    def folder_lock(self) -> FolderLock | None:
+        return self._folder_lock
 
     def _call(self, fn: Callable[[], T]) -> T:
         """Run a client call; server calls retry connection errors with exponential backoff."""
@@ -254,44 +256,39 @@ class QdrantStore(VectorStore):
         )
         return [to_record(r) for r in records], next_offset
 
-    def _query(
-        self,
-        where: TenantFilter,
-        dense: np.ndarray | None,
-        sparse: SparseVector | None,
-        limit: int,
-        prefetch_limit: int,
-        fusion: Fusion | None,
-        score_threshold: float | None,
-    ) -> list[ScoredRecord]:
-        native = self._filter(where)
-        nearest: list[tuple[Any, str]] = []
-        if dense is not None:
-            nearest.append((dense.tolist(), DENSE_VECTOR))
-        if sparse is not None:
-            nearest.append((native_sparse(CLIENT, sparse), SPARSE_VECTOR))
-        kwargs: dict[str, Any] = {"query": nearest[0][0], "using": nearest[0][1]}
-        if fusion is not None:
-            kwargs = {
-                "query": qm.FusionQuery(fusion=qm.Fusion.DBSF)
-                if fusion.method == "dbsf"
-                else qm.RrfQuery(rrf=qm.Rrf(k=fusion.rrf_k)),
-                "prefetch": [
-                    qm.Prefetch(query=q, using=using, filter=native, limit=prefetch_limit)
-                    for q, using in nearest
-                ],
-            }
-        response = self._call(
-            lambda: self._client.query_points(
-                self.collection,
-                query_filter=native,
-                limit=limit,
-                score_threshold=score_threshold,
-                with_payload=True,
-                **kwargs,
-            )
+    def _query_batch(self, queries: Sequence[NearestQuery]) -> list[list[ScoredRecord]]:
+        requests = [self._request(q) for q in queries]
+        responses = self._call(
+            lambda: self._client.query_batch_points(self.collection, requests=requests)
         )
-        return [to_scored(p) for p in response.points]
+        return [[to_scored(p) for p in response.points] for response in responses]
+
+    def _request(self, q: NearestQuery) -> qm.QueryRequest:
+        native = self._filter(q.where)
+        pairs = [(native_vector(CLIENT, v), name) for v, name in q.nearest]
+        if q.fusion is None:
+            (query, using), prefetch = pairs[0], None
+        else:
+            query = (
+                qm.FusionQuery(fusion=qm.Fusion.DBSF)
+                if q.fusion.method == "dbsf"
+                else qm.RrfQuery(rrf=qm.Rrf(k=q.fusion.rrf_k))
+            )
+            using = None
+            prefetch = [
+                qm.Prefetch(query=v, using=name, filter=native, limit=q.prefetch_limit)
+                for v, name in pairs
+            ]
+        return qm.QueryRequest(
+            query=query,
+            using=using,
+            prefetch=prefetch,
+            filter=native,
+            limit=q.limit,
+            score_threshold=q.score_threshold,
+            with_payload=q.with_payload,
+            with_vector=False,
+        )
 
     def _facet(self, key: str, where: TenantFilter | None) -> list[tuple[str, int]]:
         native = None if where is None else self._filter(where)
