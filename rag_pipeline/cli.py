@@ -565,6 +565,40 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     out.print(table)
 
 
+# -- query service ---------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option(
+    "--cache-size",
+    type=click.IntRange(0, 1_000_000),
+    default=1024,
+    show_default=True,
+    help="query embeddings kept (LRU; 0: none)",
+)
+@click.option("--access-log", is_flag=True, help="log every request to stderr")
+def serve(host: str, port: int, cache_size: int, access_log: bool) -> None:
+    """Serve search, context, document and lineage over HTTP as JSON (OpenAPI docs at /docs).
+
+    Bodies are the commands' --json output; every request names its book (?book=...). An
+    embedded store is held open between requests and released whenever an ingest (or any
+    other process) waits for it, then reopened: answers follow finished runs without a
+    restart."""
+    from rag_pipeline.serve import create_app
+    from rag_pipeline.serve import serve as run_server
+
+    settings = _settings()
+    recipe = build_recipe(settings)
+    app = create_app(settings, recipe, cache_size=cache_size)
+    err.print(
+        f"serving {settings.store().target} on http://{host}:{port} (docs: /docs)",
+        highlight=False,
+    )
+    run_server(app, host, port, access_log=access_log)
+
+
 # -- evaluation -------------------------------------------------------------------------------
 
 
