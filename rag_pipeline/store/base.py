@@ -33,6 +33,7 @@ __all__ = [
     "NearestQuery",
     "PointRecord",
     "ScoredRecord",
+    "ScrollPage",
     "SparseVector",
     "StoreBusyError",
     "StoreDamagedError",
@@ -150,6 +151,18 @@ class Fusion:
         return self.method != "minmax"
 
 
+@dataclass(frozen=True, slots=True)
+class ScrollPage:
+    """One page of a scroll: points matching ``where`` from ``offset`` (None: the start);
+    ``fields`` limits the payload returned (None: all of it)."""
+
+    where: TenantFilter
+    limit: int
+    offset: Any = None
+    fields: tuple[str, ...] | None = None
+    with_vectors: bool = False
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class NearestQuery:
     """One request of a query batch: the points nearest to ``dense`` or ``sparse`` that match
@@ -252,7 +265,9 @@ class VectorStore(ABC):
             return
         offset: Any = None
         while True:
-            records, offset = self._scroll_page(where, page_size, offset, fields, with_vectors)
+            records, offset = self._scroll_page(
+                ScrollPage(where, page_size, offset, _fields(fields), with_vectors)
+            )
             yield from records
             if offset is None:
                 return
@@ -264,7 +279,9 @@ class VectorStore(ABC):
         if not ids or not self.collection_exists():
             return []
         records, _ = self._scroll_page(
-            where.with_conditions(HasIds(tuple(ids))), len(ids), None, None, with_vectors
+            ScrollPage(
+                where.with_conditions(HasIds(tuple(ids))), len(ids), None, None, with_vectors
+            )
         )
         return records
 
@@ -463,14 +480,7 @@ class VectorStore(ABC):
         """Exact number of points matching the filter."""
 
     @abstractmethod
-    def _scroll_page(
-        self,
-        where: TenantFilter,
-        limit: int,
-        offset: Any,
-        fields: Sequence[str] | None,
-        with_vectors: bool,
-    ) -> tuple[list[StoredRecord], Any]:
+    def _scroll_page(self, page: ScrollPage) -> tuple[list[StoredRecord], Any]:
         """One page of matching points and the offset of the next page (None at the end)."""
 
     @abstractmethod
@@ -506,6 +516,10 @@ def minmax_fuse(
             best[point] = max(best.get(point, 0.0), normalized)
     order = sorted(fused, key=lambda p: (-fused[p], -best[p], p))
     return [(p, fused[p]) for p in order]
+
+
+def _fields(fields: Sequence[str] | None) -> tuple[str, ...] | None:
+    return None if fields is None else tuple(fields)
 
 
 def _float32(vector: np.ndarray) -> np.ndarray:
