@@ -66,6 +66,7 @@ class CachedQueryEmbedder:
         self._size = size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self._model = threading.Lock()
         self.hits = self.misses = 0
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -75,7 +76,8 @@ class CachedQueryEmbedder:
                 self._cache.move_to_end(text)
                 self.hits += 1
                 return vector
-        vector = np.array(self._embedder.embed_query(text), dtype=np.float32)
+        with self._model:  # one inference at a time: it uses every core already
+            vector = np.array(self._embedder.embed_query(text), dtype=np.float32)
         vector.setflags(write=False)
         with self._lock:
             self.misses += 1
