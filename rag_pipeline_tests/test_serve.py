@@ -253,3 +253,68 @@ def test_ingest_while_serving_then_the_new_text_is_found(tmp_path):
         assert server.get("/health").json()["store_step_asides"] >= 1
     finally:
         server.stop()
+
+
+def test_the_holder_steps_aside_for_a_waiting_writer_then_reopens(tmp_path):
+    """In one process: flock conflicts between open files, so a thread can play the writer."""
+    import numpy as np
+
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.schema import book_filter as tenant_filter
+    from rag_pipeline.serve import StoreHolder
+    from rag_pipeline.store import CollectionSpec, PointRecord
+    from rag_pipeline.store.edge import EdgeStore
+
+    def point(i: int) -> PointRecord:
+        return PointRecord(str(uuid.UUID(int=i + 1)), {"book_id": "b"}, np.eye(4)[i % 4])
+
+    def opener(wait_s: float) -> EdgeStore:
+        return EdgeStore("c", tmp_path, COLLECTION_SCHEMA, busy_wait_s=wait_s)
+
+    holder = StoreHolder(opener, busy_wait_s=20, poll_s=0.02)
+    holder.start()
+    try:
+        with holder.store() as store:
+            store.ensure_collection(CollectionSpec("c", 4))
+            store.upsert([point(0)])
+        assert holder.is_open  # kept open between requests
+        writing = threading.Event()
+
+        def writer() -> None:
+            store = opener(20)  # waits for the holder, which steps aside while idle
+            writing.set()
+            store.upsert([point(1)])
+            time.sleep(0.5)
+            store.close()
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        assert writing.wait(10), "the idle holder did not step aside"
+        assert not holder.is_open
+        asked = time.monotonic()
+        with holder.store() as store:  # waits for the writer, then reopens: no error
+            assert store.count(tenant_filter("b")) == 2
+        assert time.monotonic() - asked > 0.2
+        thread.join()
+        assert (holder.stats.opens, holder.stats.step_asides) == (2, 1)
+    finally:
+        holder.close()
+
+
+def test_a_store_busy_past_its_wait_is_503(tmp_path):
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store.edge import EdgeStore
+
+    cli = _indexed_cli(tmp_path)
+    cli.env["RAG_BUSY_WAIT_S"] = "1"
+    server = Server(cli)
+    holder = EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA)
+    try:  # this process holds the folder and never steps aside
+        response = server.get("/search", q="nodes", book=BOOK)
+        assert response.status_code == 503
+        assert "is in use by" in response.json()["detail"]
+        holder.close()
+        assert server.get("/search", q="nodes", book=BOOK).status_code == 200
+    finally:
+        holder.close()
+        server.stop()
