@@ -272,7 +272,7 @@ def test_native_fusions_are_selectable(hybrid_book, hash_embedder):
     rrf60, rrf2 = scores(fusion="rrf"), scores(fusion="rrf", rrf_k=2)
     assert max(minmax) <= 1.0 and dbsf != minmax
     # rrf: sum over the two lists of 1 / (k + rank), rank from 0
-    assert max(rrf60) <= 2 / 60 + 1e-9 and max(rrf2) > 2 / 60
+    assert max(rrf60) <= 2 / 60 + 1e-6 and max(rrf2) > 2 / 60 + 1e-3  # float32 scores
     assert all(a >= b for a, b in itertools.pairwise(rrf60))
     with pytest.raises(ValueError, match="unknown fusion"):
         scores(fusion="sum")
