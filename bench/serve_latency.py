@@ -1,7 +1,7 @@
 """Query-service latency over HTTP at >= 50,000 chunks, and an ingest while it serves.
 
     nice -n 5 python bench/serve_latency.py [--copies 4] [--seconds 60] [--clients 20]
-                                            [--rebuild] [--skip-ingest]
+                                            [--model-threads N] [--rebuild] [--skip-ingest]
 
 1. Collection: the PowerShell docs corpus (25 books) is chunked by the project's chunker (the
    MiniLM budget) and copied ``--copies`` times under new book ids (``<book>-<n>``) into a
@@ -151,6 +151,9 @@ def build(copies: int) -> dict[str, object]:
 
 
 class Service:
+    #: extra ``rag-pipeline serve`` options (--model-threads)
+    options: tuple[str, ...] = ()
+
     def __init__(self, data_dir: Path, cache_size: int) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -159,6 +162,7 @@ class Service:
             [
                 *(sys.executable, "-m", "rag_pipeline.cli", "serve"),
                 *("--port", str(self.port), "--cache-size", str(cache_size)),
+                *self.options,
             ],
             env=env(data_dir),
             cwd=WORK,
@@ -360,7 +364,10 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true", help="build the collection again")
     parser.add_argument("--skip-ingest", action="store_true")
     parser.add_argument("--build-only", action="store_true", help="build the collection, stop")
+    parser.add_argument("--model-threads", type=int, default=None, help="serve --model-threads")
     args = parser.parse_args()
+    if args.model_threads:
+        Service.options = ("--model-threads", str(args.model_threads))
     WORK.mkdir(parents=True, exist_ok=True)
     meta_file = WORK / "collection.json"
     if args.rebuild or not meta_file.is_file():
@@ -376,6 +383,7 @@ def main() -> None:
         "chunks_per_copy": meta["chunks_per_copy"],
         "cpus": os.cpu_count(),
         "load_avg_at_start": os.getloadavg(),
+        "model_threads": args.model_threads or os.cpu_count(),
     }
     empty_dir = WORK / "no-books"
     empty_dir.mkdir(exist_ok=True)

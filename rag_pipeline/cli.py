@@ -578,20 +578,30 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     show_default=True,
     help="query embeddings kept (LRU; 0: none)",
 )
+@click.option(
+    "--model-threads",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="threads per query inference of the local model; one inference runs at a time per "
+    "that many cores [default: every core, one inference at a time: the lowest latency; "
+    "1 serves many concurrent clients a little faster]",
+)
 @click.option("--access-log", is_flag=True, help="log every request to stderr")
-def serve(host: str, port: int, cache_size: int, access_log: bool) -> None:
+def serve(
+    host: str, port: int, cache_size: int, model_threads: int | None, access_log: bool
+) -> None:
     """Serve search, context, document and lineage over HTTP as JSON (OpenAPI docs at /docs).
 
     Bodies are the commands' --json output; every request names its book (?book=...). An
     embedded store is held open between requests and released whenever an ingest (or any
     other process) waits for it, then reopened: answers follow finished runs without a
     restart."""
-    from rag_pipeline.serve import create_app
+    from rag_pipeline.serve import create_app, query_recipe
     from rag_pipeline.serve import serve as run_server
 
     settings = _settings()
-    recipe = build_recipe(settings)
-    app = create_app(settings, recipe, cache_size=cache_size)
+    recipe, parallel = query_recipe(settings, model_threads)
+    app = create_app(settings, recipe, cache_size=cache_size, parallel=parallel)
     err.print(
         f"serving {settings.store().target} on http://{host}:{port} (docs: /docs)",
         highlight=False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rag_pipeline import __version__
 from rag_pipeline.config import Settings
-from rag_pipeline.embed import EmbedError
+from rag_pipeline.embed import Embedder, EmbedError, create_embedder
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.models import validate_book_id
 from rag_pipeline.retrieve import SearchFilters, expand_context, get_document, parse_equals
@@ -45,7 +46,7 @@ from rag_pipeline.store import (
 )
 from rag_pipeline.store.filters import check_point_id
 
-__all__ = ["CachedQueryEmbedder", "CliJSONResponse", "Service", "create_app"]
+__all__ = ["CachedQueryEmbedder", "CliJSONResponse", "Service", "create_app", "query_recipe"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,14 +60,15 @@ class CliJSONResponse(JSONResponse):
 
 
 class CachedQueryEmbedder:
-    """Query vectors of recent query texts (LRU), in front of the embedder."""
+    """Query vectors of recent query texts (LRU), in front of the embedder, which runs at most
+    ``parallel`` inferences at once (more would only contend for the cores)."""
 
-    def __init__(self, embedder: QueryEmbedder, size: int = 1024) -> None:
+    def __init__(self, embedder: QueryEmbedder, size: int = 1024, parallel: int = 1) -> None:
         self._embedder = embedder
         self._size = size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
-        self._model = threading.Lock()
+        self._model = threading.BoundedSemaphore(max(parallel, 1))
         self.hits = self.misses = 0
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -76,7 +78,7 @@ class CachedQueryEmbedder:
                 self._cache.move_to_end(text)
                 self.hits += 1
                 return vector
-        with self._model:  # one inference at a time: it uses every core already
+        with self._model:
             vector = np.array(self._embedder.embed_query(text), dtype=np.float32)
         vector.setflags(write=False)
         with self._lock:
@@ -88,13 +90,40 @@ class CachedQueryEmbedder:
         return vector
 
 
+def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[IndexRecipe, int]:
+    """The recipe the service embeds queries with, and how many inferences may run at once:
+    one per ``model_threads`` cores (default: every core on one inference at a time).
+
+    Measured on 2 busy cores, MiniLM, 58k chunks, hybrid search over HTTP: 2 threads answer
+    one client sooner (p50 11 ms against 14-15 ms with 1 thread), 1 thread with 2 inferences
+    at once serves 20 clients about 15% more requests per second."""
+    config = settings.embedding()
+    cores = os.cpu_count() or 1
+    threads = min(model_threads or cores, cores)
+    if config.provider == "local":
+        from rag_pipeline.embed.local import LocalEmbedder
+
+        embedder: Embedder = LocalEmbedder(
+            config.local_model_dir,
+            batch_size=config.batch_size,
+            cache_dir=config.cache_dir / "models",
+            threads=threads,
+        )
+        parallel = max(cores // threads, 1)
+    else:
+        embedder, parallel = create_embedder(config), 4  # a remote API or the hash stand-in
+    return IndexRecipe.build(embedder, settings.chunking()), parallel
+
+
 class Service:
     """What the endpoints share: settings, the recipe (model loaded once), the held store."""
 
-    def __init__(self, settings: Settings, recipe: IndexRecipe, *, cache_size: int = 1024):
+    def __init__(
+        self, settings: Settings, recipe: IndexRecipe, *, cache_size: int = 1024, parallel: int = 1
+    ):
         self.settings = settings
         self.recipe = recipe
-        self.embedder = CachedQueryEmbedder(recipe.embedder, cache_size)
+        self.embedder = CachedQueryEmbedder(recipe.embedder, cache_size, parallel)
         config = settings.store()
         self.store_target = config.target
 
@@ -141,9 +170,12 @@ BookParam = Annotated[
 ]
 
 
-def create_app(settings: Settings, recipe: IndexRecipe, *, cache_size: int = 1024) -> FastAPI:
-    """The application; the store is opened on the first request and held while useful."""
-    service = Service(settings, recipe, cache_size=cache_size)
+def create_app(
+    settings: Settings, recipe: IndexRecipe, *, cache_size: int = 1024, parallel: int = 1
+) -> FastAPI:
+    """The application; the store is opened on the first request and held while useful.
+    ``parallel``: query inferences at once (see :func:`query_recipe`)."""
+    service = Service(settings, recipe, cache_size=cache_size, parallel=parallel)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
