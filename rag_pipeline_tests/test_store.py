@@ -247,3 +247,25 @@ def test_a_score_no_cosine_can_have_is_damage_not_a_result(store, monkeypatch, f
             prefetch_limit=3,
             fusion=Fusion(fusion),
         )
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "minmax", "rrf"])
+def test_queries_return_only_the_payload_fields_asked_for(store, kind):
+    fill(store)
+    where, query = tenant_filter("a"), Bm25Encoder().encode_query("number 3")
+    fields = ("lesson", "source_file")
+    if kind == "dense":
+        hits = store.query_dense(where, vec(3), limit=4, fields=fields)
+    elif kind == "sparse":
+        hits = store.query_sparse(where, query, limit=4, fields=fields)
+    else:
+        hits = store.query_hybrid(
+            where, vec(3), query, limit=4, prefetch_limit=10, fusion=Fusion(kind), fields=fields
+        )
+    assert hits and all(set(h.payload) == set(fields) for h in hits)
+    assert hits[0].payload["lesson"] == 3
+    full = store.retrieve(where, [h.id for h in hits])
+    assert all("text" in r.payload for r in full)
+    assert all(
+        set(r.payload) == {"lesson"} for r in store.retrieve(where, [hits[0].id], fields=["lesson"])
+    )

@@ -24,6 +24,7 @@ from rag_pipeline.store import (
     Range,
     ScoredRecord,
     StoredRecord,
+    TenantFilter,
     VectorStore,
 )
 
@@ -156,13 +157,41 @@ def search(
         raise ValueError("search needs a book id: results are always scoped to one book")
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    chosen = _fusion(fusion, rrf_k)
     where = chunks_of(book_id, *(filters or SearchFilters()).conditions())
-    encoder = sparse_encoder or Bm25Encoder()
+    return _ranked(
+        store,
+        embedder,
+        query,
+        where,
+        limit=limit,
+        score_threshold=score_threshold,
+        mode=mode,
+        encoder=sparse_encoder or Bm25Encoder(),
+        fusion=_fusion(fusion, rrf_k),
+        prefetch_limit=max(prefetch_limit or max(limit * 5, 50), 1),
+    )
+
+
+def _ranked(
+    store: VectorStore,
+    embedder: QueryEmbedder | None,
+    query: str,
+    where: TenantFilter,
+    *,
+    limit: int,
+    score_threshold: float | None,
+    mode: SearchMode,
+    encoder: Bm25Encoder,
+    fusion: Fusion,
+    prefetch_limit: int,
+    fields: Sequence[str] | None = None,
+) -> list[Hit]:
+    """The ranked chunks of a search (``fields`` of their payloads, or all)."""
+    options: dict[str, Any] = {"limit": limit, "score_threshold": score_threshold}
+    if fields is not None:
+        options["fields"] = fields
     if mode == "sparse":
-        records = store.query_sparse(
-            where, encoder.encode_query(query), limit=limit, score_threshold=score_threshold
-        )
+        records = store.query_sparse(where, encoder.encode_query(query), **options)
     else:
         if mode not in ("dense", "hybrid"):
             raise ValueError(f"unknown search mode {mode!r}; use dense, sparse or hybrid")
@@ -170,16 +199,15 @@ def search(
             raise ValueError(f"{mode} search needs an embedder")
         vector = embedder.embed_query(query)
         if mode == "dense":
-            records = store.query_dense(where, vector, limit=limit, score_threshold=score_threshold)
+            records = store.query_dense(where, vector, **options)
         else:
             records = store.query_hybrid(
                 where,
                 vector,
                 encoder.encode_query(query),
-                limit=limit,
-                prefetch_limit=max(prefetch_limit or max(limit * 5, 50), 1),
-                fusion=chosen,
-                score_threshold=score_threshold,
+                prefetch_limit=prefetch_limit,
+                fusion=fusion,
+                **options,
             )
     return _hits(records)
 
@@ -223,13 +251,14 @@ def search_groups(
     """The best ``group_size`` chunks of each of the ``limit`` best files of one book.
 
     No engine groups here (Qdrant Edge has no group-by): the ranked chunks of :func:`search`
-    are read in growing pages (``2 * limit * group_size`` at first, doubling, at most
-    ``max_fetch``) until ``limit`` groups are full or the candidates run out, and grouped in
-    this process, so every backend gives the same groups. Each group is ordered by score
-    and the groups by their best hit; a group's ``score`` is its best hit's. In hybrid mode
-    the candidate lists grow with the page (``prefetch_limit`` = the page size). A group is
-    complete with ``group_size`` hits or with every chunk of its file (``total_chunks``); a
-    filter on chunk-level fields may leave one incomplete until the candidates run out."""
+    are read in growing pages (``4 * limit * group_size`` at first, then 4 times more, at most
+    ``max_fetch``; only the fields the grouping needs) until ``limit`` groups are full or the
+    candidates run out, and grouped in this process, so every backend gives the same groups;
+    then the full payloads of the chosen hits are read in one call. Each group is ordered by
+    score and the groups by their best hit; a group's ``score`` is its best hit's. In hybrid
+    mode the candidate lists grow with the page (``prefetch_limit`` = the page size). A group
+    is complete with ``group_size`` hits or with every chunk of its file (``total_chunks``);
+    a filter on chunk-level fields may leave one incomplete until the candidates run out."""
     if group_by not in GROUP_KEYS:
         raise ValueError(f"cannot group by {group_by!r}; use {', '.join(GROUP_KEYS)}")
     if group_size < 1:
@@ -237,28 +266,32 @@ def search_groups(
     if limit < 1:
         raise ValueError("limit must be at least 1")
     key = GROUP_KEYS[group_by]
-    fetch = min(max(2 * limit * group_size, 32), max_fetch)
+    where = chunks_of(book_id, *(filters or SearchFilters()).conditions())
+    options: dict[str, Any] = {
+        "score_threshold": score_threshold,
+        "mode": mode,
+        "encoder": sparse_encoder or Bm25Encoder(),
+        "fusion": _fusion(fusion, rrf_k),
+        # the ranking needs only these; full payloads are read for the chosen hits alone
+        "fields": (key, "total_chunks"),
+    }
+    fetch = min(max(4 * limit * group_size, 64), max_fetch)
     while True:
-        hits = search(
-            store,
-            embedder,
-            query,
-            book_id,
-            filters=filters,
-            limit=fetch,
-            score_threshold=score_threshold,
-            mode=mode,
-            sparse_encoder=sparse_encoder,
-            fusion=fusion,
-            rrf_k=rrf_k,
-            prefetch_limit=fetch,
-        )
+        hits = _ranked(store, embedder, query, where, limit=fetch, prefetch_limit=fetch, **options)
         groups = group_hits(hits, key, limit, group_size)
         exhausted = len(hits) < fetch
         full = len(groups) == limit and all(_complete(g, group_size) for g in groups)
         if exhausted or full or fetch >= max_fetch:
-            return groups
-        fetch = min(fetch * 2, max_fetch)
+            break
+        fetch = min(fetch * 4, max_fetch)
+    chosen = [h.id for g in groups for h in g.hits]
+    payloads = {r.id: r.payload for r in store.retrieve(where, chosen)}
+    out = []
+    for g in groups:  # a point deleted meanwhile is left out
+        kept = tuple(Hit(h.id, h.score, payloads[h.id]) for h in g.hits if h.id in payloads)
+        if kept:
+            out.append(HitGroup(g.source_file, kept))
+    return out
 
 
 def _complete(group: HitGroup, group_size: int) -> bool:

@@ -176,7 +176,8 @@ class NearestQuery:
     fusion: Fusion | None = None
     prefetch_limit: int = 0
     score_threshold: float | None = None
-    with_payload: bool = True
+    #: the whole payload, none, or these fields of it
+    with_payload: bool | tuple[str, ...] = True
 
     @property
     def nearest(self) -> list[tuple[np.ndarray | SparseVector, str]]:
@@ -273,15 +274,20 @@ class VectorStore(ABC):
                 return
 
     def retrieve(
-        self, where: TenantFilter, ids: Sequence[str], *, with_vectors: bool = False
+        self,
+        where: TenantFilter,
+        ids: Sequence[str],
+        *,
+        with_vectors: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> list[StoredRecord]:
-        """Points by id, dropping any that does not match the filter (another tenant's)."""
+        """Points by id, dropping any that does not match the filter (another tenant's);
+        ``fields`` limits the payload returned."""
         if not ids or not self.collection_exists():
             return []
+        where = where.with_conditions(HasIds(tuple(ids)))
         records, _ = self._scroll_page(
-            ScrollPage(
-                where.with_conditions(HasIds(tuple(ids))), len(ids), None, None, with_vectors
-            )
+            ScrollPage(where, len(ids), None, _fields(fields), with_vectors)
         )
         return records
 
@@ -311,9 +317,18 @@ class VectorStore(ABC):
         *,
         limit: int,
         score_threshold: float | None = None,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredRecord]:
+        """The ``limit`` points nearest to ``vector`` (cosine); ``fields`` limits the payload
+        returned (None: all of it)."""
         found = self._run_query(
-            NearestQuery(where, limit, dense=_float32(vector), score_threshold=score_threshold)
+            NearestQuery(
+                where,
+                limit,
+                dense=_float32(vector),
+                score_threshold=score_threshold,
+                with_payload=_selector(fields),
+            )
         )
         self._check_cosine(found)
         return found
@@ -325,11 +340,19 @@ class VectorStore(ABC):
         *,
         limit: int,
         score_threshold: float | None = None,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredRecord]:
+        """The ``limit`` best BM25 matches (none for a query without terms)."""
         if not vector.indices:
             return []
         found = self._run_query(
-            NearestQuery(where, limit, sparse=vector, score_threshold=score_threshold)
+            NearestQuery(
+                where,
+                limit,
+                sparse=vector,
+                score_threshold=score_threshold,
+                with_payload=_selector(fields),
+            )
         )
         self._check_finite(found)
         return found
@@ -344,17 +367,20 @@ class VectorStore(ABC):
         prefetch_limit: int,
         fusion: Fusion | None = None,
         score_threshold: float | None = None,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredRecord]:
         """The best ``limit`` points of the dense and sparse candidate lists (``prefetch_limit``
         each) fused by ``fusion`` (default: min-max, alpha 0.5; see :class:`Fusion`).
 
         The lists are asked for in one batched engine call without payloads; the payloads of
-        the points returned are read afterwards, in one call. The order is deterministic:
-        equal fused scores are ordered by point id (min-max first by the higher single
-        normalized score). ``score_threshold`` applies to the *fused* score: min-max scores lie
-        in [0, 1], RRF scores are sums of ``1 / (k + rank)``, DBSF scores sums of normalized
-        scores. A dense score no cosine can have raises :class:`StoreDamagedError`, whatever
-        the fusion (rank-based fusion would otherwise hide a damaged index)."""
+        the points returned are read afterwards, in one call (with ``fields``, the candidates
+        carry those fields of their payloads instead, and nothing more is read). The
+        order is deterministic: equal fused scores are ordered by point id (min-max first by
+        the higher single normalized score). ``score_threshold`` applies to the *fused* score:
+        min-max scores lie in [0, 1], RRF scores are sums of ``1 / (k + rank)``, DBSF scores
+        sums of normalized scores. A dense score no cosine can have raises
+        :class:`StoreDamagedError`, whatever the fusion (rank-based fusion would otherwise hide
+        a damaged index)."""
         fusion = fusion or Fusion()
         if limit < 1 or prefetch_limit < 1:
             raise ValueError("limit and prefetch_limit must be at least 1")
@@ -362,6 +388,10 @@ class VectorStore(ABC):
             return []
         vector = _float32(dense)
         terms = sparse if sparse.indices else None
+        # a few payload fields come with the candidates; a whole payload is read afterwards
+        # for the points returned only
+        light = fields is not None
+        carried: bool | tuple[str, ...] = _selector(fields) if light else False
         if fusion.native:
             # the whole fused list (at most both lists' points) is read, so that ties at the
             # cut are broken here by id: the engine returns equal RRF scores in any order
@@ -375,17 +405,20 @@ class VectorStore(ABC):
                         sparse=terms,
                         fusion=fusion,
                         prefetch_limit=prefetch_limit,
-                        with_payload=False,
+                        with_payload=carried,
                     ),
                 ]
             )
             self._check_cosine(probe)
             self._check_finite(fused)
+            lists = [fused]
             ranked = sorted(((r.id, r.score) for r in fused), key=lambda p: (-p[1], p[0]))
         else:
-            batch = [NearestQuery(where, prefetch_limit, dense=vector, with_payload=False)]
+            batch = [NearestQuery(where, prefetch_limit, dense=vector, with_payload=carried)]
             if terms is not None:
-                batch.append(NearestQuery(where, prefetch_limit, sparse=terms, with_payload=False))
+                batch.append(
+                    NearestQuery(where, prefetch_limit, sparse=terms, with_payload=carried)
+                )
             lists = self._query_batch(batch)
             self._check_cosine(lists[0])
             for found in lists[1:]:
@@ -396,6 +429,9 @@ class VectorStore(ABC):
             )
         if score_threshold is not None:
             ranked = [(i, score) for i, score in ranked if score >= score_threshold]
+        if light:
+            payloads = {r.id: r.payload for found in lists for r in found}
+            return [ScoredRecord(i, score, payloads[i]) for i, score in ranked[:limit]]
         return self._with_payloads(where, ranked[:limit])
 
     def _with_payloads(
@@ -520,6 +556,10 @@ def minmax_fuse(
 
 def _fields(fields: Sequence[str] | None) -> tuple[str, ...] | None:
     return None if fields is None else tuple(fields)
+
+
+def _selector(fields: Sequence[str] | None) -> bool | tuple[str, ...]:
+    return True if fields is None else tuple(fields)
 
 
 def _float32(vector: np.ndarray) -> np.ndarray:

@@ -218,7 +218,7 @@ class EdgeStore(base.VectorStore):
             limit=q.limit,
             filter=flt,
             score_threshold=q.score_threshold,
-            with_payload=q.with_payload,
+            with_payload=native.payload_selector(q.with_payload),
             with_vector=False,
             **shape,
         )

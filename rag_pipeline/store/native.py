@@ -91,8 +91,11 @@ def native_point(dialect: Dialect, point: PointRecord) -> Any:
     return dialect.point(id=point.id, vector=vector, payload=point.payload)
 
 
-def payload_selector(fields: Sequence[str] | None) -> Any:
-    return list(fields) if fields is not None else True
+def payload_selector(fields: Sequence[str] | bool | None) -> Any:
+    """``True`` (all), ``False`` (none) or the list of fields; None means all."""
+    if fields is None or isinstance(fields, bool):
+        return fields is None or fields
+    return list(fields)
 
 
 def vector_selector(with_vectors: bool) -> Any:

@@ -258,7 +258,7 @@ class QdrantStore(base.VectorStore):
             filter=flt,
             limit=q.limit,
             score_threshold=q.score_threshold,
-            with_payload=q.with_payload,
+            with_payload=native.payload_selector(q.with_payload),
             with_vector=False,
         )
 
