@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from rag_pipeline.ingest.plan import IngestPlan
     from rag_pipeline.ingest.recipe import IndexRecipe
     from rag_pipeline.ingest.report import IngestReport
-    from rag_pipeline.retrieve.search import Hit, SearchMode
-    from rag_pipeline.store import VectorStore
+    from rag_pipeline.retrieve.search import GroupBy, Hit, HitGroup, SearchMode
+    from rag_pipeline.store import FusionMethod, VectorStore
 
 __all__ = ["main"]
 
@@ -342,6 +342,19 @@ def _point_id(value: str) -> str:
         fail(str(exc))
 
 
+def _fusion_option(multiple: bool = False) -> Callable[..., Any]:
+    return click.option(
+        "--fusion",
+        "fusion",
+        type=click.Choice(["minmax", "dbsf", "rrf"]),
+        multiple=multiple,
+        default=() if multiple else None,
+        help="how hybrid mode fuses its dense and sparse lists: minmax (client-side min-max, "
+        "alpha 0.5; the default, chosen by measurement), dbsf or rrf (the engine's)"
+        + ("; repeatable" if multiple else ""),
+    )
+
+
 @main.command()
 @click.argument("query")
 @_book_option
@@ -352,13 +365,46 @@ def _point_id(value: str) -> str:
 @click.option("--hardware-tier", type=int, default=None, help="this tier or lower")
 @click.option("--proficiency", multiple=True, help="any of these levels; repeatable")
 @click.option("--where", "equals", multiple=True, help="payload equality filter key=value")
-@click.option("--limit", type=click.IntRange(1, 1000), default=5, show_default=True)
-@click.option("--score-threshold", type=float, default=None)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=5,
+    show_default=True,
+    help="hits (with --group-by: groups)",
+)
+@click.option(
+    "--score-threshold",
+    type=float,
+    default=None,
+    help="minimum score: cosine (dense), BM25 (sparse) or the fused score (hybrid; min-max "
+    "scores lie in [0, 1])",
+)
 @click.option(
     "--mode",
     type=click.Choice(["dense", "sparse", "hybrid"]),
     default=None,
     help="default: hybrid (chosen by measurement)",
+)
+@_fusion_option()
+@click.option(
+    "--rrf-k",
+    type=click.IntRange(1, 100_000),
+    default=60,
+    show_default=True,
+    help="k of --fusion rrf",
+)
+@click.option(
+    "--group-by",
+    type=click.Choice(["file"]),
+    default=None,
+    help="the best chunks of each of the --limit best files",
+)
+@click.option(
+    "--group-size",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    help="chunks per group with --group-by",
 )
 @click.option("--json", "as_json", is_flag=True)
 def search(
@@ -374,44 +420,61 @@ def search(
     limit: int,
     score_threshold: float | None,
     mode: str | None,
+    fusion: str | None,
+    rrf_k: int,
+    group_by: str | None,
+    group_size: int,
     as_json: bool,
 ) -> None:
     """Search one book for QUERY."""
-    from rag_pipeline.retrieve import DEFAULT_MODE, SearchFilters, parse_equals
-    from rag_pipeline.retrieve import search as run_search
+    from rag_pipeline.retrieve import DEFAULT_FUSION, DEFAULT_MODE, SearchFilters, parse_equals
+    from rag_pipeline.retrieve.request import SearchRequest, results_json
 
     book = _require_book(book_id)
     settings = _settings()
     try:
-        filters = SearchFilters(
-            module=module,
-            chapter_min=chapter_min,
-            chapter_max=chapter_max,
-            lesson=lesson,
-            hardware_tier=hardware_tier,
-            proficiency_levels=tuple(proficiency),
-            equals=parse_equals(equals),
-        )
-        filters.conditions()
-    except ValueError as exc:
-        fail(str(exc))
-    chosen = mode or DEFAULT_MODE
-    recipe = build_recipe(settings) if chosen != "sparse" else None
-    with opened_store(settings) as store:
-        hits = run_search(
-            store,
-            recipe.embedder if recipe else None,
+        request = SearchRequest(
             query,
             book,
-            filters=filters,
+            SearchFilters(
+                module=module,
+                chapter_min=chapter_min,
+                chapter_max=chapter_max,
+                lesson=lesson,
+                hardware_tier=hardware_tier,
+                proficiency_levels=tuple(proficiency),
+                equals=parse_equals(equals),
+            ),
             limit=limit,
+            mode=cast("SearchMode", mode or DEFAULT_MODE),
+            fusion=cast("FusionMethod", fusion or DEFAULT_FUSION),
+            rrf_k=rrf_k,
             score_threshold=score_threshold,
-            mode=cast("SearchMode", chosen),
+            group_by=cast("GroupBy | None", group_by),
+            group_size=group_size,
+        )
+    except ValueError as exc:
+        fail(str(exc))
+    recipe = build_recipe(settings) if request.needs_embedder else None
+    with opened_store(settings) as store:
+        results = request.run(
+            store,
+            recipe.embedder if recipe else None,
+            recipe.sparse if recipe else None,
         )
     if as_json:
-        emit_json([h.as_dict() for h in hits])
+        emit_json(results_json(results))
         return
-    _print_hits(hits, f"{len(hits)} hits in {book} ({chosen})")
+    label = request.mode + (f", {request.fusion}" if request.mode == "hybrid" else "")
+    if group_by is None:
+        _print_hits(cast("list[Hit]", results), f"{len(results)} hits in {book} ({label})")
+        return
+    for group in cast("list[HitGroup]", results):
+        _print_hits(
+            list(group.hits),
+            f"{group.source_file} (best {group.score:.4f}, {len(group.hits)} hits)",
+        )
+    out.print(f"{len(results)} files in {book} ({label})")
 
 
 def _print_hits(hits: Sequence[Hit], title: str, show_score: bool = True) -> None:
@@ -502,6 +565,50 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     out.print(table)
 
 
+# -- query service ---------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option(
+    "--cache-size",
+    type=click.IntRange(0, 1_000_000),
+    default=1024,
+    show_default=True,
+    help="query embeddings kept (LRU; 0: none)",
+)
+@click.option(
+    "--model-threads",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="threads per query inference of the local model; one inference runs at a time per "
+    "that many cores [default: every core, one inference at a time: the lowest latency; "
+    "1 serves many concurrent clients a little faster]",
+)
+@click.option("--access-log", is_flag=True, help="log every request to stderr")
+def serve(
+    host: str, port: int, cache_size: int, model_threads: int | None, access_log: bool
+) -> None:
+    """Serve search, context, document and lineage over HTTP as JSON (OpenAPI docs at /docs).
+
+    Bodies are the commands' --json output; every request names its book (?book=...). An
+    embedded store is held open between requests and released whenever an ingest (or any
+    other process) waits for it, then reopened: answers follow finished runs without a
+    restart."""
+    from rag_pipeline.serve import create_app, query_recipe
+    from rag_pipeline.serve import serve as run_server
+
+    settings = _settings()
+    recipe, parallel = query_recipe(settings, model_threads)
+    app = create_app(settings, recipe, cache_size=cache_size, parallel=parallel)
+    err.print(
+        f"serving {settings.store().target} on http://{host}:{port} (docs: /docs)",
+        highlight=False,
+    )
+    run_server(app, host, port, access_log=access_log)
+
+
 # -- evaluation -------------------------------------------------------------------------------
 
 
@@ -521,7 +628,14 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     type=click.Choice(["dense", "sparse", "hybrid"]),
     help="repeatable; default: the default search mode",
 )
-@click.option("--rrf-k", type=click.IntRange(1, 100_000), default=60, show_default=True)
+@_fusion_option(multiple=True)
+@click.option(
+    "--rrf-k",
+    type=click.IntRange(1, 100_000),
+    default=60,
+    show_default=True,
+    help="k of --fusion rrf",
+)
 @click.option(
     "--collection",
     default=None,
@@ -532,6 +646,7 @@ def eval_command(
     dataset_dir: Path,
     split: str,
     modes: tuple[str, ...],
+    fusion: tuple[str, ...],
     rrf_k: int,
     collection: str | None,
     as_json: bool,
@@ -542,8 +657,8 @@ def eval_command(
     without a folder, and an evaluation corpus has none."""
     from rich.progress import Progress
 
-    from rag_pipeline.retrieve import DEFAULT_MODE
-    from rag_pipeline.retrieve.evaluate import evaluate, index_corpus, load_beir
+    from rag_pipeline.retrieve import DEFAULT_FUSION, DEFAULT_MODE
+    from rag_pipeline.retrieve.evaluate import evaluate, index_corpus, load_beir, measured_recipe
 
     base = _settings()
     settings = load_settings(collection=collection or f"{base.collection}_eval")
@@ -553,9 +668,17 @@ def eval_command(
         fail(f"cannot read the BEIR dataset at {dataset_dir}: {exc}")
     recipe = build_recipe(settings)
     book_id = "eval-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in dataset.name)
-    chosen = list(modes) or [DEFAULT_MODE]
+    fusions = list(dict.fromkeys(fusion)) or [DEFAULT_FUSION]
+    # (mode, fusion) runs: hybrid once per fusion, the other modes once
+    runs = [
+        (mode, f if mode == "hybrid" else None)
+        for mode in dict.fromkeys(modes or [DEFAULT_MODE])
+        for f in (fusions if mode == "hybrid" else [None])
+    ]
     reports = []
     with opened_store(settings) as store, Progress(console=err, transient=True) as progress:
+        # the corpus's BM25 average chunk length is measured before anything is encoded
+        recipe = measured_recipe(store, recipe, book_id[:128], dataset.corpus)
         task = progress.add_task(f"indexing {dataset.name}", total=len(dataset.corpus))
         index_corpus(
             store,
@@ -565,8 +688,9 @@ def eval_command(
             progress=lambda done, total: progress.update(task, completed=done, total=total),
         )
         progress.update(task, completed=len(dataset.corpus))
-        for mode in chosen:
-            qtask = progress.add_task(f"queries ({mode})", total=len(dataset.qrels))
+        for mode, run_fusion in runs:
+            label = mode + (f", {run_fusion}" if run_fusion else "")
+            qtask = progress.add_task(f"queries ({label})", total=len(dataset.qrels))
             reports.append(
                 evaluate(
                     store,
@@ -575,6 +699,7 @@ def eval_command(
                     book_id[:128],
                     mode=cast("SearchMode", mode),
                     split=split,
+                    fusion=cast("FusionMethod", run_fusion or DEFAULT_FUSION),
                     rrf_k=rrf_k,
                     progress=_advance(progress, qtask),
                 )
@@ -585,11 +710,13 @@ def eval_command(
         )
         return
     table = Table(title=f"{dataset.name} ({split}, {recipe.embedding_model})", title_justify="left")
-    for column in ("mode", "nDCG@10", "recall@10", "recall@100", "MRR@10", "queries", "s"):
+    for column in ("mode", "fusion", "nDCG@10", "recall@10", "recall@100", "MRR@10", "queries"):
         table.add_column(column, justify="right")
+    table.add_column("s", justify="right")
     for r in reports:
         table.add_row(
             r.mode,
+            r.fusion or "",
             f"{r.ndcg_at_10:.4f}",
             f"{r.recall_at_10:.4f}",
             f"{r.recall_at_100:.4f}",

@@ -84,3 +84,47 @@ def test_eval_end_to_end_on_a_tiny_dataset(tiny_beir, store, hash_embedder):
 def test_missing_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"corpus\.jsonl is missing"):
         load_beir(tmp_path)
+
+
+def test_the_corpus_bm25_average_is_measured_before_encoding_and_recorded(
+    tiny_beir, store, hash_embedder, monkeypatch
+):
+    from rag_pipeline.retrieve import evaluate as evaluation
+    from rag_pipeline.schema import chunks_of
+    from rag_pipeline.sparse import Bm25Encoder
+
+    dataset = load_beir(tiny_beir)
+    recipe = evaluation.measured_recipe(
+        store, make_recipe(hash_embedder), "eval-tiny", dataset.corpus
+    )
+    # title + text of each one-chunk document, as the sparse encoder sees them
+    lengths = [
+        len(Bm25Encoder().terms(f"{title}\n\n{text}")) for title, text in dataset.corpus.values()
+    ]
+    assert recipe.sparse.avg_len == round(sum(lengths) / len(lengths), 1)
+    assert recipe.sparse.name == f"bm25v2-english-k1=1.2-b=0.75-avg={recipe.sparse.avg_len:g}"
+    index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    recorded = {r.payload["sparse_model"] for r in store.scroll(chunks_of("eval-tiny"))}
+    assert recorded == {recipe.sparse.name}
+    # a re-run finds the corpus indexed under the recorded encoder: nothing is chunked again
+    monkeypatch.setattr(evaluation, "_chunk_texts", lambda *a: pytest.fail("measured again"))
+    again = evaluation.measured_recipe(
+        store, make_recipe(hash_embedder), "eval-tiny", dataset.corpus
+    )
+    assert again.sparse == recipe.sparse and again.signature == recipe.signature
+    assert index_corpus(store, "eval-tiny", dataset.corpus, again)["indexed"] == 0
+
+
+def test_eval_reports_the_fusion_of_hybrid_runs(tiny_beir, store, hash_embedder):
+    dataset = load_beir(tiny_beir)
+    recipe = make_recipe(hash_embedder)
+    index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    runs = {
+        (mode, fusion): evaluate(store, recipe, dataset, "eval-tiny", mode=mode, fusion=fusion)
+        for mode, fusion in [("hybrid", "minmax"), ("hybrid", "rrf"), ("sparse", "minmax")]
+    }
+    assert runs["hybrid", "minmax"].as_dict()["fusion"] == "minmax"
+    assert runs["hybrid", "rrf"].as_dict()["fusion"] == "rrf(k=60)"
+    assert runs["sparse", "minmax"].as_dict()["fusion"] is None
+    assert all(r.as_dict()["sparse_model"] == recipe.sparse.name for r in runs.values())
+    assert all(r.ndcg_at_10 == pytest.approx(1.0) for r in runs.values())

@@ -11,6 +11,7 @@ from rag_pipeline.schema import book_filter as tenant_filter
 from rag_pipeline.sparse import Bm25Encoder
 from rag_pipeline.store import (
     CollectionSpec,
+    Fusion,
     HasIds,
     Match,
     MatchAny,
@@ -225,16 +226,46 @@ def test_counts_by_a_keyword_field(store):
     assert counts == {"m0": 3, "m1": 3}
 
 
-def test_a_score_no_cosine_can_have_is_damage_not_a_result(store, monkeypatch):
+@pytest.mark.parametrize("fusion", ["minmax", "dbsf", "rrf"])
+def test_a_score_no_cosine_can_have_is_damage_not_a_result(store, monkeypatch, fusion):
     from rag_pipeline.store.base import ScoredRecord
 
     fill(store)
     monkeypatch.setattr(
-        type(store), "_query", lambda self, *a, **k: [ScoredRecord(pid(1), 3.2e28, {})]
+        type(store),
+        "_query_batch",
+        lambda self, queries: [[ScoredRecord(pid(1), 3.2e28, {})] for _ in queries],
     )
     with pytest.raises(StoreDamagedError, match="damaged"):
         store.query_dense(tenant_filter("a"), vec(0), limit=3)
     with pytest.raises(StoreDamagedError, match="damaged"):
         store.query_hybrid(
-            tenant_filter("a"), vec(0), Bm25Encoder().encode_query("x"), limit=3, prefetch_limit=3
+            tenant_filter("a"),
+            vec(0),
+            Bm25Encoder().encode_query("shared"),
+            limit=3,
+            prefetch_limit=3,
+            fusion=Fusion(fusion),
         )
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "minmax", "rrf"])
+def test_queries_return_only_the_payload_fields_asked_for(store, kind):
+    fill(store)
+    where, query = tenant_filter("a"), Bm25Encoder().encode_query("number 3")
+    fields = ("lesson", "source_file")
+    if kind == "dense":
+        hits = store.query_dense(where, vec(3), limit=4, fields=fields)
+    elif kind == "sparse":
+        hits = store.query_sparse(where, query, limit=4, fields=fields)
+    else:
+        hits = store.query_hybrid(
+            where, vec(3), query, limit=4, prefetch_limit=10, fusion=Fusion(kind), fields=fields
+        )
+    assert hits and all(set(h.payload) == set(fields) for h in hits)
+    assert hits[0].payload["lesson"] == 3
+    full = store.retrieve(where, [h.id for h in hits])
+    assert all("text" in r.payload for r in full)
+    assert all(
+        set(r.payload) == {"lesson"} for r in store.retrieve(where, [hits[0].id], fields=["lesson"])
+    )

@@ -11,12 +11,13 @@ import csv
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rag_pipeline.chunk import chunk_document
 from rag_pipeline.ingest.changes import FileChanges, classify_files
-from rag_pipeline.ingest.index import read_index_state
+from rag_pipeline.ingest.index import IndexState, read_index_state
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.stages import (
     BookInventory,
@@ -27,8 +28,16 @@ from rag_pipeline.ingest.stages import (
     write_book,
 )
 from rag_pipeline.models import DocumentMeta, ParsedDocument, SourceFile, document_id
-from rag_pipeline.retrieve.search import Hit, SearchMode, search
-from rag_pipeline.store import VectorStore
+from rag_pipeline.retrieve.search import (
+    DEFAULT_FUSION,
+    DEFAULT_RRF_K,
+    Hit,
+    SearchMode,
+    search,
+)
+from rag_pipeline.schema import chunks_of
+from rag_pipeline.sparse import Bm25Encoder, measure_avg_len
+from rag_pipeline.store import FusionMethod, VectorStore
 
 __all__ = [
     "BeirDataset",
@@ -36,6 +45,7 @@ __all__ = [
     "evaluate",
     "index_corpus",
     "load_beir",
+    "measured_recipe",
     "mrr_at_k",
     "ndcg_at_k",
     "recall_at_k",
@@ -121,6 +131,84 @@ def _documents(book_id: str, corpus: Mapping[str, tuple[str, str]]) -> list[Pars
     return docs
 
 
+def _chunk_texts(docs: Sequence[ParsedDocument], recipe: IndexRecipe) -> Iterator[str]:
+    """What the sparse encoder will see of each chunk (documents that fail to chunk are left
+    out here, as the index leaves them out)."""
+    for doc in docs:
+        try:
+            chunks = chunk_document(doc, recipe.embedder.tokenizer, recipe.budget)
+        except Exception:  # chunk_book records the error when the corpus is indexed
+            continue
+        for chunk in chunks:
+            yield chunk.embed_text
+
+
+def measured_recipe(
+    store: VectorStore,
+    recipe: IndexRecipe,
+    book_id: str,
+    corpus: Mapping[str, tuple[str, str]],
+) -> IndexRecipe:
+    """``recipe`` with its BM25 ``avg_len`` set for this corpus: the collection constant.
+
+    An evaluation corpus is one collection known in advance, so its mean analysed chunk length
+    is measured over its chunks before anything is encoded (SciFact: 88.4). Like any
+    collection's, the value is fixed when the index is built and recorded with it (in every
+    chunk's ``sparse_model``): when the index already holds the whole corpus under the
+    recorded encoder, that encoder is reused without chunking everything again."""
+    sparse = recipe.sparse
+    recorded = _recorded_encoder(store, book_id)
+    if recorded is not None and (recorded.analyzer, recorded.language, recorded.k1, recorded.b) == (
+        sparse.analyzer,
+        sparse.language,
+        sparse.k1,
+        sparse.b,
+    ):
+        candidate = replace(recipe, sparse=recorded)
+        docs = _documents(book_id, corpus)
+        if not _corpus_changes(store, book_id, docs, candidate).has_work:
+            return candidate
+    avg = measure_avg_len(
+        _chunk_texts(_documents(book_id, corpus), recipe),
+        analyzer=sparse.analyzer,
+        language=sparse.language,
+        fallback=sparse.avg_len,
+    )
+    encoder = Bm25Encoder(
+        k1=sparse.k1, b=sparse.b, avg_len=avg, language=sparse.language, analyzer=sparse.analyzer
+    )
+    return replace(recipe, sparse=encoder)
+
+
+def _recorded_encoder(store: VectorStore, book_id: str) -> Bm25Encoder | None:
+    for record in store.scroll(chunks_of(book_id), fields=["sparse_model"], page_size=1):
+        try:
+            return Bm25Encoder.from_name(str(record.payload.get("sparse_model") or ""))
+        except ValueError:
+            return None
+    return None
+
+
+def _corpus_changes(
+    store: VectorStore,
+    book_id: str,
+    docs: Sequence[ParsedDocument],
+    recipe: IndexRecipe,
+    state: IndexState | None = None,
+) -> FileChanges:
+    """What indexing the documents with ``recipe`` would change in the index."""
+    if state is None:
+        state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
+    current = {d.source_file: d.source_file_hash for d in docs}
+    return classify_files(
+        current,
+        state.documents,
+        recipe.signature,
+        is_gone=lambda name: True,  # a document no longer in the corpus is gone
+        orphan_files=state.orphan_files,
+    )
+
+
 def index_corpus(
     store: VectorStore,
     book_id: str,
@@ -134,14 +222,7 @@ def index_corpus(
     lineage = recipe.lineage(run_id=None)
     docs = _documents(book_id, corpus)
     state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
-    current = {d.source_file: d.source_file_hash for d in docs}
-    changes = classify_files(
-        current,
-        state.documents,
-        recipe.signature,
-        is_gone=lambda name: True,  # a document no longer in the corpus is gone
-        orphan_files=state.orphan_files,
-    )
+    changes = _corpus_changes(store, book_id, docs, recipe, state)
     todo = [d for d in docs if d.source_file in set(changes.changed)]
     totals = {
         "documents": len(docs),
@@ -186,12 +267,18 @@ class EvalReport:
     recall_at_100: float
     mrr_at_10: float
     seconds: float
+    #: hybrid runs: how the lists were fused, e.g. "minmax", "rrf(k=60)"; else None
+    fusion: str | None = None
+    #: the sparse encoder the index was built with (its name records the measured avg_len)
+    sparse_model: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
             "dataset": self.dataset,
             "split": self.split,
             "mode": self.mode,
+            "fusion": self.fusion,
+            "sparse_model": self.sparse_model,
             "ndcg@10": round(self.ndcg_at_10, 5),
             "recall@10": round(self.recall_at_10, 5),
             "recall@100": round(self.recall_at_100, 5),
@@ -223,7 +310,8 @@ def evaluate(
     *,
     mode: SearchMode,
     split: str = "test",
-    rrf_k: int = 60,
+    fusion: FusionMethod = DEFAULT_FUSION,
+    rrf_k: int = DEFAULT_RRF_K,
     depth: int = 100,
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalReport:
@@ -241,6 +329,7 @@ def evaluate(
             limit=depth * 2,
             mode=mode,
             sparse_encoder=recipe.sparse,
+            fusion=fusion,
             rrf_k=rrf_k,
             prefetch_limit=depth * 2,
         )
@@ -263,4 +352,6 @@ def evaluate(
         totals["r100"] / count,
         totals["mrr"] / count,
         time.perf_counter() - started,
+        fusion=(f"rrf(k={rrf_k})" if fusion == "rrf" else fusion) if mode == "hybrid" else None,
+        sparse_model=recipe.sparse.name,
     )

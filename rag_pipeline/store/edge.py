@@ -18,39 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import qdrant_edge as qe
 
-from rag_pipeline.store.base import (
-    DENSE_VECTOR,
-    SPARSE_VECTOR,
-    CollectionSchema,
-    CollectionSpec,
-    Fusion,
-    PointRecord,
-    ScoredRecord,
-    SparseVector,
-    StoreDamagedError,
-    StoredRecord,
-    StoreError,
-    VectorStore,
-)
+from rag_pipeline.store import base, native
 from rag_pipeline.store.filters import TenantFilter
 from rag_pipeline.store.lock import FolderLock
-from rag_pipeline.store.native import (
-    Dialect,
-    native_filter,
-    native_point,
-    native_sparse,
-    payload_selector,
-    to_record,
-    to_scored,
-    vector_selector,
-)
 
 __all__ = ["EDGE", "EdgeStore"]
 
-EDGE = Dialect(
+EDGE = native.Dialect(
     models=qe,
     range=qe.RangeFloat,
     has_id=lambda ids: qe.HasIdCondition(point_ids=set(ids)),
@@ -60,14 +36,14 @@ _CONFIG_FILE = "edge_config.json"
 _REBUILD = "rag-pipeline ingest --rebuild"
 
 
-class EdgeStore(VectorStore):
+class EdgeStore(base.VectorStore):
     """A collection as a Qdrant Edge shard in ``<path>/<collection>``."""
 
     def __init__(
         self,
         collection: str,
         path: str | Path,
-        schema: CollectionSchema,
+        schema: base.CollectionSchema,
         *,
         busy_wait_s: float = 0.0,
     ) -> None:
@@ -91,7 +67,7 @@ class EdgeStore(VectorStore):
     def _load(self) -> qe.EdgeShard | None:
         if not (self.folder / _CONFIG_FILE).exists():
             if _has_data(self.folder):
-                raise StoreDamagedError(
+                raise base.StoreDamagedError(
                     f"{self.description} holds segments but no {_CONFIG_FILE}: the store is "
                     f"damaged. Rebuild it from the books with `{_REBUILD}`."
                 )
@@ -99,7 +75,7 @@ class EdgeStore(VectorStore):
         try:
             return qe.EdgeShard.load(str(self.folder))
         except Exception as exc:
-            raise StoreDamagedError(
+            raise base.StoreDamagedError(
                 f"cannot open {self.description}: {exc}. If its files were changed or lost, "
                 f"rebuild it from the books with `{_REBUILD}`."
             ) from exc
@@ -108,9 +84,13 @@ class EdgeStore(VectorStore):
     def lock(self) -> FolderLock:
         return self._folder_lock
 
+    @property
+    def folder_lock(self) -> FolderLock:
+        return self._folder_lock
+
     def _engine(self) -> qe.EdgeShard:
         if self._shard is None:
-            raise StoreError(f"collection {self.collection!r} does not exist yet")
+            raise base.StoreError(f"collection {self.collection!r} does not exist yet")
         return self._shard
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
@@ -118,10 +98,10 @@ class EdgeStore(VectorStore):
         with self._lock:
             try:
                 return fn(*args)
-            except (StoreError, ValueError, TypeError):
+            except (base.StoreError, ValueError, TypeError):
                 raise
             except Exception as exc:
-                raise StoreError(
+                raise base.StoreError(
                     f"{self.description}: {what} failed: {exc}. If the store's files were "
                     f"damaged, rebuild it from the books with `{_REBUILD}`."
                 ) from exc
@@ -137,26 +117,26 @@ class EdgeStore(VectorStore):
             return None
         try:
             vectors = json.loads(config_file.read_text()).get("vectors") or {}
-            size = (vectors.get(DENSE_VECTOR) or {}).get("size")
+            size = (vectors.get(base.DENSE_VECTOR) or {}).get("size")
         except (OSError, ValueError, AttributeError) as exc:
-            raise StoreDamagedError(
+            raise base.StoreDamagedError(
                 f"{self.description}: {_CONFIG_FILE} is unreadable ({exc}); rebuild the store "
                 f"with `{_REBUILD}`"
             ) from exc
         return int(size) if size is not None else None
 
-    def ensure_collection(self, spec: CollectionSpec) -> None:
+    def ensure_collection(self, spec: base.CollectionSpec) -> None:
         with self._lock:
             if self._shard is None:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 config = qe.EdgeConfig(
                     vectors={
-                        DENSE_VECTOR: qe.EdgeVectorParams(
+                        base.DENSE_VECTOR: qe.EdgeVectorParams(
                             size=spec.dense_dim, distance=qe.Distance.Cosine
                         )
                     },
                     sparse_vectors={
-                        SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
+                        base.SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
                     },
                 )
                 self._shard = self._call("create", qe.EdgeShard.create, str(self.folder), config)
@@ -185,10 +165,10 @@ class EdgeStore(VectorStore):
     # -- primitives -------------------------------------------------------------------------
 
     def _filter(self, where: TenantFilter) -> Any:
-        return native_filter(EDGE, self.schema.tenant_field, where)
+        return native.native_filter(EDGE, self.schema.tenant_field, where)
 
-    def _upsert(self, points: Sequence[PointRecord]) -> None:
-        operation = qe.UpdateOperation.upsert_points([native_point(EDGE, p) for p in points])
+    def _upsert(self, points: Sequence[base.PointRecord]) -> None:
+        operation = qe.UpdateOperation.upsert_points([native.native_point(EDGE, p) for p in points])
         self._call("upsert", self._engine().update, operation)
 
     def _flush(self) -> None:
@@ -203,63 +183,49 @@ class EdgeStore(VectorStore):
         request = qe.CountRequest(filter=self._filter(where))
         return int(self._call("count", self._engine().count, request))
 
-    def _scroll_page(
-        self,
-        where: TenantFilter,
-        limit: int,
-        offset: Any,
-        fields: Sequence[str] | None,
-        with_vectors: bool,
-    ) -> tuple[list[StoredRecord], Any]:
+    def _scroll_page(self, page: base.ScrollPage) -> tuple[list[base.StoredRecord], Any]:
         request = qe.ScrollRequest(
-            filter=self._filter(where),
-            limit=limit,
-            offset=offset,
-            with_payload=payload_selector(fields),
-            with_vector=vector_selector(with_vectors),
+            filter=self._filter(page.where),
+            limit=page.limit,
+            offset=page.offset,
+            with_payload=native.payload_selector(page.fields),
+            with_vector=native.vector_selector(page.with_vectors),
         )
         records, next_offset = self._call("scroll", self._engine().scroll, request)
-        return [to_record(r) for r in records], next_offset
+        return [native.to_record(r) for r in records], next_offset
 
-    def _query(
-        self,
-        where: TenantFilter,
-        dense: np.ndarray | None,
-        sparse: SparseVector | None,
-        limit: int,
-        prefetch_limit: int,
-        fusion: Fusion | None,
-        score_threshold: float | None,
-    ) -> list[ScoredRecord]:
-        native = self._filter(where)
-        nearest = []
-        if dense is not None:
-            nearest.append(qe.Query.Nearest(dense.tolist(), using=DENSE_VECTOR))
-        if sparse is not None:
-            nearest.append(qe.Query.Nearest(native_sparse(EDGE, sparse), using=SPARSE_VECTOR))
-        kwargs: dict[str, Any] = {"query": nearest[0]}
-        if fusion is not None:
-            kwargs = {
+    def _query_batch(self, queries: Sequence[base.NearestQuery]) -> list[list[base.ScoredRecord]]:
+        request = qe.QueryBatchRequest([self._request(q) for q in queries])
+        found = self._call("query", self._engine().query_batch, request)
+        return [[native.to_scored(p) for p in points] for points in found]
+
+    def _request(self, q: base.NearestQuery) -> qe.QueryRequest:
+        flt = self._filter(q.where)
+        nearest = [
+            qe.Query.Nearest(native.native_vector(EDGE, v), using=name) for v, name in q.nearest
+        ]
+        shape: dict[str, Any] = {"query": nearest[0]}
+        if q.fusion is not None:
+            shape = {
                 "query": qe.Fusion.Dbsf()
-                if fusion.method == "dbsf"
-                else qe.Fusion.Rrf(k=fusion.rrf_k),
+                if q.fusion.method == "dbsf"
+                else qe.Fusion.Rrf(k=q.fusion.rrf_k),
                 "prefetches": [
-                    qe.Prefetch(query=q, filter=native, limit=prefetch_limit) for q in nearest
+                    qe.Prefetch(query=n, filter=flt, limit=q.prefetch_limit) for n in nearest
                 ],
             }
-        request = qe.QueryRequest(
-            limit=limit,
-            filter=native,
-            score_threshold=score_threshold,
-            with_payload=True,
+        return qe.QueryRequest(
+            limit=q.limit,
+            filter=flt,
+            score_threshold=q.score_threshold,
+            with_payload=native.payload_selector(q.with_payload),
             with_vector=False,
-            **kwargs,
+            **shape,
         )
-        return [to_scored(p) for p in self._call("query", self._engine().query, request)]
 
     def _facet(self, key: str, where: TenantFilter | None) -> list[tuple[str, int]]:
-        native = None if where is None else self._filter(where)
-        request = qe.FacetRequest(key=key, limit=1_000_000, exact=True, filter=native)
+        flt = None if where is None else self._filter(where)
+        request = qe.FacetRequest(key=key, limit=1_000_000, exact=True, filter=flt)
         hits = self._call("facet", self._engine().facet, request)
         # the keyword index may keep a value whose points were all deleted, with count 0
         return [(str(h.value), int(h.count)) for h in hits]

@@ -29,6 +29,7 @@ __all__ = [
     "native_filter",
     "native_point",
     "native_sparse",
+    "native_vector",
     "payload_selector",
     "to_record",
     "to_scored",
@@ -74,6 +75,13 @@ def native_sparse(dialect: Dialect, vector: SparseVector) -> Any:
     return dialect.models.SparseVector(indices=list(vector.indices), values=list(vector.values))
 
 
+def native_vector(dialect: Dialect, vector: np.ndarray | SparseVector) -> Any:
+    """A query vector: a list of floats (dense) or the library's sparse vector."""
+    if isinstance(vector, SparseVector):
+        return native_sparse(dialect, vector)
+    return np.asarray(vector, dtype=np.float32).tolist()
+
+
 def native_point(dialect: Dialect, point: PointRecord) -> Any:
     vector: dict[str, Any] = {}
     if point.dense is not None:
@@ -83,8 +91,11 @@ def native_point(dialect: Dialect, point: PointRecord) -> Any:
     return dialect.point(id=point.id, vector=vector, payload=point.payload)
 
 
-def payload_selector(fields: Sequence[str] | None) -> Any:
-    return list(fields) if fields is not None else True
+def payload_selector(fields: Sequence[str] | bool | None) -> Any:
+    """``True`` (all), ``False`` (none) or the list of fields; None means all."""
+    if fields is None or isinstance(fields, bool):
+        return fields is None or fields
+    return list(fields)
 
 
 def vector_selector(with_vectors: bool) -> Any:

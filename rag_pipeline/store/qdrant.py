@@ -13,45 +13,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 from qdrant_client import QdrantClient
 from qdrant_client import models as qm
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from rag_pipeline.store.base import (
-    DENSE_VECTOR,
-    SPARSE_VECTOR,
-    CollectionSchema,
-    CollectionSpec,
-    Fusion,
-    PointRecord,
-    ScoredRecord,
-    SparseVector,
-    StoreBusyError,
-    StoredRecord,
-    StoreError,
-    StoreUnavailableError,
-    VectorStore,
-)
+from rag_pipeline.store import base, native
 from rag_pipeline.store.filters import TenantFilter
 from rag_pipeline.store.lock import FolderLock
-from rag_pipeline.store.native import (
-    Dialect,
-    native_filter,
-    native_point,
-    native_sparse,
-    payload_selector,
-    to_record,
-    to_scored,
-    vector_selector,
-)
 
 __all__ = ["CLIENT", "QdrantStore"]
 
 T = TypeVar("T")
 _RETRYABLE = (ResponseHandlingException, ConnectionError, TimeoutError)
-CLIENT = Dialect(
+CLIENT = native.Dialect(
     models=qm,
     range=qm.Range,
     has_id=lambda ids: qm.HasIdCondition(has_id=list(ids)),
@@ -59,13 +34,13 @@ CLIENT = Dialect(
 )
 
 
-class QdrantStore(VectorStore):
+class QdrantStore(base.VectorStore):
     """qdrant-client backed store on a server URL, a local folder or ``:memory:``."""
 
     def __init__(
         self,
         collection: str,
-        schema: CollectionSchema,
+        schema: base.CollectionSchema,
         *,
         path: str | Path | None = None,
         url: str | None = None,
@@ -102,11 +77,15 @@ class QdrantStore(VectorStore):
             except RuntimeError as exc:
                 self._folder_lock.release()
                 if "already accessed" in str(exc):  # a program that skipped the lock file
-                    raise StoreBusyError(
+                    raise base.StoreBusyError(
                         f"{self.description} is in use by another process that does not take "
                         "its lock file"
                     ) from None
                 raise
+
+    @property
+    def folder_lock(self) -> FolderLock | None:
+        return self._folder_lock
 
     def _call(self, fn: Callable[[], T]) -> T:
         """Run a client call; server calls retry connection errors with exponential backoff."""
@@ -121,11 +100,11 @@ class QdrantStore(VectorStore):
         try:
             return wrapped()
         except _RETRYABLE as exc:
-            raise StoreUnavailableError(
+            raise base.StoreUnavailableError(
                 f"{self.description} is unreachable after {self._retries} attempts: {exc}"
             ) from exc
         except UnexpectedResponse as exc:
-            raise StoreError(f"{self.description} refused the request: {exc}") from exc
+            raise base.StoreError(f"{self.description} refused the request: {exc}") from exc
 
     # -- collection -------------------------------------------------------------------------
 
@@ -139,16 +118,16 @@ class QdrantStore(VectorStore):
             return None
         info = self._call(lambda: self._client.get_collection(self.collection))
         vectors = info.config.params.vectors
-        if isinstance(vectors, dict) and DENSE_VECTOR in vectors:
-            return vectors[DENSE_VECTOR].size
+        if isinstance(vectors, dict) and base.DENSE_VECTOR in vectors:
+            return vectors[base.DENSE_VECTOR].size
         return None
 
-    def ensure_collection(self, spec: CollectionSpec) -> None:
+    def ensure_collection(self, spec: base.CollectionSpec) -> None:
         existing = self.dense_dimension()
         if existing is None and self.collection_exists():
-            raise StoreError(
+            raise base.StoreError(
                 f"collection {self.collection!r} exists without a "
-                f"{DENSE_VECTOR!r} vector; it was not made by rag_pipeline"
+                f"{base.DENSE_VECTOR!r} vector; it was not made by rag_pipeline"
             )
         self._check_dimension(existing, spec)
         if existing is None:
@@ -156,7 +135,7 @@ class QdrantStore(VectorStore):
         if self.is_server:  # local mode evaluates filters in Python and ignores payload indexes
             self._create_indexes()
 
-    def _create(self, spec: CollectionSpec) -> None:
+    def _create(self, spec: base.CollectionSpec) -> None:
         layout: dict[str, Any] = {}
         if self.is_server:
             replication = self._replication
@@ -170,10 +149,12 @@ class QdrantStore(VectorStore):
             lambda: self._client.create_collection(
                 self.collection,
                 vectors_config={
-                    DENSE_VECTOR: qm.VectorParams(size=spec.dense_dim, distance=qm.Distance.COSINE)
+                    base.DENSE_VECTOR: qm.VectorParams(
+                        size=spec.dense_dim, distance=qm.Distance.COSINE
+                    )
                 },
                 sparse_vectors_config={
-                    SPARSE_VECTOR: qm.SparseVectorParams(modifier=qm.Modifier.IDF)
+                    base.SPARSE_VECTOR: qm.SparseVectorParams(modifier=qm.Modifier.IDF)
                 },
                 **{k: v for k, v in layout.items() if v is not None},
             )
@@ -216,11 +197,11 @@ class QdrantStore(VectorStore):
     # -- primitives -------------------------------------------------------------------------
 
     def _filter(self, where: TenantFilter) -> qm.Filter:
-        native: qm.Filter = native_filter(CLIENT, self.schema.tenant_field, where)
-        return native
+        flt: qm.Filter = native.native_filter(CLIENT, self.schema.tenant_field, where)
+        return flt
 
-    def _upsert(self, points: Sequence[PointRecord]) -> None:
-        structs = [native_point(CLIENT, p) for p in points]
+    def _upsert(self, points: Sequence[base.PointRecord]) -> None:
+        structs = [native.native_point(CLIENT, p) for p in points]
         self._call(lambda: self._client.upsert(self.collection, structs, wait=True))
 
     def _delete(self, where: TenantFilter) -> None:
@@ -228,76 +209,64 @@ class QdrantStore(VectorStore):
         self._call(lambda: self._client.delete(self.collection, selector, wait=True))
 
     def _count(self, where: TenantFilter) -> int:
-        native = self._filter(where)
+        flt = self._filter(where)
         return self._call(
-            lambda: self._client.count(self.collection, count_filter=native, exact=True)
+            lambda: self._client.count(self.collection, count_filter=flt, exact=True)
         ).count
 
-    def _scroll_page(
-        self,
-        where: TenantFilter,
-        limit: int,
-        offset: Any,
-        fields: Sequence[str] | None,
-        with_vectors: bool,
-    ) -> tuple[list[StoredRecord], Any]:
-        native = self._filter(where)
+    def _scroll_page(self, page: base.ScrollPage) -> tuple[list[base.StoredRecord], Any]:
+        flt = self._filter(page.where)
         records, next_offset = self._call(
             lambda: self._client.scroll(
                 self.collection,
-                scroll_filter=native,
-                limit=limit,
-                offset=offset,
-                with_payload=payload_selector(fields),
-                with_vectors=vector_selector(with_vectors),
+                scroll_filter=flt,
+                limit=page.limit,
+                offset=page.offset,
+                with_payload=native.payload_selector(page.fields),
+                with_vectors=native.vector_selector(page.with_vectors),
             )
         )
-        return [to_record(r) for r in records], next_offset
+        return [native.to_record(r) for r in records], next_offset
 
-    def _query(
-        self,
-        where: TenantFilter,
-        dense: np.ndarray | None,
-        sparse: SparseVector | None,
-        limit: int,
-        prefetch_limit: int,
-        fusion: Fusion | None,
-        score_threshold: float | None,
-    ) -> list[ScoredRecord]:
-        native = self._filter(where)
-        nearest: list[tuple[Any, str]] = []
-        if dense is not None:
-            nearest.append((dense.tolist(), DENSE_VECTOR))
-        if sparse is not None:
-            nearest.append((native_sparse(CLIENT, sparse), SPARSE_VECTOR))
-        kwargs: dict[str, Any] = {"query": nearest[0][0], "using": nearest[0][1]}
-        if fusion is not None:
-            kwargs = {
-                "query": qm.FusionQuery(fusion=qm.Fusion.DBSF)
-                if fusion.method == "dbsf"
-                else qm.RrfQuery(rrf=qm.Rrf(k=fusion.rrf_k)),
-                "prefetch": [
-                    qm.Prefetch(query=q, using=using, filter=native, limit=prefetch_limit)
-                    for q, using in nearest
-                ],
-            }
-        response = self._call(
-            lambda: self._client.query_points(
-                self.collection,
-                query_filter=native,
-                limit=limit,
-                score_threshold=score_threshold,
-                with_payload=True,
-                **kwargs,
-            )
+    def _query_batch(self, queries: Sequence[base.NearestQuery]) -> list[list[base.ScoredRecord]]:
+        requests = [self._request(q) for q in queries]
+        responses = self._call(
+            lambda: self._client.query_batch_points(self.collection, requests=requests)
         )
-        return [to_scored(p) for p in response.points]
+        return [[native.to_scored(p) for p in response.points] for response in responses]
+
+    def _request(self, q: base.NearestQuery) -> qm.QueryRequest:
+        flt = self._filter(q.where)
+        pairs = [(native.native_vector(CLIENT, v), name) for v, name in q.nearest]
+        if q.fusion is None:
+            (query, using), prefetch = pairs[0], None
+        else:
+            query = (
+                qm.FusionQuery(fusion=qm.Fusion.DBSF)
+                if q.fusion.method == "dbsf"
+                else qm.RrfQuery(rrf=qm.Rrf(k=q.fusion.rrf_k))
+            )
+            using = None
+            prefetch = [
+                qm.Prefetch(query=v, using=name, filter=flt, limit=q.prefetch_limit)
+                for v, name in pairs
+            ]
+        return qm.QueryRequest(
+            query=query,
+            using=using,
+            prefetch=prefetch,
+            filter=flt,
+            limit=q.limit,
+            score_threshold=q.score_threshold,
+            with_payload=native.payload_selector(q.with_payload),
+            with_vector=False,
+        )
 
     def _facet(self, key: str, where: TenantFilter | None) -> list[tuple[str, int]]:
-        native = None if where is None else self._filter(where)
+        flt = None if where is None else self._filter(where)
         facets = self._call(
             lambda: self._client.facet(
-                self.collection, key=key, facet_filter=native, limit=1_000_000, exact=True
+                self.collection, key=key, facet_filter=flt, limit=1_000_000, exact=True
             )
         )
         return [(str(hit.value), int(hit.count)) for hit in facets.hits]

@@ -1,0 +1,320 @@
+"""`rag-pipeline serve`: a real server process, its answers against the CLI's, its errors, and
+its coexistence with an ingest run on the embedded store."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from rag_pipeline_tests.conftest import REPO, make_recipe, make_source
+from rag_pipeline_tests.test_cli import Cli
+
+BOOK = "ros2-fundamentals"
+OTHER = "humanoid-robotics-ros2"
+
+
+class Server:
+    def __init__(self, cli: Cli) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rag_pipeline.cli", "serve", "--port", str(self.port)],
+            env=cli.env,
+            cwd=cli.cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if requests.get(f"{self.url}/health", timeout=5).ok:
+                    return
+            except requests.ConnectionError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the service did not start:\n{self.proc.stdout.read()}")  # type: ignore[union-attr]
+            time.sleep(0.2)
+
+    def get(self, path: str, **params: object) -> requests.Response:
+        return requests.get(f"{self.url}{path}", params=params, timeout=120)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _indexed_cli(root) -> Cli:  # type: ignore[no-untyped-def]
+    """The sample books indexed (directly, without Dagster) into the CLI's embedded store."""
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store.edge import EdgeStore
+
+    books = root / "books"
+    shutil.copytree(REPO / "data" / "books", books)
+    cli = Cli(root, books)
+    store = EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA)
+    try:
+        for book in (BOOK, OTHER):
+            ingest_book(make_source(books), book, store, make_recipe(HashEmbedder()))
+    finally:
+        store.close()
+    return cli
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Cli]]:
+    cli = _indexed_cli(tmp_path_factory.mktemp("served"))
+    server = Server(cli)
+    yield server, cli
+    server.stop()
+
+
+def _cli_args(params: dict[str, object]) -> list[str]:
+    args: list[str] = []
+    for key, value in params.items():
+        option = "--" + {"where": "where", "proficiency": "proficiency"}.get(key, key).replace(
+            "_", "-"
+        )
+        for v in value if isinstance(value, list) else [value]:
+            args += [option, str(v)]
+    return args
+
+
+SEARCHES: list[dict[str, object]] = [
+    {},
+    {"limit": 8, "mode": "dense"},
+    {"mode": "sparse", "limit": 3},
+    {"fusion": "dbsf"},
+    {"fusion": "rrf", "rrf_k": 10, "limit": 7},
+    {"group_by": "file", "limit": 3, "group_size": 2},
+    {"group_by": "file", "mode": "sparse"},
+    {"chapter_min": 1, "chapter_max": 1, "limit": 20, "proficiency": ["A2", "B1"]},
+    {"where": ["lesson=1"], "score_threshold": 0.2, "limit": 50},
+]
+
+
+@pytest.mark.parametrize(
+    "params", SEARCHES, ids=lambda p: "&".join(f"{k}={v}" for k, v in p.items()) or "default"
+)
+def test_search_body_equals_the_cli_json(served, params):
+    server, cli = served
+    query = "How do nodes communicate with topics?"
+    response = server.get("/search", q=query, book=BOOK, **params)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body, "the request should find something"
+    assert body == cli.json("search", query, "--book", BOOK, *_cli_args(params))
+
+
+def test_context_document_lineage_bodies_equal_the_cli_json(served):
+    server, cli = served
+    top = server.get("/search", q="publish subscribe", book=BOOK, limit=1).json()[0]
+    context = server.get(f"/context/{top['id']}", book=BOOK, prev=2, next=1)
+    assert context.status_code == 200
+    assert context.json() == cli.json("context", top["id"], "--book", BOOK, "--prev", "2")
+    document = server.get(f"/document/{top['parent_doc_id']}", book=BOOK)
+    assert document.json() == cli.json("document", top["parent_doc_id"], "--book", BOOK)
+    lineage = server.get(f"/lineage/{top['id']}", book=BOOK)
+    assert lineage.json() == cli.json("lineage", top["id"], "--book", BOOK)
+    assert lineage.json()["source_file"] == top["source_file"]
+
+
+def test_grouped_search_over_http(served):
+    server, _ = served
+    groups = server.get("/search", q="ROS 2 nodes", book=BOOK, group_by="file", limit=4).json()
+    assert 1 <= len(groups) <= 4
+    assert len({g["source_file"] for g in groups}) == len(groups)
+    for g in groups:
+        assert set(g) == {"source_file", "parent_doc_id", "title", "score", "hits"}
+        assert 1 <= len(g["hits"]) <= 3 and g["score"] == g["hits"][0]["score"]
+        assert {h["source_file"] for h in g["hits"]} == {g["source_file"]}
+        assert {h["book_id"] for h in g["hits"]} == {BOOK}
+    assert [g["score"] for g in groups] == sorted((g["score"] for g in groups), reverse=True)
+
+
+NO_BOOK_REQUESTS = [
+    ("/search", {"q": "x"}),
+    ("/search", {"q": "x", "book": ""}),
+    ("/search", {"limit": "abc"}),  # wrong in more ways than one: the book comes first
+    ("/context/" + str(uuid.uuid4()), {}),
+    ("/document/" + str(uuid.uuid4()), {}),
+    ("/lineage/" + str(uuid.uuid4()), {"book": ""}),
+    ("/lineage/not-an-id", {}),
+]
+
+
+@pytest.mark.parametrize(("path", "params"), NO_BOOK_REQUESTS)
+def test_no_book_no_answer(served, path, params):
+    server, _ = served
+    response = server.get(path, **params)
+    assert response.status_code == 400
+    assert "book" in response.json()["detail"]
+
+
+BAD_REQUESTS = [
+    ("/search", {"q": "x", "book": "../etc"}, 400, "invalid book id"),
+    ("/search", {"q": "x", "book": BOOK, "chapter_min": 3, "chapter_max": 1}, 400, "empty"),
+    ("/search", {"q": "x", "book": BOOK, "where": "nokey"}, 400, "key=value"),
+    ("/search", {"q": "x", "book": BOOK, "where": "book_id=x"}, 400, "free filter"),
+    ("/search", {"q": "x", "book": BOOK, "chapter_min": 2**70}, 400, "64 bits"),
+    ("/search", {"q": "x", "book": BOOK, "limit": 0}, 422, "limit"),
+    ("/search", {"q": "x", "book": BOOK, "mode": "fuzzy"}, 422, "mode"),
+    ("/search", {"q": "x", "book": BOOK, "fusion": "sum"}, 422, "fusion"),
+    ("/search", {"q": "x", "book": BOOK, "group_by": "chapter"}, 422, "group_by"),
+    ("/search", {"book": BOOK}, 422, "q"),
+    ("/context/not-an-id", {"book": BOOK}, 400, "not a point id"),
+    ("/context/" + str(uuid.uuid4()), {"book": BOOK}, 404, "no chunk"),
+    ("/document/" + str(uuid.uuid4()), {"book": BOOK}, 404, "no document"),
+    ("/lineage/" + str(uuid.uuid4()), {"book": BOOK}, 404, "no point"),
+    ("/context/" + str(uuid.uuid4()), {"book": BOOK, "prev": -1}, 422, "prev"),
+]
+
+
+@pytest.mark.parametrize(("path", "params", "status", "message"), BAD_REQUESTS)
+def test_bad_input_is_answered_with_a_code_and_a_message(served, path, params, status, message):
+    server, _ = served
+    response = server.get(path, **params)
+    assert response.status_code == status, response.text
+    assert message in response.text
+
+
+def test_another_books_ids_are_not_found(served):
+    server, _ = served
+    other = server.get("/search", q="ROS", book=OTHER, limit=1).json()[0]
+    assert other["book_id"] == OTHER
+    assert server.get(f"/context/{other['id']}", book=BOOK).status_code == 404
+    assert server.get(f"/lineage/{other['id']}", book=BOOK).status_code == 404
+    assert server.get(f"/document/{other['parent_doc_id']}", book=BOOK).status_code == 404
+
+
+def test_health_and_docs(served):
+    server, _ = served
+    health = server.get("/health").json()
+    assert health["status"] == "ok" and health["embedding_model"] == "hash-384"
+    assert health["sparse_model"].startswith("bm25v2-")
+    assert server.get("/docs").status_code == 200
+    spec = server.get("/openapi.json").json()
+    assert {"/search", "/context/{chunk_id}", "/document/{parent_doc_id}"} <= set(spec["paths"])
+    names = {p["name"] for p in spec["paths"]["/search"]["get"]["parameters"]}
+    assert {"q", "book", "fusion", "group_by", "where", "proficiency"} <= names
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_ingest_while_serving_then_the_new_text_is_found(tmp_path):
+    """A real `rag-pipeline ingest` runs while the service answers a stream of searches: the
+    service steps aside for it, no request fails, and the new text is found right after."""
+    cli = _indexed_cli(tmp_path)
+    server = Server(cli)
+    try:
+        assert server.get("/search", q="x", book=BOOK).status_code == 200  # holds the store
+        (Path(cli.env["RAG_DATA_DIR"]) / BOOK / "99-quokkatron.md").write_text(
+            "---\ntitle: Quokkatron\n---\n## Flux\n\nThe quokkatron flux capacitor needs "
+            "exactly 1.21 gigawatts of zorblaxian power.\n",
+            encoding="utf-8",
+        )
+        codes: list[int] = []
+        stop = threading.Event()
+
+        def hammer() -> None:
+            while not stop.is_set():
+                codes.append(server.get("/search", q="nodes and topics", book=BOOK).status_code)
+
+        thread = threading.Thread(target=hammer)
+        thread.start()
+        try:
+            report = cli.json("ingest")
+        finally:
+            stop.set()
+            thread.join()
+        assert report["books"][BOOK]["files_new"] == 1, report
+        hits = server.get("/search", q="quokkatron flux capacitor", book=BOOK, limit=1).json()
+        assert hits and hits[0]["source_file"] == "99-quokkatron.md"
+        print(f"{len(codes)} searches during the ingest")
+        assert len(codes) >= 3 and set(codes) == {200}, codes
+        assert server.get("/health").json()["store_step_asides"] >= 1
+    finally:
+        server.stop()
+
+
+def test_the_holder_steps_aside_for_a_waiting_writer_then_reopens(tmp_path):
+    """In one process: flock conflicts between open files, so a thread can play the writer."""
+    import numpy as np
+
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.schema import book_filter as tenant_filter
+    from rag_pipeline.serve import StoreHolder
+    from rag_pipeline.store import CollectionSpec, PointRecord
+    from rag_pipeline.store.edge import EdgeStore
+
+    def point(i: int) -> PointRecord:
+        return PointRecord(str(uuid.UUID(int=i + 1)), {"book_id": "b"}, np.eye(4)[i % 4])
+
+    def opener(wait_s: float) -> EdgeStore:
+        return EdgeStore("c", tmp_path, COLLECTION_SCHEMA, busy_wait_s=wait_s)
+
+    holder = StoreHolder(opener, busy_wait_s=20, poll_s=0.02)
+    holder.start()
+    try:
+        with holder.store() as store:
+            store.ensure_collection(CollectionSpec("c", 4))
+            store.upsert([point(0)])
+        assert holder.is_open  # kept open between requests
+        writing = threading.Event()
+
+        def writer() -> None:
+            store = opener(20)  # waits for the holder, which steps aside while idle
+            writing.set()
+            store.upsert([point(1)])
+            time.sleep(0.5)
+            store.close()
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        assert writing.wait(10), "the idle holder did not step aside"
+        assert not holder.is_open
+        asked = time.monotonic()
+        with holder.store() as store:  # waits for the writer, then reopens: no error
+            assert store.count(tenant_filter("b")) == 2
+        assert time.monotonic() - asked > 0.2
+        thread.join()
+        assert (holder.stats.opens, holder.stats.step_asides) == (2, 1)
+    finally:
+        holder.close()
+
+
+def test_a_store_busy_past_its_wait_is_503(tmp_path):
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store.edge import EdgeStore
+
+    cli = _indexed_cli(tmp_path)
+    cli.env["RAG_BUSY_WAIT_S"] = "1"
+    server = Server(cli)
+    holder = EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA)
+    try:  # this process holds the folder and never steps aside
+        response = server.get("/search", q="nodes", book=BOOK)
+        assert response.status_code == 503
+        assert "is in use by" in response.json()["detail"]
+        holder.close()
+        assert server.get("/search", q="nodes", book=BOOK).status_code == 200
+    finally:
+        holder.close()
+        server.stop()
