@@ -147,9 +147,16 @@ class Bm25Encoder:
 
     @property
     def name(self) -> str:
-        """Identifies the encoding (part of the index signature: a change re-encodes)."""
+        """Identifies the encoding, average included (recorded in every chunk's
+        ``sparse_model``, from which :meth:`from_name` rebuilds the encoder)."""
+        return f"{self.family}-avg={self.avg_len:g}"
+
+    @property
+    def family(self) -> str:
+        """The encoding without its average: tokens, stemmer, k1 and b (the index signature
+        holds this; the average is fixed per book when the book is first indexed)."""
         prefix = "bm25v2" if self.analyzer == "v2" else "bm25"
-        return f"{prefix}-{self.language}-k1={self.k1}-b={self.b}-avg={self.avg_len:g}"
+        return f"{prefix}-{self.language}-k1={self.k1}-b={self.b}"
 
     def terms(self, text: str) -> list[str]:
         """The analysed terms of ``text``, in order (what BM25 counts)."""

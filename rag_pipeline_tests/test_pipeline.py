@@ -431,3 +431,25 @@ def test_the_plan_is_what_the_run_does(env, store, write_book, change):
         )
         assert expected >= 0
     assert check_index(store, BOOK).passed
+
+
+def test_a_books_bm25_average_is_measured_once_recorded_and_kept(env, store, write_book):
+    """BM25 length normalization uses the book's own average chunk length: measured when the
+    book is first indexed, recorded in every chunk's sparse_model, reused by later runs (so an
+    edit re-encodes nothing else), measured again only when the book is rebuilt."""
+    from rag_pipeline.sparse import Bm25Encoder, measure_avg_len
+
+    run = env.run("first")
+    names = {p["sparse_model"] for p in env.chunk_points().values()}
+    assert len(names) == 1
+    recorded = Bm25Encoder.from_name(names.pop())
+    measured = measure_avg_len(c.embed_text for c in run.chunked.chunks)
+    assert recorded.avg_len == measured and recorded.analyzer == "v2"
+    write_book(BOOK, {"short.md": "# Short\n\nA few words only."})
+    later = env.run("second")
+    assert later.embedded.sparse_model == recorded.name  # the new file uses the book's average
+    assert later.inventory.changes.new == ("short.md",) and not later.inventory.changes.modified
+    forced = env.run("forced", force=True)
+    assert Bm25Encoder.from_name(forced.embedded.sparse_model).avg_len == measure_avg_len(
+        c.embed_text for c in forced.chunked.chunks
+    )

@@ -43,6 +43,7 @@ _STATE_FIELDS = [
     "total_chunks",
     "content_hash",
     "embedding_model",
+    "sparse_model",
     "error",
 ]
 
@@ -148,6 +149,8 @@ class IndexState:
     # content hash -> ids of chunk points embedded with the given model
     by_content: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     chunk_points: int = 0
+    #: the sparse encoder the book's chunks were encoded with (its BM25 average is the book's)
+    sparse_model: str | None = None
 
     @property
     def orphan_files(self) -> set[str]:
@@ -189,6 +192,7 @@ def read_index_state(
         elif p.get("record_type") == CHUNK:
             state.chunk_points += 1
             state.chunk_ids[source_file].add(record.id)
+            state.sparse_model = state.sparse_model or p.get("sparse_model")
             digest = p.get("content_hash")
             if digest and (embedding_model is None or p.get("embedding_model") == embedding_model):
                 state.by_content[digest].append(record.id)

@@ -8,13 +8,14 @@ point records.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from rag_pipeline import __version__
 from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.base import Embedder
-from rag_pipeline.sparse import Bm25Encoder
+from rag_pipeline.sparse import Bm25Encoder, fallback_avg_len, measure_avg_len
 
 __all__ = ["IndexRecipe", "LineageInfo"]
 
@@ -38,14 +39,20 @@ class IndexRecipe:
     embedder: Embedder
     budget: ChunkBudget
     sparse: Bm25Encoder = field(default_factory=Bm25Encoder)
+    #: True when ``sparse`` carries an average measured for the whole index (an evaluation
+    #: corpus); otherwise each book's average is its own, fixed when it is first indexed
+    sparse_fixed: bool = False
 
     @classmethod
     def build(
         cls, embedder: Embedder, chunking: ChunkingConfig, sparse: Bm25Encoder | None = None
     ) -> IndexRecipe:
-        """The recipe for ``embedder``, its budget resolved against the model's tokenizer."""
+        """The recipe for ``embedder``, its budget resolved against the model's tokenizer;
+        ``sparse``, when given, is used for every book as it is."""
         budget = ChunkBudget.for_tokenizer(chunking, embedder.tokenizer)
-        return cls(embedder, budget, sparse or Bm25Encoder())
+        if sparse is not None:
+            return cls(embedder, budget, sparse, sparse_fixed=True)
+        return cls(embedder, budget, Bm25Encoder(avg_len=fallback_avg_len(budget.target)))
 
     @property
     def embedding_model(self) -> str:
@@ -60,15 +67,36 @@ class IndexRecipe:
         """Identifies how chunks were cut and embedded."""
         key = (
             f"{CHUNKER_VERSION}|{self.budget}|{self.embedder.model_name}|"
-            f"{self.embedder.dimension}|{self.sparse.name}"
+            f"{self.embedder.dimension}|{self.sparse.family}"
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
-    def lineage(self, run_id: str | None) -> LineageInfo:
+    def sparse_for(self, recorded: str | None, texts: Callable[[], Iterable[str]]) -> Bm25Encoder:
+        """The sparse encoder of one book: the one its chunks already record (same family),
+        else one whose average is measured over ``texts()``, the book's chunk texts (a book
+        being indexed for the first time, or rebuilt)."""
+        if self.sparse_fixed:
+            return self.sparse
+        if recorded:
+            try:
+                encoder = Bm25Encoder.from_name(recorded)
+            except ValueError:
+                encoder = None
+            if encoder is not None and encoder.family == self.sparse.family:
+                return encoder
+        average = measure_avg_len(
+            texts(),
+            analyzer=self.sparse.analyzer,
+            language=self.sparse.language,
+            fallback=self.sparse.avg_len,
+        )
+        return replace(self.sparse, avg_len=average)
+
+    def lineage(self, run_id: str | None, sparse_model: str | None = None) -> LineageInfo:
         return LineageInfo(
             self.embedder.model_name,
             self.embedder.dimension,
-            self.sparse.name,
+            sparse_model or self.sparse.name,
             self.signature,
             __version__,
             run_id,

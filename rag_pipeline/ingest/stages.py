@@ -381,6 +381,7 @@ class EmbeddedBook:
     cost_usd: float
     seconds: float
     embed_seconds: float = 0.0  # inside the embedder only: the "pure embedding time"
+    sparse_model: str = ""  # the sparse encoder (with the book's BM25 average) used
 
 
 def vectors_to_reuse(
@@ -425,7 +426,12 @@ def embed_book(
         texts = [chunks[i].embed_text for i in todo]
         dense[todo] = embedder.embed(texts, progress=progress)
     embed_seconds = time.perf_counter() - embed_started
-    sparse = tuple(recipe.sparse.encode_documents([c.embed_text for c in chunks]))
+    inventory = chunked.inventory
+    encoder = recipe.sparse_for(
+        None if inventory.reembed else inventory.state.sparse_model,
+        lambda: (c.embed_text for c in chunks),
+    )
+    sparse = tuple(encoder.encode_documents([c.embed_text for c in chunks]))
     return EmbeddedBook(
         chunked.book_id,
         embedder.model_name,
@@ -437,6 +443,7 @@ def embed_book(
         embedder.cost_usd(tokens),
         time.perf_counter() - started,
         embed_seconds,
+        encoder.name,
     )
 
 
@@ -490,7 +497,7 @@ def ingest_book(
     parsed = parse_book(inventory, source)
     chunked = chunk_book(parsed, recipe)
     embedded = embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
-    written = write_book(store, chunked, embedded, recipe.lineage(run_id))
+    written = write_book(store, chunked, embedded, recipe.lineage(run_id, embedded.sparse_model))
     return BookRun(inventory, parsed, chunked, embedded, written)
 
 

@@ -164,7 +164,7 @@ def measured_recipe(
         sparse.k1,
         sparse.b,
     ):
-        candidate = replace(recipe, sparse=recorded)
+        candidate = replace(recipe, sparse=recorded, sparse_fixed=True)
         docs = _documents(book_id, corpus)
         if not _corpus_changes(store, book_id, docs, candidate).has_work:
             return candidate
@@ -177,7 +177,7 @@ def measured_recipe(
     encoder = Bm25Encoder(
         k1=sparse.k1, b=sparse.b, avg_len=avg, language=sparse.language, analyzer=sparse.analyzer
     )
-    return replace(recipe, sparse=encoder)
+    return replace(recipe, sparse=encoder, sparse_fixed=True)
 
 
 def _recorded_encoder(store: VectorStore, book_id: str) -> Bm25Encoder | None:
