@@ -39,7 +39,10 @@ from dagster import (
     sensor,
 )
 from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.asset_check_execution_record import (
+    COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
+    AssetCheckExecutionRecordStatus,
+)
 
 from rag_pipeline.defs.assets import OWNERS, STORE_POOL, qdrant_points
 from rag_pipeline.defs.jobs import INGEST_JOB_NAME, PURGE_JOB_NAME
@@ -225,12 +228,14 @@ def _last_run(instance: DagsterInstance, book_id: str) -> str | None:
 
 
 def _check_results(instance: DagsterInstance, book_id: str) -> dict[str, str]:
-    """check name -> passed | failed | warned | - (never ran), for the book's latest runs."""
+    """check name -> passed | failed | warned | - (never ran): the latest completed result of
+    each of the book's checks (a run in flight does not hide the last known state)."""
     out = {}
     for asset_name, check_name in BOOK_CHECKS:
         history = instance.event_log_storage.get_asset_check_execution_history(
             AssetCheckKey(AssetKey(asset_name), check_name),
             limit=1,
+            status=COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
             partition_filter=PartitionKeyFilter(key=book_id),
         )
         out[check_name] = _result(history[0]) if history else "-"
@@ -240,8 +245,6 @@ def _check_results(instance: DagsterInstance, book_id: str) -> dict[str, str]:
 def _result(record: Any) -> str:
     if record.status == AssetCheckExecutionRecordStatus.SUCCEEDED:
         return "passed"
-    if record.status == AssetCheckExecutionRecordStatus.PLANNED:
-        return "running or skipped"
     evaluation = record.event.dagster_event.event_specific_data if record.event else None
     severity = getattr(evaluation, "severity", None)
     return "warned" if severity == AssetCheckSeverity.WARN else "failed"
