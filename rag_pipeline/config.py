@@ -353,11 +353,15 @@ def ensure_dagster_home(default: Path | str = ".dagster_home") -> Path:
         config = home / "dagster.yaml"
         if not config.exists():
             project_yaml = Path("dagster.yaml")
-            config.write_text(
+            text = (
                 project_yaml.read_text()
                 if project_yaml.is_file()
                 else "telemetry:\n  enabled: false\n"
             )
+            # Written aside and renamed: a process starting alongside never reads half a file.
+            part = config.with_name(f".dagster.yaml.{os.getpid()}")
+            part.write_text(text)
+            os.replace(part, config)
     except OSError as exc:
         raise SettingsError(f"DAGSTER_HOME={str(home)!r}: {exc.strerror or exc}") from None
     return home

@@ -118,3 +118,37 @@ def test_two_ingests_started_together_both_succeed_and_agree(tmp_path):
     assert point_set(tmp_path / "qdrant") == reference_points(tmp_path)
     again = cli.json("ingest")
     assert {b["status"] for b in again["books"].values()} == {"unchanged"}
+
+
+OPEN_AT = """
+import sys, time
+time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
+from rag_pipeline.defs.instance import open_home_instance
+with open_home_instance() as instance:
+    instance.get_runs(limit=1)
+    instance.get_dynamic_partitions("books")
+"""
+
+
+def test_processes_opening_a_fresh_dagster_home_together_take_turns(tmp_path):
+    """A fresh SQLite home creates its schema on first open; processes racing to do it failed
+    with 'table jobs already exists' (seen in CI with two ingests started together)."""
+    import os
+
+    for trial in range(2):
+        home = tmp_path / f"home{trial}"
+        home.mkdir()
+        start_at = time.time() + 3.0  # after every interpreter has imported dagster
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPEN_AT, str(start_at)],
+                env={**os.environ, "DAGSTER_HOME": str(home)},
+                cwd=REPO,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err[-2000:]

@@ -27,6 +27,7 @@ from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL
 from rag_pipeline.defs.collection import report_collection
+from rag_pipeline.defs.instance import open_home_instance
 from rag_pipeline.defs.jobs import (
     INGEST_JOB_NAME,
     PURGE_JOB_NAME,
@@ -70,7 +71,7 @@ def execute_plan(
     """Run and purge the books the plan says; unchanged and missing books are reported as
     planned. Returns the ingest report. Without ``instance``, the one in ``DAGSTER_HOME``."""
     if instance is None:
-        with DagsterInstance.get() as home_instance:
+        with open_home_instance() as home_instance:
             return execute_plan(
                 plan,
                 resources,
