@@ -1,0 +1,96 @@
+"""A damaged store is said so, never served: what is damaged, and the command that rebuilds.
+
+The Qdrant Edge folder is damaged the ways a disk or a careless hand does it (its config file
+deleted, its vectors overwritten, its segment files emptied), then used through the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.test_cli import Cli
+
+pytestmark = pytest.mark.integration
+BOOK = "ros2-fundamentals"
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("damage")
+    shutil.copytree(REPO / "data" / "books", root / "books")
+    cli = Cli(root, root / "books")
+    cli("ingest")
+    return root
+
+
+@pytest.fixture
+def cli(indexed, tmp_path):
+    for part in ("books", "qdrant", "dagster_home"):
+        shutil.copytree(indexed / part, tmp_path / part)
+    return Cli(tmp_path, tmp_path / "books")
+
+
+def folder(cli) -> Path:
+    return Path(cli.env["RAG_QDRANT_PATH"]) / "rag_chunks"
+
+
+def no_traceback(proc) -> None:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+
+
+def search(cli, mode: str = "hybrid"):
+    return cli("search", "nodes and topics", "--book", BOOK, "--mode", mode, "--json", check=False)
+
+
+def assert_rebuild_heals(cli) -> None:
+    rebuilt = cli("ingest", "--rebuild", "--json", check=False)
+    no_traceback(rebuilt)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "set aside" in rebuilt.stderr
+    books = json.loads(rebuilt.stdout)["books"]
+    assert {b["status"] for b in books.values()} == {"ingested"}
+    assert all(b["points"] == b["chunks"] > 0 for b in books.values())
+    healed = search(cli)
+    assert healed.returncode == 0 and json.loads(healed.stdout)
+    assert list(folder(cli).parent.glob("rag_chunks.set-aside-*"))  # kept for inspection
+
+
+def test_a_lost_config_file_is_named_and_rebuild_heals_it(cli):
+    (folder(cli) / "edge_config.json").unlink()
+    for proc in (search(cli), cli("ingest", check=False), cli("plan", check=False)):
+        no_traceback(proc)
+        assert proc.returncode == 2
+        assert "damaged" in proc.stderr and "rag-pipeline ingest --rebuild" in proc.stderr
+    assert_rebuild_heals(cli)
+
+
+def test_emptied_segment_files_are_named_and_rebuild_heals_them(cli):
+    for path in (folder(cli) / "segments").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"")
+    proc = search(cli)
+    no_traceback(proc)
+    assert proc.returncode == 2 and "rag-pipeline ingest --rebuild" in proc.stderr
+    assert_rebuild_heals(cli)
+
+
+def test_overwritten_vectors_are_never_served_and_the_next_ingest_repairs_them(cli):
+    for path in (folder(cli) / "segments").rglob("vector_storage-dense/vectors/chunk_*.mmap"):
+        path.write_bytes(os.urandom(path.stat().st_size))
+    proc = search(cli, "dense")
+    no_traceback(proc)
+    assert proc.returncode == 2 and "damaged" in proc.stderr
+    hybrid = search(cli)
+    assert hybrid.returncode == 2 and "damaged" in hybrid.stderr  # not hidden behind fusion
+    plan = cli.json("plan")["books"]
+    assert plan[BOOK]["action"] == "run" and "damaged" in plan[BOOK]["reasons"][0]
+    report = cli.json("ingest")["books"]
+    assert report[BOOK]["status"] == "ingested" and report[BOOK]["reused"] == 0
+    healed = search(cli, "dense")
+    assert healed.returncode == 0 and -1.0 <= json.loads(healed.stdout)[0]["score"] <= 1.0
