@@ -126,3 +126,31 @@ def test_orphan_chunks_without_a_document_record_start_a_run(settings, instance)
     assert report.books["beta"].status == "unchanged"
     with open_store(settings.store(), COLLECTION_SCHEMA) as store:
         assert check_index(store, "alpha").passed
+
+
+def test_a_partition_another_process_adds_at_the_same_moment_is_not_an_error():
+    """Two ingests (or an ingest and the sensor) add the same new book together: both read it
+    as missing, the second insert hits the unique index; that run must go on, not fail."""
+    from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+    from rag_pipeline.defs.runner import add_book_partitions
+
+    instance = DagsterInstance.ephemeral()
+    real_add = instance.add_dynamic_partitions
+    calls = []
+
+    def racing_add(name, keys):
+        calls.append(list(keys))
+        real_add(name, keys)  # the other process's insert lands first...
+        if len(calls) == 1:  # ...and ours then fails on the unique index
+            raise RuntimeError(
+                "(sqlite3.IntegrityError) UNIQUE constraint failed: dynamic_partitions"
+            )
+
+    instance.add_dynamic_partitions = racing_add
+    add_book_partitions(instance, ["alpha", "beta"])
+    assert set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)) == {"alpha", "beta"}
+    assert calls == [["alpha", "beta"]]  # read again: nothing left to add
+
+    instance.add_dynamic_partitions = lambda name, keys: (_ for _ in ()).throw(OSError("disk"))
+    with pytest.raises(OSError):  # any other failure is not swallowed
+        add_book_partitions(instance, ["gamma"])

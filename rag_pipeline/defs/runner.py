@@ -42,7 +42,7 @@ from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
 
-__all__ = ["IngestResources", "PoolWatch", "execute_plan"]
+__all__ = ["IngestResources", "PoolWatch", "add_book_partitions", "execute_plan"]
 
 log = logging.getLogger(__name__)
 QUIET_RUN_CONFIG: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
@@ -92,11 +92,7 @@ def execute_plan(
 
     for run_id in reap_dead_runs(instance, log=say):
         report.warnings.append(f"run {run_id} had died with its process; marked failed")
-    runs = plan.with_action("run")
-    known = set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
-    missing = [b for b in runs if b not in known]
-    if missing:
-        instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, missing)
+    add_book_partitions(instance, plan.with_action("run"))
     tags = {TRIGGER_TAG: trigger, **process_tags()}
     wait_s = resources.qdrant.busy_wait_s
 
@@ -129,6 +125,23 @@ def execute_plan(
         )
     report.seconds = plan.seconds + time.perf_counter() - started
     return report
+
+
+def add_book_partitions(instance: DagsterInstance, book_ids: Sequence[str]) -> None:
+    """Add the books' partitions that do not exist yet. Another process (a second ingest, the
+    sensor) may add the same ones at the same moment: the loser of that race reads again."""
+    for attempt in range(3):
+        known = set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
+        missing = [b for b in book_ids if b not in known]
+        if not missing:
+            return
+        try:
+            instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, missing)
+            return
+        except Exception as exc:  # sqlalchemy's IntegrityError on the unique partition index
+            if attempt == 2 or "unique" not in str(exc).lower():
+                raise
+            time.sleep(0.1)
 
 
 def _run_book(
