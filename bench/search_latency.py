@@ -24,9 +24,10 @@ import numpy as np
 from rag_pipeline.config import load_settings
 from rag_pipeline.embed.local import LocalEmbedder
 from rag_pipeline.retrieve import search
+from rag_pipeline.retrieve.filters import SearchFilters
+from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.sparse import Bm25Encoder
-from rag_pipeline.store import CollectionSpec, PointRecord, open_store, tenant_filter
-from rag_pipeline.store.filters import Match, SearchFilters
+from rag_pipeline.store import CollectionSpec, PointRecord, open_store
 
 REPO = Path(__file__).resolve().parents[1]
 QUERIES = [
@@ -59,20 +60,17 @@ def load_source(engine: str) -> list:
         qdrant_embedded=engine,
     )
     points = []
-    with open_store(settings) as store:
-        for book in store.book_ids():
-            points.extend(
-                store.scroll(tenant_filter(book, Match("record_type", "chunk")), with_vectors=True)
-            )
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        for book in store.tenants():
+            points.extend(store.scroll(chunks_of(book), with_vectors=True))
     return points
 
 
 def build(engine: str, source: list, copies: int, workdir: Path):
     folder = workdir / engine
     shutil.rmtree(folder, ignore_errors=True)
-    store = open_store(
-        load_settings(qdrant_path=str(folder), qdrant_embedded=engine, collection="latency")
-    )
+    settings = load_settings(qdrant_path=str(folder), qdrant_embedded=engine, collection="latency")
+    store = open_store(settings.store(), COLLECTION_SCHEMA)
     store.ensure_collection(CollectionSpec("latency", 384))
     encoder = Bm25Encoder()
     sparse = encoder.encode_documents([p.payload["text"] for p in source])
