@@ -150,6 +150,24 @@ def test_local_batches_are_sorted_by_tokens_and_results_keep_input_order(local_e
     np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("lengths", "bounds"),
+    [
+        ([10] * 70, [(0, 32), (32, 64), (64, 70)]),  # short texts: batch_size rules
+        ([256] * 20, [(0, 16), (16, 20)]),  # full-length texts: 16 x 256 = 4096 tokens
+        ([100] * 30 + [200] * 30, [(0, 30), (30, 50), (50, 60)]),  # the longest bounds it
+        ([5000], [(0, 1)]),  # one text over the budget still goes alone
+        ([], []),
+    ],
+)
+def test_local_batches_are_bounded_by_padded_tokens(lengths, bounds):
+    """The ORT arena keeps the largest batch's tensors resident: 32 x 256 tokens held
+    ~1.15 GB, 16 x 256 ~0.68 GB at the same speed (docs/benchmarks.md, section 8)."""
+    embedder = LocalEmbedder.__new__(LocalEmbedder)
+    embedder.batch_size, embedder.max_batch_tokens = 32, 4096
+    assert list(embedder._batch_bounds(lengths)) == bounds
+
+
 def test_local_texts_are_tokenized_once(tmp_path):
     embedder = LocalEmbedder(cache_dir=tmp_path, batch_size=8)
     calls: list[int] = []
