@@ -29,14 +29,17 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rag_pipeline.cli", "serve", "--port", str(self.port)],
-            env=cli.env,
-            cwd=cli.cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        # a file, not a pipe: nobody drains a pipe while the service runs, and a full one
+        # would block its logging
+        self.log_path = Path(cli.cwd) / f"serve-{self.port}.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rag_pipeline.cli", "serve", "--port", str(self.port)],
+                env=cli.env,
+                cwd=cli.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -46,7 +49,7 @@ class Server:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise AssertionError(f"the service did not start:\n{self.proc.stdout.read()}")  # type: ignore[union-attr]
+                raise AssertionError(f"the service did not start:\n{self.log_path.read_text()}")
             time.sleep(0.2)
 
     def get(self, path: str, **params: object) -> requests.Response:

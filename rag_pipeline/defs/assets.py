@@ -387,7 +387,7 @@ def qdrant_points(
     chunk_embeddings: EmbeddedBook,
 ) -> Iterator[Output[BookResult] | AssetCheckResult]:
     index_recipe = recipe.get()
-    lineage = index_recipe.lineage(context.run_id, chunk_embeddings.sparse_model)
+    lineage = index_recipe.lineage(context.run.run_id, chunk_embeddings.sparse_model)
     with qdrant.open() as store:
         written = write_book(store, chunks, chunk_embeddings, lineage)
         consistency = check_index(store, context.partition_key, index_recipe.dimension)

@@ -39,10 +39,10 @@ def tag_run(context: AssetExecutionContext | OpExecutionContext, book_id: str) -
     wanted = {BOOK_TAG: book_id, TRIGGER_TAG: trigger_of(tags)}
     missing = {k: v for k, v in wanted.items() if tags.get(k) != v}
     if missing:
-        context.instance.add_run_tags(context.run_id, missing)
+        context.instance.add_run_tags(context.run.run_id, missing)
 
 
 def tag_checks(context: AssetExecutionContext, outcome: str) -> None:
     """Mark the run in the run list: ``warned`` (a warning check) or ``failed``."""
     if context.run.tags.get(CHECKS_TAG) != "failed":
-        context.instance.add_run_tags(context.run_id, {CHECKS_TAG: outcome})
+        context.instance.add_run_tags(context.run.run_id, {CHECKS_TAG: outcome})
