@@ -49,7 +49,7 @@ def run_ingest(corpus: Path, workdir: Path, engine: str) -> tuple[dict, float, f
             "-c",
             "import os; from rag_pipeline.embed.local import LocalEmbedder;"
             f"LocalEmbedder(cache_dir={str(workdir / 'cache' / 'models')!r}, "
-            "precision=os.environ.get('RAG_LOCAL_PRECISION', 'auto')).embed(['warm'])",
+            "precision=os.environ.get('RAG_LOCAL_PRECISION', 'fp32')).embed(['warm'])",
         ],
         env=env,
         check=True,

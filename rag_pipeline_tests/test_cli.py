@@ -308,11 +308,8 @@ def test_end_to_end_with_the_default_local_model(tmp_path, sample_books):
     assert "topic" in hits[0]["text"].lower()
     assert hits[0]["source_file"].endswith("03-nodes-communication.md")
     lineage = cli.json("lineage", hits[0]["id"], "--book", "ros2-fundamentals")
-    from rag_pipeline.embed.local import resolve_precision
-
-    # the default precision is auto: int8 on CPUs with fast int8 instructions, else fp32
-    suffix = "#int8" if resolve_precision("auto") == "int8" else ""
-    assert lineage["embedding_model"] == "sentence-transformers/all-MiniLM-L6-v2" + suffix
+    # the default precision is fp32 (int8 cost more than 0.005 nDCG@10 on SciFact)
+    assert lineage["embedding_model"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert lineage["embedding_dim"] == 384
 
 
