@@ -47,8 +47,9 @@ def _vector(text: str, dim: int) -> np.ndarray:
 
 class FakeOpenAI(_Server):
     """POST /v1/embeddings. ``script`` holds what the next requests get: "ok", a status code
-    (429, 500, 503...; answered with retry-after-ms 10), a (status, retry-after-ms) pair, or
-    "hang" (sleep past the client's timeout); when empty, "ok".
+    (429, 500, 503...; answered with retry-after-ms 10), a (status, retry-after-ms) pair,
+    "hang" (sleep past the client's timeout) or "garbage" (an HTML page with status 200);
+    when empty, "ok".
 
     ``latency_s`` delays every answer (a real API takes hundreds of ms). ``rate_limit`` =
     (requests, window_s) answers 429 with a Retry-After to a request that arrives when the
@@ -155,6 +156,14 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
         if action == "hang":
             time.sleep(fake.hang_s)
             action = "ok"
+        if action == "garbage":  # a proxy's error page answered with status 200
+            data = b"<html>502 Bad Gateway</html>"
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if isinstance(action, int | tuple):
             status, retry_after_ms = action if isinstance(action, tuple) else (action, 10)
             message = "Rate limit reached" if status == 429 else "The server had an error"

@@ -186,6 +186,42 @@ def test_openai_failure_under_concurrency_stops_the_call():
         assert emb.embed(["recovered"]).shape == (1, 1536)
 
 
+def test_openai_malformed_answer_is_a_named_error_and_the_next_call_works(openai_server):
+    openai_server.script.append("garbage")
+    emb = embedder(openai_server)
+    with pytest.raises(EmbedError, match="malformed embeddings response from http"):
+        emb.embed(["one", "two"])
+    np.testing.assert_allclose(emb.embed(["one"]), expected_vectors(["one"]), atol=1e-6)
+
+
+def test_openai_usage_is_summed_over_concurrent_requests():
+    texts = [f"word{i} and more words" for i in range(9)]
+    with FakeOpenAI(latency_s=0.02) as server:
+        emb = embedder(server, timeout=5.0, batch_size=2, concurrency=3)
+        emb.embed(texts)
+    assert emb.tokens_used == sum(len(t.split()) for t in texts)  # the fake's "tokens"
+
+
+def test_openai_counting_failure_under_concurrency_is_raised_not_hung(monkeypatch):
+    """Batches are cut by a thread of their own; its failure reaches the caller."""
+    with FakeOpenAI(latency_s=0.02) as server:
+        emb = embedder(server, timeout=5.0, batch_size=1, concurrency=2)
+        real_count = emb.tokenizer.count
+
+        def count(texts):
+            if any("poison" in t for t in texts):
+                raise RuntimeError("tokenizer broke on poison")
+            return real_count(texts)
+
+        monkeypatch.setattr(emb.tokenizer, "count", count)
+        texts = [f"t{i}" for i in range(300)] + ["poison"]
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="poison"):
+            emb.embed(texts)
+        assert time.monotonic() - started < 30
+        assert len(server.requests) <= 300
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 100.0
