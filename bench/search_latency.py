@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from powershell_queries import QUERIES  # bench/, the script's own folder
 
 from rag_pipeline.config import load_settings
 from rag_pipeline.embed.local import LocalEmbedder
@@ -30,28 +31,6 @@ from rag_pipeline.sparse import Bm25Encoder
 from rag_pipeline.store import CollectionSpec, PointRecord, open_store
 
 REPO = Path(__file__).resolve().parents[1]
-QUERIES = [
-    "How do I list files recursively?",
-    "remove a registry key",
-    "start a background job",
-    "compare two objects",
-    "convert JSON to an object",
-    "what is a script block",
-    "set the execution policy",
-    "create a PowerShell module",
-    "handle errors with try catch",
-    "format output as a table",
-    "remote session to another computer",
-    "filter objects by property",
-    "read the content of a file",
-    "what are approved verbs",
-    "write a cmdlet in C#",
-    "pipeline parameter binding",
-    "install PowerShell on Linux",
-    "environment variables",
-    "splatting parameters",
-    "string interpolation and escape characters",
-]
 
 
 def load_source(engine: str) -> list:

@@ -39,34 +39,13 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import numpy as np
+from powershell_queries import QUERIES  # bench/, the script's own folder
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books"
 WORK = REPO / ".rag" / "bench" / "serve"
 LIVE_SOURCE = "Microsoft.PowerShell.Archive"
 LIVE_BOOK = "bench-live"
-QUERIES = [
-    "How do I list files recursively?",
-    "remove a registry key",
-    "start a background job",
-    "compare two objects",
-    "convert JSON to an object",
-    "what is a script block",
-    "set the execution policy",
-    "create a PowerShell module",
-    "handle errors with try catch",
-    "format output as a table",
-    "remote session to another computer",
-    "filter objects by property",
-    "read the content of a file",
-    "what are approved verbs",
-    "write a cmdlet in C#",
-    "pipeline parameter binding",
-    "install PowerShell on Linux",
-    "environment variables",
-    "splatting parameters",
-    "string interpolation and escape characters",
-]
 
 
 def env(data_dir: Path) -> dict[str, str]:
