@@ -258,6 +258,15 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("data_dir", "cache_dir", "local_model_dir", "qdrant_path", mode="before")
+    @classmethod
+    def _path_is_not_blank(cls, value: object) -> object:
+        # An empty value would mean the current folder: for RAG_DATA_DIR, whatever folders it
+        # holds would be taken for books (and the indexed ones for removed).
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("is empty: set a folder path, or unset it for the default")
+        return value
+
     @field_validator("qdrant_url", "openai_base_url", mode="before")
     @classmethod
     def _empty_url_is_none(cls, value: object) -> object:

@@ -80,6 +80,9 @@ BAD_SETTINGS = [
     ("RAG_MAX_FILE_BYTES", "0"),
     ("RAG_EMBED_BATCH_SIZE", "0"),
     ("RAG_QDRANT_PATH", ""),
+    ("RAG_DATA_DIR", ""),
+    ("RAG_DATA_DIR", "  "),
+    ("RAG_CACHE_DIR", ""),
     ("RAG_DAGSTER_URL", "ftp://x"),
 ]
 

@@ -148,4 +148,12 @@ def test_unreadable_file_and_folder_as_an_ordinary_user_keep_their_chunks(sample
     assert any("00-intro.md" in m and "denied" in m for m in result["error_messages"])
     assert any("01-chapter-1-ros2-fundamentals" in m for m in result["error_messages"])
     assert json.loads(plan.stdout)["books"]["ros2-fundamentals"]["points_to_delete"] == 0
+    # permissions fixed, bytes as they were: the errors are cleared, nothing is re-embedded
+    third = json.loads(cli.as_user(prefix, "ingest", "--json").stdout)
+    healed = third["books"]["ros2-fundamentals"]
+    assert healed["status"] == "ingested" and healed["errors"] == 0, healed
+    assert healed["embedded"] == 0 and healed["points"] == result["points"]
+    fourth = json.loads(cli.as_user(prefix, "ingest", "--json").stdout)
+    assert fourth["books"]["ros2-fundamentals"]["status"] == "unchanged"
+    assert fourth["books"]["ros2-fundamentals"]["errors"] == 0
     shutil.rmtree(root, ignore_errors=True)

@@ -366,8 +366,17 @@ def test_an_unreadable_file_keeps_its_chunks_and_is_an_error(env, store, monkeyp
     assert check_index(store, BOOK).passed
     assert env.plan().action == "unchanged"  # a standing error starts no run
     monkeypatch.setattr(stages, "hash_file", real_hash)
-    env.run("run-3")  # readable again: indexed as it is
+    # readable again, with the very bytes of the version it serves: the error is cleared by a
+    # run that re-embeds nothing, after which the book is unchanged
+    plan = env.plan()
+    assert plan.action == "run" and plan.changes.modified == ("c.md",), plan.reasons
+    assert any("readable again" in r for r in plan.reasons)
+    run = env.run("run-3")
+    assert run.embedded.embedded == 0 and run.embedded.reused > 0
+    record = store.retrieve(book_filter(BOOK), [document_id(BOOK, "c.md")])[0].payload
+    assert record["status"] == "ok" and record["error"] is None
     env.assert_exact()
+    assert env.plan().action == "unchanged"
 
 
 def test_lost_chunk_points_are_detected_and_rebuilt(env, store):

@@ -84,6 +84,39 @@ def test_an_empty_data_folder_does_not_purge_every_book(settings, instance, tmp_
     assert chunk_points(settings, "alpha") > 0 and chunk_points(settings, "beta") > 0
 
 
+def test_a_data_folder_holding_none_of_the_indexed_books_purges_nothing(
+    settings, instance, tmp_path, write_book
+):
+    """A wrong RAG_DATA_DIR (other folders, none of the indexed books) is not taken for the
+    removal of every book: the other folders are ingested, nothing is purged."""
+    ingest_books(settings, instance)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "stray").mkdir(parents=True)
+    (elsewhere / "stray" / "notes.md").write_text("# Stray\n\n" + section("Notes", seed="s"))
+    wrong = settings.model_copy(update={"data_dir": elsewhere})
+    with open_store(wrong.store(), COLLECTION_SCHEMA) as store:
+        recipe = IndexRecipe.build(create_embedder(wrong.embedding()), wrong.chunking())
+        plan = plan_ingest(wrong.source(), store, recipe)
+    assert {b: p.action for b, p in plan.books.items()} == {"stray": "run"}
+    report = ingest_books(wrong, instance)
+    assert set(report.books) == {"stray"}
+    assert any("none of the 2 indexed books" in w for w in report.warnings), report.warnings
+    assert chunk_points(settings, "alpha") > 0 and chunk_points(settings, "beta") > 0
+
+
+def test_a_purge_plan_counts_every_point_the_purge_deletes(settings, instance, data_dir):
+    import shutil
+
+    ingest_books(settings, instance)
+    shutil.rmtree(data_dir / "beta")
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
+        planned = plan_ingest(settings.source(), store, recipe).books["beta"]
+    report = ingest_books(settings, instance)
+    assert planned.action == "purge" and report.books["beta"].status == "removed"
+    assert planned.points == report.books["beta"].deleted > 0
+
+
 def test_a_removed_book_is_purged_when_others_remain(settings, instance, data_dir):
     import shutil
 

@@ -21,6 +21,7 @@ from typing import Literal
 from rag_pipeline.ingest.crawl import FileStat, hash_file, scan_book
 
 __all__ = [
+    "UNREADABLE_STAGE",
     "BookFingerprint",
     "FileChanges",
     "FileStatus",
@@ -28,6 +29,9 @@ __all__ = [
     "classify_files",
     "fingerprint_book",
 ]
+
+#: error stage of a record whose file could not be read (crawl-time: not even hashed)
+UNREADABLE_STAGE = "crawl"
 
 FileStatus = Literal["new", "modified", "unchanged", "deleted", "unreadable"]
 
@@ -92,6 +96,9 @@ class IndexedDocument:
     signature: str = ""  # chunker + embedding model the file was indexed with
     total_chunks: int = 0
     error: str | None = None
+    #: the stage the recorded error came from; ``UNREADABLE_STAGE`` means the file could not
+    #: be read at all, and the record keeps the hash of the last good version it serves
+    error_stage: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +210,10 @@ def _reason(
         return "forced rebuild"
     if record.source_file_hash != digest:
         return "content changed"
+    if record.status == "error" and record.error_stage == UNREADABLE_STAGE:
+        # readable again with the bytes of the version it serves: the run clears the error
+        # (and re-embeds nothing: every chunk's vector is reused)
+        return "readable again: its recorded read error is cleared"
     if record.signature != signature:
         return "chunker or embedding model changed"
     if chunk_points is not None:

@@ -41,6 +41,7 @@ _STATE_FIELDS = [
     "status",
     "signature",
     "total_chunks",
+    "error_stage",
     "content_hash",
     "embedding_model",
     "sparse_model",
@@ -188,6 +189,7 @@ def read_index_state(
                 str(p.get("signature", "")),
                 _int(p.get("total_chunks")),
                 p.get("error"),
+                p.get("error_stage"),
             )
         elif p.get("record_type") == CHUNK:
             state.chunk_points += 1

@@ -32,7 +32,7 @@ from rag_pipeline.ingest.stages import (
     take_inventory,
 )
 from rag_pipeline.models import FileError, validate_book_id
-from rag_pipeline.schema import chunks_of
+from rag_pipeline.schema import book_filter, chunks_of
 from rag_pipeline.store import VectorStore
 
 __all__ = [
@@ -59,7 +59,7 @@ class BookPlan:
     files: int = 0
     errors: list[str] = field(default_factory=list)  # crawl errors and standing file errors
     chunks: int = 0  # what the document records promise
-    points: int = 0  # chunk points the index holds
+    points: int = 0  # chunk points the index holds (for a purge: every point of the book)
     preview: WritePreview | None = None
     seconds: float = 0.0
 
@@ -125,10 +125,16 @@ class IngestPlan:
         )
 
 
-def refusing_to_purge_all(data_dir: Path, count: int) -> str:
+def refusing_to_purge_all(data_dir: Path, count: int, on_disk: int = 0) -> str:
+    where = (
+        f"no book folder under {data_dir}"
+        if not on_disk
+        else f"none of the {count} indexed books is under {data_dir} (it holds {on_disk} "
+        f"other book folder{'s' if on_disk != 1 else ''}: is RAG_DATA_DIR right?)"
+    )
     return (
-        f"no book folder under {data_dir}: refusing to purge all {count} indexed books "
-        "at once; purge books one by one with `rag-pipeline ingest --book ID`"
+        f"{where}: refusing to purge all {count} indexed books at once; "
+        "purge books one by one with `rag-pipeline ingest --book ID`"
     )
 
 
@@ -150,15 +156,20 @@ def decide_purges(
 ) -> PurgeDecision:
     """The purge policy. A book is purged only when its folder no longer exists; a folder that
     exists but cannot be used (refused, unreadable) keeps its points. Without named books, a
-    data folder with no book left in it purges nothing: far more often an unmounted volume
-    than a decision to delete every book."""
+    purge never empties the index: when no indexed book is left in the data folder, nothing is
+    purged. That is far more often an unmounted volume or a wrong ``RAG_DATA_DIR`` (other
+    folders, none of the indexed books) than a decision to delete every book; named books
+    (``--book``) are still purged."""
     candidates = (
         [b for b in targets if b not in on_disk]
         if targets is not None
         else sorted(set(indexed) - set(on_disk))
     )
-    if targets is None and candidates and not on_disk:
-        return PurgeDecision(warnings=(refusing_to_purge_all(data_dir, len(candidates)),))
+    if targets is None and candidates and not set(indexed) & set(on_disk):
+        return PurgeDecision(
+            kept=tuple(candidates),
+            warnings=(refusing_to_purge_all(data_dir, len(candidates), len(on_disk)),),
+        )
     purge, missing, kept, warnings = [], [], [], []
     for book_id in candidates:
         if not path_is_gone(data_dir, book_id):
@@ -222,7 +233,8 @@ def _refusals(book_id: str, rejected: Sequence[FileError]) -> list[str]:
 
 
 def _purge_plan(store: VectorStore, book_id: str) -> BookPlan:
-    points = store.count(chunks_of(book_id))
+    # every point of the book (chunks and document records), as the purge deletes them
+    points = store.count(book_filter(book_id))
     return BookPlan(book_id, "purge", ["book folder removed"], points=points)
 
 

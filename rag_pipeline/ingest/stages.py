@@ -19,7 +19,7 @@ import numpy as np
 
 from rag_pipeline.chunk import chunk_document
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.ingest.changes import FileChanges, classify_files
+from rag_pipeline.ingest.changes import UNREADABLE_STAGE, FileChanges, classify_files
 from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks
 from rag_pipeline.ingest.crawl import (
     SourceReadError,
@@ -242,8 +242,8 @@ def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
     for name in inventory.changes.unreadable:
         known = inventory.crawl_error(name)
         reason = known.reason if known else "file exists but could not be read"
-        errors.append(FileError(inventory.book_id, name, "read", reason))
-        hashes[name] = inventory.state.documents[name].source_file_hash
+        errors.append(FileError(inventory.book_id, name, UNREADABLE_STAGE, reason))
+        hashes[name] = inventory.state.documents[name].source_file_hash  # the version served
     return ParsedBook(inventory, tuple(documents), tuple(errors), hashes)
 
 
