@@ -364,7 +364,11 @@ def test_an_unreadable_file_keeps_its_chunks_and_is_an_error(env, store, monkeyp
     assert record["status"] == "error" and "Permission denied" in record["error"]
     assert record["serving_previous_version"] is True
     assert check_index(store, BOOK).passed
-    assert env.plan().action == "unchanged"  # a standing error starts no run
+    standing = env.plan()
+    assert standing.action == "unchanged"  # a standing error starts no run
+    assert [e for e in standing.errors if "c.md" in e] == [
+        f"{BOOK}/c.md: cannot read file: Permission denied"
+    ]  # listed once
     monkeypatch.setattr(stages, "hash_file", real_hash)
     # readable again, with the very bytes of the version it serves: the error is cleared by a
     # run that re-embeds nothing, after which the book is unchanged

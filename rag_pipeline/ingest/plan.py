@@ -264,10 +264,13 @@ def assess_book(
         orphan_files=set(counts) - set(state.documents),
         force=force or damaged,
     )
+    failing_now = {e.source_file for e in found.errors}  # their error of today is listed
     errors += [
         f"{book_id}/{d.source_file}: {d.error}"
         for d in state.documents.values()
-        if d.status == "error" and d.source_file not in changes.changed
+        if d.status == "error"
+        and d.source_file not in changes.changed
+        and d.source_file not in failing_now
     ]
     reasons = _reasons(changes, force, damaged)
     return BookPlan(
