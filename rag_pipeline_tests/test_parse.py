@@ -276,6 +276,11 @@ def test_a_few_nul_bytes_anywhere_are_removed_with_a_warning(where):
     assert doc.source_file_hash == hashlib.sha256(data).hexdigest()
 
 
+def test_a_stray_nul_in_a_tiny_file_is_removed_not_binary():
+    doc = parse(b"# N\n\nx\x00y\n")
+    assert isinstance(doc, ParsedDocument) and doc.body == "# N\n\nxy\n"
+
+
 def test_mostly_nul_text_is_still_binary():
     result = parse(b"# T\n" + b"\x00" * 4000 + b"text\n" * 100)
     assert isinstance(result, FileError) and "binary content (NUL bytes)" in result.reason
