@@ -67,6 +67,9 @@ _HEADER_SHARE = 4
 _ELLIPSIS = "…"
 _PATH_SEP = " > "
 _NO_OVERLAP = ("fence", "code", "table")  # kinds that never get an overlap tail
+#: a chunk's text holds at most this many characters per token of the hard limit
+_MAX_CHARS_PER_TOKEN = 32
+_LONG_SPACE = re.compile(r"\s{65,}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,7 @@ def chunk_document(
     ]
     pieces = _pack(sections, header, tokenizer, budget)
     pieces = _enforce_limit(pieces, header, tokenizer, budget)
+    pieces = _bound_chars(pieces, header, tokenizer, budget)
     meta = doc.meta if header.title == doc.meta.title else replace(doc.meta, title=header.title)
     return _link(replace(doc, meta=meta), pieces, header)
 
@@ -651,6 +655,68 @@ def _enforce_limit(
             for i, (text, m) in enumerate(parts)
         ]
     return [p for p in out if p.text.strip()]
+
+
+def _bound_chars(
+    pieces: list[_Piece], header: _Header, tokenizer: TokenCounter, budget: ChunkBudget
+) -> list[_Piece]:
+    """Pieces whose text is over ``_MAX_CHARS_PER_TOKEN`` characters per token of the limit,
+    cut down: the tokenizer ignores white space, so a list nested thousands of levels deep
+    packs megabytes of indentation into a chunk that is within its token budget. Such a piece
+    has its white space runs shortened to 64 characters, then is cut between lines. Ordinary
+    text runs at 3-13 characters per token (both corpora: at most 12.2, longest chunk 2,833
+    characters), so ordinary documents come back untouched, piece for piece."""
+    max_chars = budget.limit * _MAX_CHARS_PER_TOKEN
+    if all(len(p.text) <= max_chars for p in pieces):
+        return pieces
+    special = tokenizer.special_tokens
+    out: list[_Piece] = []
+    for piece in pieces:
+        if len(piece.text) <= max_chars:
+            out.append(piece)
+            continue
+        text = _LONG_SPACE.sub(lambda m: m.group(0)[:64], piece.text).strip()
+        parts = _char_groups(text, max_chars)
+        counts = tokenizer.count([header.text(piece.path, t) for t in parts])
+        for i, (part, n) in enumerate(zip(parts, counts, strict=True)):
+            first = piece.starts_with_overlap and i == 0
+            if n + special <= budget.limit:
+                out.append(_Piece(part, piece.path, n + special, first))
+            else:  # a part of a piece within the limit rarely is over it; cut it if so
+
+                def measure(t: str, path: str | None = piece.path) -> int:
+                    return tokenizer.count([header.text(path, t)])[0] + special
+
+                fitted = _fit(part, measure, budget.limit, tokenizer)
+                out += [
+                    _Piece(t, piece.path, m, first and j == 0) for j, (t, m) in enumerate(fitted)
+                ]
+    return [p for p in out if p.text.strip()]
+
+
+def _char_groups(text: str, max_chars: int) -> list[str]:
+    """``text`` as consecutive groups of whole lines of at most ``max_chars`` characters; a
+    longer line is halved at white space until it fits."""
+    lines: list[str] = []
+    todo = text.split("\n")[::-1]
+    while todo:
+        line = todo.pop()
+        if len(line) <= max_chars:
+            lines.append(line)
+        else:
+            todo.extend(reversed(_halve(line)))
+    groups: list[str] = []
+    group: list[str] = []
+    size = 0
+    for line in lines:
+        if group and size + 1 + len(line) > max_chars:
+            groups.append("\n".join(group))
+            group, size = [], 0
+        size += len(line) + (1 if group else 0)
+        group.append(line)
+    if group:
+        groups.append("\n".join(group))
+    return [g for g in groups if g.strip()]
 
 
 def _fit(

@@ -40,11 +40,26 @@ def validate_book_id(book_id: str) -> str:
     """Return ``book_id`` if it is a safe id, else raise :class:`InvalidBookIdError`."""
     if not isinstance(book_id, str) or not BOOK_ID_PATTERN.fullmatch(book_id) or ".." in book_id:
         shown = printable(book_id) if isinstance(book_id, str) else repr(book_id)
+        problem = _book_id_problem(book_id) if isinstance(book_id, str) else "not text"
         raise InvalidBookIdError(
-            f"invalid book id {shown!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+            f"invalid book id {shown!r}: {problem}; use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, without '..'"
         )
     return book_id
+
+
+def _book_id_problem(book_id: str) -> str:
+    """What exactly is wrong with a book id the pattern refuses."""
+    if not book_id:
+        return "it is empty"
+    if len(book_id) > 128:
+        return f"it is {len(book_id)} characters long"
+    bad = next((ch for ch in book_id if not (ch.isascii() and (ch.isalnum() or ch in "._-"))), None)
+    if bad is not None:
+        return f"it contains '{printable(bad)}'"
+    if not book_id[0].isalnum():
+        return f"it starts with {book_id[0]!r}"
+    return "it contains '..'"
 
 
 def printable(name: str, limit: int = 200) -> str:

@@ -722,3 +722,31 @@ def test_fences_follow_commonmark(text):
     for fence, (_, end) in zip(found, expected, strict=True):
         # markdown-it's map ends after the closer, or at the end of the text when unclosed
         assert (fence.end + 1 if fence.end is not None else len(text.split("\n"))) == end
+
+
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_white_space_is_bounded_as_well_as_tokens(embedder_name, request):
+    """A list nested 1,500 deep is ~2 tokens a line and megabytes of indentation: chunks
+    stay within 32 characters per token of the limit, and every item is kept."""
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    budget = budget_for(tokenizer)
+    nested = "".join("  " * i + f"- item{i}\n" for i in range(1500))
+    chunks = chunk_document(parse(f"# Lists\n\n{nested}"), tokenizer, budget)
+    assert max(len(c.text) for c in chunks) <= budget.limit * 32
+    assert_within_limit(chunks, tokenizer, budget)
+    assert_chain(chunks)
+    assert {w for c in chunks for w in re.findall(r"item\d+", c.text)} == {
+        f"item{i}" for i in range(1500)
+    }
+
+
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
+def test_real_files_are_far_from_the_character_bound(path, local_embedder):
+    """The character bound never touches ordinary text (so it needed no CHUNKER_VERSION)."""
+    tokenizer = local_embedder.tokenizer
+    budget = budget_for(tokenizer)
+    doc = parse_document("b", path.name, path.read_bytes(), "h")
+    if not isinstance(doc, ParsedDocument):
+        pytest.skip(f"{path.name} is a bad-input fixture: {doc.reason}")
+    chunks = chunk_document(doc, tokenizer, budget)
+    assert all(len(c.text) <= budget.limit * 32 // 2 for c in chunks)

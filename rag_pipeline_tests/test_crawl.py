@@ -10,6 +10,7 @@ from rag_pipeline.config import DEFAULT_PATH_PATTERNS
 from rag_pipeline.ingest.crawl import (
     DataDirError,
     SourceReadError,
+    book_folder_problem,
     compile_path_patterns,
     discover_books,
     extract_path_meta,
@@ -18,6 +19,7 @@ from rag_pipeline.ingest.crawl import (
     path_meta,
     read_source,
     scan_book,
+    unreadable_reason,
 )
 from rag_pipeline.models import InvalidBookIdError, PathMeta, validate_book_id
 
@@ -58,6 +60,23 @@ def test_safe_book_ids_are_accepted(book_id):
 def test_unsafe_book_ids_are_refused(book_id):
     with pytest.raises(InvalidBookIdError, match="invalid book id"):
         validate_book_id(book_id)
+
+
+@pytest.mark.parametrize(
+    ("book_id", "problem"),
+    [
+        ("a..b", "it contains '..'"),
+        ("", "it is empty"),
+        ("x" * 129, "it is 129 characters long"),
+        ("a b", "it contains ' '"),
+        ("a\nb", "it contains '\\x0a'"),
+        ("-dash", "it starts with '-'"),
+    ],
+)
+def test_a_refused_book_id_says_what_is_wrong_with_it(book_id, problem):
+    with pytest.raises(InvalidBookIdError) as refused:
+        validate_book_id(book_id)
+    assert f": {problem}; use 1-128 letters" in str(refused.value)
 
 
 def test_discover_books_reports_unsafe_folders_and_skips_hidden(data_dir, write_book):
@@ -251,3 +270,44 @@ def test_file_hash_matches_bytes(data_dir, write_book):
     root = write_book("b", {"a.md": b"# caf\xc3\xa9\r\n"})
     files, _ = discover_files(data_dir, "b")
     assert files[0][1] == hashlib.sha256(Path(root / "a.md").read_bytes()).hexdigest()
+
+
+def test_a_symlink_to_a_fifo_or_a_device_says_what_its_target_is(data_dir, write_book):
+    root = write_book("b", {"ok.md": "# ok"})
+    os.mkfifo(root / "p.fifo")
+    os.symlink(root / "p.fifo", root / "lp.md")
+    os.mkfifo(root / "pipe.md")
+    os.symlink("/dev/null", root / "null.md")  # outside the book: refused for that first
+    os.symlink(root / "missing.md", root / "broken.md")
+    files, errors = discover_files(data_dir, "b")
+    assert [f[0] for f in files] == ["ok.md"]
+    reasons = {e.source_file: e.reason for e in errors}
+    assert reasons["lp.md"] == "not a regular file: a symlink to a FIFO (named pipe)"
+    assert reasons["pipe.md"] == "not a regular file: a FIFO (named pipe)"
+    assert "outside its book folder" in reasons["null.md"]
+    assert reasons["broken.md"] == "broken symlink: its target does not exist"
+
+
+def test_why_a_known_file_that_is_not_gone_could_not_be_read(tmp_path):
+    (tmp_path / "was-a-file.md").mkdir()
+    os.mkfifo(tmp_path / "pipe.md")
+    (tmp_path / "fine.md").write_text("x")
+    os.symlink(tmp_path / "loop.md", tmp_path / "loop.md")
+    assert not path_is_gone(tmp_path, "was-a-file.md")
+    assert unreadable_reason(tmp_path, "was-a-file.md") == "is a directory, not a file"
+    assert unreadable_reason(tmp_path, "pipe.md") == "not a regular file: a FIFO (named pipe)"
+    assert "loop" in unreadable_reason(tmp_path, "loop.md")
+    assert unreadable_reason(tmp_path, "fine.md") == "file exists but could not be read"
+
+
+def test_why_a_book_folder_that_exists_is_not_a_book(tmp_path, data_dir, write_book):
+    write_book("good", {"a.md": "# A"})
+    (data_dir / "now-a-file").write_text("was a book")
+    os.symlink(data_dir / "now-a-file", data_dir / "link-to-file")
+    os.symlink(data_dir / "nowhere", data_dir / "dangling")
+    (data_dir / "a..b").mkdir()
+    assert discover_books(data_dir).book_ids == ("good",)
+    assert book_folder_problem(data_dir, "now-a-file") == "is a file, not a folder"
+    assert book_folder_problem(data_dir, "link-to-file") == "is a symlink to a file, not a folder"
+    assert book_folder_problem(data_dir, "dangling") == "is a broken symlink"
+    assert "contains '..'" in book_folder_problem(data_dir, "a..b")

@@ -232,3 +232,103 @@ def test_nul_bytes_after_the_head_are_removed_with_a_warning():
 def test_every_bad_frontmatter_is_an_error_never_an_exception(data):
     result = parse_text(data)
     assert isinstance(result, FileError | ParsedDocument)
+
+
+TEXT = "---\ntitle: Café\n---\n# Heading\n\nSome text.\n"
+
+
+@pytest.mark.parametrize(
+    ("bom", "codec", "name"),
+    [
+        (b"\xff\xfe", "utf-16-le", "UTF-16 (little-endian)"),
+        (b"\xfe\xff", "utf-16-be", "UTF-16 (big-endian)"),
+        (b"\xff\xfe\x00\x00", "utf-32-le", "UTF-32 (little-endian)"),
+        (b"\x00\x00\xfe\xff", "utf-32-be", "UTF-32 (big-endian)"),
+    ],
+)
+def test_utf16_and_utf32_with_a_bom_are_decoded_with_a_warning(bom, codec, name):
+    data = bom + TEXT.replace("\n", "\r\n").encode(codec)
+    doc = parse(data)
+    assert isinstance(doc, ParsedDocument), doc
+    assert doc.meta.title == "Café"
+    assert doc.body == parse(TEXT.encode()).body  # exactly what the UTF-8 file gives
+    assert doc.source_file_hash == hashlib.sha256(data).hexdigest()  # of the raw bytes
+    assert doc.warnings == (f"{name} encoded with a byte-order mark: decoded (UTF-8 is preferred)",)
+
+
+def test_utf16_without_a_bom_and_broken_utf16_are_named():
+    no_bom = parse(TEXT.encode("utf-16-le"), "w.md")
+    assert isinstance(no_bom, FileError)
+    assert "looks like UTF-16 without a byte-order mark" in no_bom.reason
+    broken = parse(b"\xff\xfe#\x00 \x00\x00\xd8", "w.md")  # a lone surrogate
+    assert isinstance(broken, FileError)
+    assert broken.reason.startswith("not valid UTF-16 (little-endian):")
+
+
+@pytest.mark.parametrize("where", [0, 7, 20])
+def test_a_few_nul_bytes_anywhere_are_removed_with_a_warning(where):
+    text = b"# Title\n\nSome ordinary text here.\n"
+    data = text[:where] + b"\x00" + text[where:]
+    doc = parse(data)
+    assert isinstance(doc, ParsedDocument), doc
+    assert "\x00" not in doc.body and "\x00" not in doc.meta.title
+    assert doc.warnings == ("1 NUL characters removed from the text",)
+    assert doc.source_file_hash == hashlib.sha256(data).hexdigest()
+
+
+def test_a_stray_nul_in_a_tiny_file_is_removed_not_binary():
+    doc = parse(b"# N\n\nx\x00y\n")
+    assert isinstance(doc, ParsedDocument) and doc.body == "# N\n\nxy\n"
+
+
+def test_mostly_nul_text_is_still_binary():
+    result = parse(b"# T\n" + b"\x00" * 4000 + b"text\n" * 100)
+    assert isinstance(result, FileError) and "binary content (NUL bytes)" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("data", "what"),
+    [
+        (b"", "0 bytes"),
+        (b" \n\t\n", "only whitespace"),
+        (b"---\ntitle: Only metadata\n---\n", "only frontmatter"),
+        (b"---\ntitle: Only metadata\n---\n\n  \n", "only frontmatter"),
+    ],
+)
+def test_empty_documents_are_kept_with_a_warning(data, what):
+    doc = parse(data)
+    assert isinstance(doc, ParsedDocument) and doc.is_empty
+    assert doc.warnings == (f"empty document ({what}): nothing to index",)
+
+
+def test_unclosed_frontmatter_is_indexed_as_text_with_a_warning():
+    doc = parse(b"---\ntitle: never closed\n\n# Heading\n\ntext\n")
+    assert isinstance(doc, ParsedDocument)
+    assert doc.frontmatter == {} and doc.body.startswith("---\ntitle: never closed")
+    assert doc.warnings == (
+        "frontmatter is not closed (no second '---' line): the whole file is indexed as text",
+    )
+
+
+@pytest.mark.parametrize(
+    "frontmatter",
+    [
+        "x: " + "[" * 5000 + "]" * 5000,
+        "x: " + "{a: " * 3000 + "1" + "}" * 3000,
+        "x:\n" + "".join(" " * i + "- \n" for i in range(1, 300)),
+    ],
+)
+def test_deeply_nested_frontmatter_is_refused_fast_and_clearly(frontmatter):
+    import time
+
+    started = time.perf_counter()
+    result = parse_text(f"---\n{frontmatter}\n---\n# Body\n")
+    assert time.perf_counter() - started < 1.0
+    assert isinstance(result, FileError)
+    assert result.reason == "frontmatter is nested deeper than 32 levels"
+
+
+def test_deeply_nested_json_frontmatter_is_a_clear_error():
+    result = parse_text("{\n" + '"x": ' + "[" * 5000 + "]" * 5000 + "\n}\n# Body\n")
+    assert isinstance(result, FileError), result
+    assert "nested deeper" in result.reason

@@ -40,6 +40,7 @@ __all__ = [
     "DataDirError",
     "FileStat",
     "SourceReadError",
+    "book_folder_problem",
     "compile_path_patterns",
     "discover_books",
     "extract_path_meta",
@@ -48,6 +49,7 @@ __all__ = [
     "path_meta",
     "read_source",
     "scan_book",
+    "unreadable_reason",
 ]
 
 MARKDOWN_SUFFIXES = (".md", ".mdx")
@@ -249,13 +251,86 @@ def _inspect(entry: os.DirEntry[str], rel: str, folder: str) -> tuple[str | None
         if not _within(target, folder):
             kind = "symlinked folder" if is_dir else "symlink"
             return f"{kind} points outside its book folder; refused", is_dir
-        if not is_dir and not os.path.isfile(target):
-            return "broken symlink (or a symlink loop)", False
+        if not is_dir:
+            try:
+                mode = os.stat(entry.path).st_mode
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    return "symlink loop (a link that leads back to itself); refused", False
+                if exc.errno in _GONE:
+                    return "broken symlink: its target does not exist", False
+                return f"cannot inspect the symlink's target: {exc.strerror}", False
+            if not stat.S_ISREG(mode):
+                return f"not a regular file: a symlink to {_file_kind(mode)}", False
     if not _valid_utf8(rel):
         return "file name is not valid UTF-8; rename it to ingest it", is_dir
     if not is_dir and not entry.is_file(follow_symlinks=True):
-        return "not a regular file", False
+        return f"not a regular file: {_file_kind(entry.stat().st_mode)}", False
     return None, is_dir
+
+
+def _file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words."""
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symlink"),
+    )
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def unreadable_reason(book_dir: Path | str, source_file: str) -> str:
+    """Why a known file that is not gone (:func:`path_is_gone`) gave no bytes: a directory or
+    a FIFO where the file was, a permission, or an I/O error; for change reports and errors."""
+    path = Path(book_dir) / source_file
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symlink loop (a link that leads back to itself); refused"
+        if exc.errno in _GONE:
+            return "broken symlink: its target does not exist"
+        return f"cannot read file: {exc.strerror}"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(mode):
+        return f"not a regular file: {_file_kind(mode)}"
+    try:
+        os.close(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)))
+    except OSError as exc:
+        return f"cannot read file: {exc.strerror}"
+    return "file exists but could not be read"
+
+
+def book_folder_problem(data_dir: Path | str, book_id: str) -> str:
+    """Why a book folder that exists (it is not gone) is not a usable book, in words that need
+    no other list: a file where the folder was, a refused name or link, an unlistable folder."""
+    path = Path(data_dir) / book_id
+    try:
+        link = stat.S_ISLNK(os.lstat(path).st_mode)
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symlink loop"
+        if exc.errno in _GONE:
+            return "is a broken symlink"
+        return f"cannot be inspected: {exc.strerror}"
+    if not stat.S_ISDIR(mode):
+        what = _file_kind(mode) if not stat.S_ISREG(mode) else "a file"
+        return f"is {'a symlink to ' if link else ''}{what}, not a folder"
+    try:
+        validate_book_id(book_id)
+    except InvalidBookIdError as exc:
+        return f"is refused: {exc}"
+    try:
+        with os.scandir(path):
+            pass
+    except OSError as exc:
+        return f"cannot be listed: {exc.strerror}"
+    return "is refused (see the refused folders)"
 
 
 def path_is_gone(book_dir: Path | str, source_file: str) -> bool:

@@ -11,6 +11,7 @@ per-file error in microseconds, not minutes of CPU and gigabytes of memory.
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
 import math
 import re
@@ -105,30 +106,36 @@ def _parse(
     def error(reason: str) -> FileError:
         return FileError(book_id, source_file, "parse", reason, source_file_hash)
 
-    if b"\x00" in data[:8192]:
-        return error("binary content (NUL bytes); not a Markdown text file")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return error(f"not valid UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start}")
-    if _looks_binary(text):
-        return error("binary content (mostly control characters); not a Markdown text file")
     warnings: list[str] = []
-    if "\x00" in text:  # past the sniffed head: drop them, they would reach every payload
+    decoded = _decode(data)
+    if isinstance(decoded, _Refusal):
+        return error(str(decoded))
+    text, encoding = decoded
+    if encoding is not None:
+        warnings.append(f"{encoding} encoded with a byte-order mark: decoded (UTF-8 is preferred)")
+    refusal = _binary_reason(text, data)
+    if refusal is not None:
+        return error(refusal)
+    if "\x00" in text:  # a few stray NULs in real text: drop them, they would reach every payload
         warnings.append(f"{text.count(chr(0))} NUL characters removed from the text")
         text = text.replace("\x00", "")
     text = text.replace("\r\n", "\n").replace("\r", "\n")
 
     try:
-        fm, body = _split_frontmatter(text)
+        fm, body = _split_frontmatter(text, warnings)
     except _FrontmatterError as exc:
         return error(str(exc))
+    except RecursionError:  # a JSON frontmatter nested past the interpreter's stack
+        return error(f"frontmatter is nested deeper than {FRONTMATTER_LIMITS['depth']} levels")
     except yaml.YAMLError as exc:
         return error(f"invalid YAML frontmatter: {_yaml_reason(exc)}")
     except Exception as exc:  # TOML / JSON handlers raise their own errors
         return error(f"invalid frontmatter: {exc}")
     if not isinstance(fm, Mapping):
         return error("frontmatter is not a key/value mapping")
+    if not body.strip():
+        what = "0 bytes" if not data else "only whitespace" if body == text else "only frontmatter"
+        warnings.append(f"empty document ({what}): nothing to index")
     reader = _Fields({str(k): v for k, v in fm.items()}, warnings)
     meta = DocumentMeta(
         title=reader.title(body, source_file),
@@ -156,7 +163,7 @@ def _first(*values: int | None) -> int | None:
     return next((v for v in values if v is not None), None)
 
 
-def _split_frontmatter(text: str) -> tuple[Any, str]:
+def _split_frontmatter(text: str, warnings: list[str]) -> tuple[Any, str]:
     """(frontmatter data, body) with python-frontmatter's handlers; YAML is loaded bounded."""
     handler = frontmatter.detect_format(text, frontmatter.handlers)
     if handler is None:
@@ -164,6 +171,11 @@ def _split_frontmatter(text: str) -> tuple[Any, str]:
     try:
         raw, body = handler.split(text)
     except ValueError:  # an opening delimiter with no closing one: no frontmatter
+        opening = text.split("\n", 1)[0].strip()
+        warnings.append(
+            f"frontmatter is not closed (no second {opening!r} line): the whole file is "
+            "indexed as text"
+        )
         return {}, text
     if len(raw.encode("utf-8")) > FRONTMATTER_LIMITS["bytes"]:
         raise _FrontmatterError(
@@ -174,16 +186,26 @@ def _split_frontmatter(text: str) -> tuple[Any, str]:
 
 
 def _load_yaml(raw: str) -> Any:
-    aliases = sum(1 for event in yaml.parse(raw, Loader=yaml.SafeLoader) if _is_alias(event))
-    if aliases > FRONTMATTER_LIMITS["aliases"]:
-        raise _FrontmatterError(
-            f"frontmatter uses {aliases} YAML aliases (at most {FRONTMATTER_LIMITS['aliases']})"
-        )
+    """Check the event stream first (aliases, nesting), stopping at the first excess: PyYAML's
+    scanner slows quadratically with flow nesting and its loader recurses once per level, so a
+    10 KB block of 5,000 brackets would take seconds and end in a RecursionError."""
+    aliases = depth = 0
+    for event in yaml.parse(raw, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > FRONTMATTER_LIMITS["aliases"]:
+                raise _FrontmatterError(
+                    f"frontmatter uses more than {FRONTMATTER_LIMITS['aliases']} YAML aliases"
+                )
+        elif isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > FRONTMATTER_LIMITS["depth"] + 1:  # +1: the top-level mapping
+                raise _FrontmatterError(
+                    f"frontmatter is nested deeper than {FRONTMATTER_LIMITS['depth']} levels"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
     return _bounded(yaml.load(raw, Loader=yaml.SafeLoader))
-
-
-def _is_alias(event: yaml.Event) -> bool:
-    return isinstance(event, yaml.AliasEvent)
 
 
 def _bounded(value: Any) -> Any:
@@ -318,12 +340,69 @@ class _Fields:
         return tuple(tags)
 
 
-def _looks_binary(text: str) -> bool:
+class _Refusal(str):
+    """Why a file's bytes are not text."""
+
+
+#: byte-order marks of the encodings decoded besides UTF-8 (UTF-32 first: FF FE 00 00 also
+#: starts like UTF-16 LE's mark)
+_BOMS = (
+    (codecs.BOM_UTF32_BE, "utf-32-be", "UTF-32 (big-endian)"),
+    (codecs.BOM_UTF32_LE, "utf-32-le", "UTF-32 (little-endian)"),
+    (codecs.BOM_UTF16_BE, "utf-16-be", "UTF-16 (big-endian)"),
+    (codecs.BOM_UTF16_LE, "utf-16-le", "UTF-16 (little-endian)"),
+)
+
+
+def _decode(data: bytes) -> tuple[str, str | None] | _Refusal:
+    """(text, the encoding's name when not UTF-8), or why the bytes are not text. UTF-8 with or
+    without a BOM; UTF-16 and UTF-32 only with their BOM (without one, no guess is safe)."""
+    try:
+        return data.decode("utf-8-sig"), None
+    except UnicodeDecodeError as exc:
+        utf8_error = exc
+    for bom, codec, name in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data[len(bom) :].decode(codec), name
+            except UnicodeDecodeError as exc:
+                if codec == "utf-32-le":  # FF FE 00 00 may be UTF-16 LE and a NUL
+                    continue
+                offset = len(bom) + exc.start
+                return _Refusal(f"not valid {name}: {exc.reason} at offset {offset}")
+    if b"\x00" in data[:8192]:
+        return _Refusal(_nul_binary(data))
+    offset = utf8_error.start
+    return _Refusal(f"not valid UTF-8: byte 0x{data[offset]:02x} at offset {offset}")
+
+
+def _binary_reason(text: str, data: bytes) -> str | None:
+    """Why decoded text is binary content, or None. Binary: more than 10 % control characters
+    (NULs included) in its first 4,096 characters, or NULs more than 10 % of all of it (and
+    more than two in either case). A few
+    NULs in real text are not binary: the caller removes them with a warning."""
     sample = text[:4096]
     if not sample:
-        return False
+        return None
     controls = sum(1 for ch in sample if ord(ch) < 32 and ch not in "\n\r\t\f\v")
-    return controls / len(sample) > 0.1
+    if controls <= max(2, len(sample) * 0.1) and text.count("\x00") <= max(2, len(text) * 0.1):
+        return None  # (two are never binary: a tiny file with a stray NUL is still text)
+    if "\x00" in sample:
+        return _nul_binary(data)
+    return "binary content (mostly control characters); not a Markdown text file"
+
+
+def _nul_binary(data: bytes) -> str:
+    head = data[:8192]
+    pairs = len(head) // 2
+    if pairs >= 4:  # ASCII text as UTF-16: every other byte is NUL
+        even, odd = head[0 : 2 * pairs : 2].count(0), head[1 : 2 * pairs : 2].count(0)
+        if max(even, odd) >= 0.8 * pairs and min(even, odd) <= 0.05 * pairs:
+            return (
+                "binary content (NUL bytes): looks like UTF-16 without a byte-order mark; "
+                "convert it to UTF-8"
+            )
+    return "binary content (NUL bytes); not a Markdown text file"
 
 
 def _yaml_reason(exc: yaml.YAMLError) -> str:
