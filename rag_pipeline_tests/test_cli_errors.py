@@ -171,3 +171,18 @@ def test_a_real_process_prints_no_traceback_on_a_bad_setting(tmp_path):
     )
     assert proc.returncode == 2
     assert "RAG_CHUNK_OVERLAP" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("engine", ["edge", "client"])
+@pytest.mark.parametrize("where", ["a-file", "a-file/below", "/proc/rag-store"])
+def test_an_unusable_store_path_is_a_setting_error_naming_it(env, tmp_path, engine, where):
+    (tmp_path / "a-file").write_text("not a folder")
+    path = where if where.startswith("/") else str(tmp_path / where)
+    env.setenv("RAG_QDRANT_PATH", path)
+    env.setenv("RAG_QDRANT_EMBEDDED", engine)
+    for command in (("search", "x", "--book", "ros2-fundamentals"), ("plan",), ("ingest",)):
+        code, text = run(*command)
+        assert code == 2, (command, text)
+        assert "RAG_QDRANT_PATH" in text and path in text and "unexpected" not in text, text
+    code, text = run("ingest", "--rebuild")
+    assert code == 2 and "RAG_QDRANT_PATH" in text, text
