@@ -3,6 +3,7 @@ never a Python traceback. Settings errors name the variable and exit 2."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -186,3 +187,16 @@ def test_an_unusable_store_path_is_a_setting_error_naming_it(env, tmp_path, engi
         assert "RAG_QDRANT_PATH" in text and path in text and "unexpected" not in text, text
     code, text = run("ingest", "--rebuild")
     assert code == 2 and "RAG_QDRANT_PATH" in text, text
+
+
+def test_an_unwritable_partitions_marker_does_not_fail_the_ingest(env, tmp_path):
+    """The marker beside the Dagster instance is a hint: the books are ingested, the report
+    says so with a warning and the exit code is the work's."""
+    home = tmp_path / "home"
+    (home / "rag_book_partitions.json").mkdir(parents=True)  # in the way of the marker
+    code, text = run("ingest", "--json")
+    assert code == 0, text
+    report = json.loads(text[text.index("{") :])
+    assert {b["status"] for b in report["books"].values()} == {"ingested"}
+    assert any("rag_book_partitions.json" in w for w in report["warnings"]), report["warnings"]
+    assert not list(home.glob("*.tmp"))
