@@ -5,13 +5,15 @@ Every command reads the same environment as the Dagster code location (README: C
 Dagster is imported only by the commands that run it, so searches start fast.
 
 No command prints a Python traceback: bad input and bad settings exit 2 with a message naming
-what is wrong, failed work exits 1 (``-v`` adds the traceback of an unexpected error).
+what is wrong, failed work exits 1 (``-v`` adds the traceback of an unexpected error); output
+whose reader exits early (``| head``) stops quietly with 141.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -33,11 +35,37 @@ if TYPE_CHECKING:
     from rag_pipeline.retrieve.search import GroupBy, Hit, HitGroup, SearchMode
     from rag_pipeline.store import FusionMethod, VectorStore
 
-__all__ = ["main"]
+__all__ = ["SIGPIPE_EXIT", "main"]
+
+#: exit code when stdout's reader goes away early (128 + SIGPIPE, as a shell reports it)
+SIGPIPE_EXIT = 141
+
+
+def _reader_gone() -> NoReturn:
+    """stdout's reader exited early (``| head``): stop quietly with 141 (128 + SIGPIPE, what a
+    shell reports for a command killed by it). stdout goes to /dev/null so that Python's final
+    flush does not complain."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a stdout without a descriptor (tests)
+        pass
+    sys.exit(SIGPIPE_EXIT)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """stdout's reader is gone: stop as :func:`_reader_gone` says (rich would exit 1).
+        stderr's: its messages are lost, the work goes on."""
+        self.quiet = True
+        if not self.stderr:
+            _reader_gone()
+
 
 # Piped output keeps full tables instead of wrapping at 80 columns.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+out = _Console(width=None if sys.stdout.isatty() else 160)
+err = _Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -64,11 +92,15 @@ class _Commands(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a reader gone early is seen here, not at exit
+            return result
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except KeyboardInterrupt:
             fail("interrupted", 130)
+        except BrokenPipeError:
+            _reader_gone()
         except Exception as exc:
             if isinstance(exc, _user_errors()):
                 fail(str(exc), 2)
