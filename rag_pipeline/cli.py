@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rag_pipeline import __version__
-from rag_pipeline.config import Settings, SettingsError, load_settings
+from rag_pipeline.config import DagsterStateError, Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.plan import IngestPlan
@@ -104,6 +104,8 @@ class _Commands(click.Group):
         except Exception as exc:
             if isinstance(exc, _user_errors()):
                 fail(str(exc), 2)
+            if isinstance(exc, DagsterStateError):  # failed work, with its own clear message
+                fail(str(exc), 1)
             if ctx.obj and ctx.obj.get("verbose"):
                 traceback.print_exc()
             fail(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)", 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -200,3 +201,35 @@ def test_an_unwritable_partitions_marker_does_not_fail_the_ingest(env, tmp_path)
     assert {b["status"] for b in report["books"].values()} == {"ingested"}
     assert any("rag_book_partitions.json" in w for w in report["warnings"]), report["warnings"]
     assert not list(home.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "yaml_text",
+    [
+        "run_monitoring: [\n  bad: : yaml\n",  # not YAML
+        "[1, 2]\n",  # not a mapping
+        "run_monitoring:\n  bogus_key: 3\n",  # not Dagster's schema
+        "run_storage:\n  module: no_such_module\n  class: X\n",  # a class that cannot load
+    ],
+    ids=["syntax", "list", "schema", "class"],
+)
+def test_an_invalid_dagster_yaml_is_a_setting_error_naming_it(env, tmp_path, yaml_text):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml_text)
+    code, text = run("ingest")
+    assert code == 2, text
+    assert "DAGSTER_HOME" in text and str(home / "dagster.yaml") in text, text
+    assert "move it aside" in text and "error: unexpected" not in text, text
+
+
+def test_a_damaged_dagster_database_is_failed_work_naming_the_file(env, tmp_path):
+    history = tmp_path / "home" / "history"
+    history.mkdir(parents=True)
+    (history / "runs.db").write_bytes(os.urandom(4096))
+    code, text = run("ingest")
+    assert code == 1, text
+    assert str(history / "runs.db") in text and f"Move {history} aside" in text, text
+    assert "error: unexpected" not in text, text
+    shutil.move(history, tmp_path / "history.aside")  # what the message says to do
+    assert run("ingest")[0] == 0
