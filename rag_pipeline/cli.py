@@ -491,11 +491,16 @@ def search(
         fail(str(exc))
     recipe = build_recipe(settings) if request.needs_embedder else None
     with opened_store(settings) as store:
-        results = request.run(
-            store,
-            recipe.embedder if recipe else None,
-            recipe.sparse if recipe else None,
-        )
+        try:
+            results = request.run(
+                store,
+                recipe.embedder if recipe else None,
+                recipe.sparse if recipe else None,
+            )
+        except ValueError as exc:  # a query or filter the search cannot answer
+            fail(str(exc))
+        if not results:
+            _hint_if_not_indexed(store, book)
     if as_json:
         emit_json(results_json(results))
         return
@@ -509,6 +514,22 @@ def search(
             f"{group.source_file} (best {group.score:.4f}, {len(group.hits)} hits)",
         )
     out.print(f"{len(results)} files in {book} ({label})")
+
+
+def _hint_if_not_indexed(store: VectorStore, book: str) -> None:
+    """No hits because the book has nothing indexed: say so on stderr (the answer stays [])."""
+    from rag_pipeline.schema import chunks_of
+
+    if store.count(chunks_of(book)):
+        return
+    books = store.tenants()
+    shown = ", ".join(books[:20]) + (f" (and {len(books) - 20} more)" if len(books) > 20 else "")
+    err.print(
+        f"[yellow]note[/] book {book} has nothing indexed"
+        + (f"; indexed books: {shown}" if books else "; the index is empty")
+        + " (rag-pipeline ingest indexes the books under RAG_DATA_DIR)",
+        highlight=False,
+    )
 
 
 def _print_hits(hits: Sequence[Hit], title: str, show_score: bool = True) -> None:

@@ -233,3 +233,35 @@ def test_a_damaged_dagster_database_is_failed_work_naming_the_file(env, tmp_path
     assert "error: unexpected" not in text, text
     shutil.move(history, tmp_path / "history.aside")  # what the message says to do
     assert run("ingest")[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("",), "query is empty"),
+        (("  \t ",), "query is empty"),
+        (("?!.", "--mode", "sparse"), "no searchable words"),
+        (("x", "--score-threshold", "nan"), "finite"),
+        (("x", "--where", "chapter=abc"), "chapter is an integer field"),
+        (("x", "--where", "text=x"), "'text' is not a filterable field; use one of chapter"),
+        (("x", "--where", "run_id=x"), "module"),
+        (("x", "--proficiency", ""), "--proficiency needs a level"),
+        (("x", "--proficiency", "B1", "--proficiency", " "), "--proficiency needs a level"),
+    ],
+)
+def test_search_input_that_cannot_be_answered_is_exit_2_naming_it(env, args, message):
+    code, text = run("search", *args, "--book", "ros2-fundamentals", "--json")
+    assert code == 2, text
+    assert message in text, text
+
+
+def test_a_search_of_a_book_with_nothing_indexed_says_so(env):
+    result = CliRunner().invoke(main, ["search", "robots", "--book", "nosuch", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout) == [], result.output
+    assert "book nosuch has nothing indexed; the index is empty" in result.stderr
+    assert run("ingest")[0] == 0
+    code, text = run("search", "robots", "--book", "nosuch")
+    assert code == 0, text
+    assert "indexed books: humanoid-robotics-ros2, ros2-fundamentals" in text, text
+    code, text = run("search", "robots", "--book", "ros2-fundamentals", "--where", "chapter=999")
+    assert code == 0 and "nothing indexed" not in text, text  # indexed, nothing matched
