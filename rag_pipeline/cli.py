@@ -5,13 +5,15 @@ Every command reads the same environment as the Dagster code location (README: C
 Dagster is imported only by the commands that run it, so searches start fast.
 
 No command prints a Python traceback: bad input and bad settings exit 2 with a message naming
-what is wrong, failed work exits 1 (``-v`` adds the traceback of an unexpected error).
+what is wrong, failed work exits 1 (``-v`` adds the traceback of an unexpected error); output
+whose reader exits early (``| head``) stops quietly with 141.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rag_pipeline import __version__
-from rag_pipeline.config import Settings, SettingsError, load_settings
+from rag_pipeline.config import DagsterStateError, Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.plan import IngestPlan
@@ -33,11 +35,37 @@ if TYPE_CHECKING:
     from rag_pipeline.retrieve.search import GroupBy, Hit, HitGroup, SearchMode
     from rag_pipeline.store import FusionMethod, VectorStore
 
-__all__ = ["main"]
+__all__ = ["SIGPIPE_EXIT", "main"]
+
+#: exit code when stdout's reader goes away early (128 + SIGPIPE, as a shell reports it)
+SIGPIPE_EXIT = 141
+
+
+def _reader_gone() -> NoReturn:
+    """stdout's reader exited early (``| head``): stop quietly with 141 (128 + SIGPIPE, what a
+    shell reports for a command killed by it). stdout goes to /dev/null so that Python's final
+    flush does not complain."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a stdout without a descriptor (tests)
+        pass
+    sys.exit(SIGPIPE_EXIT)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """stdout's reader is gone: stop as :func:`_reader_gone` says (rich would exit 1).
+        stderr's: its messages are lost, the work goes on."""
+        self.quiet = True
+        if not self.stderr:
+            _reader_gone()
+
 
 # Piped output keeps full tables instead of wrapping at 80 columns.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+out = _Console(width=None if sys.stdout.isatty() else 160)
+err = _Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -64,14 +92,20 @@ class _Commands(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a reader gone early is seen here, not at exit
+            return result
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except KeyboardInterrupt:
             fail("interrupted", 130)
+        except BrokenPipeError:
+            _reader_gone()
         except Exception as exc:
             if isinstance(exc, _user_errors()):
                 fail(str(exc), 2)
+            if isinstance(exc, DagsterStateError):  # failed work, with its own clear message
+                fail(str(exc), 1)
             if ctx.obj and ctx.obj.get("verbose"):
                 traceback.print_exc()
             fail(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)", 1)
@@ -457,11 +491,16 @@ def search(
         fail(str(exc))
     recipe = build_recipe(settings) if request.needs_embedder else None
     with opened_store(settings) as store:
-        results = request.run(
-            store,
-            recipe.embedder if recipe else None,
-            recipe.sparse if recipe else None,
-        )
+        try:
+            results = request.run(
+                store,
+                recipe.embedder if recipe else None,
+                recipe.sparse if recipe else None,
+            )
+        except ValueError as exc:  # a query or filter the search cannot answer
+            fail(str(exc))
+        if not results:
+            _hint_if_not_indexed(store, book)
     if as_json:
         emit_json(results_json(results))
         return
@@ -475,6 +514,22 @@ def search(
             f"{group.source_file} (best {group.score:.4f}, {len(group.hits)} hits)",
         )
     out.print(f"{len(results)} files in {book} ({label})")
+
+
+def _hint_if_not_indexed(store: VectorStore, book: str) -> None:
+    """No hits because the book has nothing indexed: say so on stderr (the answer stays [])."""
+    from rag_pipeline.schema import chunks_of
+
+    if store.count(chunks_of(book)):
+        return
+    books = store.tenants()
+    shown = ", ".join(books[:20]) + (f" (and {len(books) - 20} more)" if len(books) > 20 else "")
+    err.print(
+        f"[yellow]note[/] book {book} has nothing indexed"
+        + (f"; indexed books: {shown}" if books else "; the index is empty")
+        + " (rag-pipeline ingest indexes the books under RAG_DATA_DIR)",
+        highlight=False,
+    )
 
 
 def _print_hits(hits: Sequence[Hit], title: str, show_score: bool = True) -> None:

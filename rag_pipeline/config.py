@@ -30,6 +30,7 @@ __all__ = [
     "COLLECTION_PATTERN",
     "DEFAULT_PATH_PATTERNS",
     "ChunkingConfig",
+    "DagsterStateError",
     "EmbedderConfig",
     "Settings",
     "SettingsError",
@@ -59,6 +60,11 @@ _PATH_GROUPS = {"module", "chapter", "lesson"}
 
 class SettingsError(ValueError):
     """A setting is missing, malformed or out of range; the message names the variable."""
+
+
+class DagsterStateError(RuntimeError):
+    """The Dagster instance in ``DAGSTER_HOME`` cannot be used as it is (a damaged database):
+    the message names the file and how to recover. Failed work, not a bad setting."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -347,6 +347,30 @@ def test_busy_embedded_store_is_a_clear_error(ingested):
         holder.close()
 
 
+@pytest.mark.parametrize(
+    "args", [("books",), ("books", "--json"), ("plan",), ("plan", "--json")], ids=" ".join
+)
+def test_a_reader_that_exits_early_ends_the_command_quietly(cli, args):
+    """`rag-pipeline ... | head`: stdout's pipe is closed before anything is written. Exit 141
+    (128 + SIGPIPE, README), no traceback, no 'unexpected' error, no complaint at exit."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rag_pipeline.cli", *args],
+            env=cli.env,
+            cwd=cli.cwd,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
 def test_repository_layout_is_as_documented():
     for name in (
         "pyproject.toml",

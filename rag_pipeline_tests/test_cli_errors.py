@@ -3,7 +3,9 @@ never a Python traceback. Settings errors name the variable and exit 2."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -174,3 +176,95 @@ def test_a_real_process_prints_no_traceback_on_a_bad_setting(tmp_path):
     )
     assert proc.returncode == 2
     assert "RAG_CHUNK_OVERLAP" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("engine", ["edge", "client"])
+@pytest.mark.parametrize("where", ["a-file", "a-file/below", "/proc/rag-store"])
+def test_an_unusable_store_path_is_a_setting_error_naming_it(env, tmp_path, engine, where):
+    (tmp_path / "a-file").write_text("not a folder")
+    path = where if where.startswith("/") else str(tmp_path / where)
+    env.setenv("RAG_QDRANT_PATH", path)
+    env.setenv("RAG_QDRANT_EMBEDDED", engine)
+    for command in (("search", "x", "--book", "ros2-fundamentals"), ("plan",), ("ingest",)):
+        code, text = run(*command)
+        assert code == 2, (command, text)
+        assert "RAG_QDRANT_PATH" in text and path in text and "unexpected" not in text, text
+    code, text = run("ingest", "--rebuild")
+    assert code == 2 and "RAG_QDRANT_PATH" in text, text
+
+
+def test_an_unwritable_partitions_marker_does_not_fail_the_ingest(env, tmp_path):
+    """The marker beside the Dagster instance is a hint: the books are ingested, the report
+    says so with a warning and the exit code is the work's."""
+    home = tmp_path / "home"
+    (home / "rag_book_partitions.json").mkdir(parents=True)  # in the way of the marker
+    code, text = run("ingest", "--json")
+    assert code == 0, text
+    report = json.loads(text[text.index("{") :])
+    assert {b["status"] for b in report["books"].values()} == {"ingested"}
+    assert any("rag_book_partitions.json" in w for w in report["warnings"]), report["warnings"]
+    assert not list(home.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "yaml_text",
+    [
+        "run_monitoring: [\n  bad: : yaml\n",  # not YAML
+        "[1, 2]\n",  # not a mapping
+        "run_monitoring:\n  bogus_key: 3\n",  # not Dagster's schema
+        "run_storage:\n  module: no_such_module\n  class: X\n",  # a class that cannot load
+    ],
+    ids=["syntax", "list", "schema", "class"],
+)
+def test_an_invalid_dagster_yaml_is_a_setting_error_naming_it(env, tmp_path, yaml_text):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml_text)
+    code, text = run("ingest")
+    assert code == 2, text
+    assert "DAGSTER_HOME" in text and str(home / "dagster.yaml") in text, text
+    assert "move it aside" in text and "error: unexpected" not in text, text
+
+
+def test_a_damaged_dagster_database_is_failed_work_naming_the_file(env, tmp_path):
+    history = tmp_path / "home" / "history"
+    history.mkdir(parents=True)
+    (history / "runs.db").write_bytes(os.urandom(4096))
+    code, text = run("ingest")
+    assert code == 1, text
+    assert str(history / "runs.db") in text and f"Move {history} aside" in text, text
+    assert "error: unexpected" not in text, text
+    shutil.move(history, tmp_path / "history.aside")  # what the message says to do
+    assert run("ingest")[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("",), "query is empty"),
+        (("  \t ",), "query is empty"),
+        (("?!.", "--mode", "sparse"), "no searchable words"),
+        (("x", "--score-threshold", "nan"), "finite"),
+        (("x", "--where", "chapter=abc"), "chapter is an integer field"),
+        (("x", "--where", "text=x"), "'text' is not a filterable field; use one of chapter"),
+        (("x", "--where", "run_id=x"), "module"),
+        (("x", "--proficiency", ""), "--proficiency needs a level"),
+        (("x", "--proficiency", "B1", "--proficiency", " "), "--proficiency needs a level"),
+    ],
+)
+def test_search_input_that_cannot_be_answered_is_exit_2_naming_it(env, args, message):
+    code, text = run("search", *args, "--book", "ros2-fundamentals", "--json")
+    assert code == 2, text
+    assert message in text, text
+
+
+def test_a_search_of_a_book_with_nothing_indexed_says_so(env):
+    result = CliRunner().invoke(main, ["search", "robots", "--book", "nosuch", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout) == [], result.output
+    assert "book nosuch has nothing indexed; the index is empty" in result.stderr
+    assert run("ingest")[0] == 0
+    code, text = run("search", "robots", "--book", "nosuch")
+    assert code == 0, text
+    assert "indexed books: humanoid-robotics-ros2, ros2-fundamentals" in text, text
+    code, text = run("search", "robots", "--book", "ros2-fundamentals", "--where", "chapter=999")
+    assert code == 0 and "nothing indexed" not in text, text  # indexed, nothing matched

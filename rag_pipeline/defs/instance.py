@@ -5,6 +5,10 @@ processes doing that together race (``table jobs already exists``: Dagster retri
 event log, not for its run or schedule storage). Our own processes take turns with an ``flock``
 on ``<home>/.rag-instance.lock`` while they open it (released by the kernel if one dies);
 processes that do not take it (``dagster dev`` starting at the same moment) are retried.
+
+A bad ``dagster.yaml`` is a setting error naming the file; a damaged SQLite database under
+``DAGSTER_HOME`` (at open or later, while runs write) is a :class:`DagsterStateError` naming
+the file and how to recover, never a bare ``sqlite3.DatabaseError``.
 """
 
 from __future__ import annotations
@@ -13,11 +17,15 @@ import contextlib
 import fcntl
 import os
 import re
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from dagster import DagsterInstance
+from dagster import DagsterInstance, DagsterInvalidConfigError
+
+from rag_pipeline.config import DagsterStateError, SettingsError
+from rag_pipeline.defs.partition_marker import PARTITIONS_MARKER
 
 __all__ = ["open_home_instance"]
 
@@ -49,9 +57,95 @@ def _get_instance() -> DagsterInstance:
 @contextlib.contextmanager
 def open_home_instance() -> Iterator[DagsterInstance]:
     """The instance in ``DAGSTER_HOME`` (which must be set), opened in turn with other
-    rag-pipeline processes; disposed of on exit."""
+    rag-pipeline processes; disposed of on exit. A bad ``dagster.yaml`` raises
+    :class:`SettingsError`, a damaged database (then or inside the block)
+    :class:`DagsterStateError`, both naming the file and what to do."""
     home = Path(os.environ["DAGSTER_HOME"])
-    with _opening_turn(home):
-        instance = _get_instance()
-    with instance:
-        yield instance
+    _check_config(home)
+    try:
+        with _opening_turn(home):
+            try:
+                instance = _get_instance()
+            except Exception as exc:
+                if _is_config_error(exc):
+                    raise _config_error(home, exc) from None
+                raise
+        with instance:
+            yield instance
+    except Exception as exc:
+        if _is_damaged_database(exc):
+            raise _damaged(home, exc) from None
+        raise
+
+
+_CONFIG_FILE = "dagster.yaml"
+#: failures of the configured classes to load (a module or class dagster.yaml names)
+_CLASS_LOAD = re.compile(r"configurable class|couldn't import module", re.IGNORECASE)
+#: SQLite's words for a file that is not, or no longer, a sound database
+_DAMAGED = re.compile(r"not a database|malformed|file is encrypted", re.IGNORECASE)
+
+
+def _check_config(home: Path) -> None:
+    """Parse and validate ``dagster.yaml`` as Dagster will (cheap: no storage opened)."""
+    from dagster._core.instance.config import dagster_instance_config
+
+    try:
+        dagster_instance_config(str(home))
+    except Exception as exc:
+        raise _config_error(home, exc) from None
+
+
+def _is_config_error(exc: BaseException) -> bool:
+    return isinstance(exc, DagsterInvalidConfigError) or bool(_CLASS_LOAD.search(str(exc)))
+
+
+def _config_error(home: Path, exc: BaseException) -> SettingsError:
+    detail = " ".join(str(exc).split()).rstrip(".")
+    return SettingsError(
+        f"DAGSTER_HOME={str(home)!r}: {home / _CONFIG_FILE} is not a valid Dagster instance "
+        f"configuration: {detail[:600]}. Fix it, or move it aside (the next command writes the "
+        "default one)."
+    )
+
+
+def _is_damaged_database(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlite3.DatabaseError) and _DAMAGED.search(str(seen)):
+            return True
+        orig = getattr(seen, "orig", None)  # sqlalchemy's DBAPIError wraps the driver's error
+        if isinstance(orig, sqlite3.DatabaseError) and _DAMAGED.search(str(orig)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _damaged(home: Path, exc: BaseException) -> DagsterStateError:
+    files = _damaged_files(home)
+    which = ", ".join(str(f) for f in files) if files else f"a database under {home}"
+    # the top folder holding each damaged file (history/, schedules/): what to move aside
+    folders = sorted({home / f.relative_to(home).parts[0] for f in files}) or [home / "history"]
+    return DagsterStateError(
+        f"the Dagster instance in DAGSTER_HOME={str(home)!r} is damaged: {which}: "
+        f"{_driver_message(exc)}. Move {' and '.join(str(f) for f in folders)} aside and delete "
+        f"{home / PARTITIONS_MARKER}; the next ingest starts a new run history (the index is "
+        "not affected)."
+    )
+
+
+def _damaged_files(home: Path) -> list[Path]:
+    """The SQLite files under the home that SQLite cannot read (only looked for on failure)."""
+    found = []
+    for path in sorted(home.glob("**/*.db")):
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                db.execute("select count(*) from sqlite_master").fetchone()
+        except sqlite3.DatabaseError as exc:
+            if _DAMAGED.search(str(exc)):
+                found.append(path)
+    return found
+
+
+def _driver_message(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    return str(orig if orig is not None else exc).splitlines()[0]

@@ -3,10 +3,14 @@
 A no-change ingest needs no partition added, so it can answer without importing Dagster (whose
 import and instance set-up cost seconds) when every book already has its partition, as of the
 last ingest through Dagster. This module must not import dagster.
+
+The marker is only a hint: a missing or unreadable one sends the next no-change ingest through
+Dagster (seconds slower, same result), so failing to write it never fails an ingest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -28,9 +32,25 @@ def read_partitions_marker(dagster_home: Path) -> frozenset[str] | None:
     return frozenset(data)
 
 
-def write_partitions_marker(dagster_home: Path, partitions: Collection[str]) -> None:
-    with tempfile.NamedTemporaryFile(
-        "w", dir=dagster_home, delete=False, suffix=".tmp", encoding="utf-8"
-    ) as fh:
-        json.dump(sorted(partitions), fh)
-    os.replace(fh.name, dagster_home / PARTITIONS_MARKER)
+def write_partitions_marker(dagster_home: Path, partitions: Collection[str]) -> str | None:
+    """Record the partitions; returns None, or why the marker could not be written (then
+    the old marker is removed if it can be, so that it cannot answer for a newer state)."""
+    marker = dagster_home / PARTITIONS_MARKER
+    part: str | None = None
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", dir=dagster_home, delete=False, suffix=".tmp", encoding="utf-8"
+        ) as fh:
+            part = fh.name
+            json.dump(sorted(partitions), fh)
+        os.replace(part, marker)
+    except OSError as exc:
+        for leftover in (part, marker):
+            if leftover is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
+        return (
+            f"could not record the book partitions in {marker} ({exc.strerror or exc}); "
+            "the books are ingested, the next ingest without changes only takes longer"
+        )
+    return None

@@ -119,10 +119,12 @@ def execute_plan(
             report_collection(instance, resources.books, resources.qdrant)
         except Exception as exc:  # the books are ingested; only the overview is late
             report.warnings.append(f"the collection asset was not refreshed: {exc}")
-    if dagster_home is not None:
-        write_partitions_marker(
+    if dagster_home is not None:  # a hint for the next ingest: best effort
+        problem = write_partitions_marker(
             dagster_home, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
         )
+        if problem is not None:
+            report.warnings.append(problem)
     report.seconds = plan.seconds + time.perf_counter() - started
     return report
 

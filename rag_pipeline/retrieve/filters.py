@@ -6,11 +6,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rag_pipeline.models import normalize_proficiency
-from rag_pipeline.schema import BOOK_ID
+from rag_pipeline.schema import BOOK_ID, PAYLOAD_INDEXES
 from rag_pipeline.store import Condition, Match, MatchAny, Range
 from rag_pipeline.store.filters import INT64_MAX, INT64_MIN, Scalar
 
-__all__ = ["SearchFilters", "parse_equals"]
+__all__ = ["EQUALS_FIELDS", "SearchFilters", "parse_equals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,8 @@ class SearchFilters:
             out.append(Range("hardware_tier", lte=self.hardware_tier))
         if self.proficiency_levels:
             levels = tuple(normalize_proficiency(v) for v in self.proficiency_levels)
+            if not all(levels):
+                raise ValueError("--proficiency needs a level (e.g. beginner or B1), not ''")
             out.append(MatchAny("proficiency_level", levels))
         for key, value in sorted(self.equals.items()):
             if key in (BOOK_ID, "record_type"):
@@ -58,22 +60,43 @@ class SearchFilters:
         return tuple(out)
 
 
-def parse_equals(pairs: Sequence[str]) -> dict[str, Scalar]:
-    """``key=value`` strings to a dict; integer-looking values become ints, true/false bools.
+#: what ``key=value`` filters may name: the chunk payload's indexed fields, with their types
+#: (the tenant and the record type are set by every search itself)
+EQUALS_FIELDS: dict[str, str] = {
+    key: kind for key, kind in PAYLOAD_INDEXES.items() if key not in (BOOK_ID, "record_type")
+}
 
-    An integer too large for the index (64 bits) is an error, never a silent mismatch."""
+
+def parse_equals(pairs: Sequence[str]) -> dict[str, Scalar]:
+    """``key=value`` strings to a dict, each value of its field's type (an integer field's
+    value an int, a keyword field's the text as given).
+
+    A key that is not a filterable field, a value of the wrong type and an integer too large
+    for the index (64 bits) are errors naming what is allowed, never a silent empty answer."""
     out: dict[str, Scalar] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ValueError(f"filter {pair!r} is not key=value")
+        if key in (BOOK_ID, "record_type"):
+            raise ValueError(f"{key} cannot be used as a free filter")
+        kind = EQUALS_FIELDS.get(key)
+        if kind is None:
+            raise ValueError(
+                f"filter {pair!r}: {key!r} is not a filterable field; use one of "
+                f"{', '.join(sorted(EQUALS_FIELDS))}"
+            )
         value: Scalar = raw
-        if raw.lstrip("-").isdigit() and raw.lstrip("-").isascii():
-            number = int(raw)
+        if kind == "integer":
+            text = raw.strip()
+            if not (text.lstrip("-").isdigit() and text.lstrip("-").isascii()):
+                raise ValueError(f"filter {pair!r}: {key} is an integer field, not {raw!r}")
+            number = int(text)
             if not INT64_MIN <= number <= INT64_MAX:
                 raise ValueError(f"filter {pair!r}: {raw} does not fit in 64 bits")
             value = number
-        elif raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        out[key.strip()] = value
+        elif key == "proficiency_level":
+            value = normalize_proficiency(raw)  # as stored, and as --proficiency matches
+        out[key] = value
     return out

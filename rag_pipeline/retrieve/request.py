@@ -6,6 +6,7 @@ print :func:`results_json` of its results, so their bodies are equal by construc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,10 @@ class SearchRequest:
         """``ValueError`` naming the first thing wrong (the book id is checked by the search)."""
         if not self.book_id:
             raise ValueError("a book is required: every search is scoped to one book (tenant)")
+        if not self.query.strip():
+            raise ValueError("query is empty: give the words to search for")
+        if self.score_threshold is not None and not math.isfinite(self.score_threshold):
+            raise ValueError(f"score_threshold must be a finite number, not {self.score_threshold}")
         if not 1 <= self.limit <= MAX_LIMIT:
             raise ValueError(f"limit must be within 1..{MAX_LIMIT}, not {self.limit}")
         if self.mode not in SEARCH_MODES:
@@ -80,7 +85,16 @@ class SearchRequest:
         embedder: QueryEmbedder | None,
         sparse_encoder: Bm25Encoder | None = None,
     ) -> list[Hit] | list[HitGroup]:
-        """Hits, or groups of hits with ``group_by``."""
+        """Hits, or groups of hits with ``group_by``. ``ValueError`` for a sparse search of a
+        query without a single searchable (BM25) term: it could only answer nothing."""
+        if (
+            self.mode == "sparse"
+            and not (sparse_encoder or Bm25Encoder()).encode_query(self.query).indices
+        ):
+            raise ValueError(
+                f"query {self.query!r} has no searchable words for sparse (BM25) search; "
+                "use mode dense or hybrid"
+            )
         options: dict[str, Any] = {
             "filters": self.filters,
             "limit": self.limit,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from rag_pipeline.config import StoreConfig
 from rag_pipeline.store.base import (
     DENSE_VECTOR,
@@ -18,6 +21,7 @@ from rag_pipeline.store.base import (
     StoreDamagedError,
     StoredRecord,
     StoreError,
+    StorePathError,
     StoreUnavailableError,
     VectorStore,
 )
@@ -42,6 +46,7 @@ __all__ = [
     "StoreBusyError",
     "StoreDamagedError",
     "StoreError",
+    "StorePathError",
     "StoreUnavailableError",
     "StoredRecord",
     "TenantFilter",
@@ -69,13 +74,28 @@ def open_store(config: StoreConfig, schema: CollectionSchema) -> VectorStore:
             shards=config.shards,
             replication_factor=config.replication_factor,
         )
-    if config.embedded == "edge" and config.path != ":memory:":
-        from rag_pipeline.store.edge import EdgeStore
+    with _named_path(config):
+        if config.embedded == "edge" and config.path != ":memory:":
+            from rag_pipeline.store.edge import EdgeStore
 
-        return EdgeStore(config.collection, config.path, schema, busy_wait_s=config.busy_wait_s)
-    from rag_pipeline.store.qdrant import QdrantStore
+            return EdgeStore(config.collection, config.path, schema, busy_wait_s=config.busy_wait_s)
+        from rag_pipeline.store.qdrant import QdrantStore
 
-    return QdrantStore(config.collection, schema, path=config.path, busy_wait_s=config.busy_wait_s)
+        return QdrantStore(
+            config.collection, schema, path=config.path, busy_wait_s=config.busy_wait_s
+        )
+
+
+@contextmanager
+def _named_path(config: StoreConfig) -> Iterator[None]:
+    """A store folder that cannot be created or locked is a setting to fix: say which."""
+    try:
+        yield
+    except StorePathError as exc:
+        raise StorePathError(
+            f"RAG_QDRANT_PATH={config.path!r} cannot hold the embedded store: {exc}. "
+            "Point it at a writable folder (or :memory:), or use RAG_QDRANT_URL."
+        ) from None
 
 
 def set_aside(config: StoreConfig) -> str:
@@ -91,7 +111,8 @@ def set_aside(config: StoreConfig) -> str:
         root = Path(config.path)
         folder = root / config.collection
         lock = FolderLock(root / f"{config.collection}.lock", f"the store at {folder}")
-        lock.acquire(config.busy_wait_s)
+        with _named_path(config):
+            lock.acquire(config.busy_wait_s)
         try:
             if not folder.exists():
                 return f"nothing to set aside: {folder} does not exist"

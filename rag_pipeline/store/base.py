@@ -38,6 +38,7 @@ __all__ = [
     "StoreBusyError",
     "StoreDamagedError",
     "StoreError",
+    "StorePathError",
     "StoreUnavailableError",
     "StoredRecord",
     "VectorStore",
@@ -64,6 +65,11 @@ class StoreBusyError(StoreError):
 
 class StoreUnavailableError(StoreError):
     """The Qdrant server cannot be reached."""
+
+
+class StorePathError(StoreError):
+    """The embedded store's folder cannot be created or used there (a file in the way, a
+    read-only or missing parent): a setting to fix, not a damaged store."""
 
 
 class StoreDamagedError(StoreError):

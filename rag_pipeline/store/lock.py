@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline.store.base import StoreBusyError
+from rag_pipeline.store.base import StoreBusyError, StorePathError
 
-__all__ = ["FolderLock", "describe_holder"]
+__all__ = ["FolderLock", "describe_holder", "prepare_folder"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.05
@@ -67,8 +67,11 @@ class FolderLock:
         :class:`StoreBusyError` naming the holder. ``notify`` hears about the wait."""
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        prepare_folder(self.path.parent)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorePathError(f"cannot create {self.path}: {_reason(exc, self.path)}") from None
         try:
             if not _try_lock(fd):
                 self._wait(fd, wait_s, notify or log.warning)
@@ -133,6 +136,23 @@ class FolderLock:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
             os.close(fd)  # closing the descriptor releases the flock
+
+
+def prepare_folder(folder: Path) -> None:
+    """Create ``folder`` (and its parents) for a store, or :class:`StorePathError` saying why
+    it cannot be (a file in the way, a read-only or unwritable place)."""
+    if folder.exists() and not folder.is_dir():
+        raise StorePathError(f"{folder} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorePathError(f"cannot create the folder {folder}: {_reason(exc, folder)}") from None
+
+
+def _reason(exc: OSError, path: Path) -> str:
+    """The OS's reason, and the path it is about when not ``path`` itself (a parent)."""
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 def _try_lock(fd: int) -> bool:

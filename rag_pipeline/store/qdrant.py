@@ -20,7 +20,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from rag_pipeline.store import base, native
 from rag_pipeline.store.filters import TenantFilter
-from rag_pipeline.store.lock import FolderLock
+from rag_pipeline.store.lock import FolderLock, prepare_folder
 
 __all__ = ["CLIENT", "QdrantStore"]
 
@@ -67,7 +67,7 @@ class QdrantStore(base.VectorStore):
             self.description = "qdrant-client in memory"
         else:
             self.description = f"qdrant-client local folder {path}"
-            Path(path).mkdir(parents=True, exist_ok=True)
+            prepare_folder(Path(path))
             self._folder_lock = FolderLock(
                 Path(path) / ".rag-store.lock", f"the embedded Qdrant store at {path}"
             )
