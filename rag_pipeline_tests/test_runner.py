@@ -117,6 +117,25 @@ def test_a_purge_plan_counts_every_point_the_purge_deletes(settings, instance, d
     assert planned.points == report.books["beta"].deleted > 0
 
 
+def test_what_replaced_a_file_or_a_book_folder_is_named(settings, instance, data_dir):
+    """A directory where an indexed file was, a file where a book folder was: each keeps its
+    points and the message says what is there instead."""
+    import shutil
+
+    ingest_books(settings, instance)
+    alpha_points, beta_points = chunk_points(settings, "alpha"), chunk_points(settings, "beta")
+    (data_dir / "alpha" / "a.md").unlink()
+    (data_dir / "alpha" / "a.md").mkdir()
+    shutil.rmtree(data_dir / "beta")
+    (data_dir / "beta").write_text("not a folder")
+    report = ingest_books(settings, instance)
+    messages = report.books["alpha"].error_messages
+    assert any("a.md" in m and "is a directory, not a file" in m for m in messages), messages
+    assert any("'beta' is a file, not a folder" in w for w in report.warnings), report.warnings
+    assert chunk_points(settings, "alpha") == alpha_points
+    assert chunk_points(settings, "beta") == beta_points
+
+
 def test_a_removed_book_is_purged_when_others_remain(settings, instance, data_dir):
     import shutil
 

@@ -150,6 +150,7 @@ def classify_files(
     chunk_points: Mapping[str, int] | None = None,
     orphan_files: Iterable[str] = (),
     force: bool = False,
+    why_unreadable: Callable[[str], str] | None = None,
 ) -> FileChanges:
     """Compare ``{source_file: sha256}`` of the files read on disk with the index.
 
@@ -158,7 +159,8 @@ def classify_files(
     points for it as its record promises. A file the index knows but that was not read is
     deleted only if ``is_gone`` says the path no longer exists; otherwise it is unreadable and
     keeps its chunks. ``orphan_files`` have chunk points but no record (a run that died
-    mid-write). ``force`` rebuilds every file whatever the records say.
+    mid-write). ``force`` rebuilds every file whatever the records say. ``why_unreadable``
+    says why a file that exists gave no bytes (a directory, a FIFO, a permission).
     """
     new: list[str] = []
     modified: list[str] = []
@@ -183,7 +185,8 @@ def classify_files(
             reasons[name] = "file removed"
         elif name in indexed and indexed[name].status != "error":
             unreadable.append(name)
-            reasons[name] = "file exists but could not be read; its last good chunks stay"
+            why = why_unreadable(name) if why_unreadable else "file exists but could not be read"
+            reasons[name] = f"{why}; its last good chunks stay"
         elif name in indexed:
             unchanged.append(name)  # still unreadable, and its record already says so
     return FileChanges(

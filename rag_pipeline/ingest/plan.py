@@ -19,7 +19,12 @@ from typing import Any, Literal
 
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.ingest.changes import FileChanges, classify_files
-from rag_pipeline.ingest.crawl import discover_books, path_is_gone
+from rag_pipeline.ingest.crawl import (
+    book_folder_problem,
+    discover_books,
+    path_is_gone,
+    unreadable_reason,
+)
 from rag_pipeline.ingest.index import damaged_vectors, read_index_state
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult, IngestReport
@@ -175,7 +180,7 @@ def decide_purges(
         if not path_is_gone(data_dir, book_id):
             kept.append(book_id)
             warnings.append(
-                f"book folder {book_id!r} exists but cannot be used (see the refused folders); "
+                f"book folder {book_id!r} {book_folder_problem(data_dir, book_id)}; "
                 "its indexed points are kept"
             )
         elif book_id in indexed:
@@ -263,6 +268,7 @@ def assess_book(
         chunk_points=counts,
         orphan_files=set(counts) - set(state.documents),
         force=force or damaged,
+        why_unreadable=lambda name: unreadable_reason(book_dir, name),
     )
     failing_now = {e.source_file for e in found.errors}  # their error of today is listed
     errors += [

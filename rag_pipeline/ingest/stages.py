@@ -28,6 +28,7 @@ from rag_pipeline.ingest.crawl import (
     path_meta,
     read_source,
     scan_book,
+    unreadable_reason,
 )
 from rag_pipeline.ingest.index import (
     DocumentOutcome,
@@ -146,6 +147,7 @@ def take_inventory(
         chunk_points=state.chunk_counts(),
         orphan_files=state.orphan_files,
         force=force or damaged,
+        why_unreadable=lambda name: unreadable_reason(book_dir, name),
     )
     if damaged:
         changes = _with_reason(changes, "stored vectors are damaged: rebuilding the book")
@@ -241,7 +243,8 @@ def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
             documents.append(result)
     for name in inventory.changes.unreadable:
         known = inventory.crawl_error(name)
-        reason = known.reason if known else "file exists but could not be read"
+        book_dir = Path(source.data_dir) / inventory.book_id
+        reason = known.reason if known else unreadable_reason(book_dir, name)
         errors.append(FileError(inventory.book_id, name, UNREADABLE_STAGE, reason))
         hashes[name] = inventory.state.documents[name].source_file_hash  # the version served
     return ParsedBook(inventory, tuple(documents), tuple(errors), hashes)
