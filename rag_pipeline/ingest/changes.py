@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 #: error stage of a record whose file could not be read (crawl-time: not even hashed)
-UNREADABLE_STAGE = "crawl"
+UNREADABLE_STAGE: Literal["crawl"] = "crawl"
 
 FileStatus = Literal["new", "modified", "unchanged", "deleted", "unreadable"]
 

@@ -378,15 +378,19 @@ def _decode(data: bytes) -> tuple[str, str | None] | _Refusal:
 
 def _binary_reason(text: str, data: bytes) -> str | None:
     """Why decoded text is binary content, or None. Binary: more than 10 % control characters
-    (NULs included) in its first 4,096 characters, or NULs more than 10 % of all of it (and
-    more than two in either case). A few
-    NULs in real text are not binary: the caller removes them with a warning."""
+    (NULs included) in its first 4,096 characters, or NULs more than 10 % of all of it; but
+    one or two NULs and no other control character never make a file binary (a tiny text file
+    with a stray NUL is text). A few NULs in real text are not binary: the caller removes them
+    with a warning."""
     sample = text[:4096]
     if not sample:
         return None
+    nuls = text.count("\x00")
     controls = sum(1 for ch in sample if ord(ch) < 32 and ch not in "\n\r\t\f\v")
-    if controls <= max(2, len(sample) * 0.1) and text.count("\x00") <= max(2, len(text) * 0.1):
-        return None  # (two are never binary: a tiny file with a stray NUL is still text)
+    if controls - sample.count("\x00") == 0 and nuls <= 2:
+        return None
+    if controls <= len(sample) * 0.1 and nuls <= len(text) * 0.1:
+        return None
     if "\x00" in sample:
         return _nul_binary(data)
     return "binary content (mostly control characters); not a Markdown text file"
