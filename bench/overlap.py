@@ -13,7 +13,7 @@ then overlapped, serial, ...) so a busy shared machine slows both alike:
 The inventories (file hashes, the empty index's state) are taken first, outside the timing,
 identically for both. Reports the wall of each schedule, the time of each stage in the serial
 one, what overlap could hide at most (the stages other than embedding) and what it hid. Prints
-JSON and writes bench/results/overlap.json.
+JSON and writes bench/results/overlap-<precision>.json.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def main() -> None:
     print(json.dumps(results, indent=2))
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "overlap.json").write_text(json.dumps(results, indent=2))
+    (out / f"overlap-{args.precision}.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
