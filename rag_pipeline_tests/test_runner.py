@@ -88,7 +88,9 @@ def test_a_data_folder_holding_none_of_the_indexed_books_purges_nothing(
     settings, instance, tmp_path, write_book
 ):
     """A wrong RAG_DATA_DIR (other folders, none of the indexed books) is not taken for the
-    removal of every book: the other folders are ingested, nothing is purged."""
+    replacement of every book: nothing is purged, and nothing ingested either (the next
+    ingest would otherwise find one indexed book on disk and purge the rest), until books are
+    named; ingesting again changes nothing."""
     ingest_books(settings, instance)
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "stray").mkdir(parents=True)
@@ -97,10 +99,15 @@ def test_a_data_folder_holding_none_of_the_indexed_books_purges_nothing(
     with open_store(wrong.store(), COLLECTION_SCHEMA) as store:
         recipe = IndexRecipe.build(create_embedder(wrong.embedding()), wrong.chunking())
         plan = plan_ingest(wrong.source(), store, recipe)
-    assert {b: p.action for b, p in plan.books.items()} == {"stray": "run"}
-    report = ingest_books(wrong, instance)
-    assert set(report.books) == {"stray"}
-    assert any("none of the 2 indexed books" in w for w in report.warnings), report.warnings
+    assert plan.books == {}
+    for _ in range(2):
+        report = ingest_books(wrong, instance)
+        assert report.books == {}
+        assert any("none of the 2 indexed books" in w for w in report.warnings), report.warnings
+        assert chunk_points(settings, "alpha") > 0 and chunk_points(settings, "beta") > 0
+    # named, a book runs (and named, a removed one would be purged)
+    named = ingest_books(wrong, instance, ["stray"])
+    assert named.books["stray"].status == "ingested"
     assert chunk_points(settings, "alpha") > 0 and chunk_points(settings, "beta") > 0
 
 

@@ -13,10 +13,10 @@ from what the previous tick saw. The cursor stays compact: one entry per book,
   its points (the sensor never opens the store: runs hold its lock).
 
 The purge policy is the one ``rag-pipeline plan`` and ``ingest`` apply
-(:func:`rag_pipeline.ingest.plan.decide_purges`): a missing data folder, or one with no book
-left in it while books are known, purges nothing (far more often an unmounted volume than a
-decision to delete every book), and a book folder that exists but cannot be used keeps its
-points.
+(:func:`rag_pipeline.ingest.plan.decide_purges`): a missing data folder, or one holding none
+of the known books (empty, unmounted, the wrong folder), purges nothing and starts nothing
+until an operator acts (far more often a mistake than a decision to replace every book), and a
+book folder that exists but cannot be used keeps its points.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def build_books_sensor(
         decision = decide_purges(root, set(states), known | set(previous))
         for warning in decision.warnings:
             context.log.warning(warning)
-        if decision.warnings and not states:
+        if decision.halt:  # empty, or none of the known books: a wrong folder or mount
             return SkipReason(decision.warnings[0])
         removed = list(decision.purge)
         run_requests: list[RunRequest] = []

@@ -131,15 +131,16 @@ class IngestPlan:
 
 
 def refusing_to_purge_all(data_dir: Path, count: int, on_disk: int = 0) -> str:
-    where = (
-        f"no book folder under {data_dir}"
-        if not on_disk
-        else f"none of the {count} indexed books is under {data_dir} (it holds {on_disk} "
-        f"other book folder{'s' if on_disk != 1 else ''}: is RAG_DATA_DIR right?)"
-    )
+    if not on_disk:
+        return (
+            f"no book folder under {data_dir}: refusing to purge all {count} indexed books "
+            "at once; purge books one by one with `rag-pipeline ingest --book ID`"
+        )
     return (
-        f"{where}: refusing to purge all {count} indexed books at once; "
-        "purge books one by one with `rag-pipeline ingest --book ID`"
+        f"none of the {count} indexed books is under {data_dir} (it holds {on_disk} other "
+        f"book folder{'s' if on_disk != 1 else ''}): is RAG_DATA_DIR right? Refusing to purge "
+        f"all {count} indexed books at once, and ingesting nothing until this is settled: "
+        "name the books to ingest or purge with `rag-pipeline ingest --book ID`"
     )
 
 
@@ -151,6 +152,9 @@ class PurgeDecision:
     missing: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()  # no usable folder, but the folder still exists: points stay
     warnings: tuple[str, ...] = ()
+    #: the data folder holds none of the indexed books (empty, unmounted, the wrong folder):
+    #: nothing is purged or ingested, until an operator names books (``--book``)
+    halt: bool = False
 
 
 def decide_purges(
@@ -162,9 +166,10 @@ def decide_purges(
     """The purge policy. A book is purged only when its folder no longer exists; a folder that
     exists but cannot be used (refused, unreadable) keeps its points. Without named books, a
     purge never empties the index: when no indexed book is left in the data folder, nothing is
-    purged. That is far more often an unmounted volume or a wrong ``RAG_DATA_DIR`` (other
-    folders, none of the indexed books) than a decision to delete every book; named books
-    (``--book``) are still purged."""
+    purged, and nothing is ingested either (``halt``): that is far more often an unmounted
+    volume or a wrong ``RAG_DATA_DIR`` (other folders, none of the indexed books) than a
+    decision to replace every book, and ingesting the other folders would make the next
+    decision purge the indexed books after all. Named books (``--book``) still run or purge."""
     candidates = (
         [b for b in targets if b not in on_disk]
         if targets is not None
@@ -174,6 +179,7 @@ def decide_purges(
         return PurgeDecision(
             kept=tuple(candidates),
             warnings=(refusing_to_purge_all(data_dir, len(candidates), len(on_disk)),),
+            halt=True,
         )
     purge, missing, kept, warnings = [], [], [], []
     for book_id in candidates:
@@ -209,6 +215,9 @@ def plan_ingest(
     indexed = set(store.tenants())
     decision = decide_purges(source.data_dir, on_disk, indexed, targets)
     plan = IngestPlan({}, [str(e) for e in scan.rejected], list(decision.warnings), force)
+    if decision.halt:
+        plan.seconds = time.perf_counter() - started
+        return plan
     for book_id in targets if targets is not None else scan.book_ids:
         t0 = time.perf_counter()
         if book_id in decision.purge:
