@@ -311,3 +311,39 @@ def test_every_run_names_its_book_and_trigger(settings, resources, instance):
     written = meta["qdrant_points"]["points_written"].value
     assert "| point id" in written and "| file" in written
     assert "chunk points written" in meta["qdrant_points"]["summary"].value
+
+
+def test_a_book_removed_during_its_run_is_not_written_and_a_late_purge_spares_it_if_back(
+    settings, resources, instance, sample_books, tmp_path
+):
+    """The folder goes between the embedding and the write: the write step ends cleanly with
+    nothing written (its points would outlive the purge). A purge that runs after the folder
+    came back keeps the points."""
+    import shutil
+
+    from rag_pipeline.defs.jobs import purge_book_job, purge_run_config
+
+    book = BOOKS[0]
+    upstream = [a for a in ingestion_assets if a.key.to_user_string() != "qdrant_points"]
+    assert materialize(upstream, partition_key=book, instance=instance, resources=resources).success
+    shutil.move(sample_books / book, tmp_path / "aside")
+    write = materialize(
+        ingestion_assets,
+        selection=["qdrant_points"],
+        partition_key=book,
+        instance=instance,
+        resources=resources,
+    )
+    assert write.success
+    assert write.output_for_node("qdrant_points").status == "missing"
+    assert chunk_count(settings, book) == 0
+    shutil.move(tmp_path / "aside", sample_books / book)
+    assert materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    ).success
+    points = chunk_count(settings, book)
+    purge = purge_book_job.execute_in_process(
+        run_config=purge_run_config(book), instance=instance, resources=resources
+    )
+    assert purge.success and purge.output_for_node("purge_book_points") == 0
+    assert chunk_count(settings, book) == points > 0

@@ -127,8 +127,43 @@ def test_deleting_a_book_removes_its_partition_and_purges_through_a_run(
     purges = [r for r in result.run_requests if r.job_name == "purge_book"]
     assert len(purges) == 1
     assert purges[0].run_config == {"ops": {"purge_book_points": {"config": {"book_id": "beta"}}}}
+    # the partition goes once no run of the book is in flight (here: at the next tick), and
+    # the purge is not requested twice
+    assert harness.partitions == ["alpha", "beta"]
+    assert read_cursor(harness.cursor)[0]["beta"] == sensors_module.PURGING
+    result = harness.tick()
+    assert not [r for r in result.run_requests if r.job_name == "purge_book"]
     assert harness.partitions == ["alpha"]
     assert "beta" not in read_cursor(harness.cursor)[0]
+
+
+def test_a_removed_book_keeps_its_partition_while_a_run_of_it_is_in_flight(
+    harness, write_book, data_dir
+):
+    """Deleting the partition under a running run fails that run's outputs (and its retries):
+    the deletion waits until the book's runs are over."""
+    import shutil
+
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    write_book("alpha", {"a.md": "# A"})
+    write_book("beta", {"b.md": "# B"})
+    harness.tick()
+    running = create_run_for_test(
+        harness.instance,
+        job_name="ingest_books",
+        status=DagsterRunStatus.STARTED,
+        tags={"dagster/partition": "beta"},
+    )
+    shutil.rmtree(data_dir / "beta")
+    for _ in range(2):
+        harness.tick()
+        assert harness.partitions == ["alpha", "beta"]
+    harness.instance.report_run_failed(running)
+    result = harness.tick()
+    assert harness.partitions == ["alpha"]
+    assert not [r for r in result.run_requests if r.job_name == "purge_book"]
 
 
 def test_a_book_restored_after_its_purge_runs_again(harness, write_book, data_dir):
@@ -139,7 +174,8 @@ def test_a_book_restored_after_its_purge_runs_again(harness, write_book, data_di
     first = ingest_requests(harness.tick())
     shutil.rmtree(data_dir / "alpha")
     assert harness.partitions == ["alpha", "beta"]
-    harness.tick()  # partition deleted, purge requested
+    harness.tick()  # purge requested
+    harness.tick()  # no run of it in flight: partition deleted
     assert harness.partitions == ["beta"]
     write_book("alpha", {"a.md": "# A"})
     again = ingest_requests(harness.tick())

@@ -30,6 +30,7 @@ from rag_pipeline.defs.metadata import error_table, md_table, shorten
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.defs.runs import tag_checks, tag_run
 from rag_pipeline.ingest.consistency import check_chunks, check_index, check_vectors
+from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.index import WriteReport
 from rag_pipeline.ingest.progress import ProgressLog
 from rag_pipeline.ingest.report import BookResult
@@ -383,12 +384,18 @@ def qdrant_points(
     context: AssetExecutionContext,
     recipe: IndexRecipeResource,
     qdrant: QdrantStoreResource,
+    books: BooksResource,
     chunks: ChunkedBook,
     chunk_embeddings: EmbeddedBook,
 ) -> Iterator[Output[BookResult] | AssetCheckResult]:
     index_recipe = recipe.get()
     lineage = index_recipe.lineage(context.run.run_id, chunk_embeddings.sparse_model)
     with qdrant.open() as store:
+        if path_is_gone(books.data_dir, context.partition_key):
+            # removed while this run read and embedded it: writing now would bring back points
+            # its purge deletes (or already deleted); the run ends cleanly instead of retrying
+            yield from _book_removed_during_run(context)
+            return
         written = write_book(store, chunks, chunk_embeddings, lineage)
         consistency = check_index(store, context.partition_key, index_recipe.dimension)
     result = book_result(chunks, chunk_embeddings, written, consistency)
@@ -429,6 +436,23 @@ def qdrant_points(
 
 #: how many written or deleted points a run lists in its metadata (the totals are exact)
 LINEAGE_ROWS = 100
+
+
+def _book_removed_during_run(
+    context: AssetExecutionContext,
+) -> Iterator[Output[BookResult] | AssetCheckResult]:
+    book_id = context.partition_key
+    message = f"book folder {book_id!r} was removed during this run: nothing written"
+    context.log.warning(message)
+    yield Output(
+        BookResult(book_id, "missing", error_messages=[message]),
+        metadata={"summary": message, "points_upserted": 0, "points_deleted": 0},
+    )
+    yield AssetCheckResult(
+        check_name="index_consistency",
+        passed=True,
+        metadata={"skipped": "the book folder was removed; its purge empties the book"},
+    )
 
 
 def _summary(

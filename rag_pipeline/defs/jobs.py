@@ -1,5 +1,6 @@
 """Jobs: ingest one book (all assets), and purge a removed book's points."""
 
+import os
 from typing import Any
 
 from dagster import (
@@ -14,8 +15,9 @@ from dagster import (
 
 from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL
 from rag_pipeline.defs.runs import tag_run
+from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.models import validate_book_id
-from rag_pipeline.resources import QdrantStoreResource
+from rag_pipeline.resources import BooksResource, QdrantStoreResource
 from rag_pipeline.schema import book_filter
 
 __all__ = [
@@ -49,11 +51,22 @@ class PurgeBookConfig(Config):
 
 @op(pool=STORE_POOL, description="Delete every point of one book (its folder was removed).")
 def purge_book_points(
-    context: OpExecutionContext, config: PurgeBookConfig, qdrant: QdrantStoreResource
+    context: OpExecutionContext,
+    config: PurgeBookConfig,
+    qdrant: QdrantStoreResource,
+    books: BooksResource,
 ) -> int:
     book_id = validate_book_id(config.book_id)
     tag_run(context, book_id)
     with qdrant.open() as store:
+        # Decided when the folder was gone, run later (queued, waiting for the store): if the
+        # folder is back by now, its points are what the next ingest run builds on.
+        if not path_is_gone(books.data_dir, book_id):
+            context.log.warning(f"book folder {book_id!r} is back: its points are kept")
+            return 0
+        if not os.path.isdir(books.data_dir):  # unmounted since: not a decision to delete
+            context.log.warning(f"data folder {books.data_dir} is missing: points kept")
+            return 0
         deleted = store.delete_where(book_filter(book_id))
     context.log.info(f"purged {deleted} points of removed book {book_id!r}")
     # The book's partition of every ingestion asset is now empty: say so on each of them, so

@@ -132,6 +132,26 @@ def _due_for_retry(instance: DagsterInstance, book_id: str) -> bool:
     return time.time() - ended >= wait
 
 
+#: cursor entry of a removed book whose purge is requested but whose partition is kept until
+#: no run of the book is in flight (deleting it under a running run fails that run's outputs)
+PURGING = ["purging", ""]
+_IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
+
+
+def _book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
+    """Whether a run of the book (its ingest, by partition, or its purge) is queued or running."""
+    return any(
+        instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=_IN_FLIGHT), limit=1)
+        for tag in ("dagster/partition", "rag/book")
+    )
+
+
 def read_cursor(cursor: str | None) -> tuple[dict[str, list[str]], int]:
     """(per-book ``[stat digest, content digest]``, request counter) from a cursor; a cursor
     that cannot be read starts afresh (every book is looked at once more)."""
@@ -202,6 +222,8 @@ def build_books_sensor(
                     )
                 )
         for book_id in removed:
+            if previous.get(book_id) == PURGING:
+                continue  # its purge was requested by an earlier tick
             seq += 1
             run_requests.append(
                 RunRequest(
@@ -214,12 +236,26 @@ def build_books_sensor(
         partition_requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
         if new_books:
             partition_requests.append(AddDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, new_books))
-        gone = [b for b in removed if b in known]
+        # A removed book's partition goes once none of its runs is in flight: an ingest run
+        # still writing it, or the purge just requested (queued runs count). Until then the
+        # cursor marks it PURGING, and later ticks only retry the partition's deletion.
+        purging = {
+            b
+            for b in removed
+            if b in known
+            and (previous.get(b) != PURGING or _book_runs_in_flight(context.instance, b))
+        }
+        gone = [b for b in removed if b in known and b not in purging]
         if gone:
             partition_requests.append(DeleteDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, gone))
         kept = {b: previous[b] for b in decision.kept if b in previous}
         cursor = write_cursor(
-            {**kept, **{b: [s.stat_digest, s.content_digest] for b, s in states.items()}}, seq
+            {
+                **kept,
+                **{b: PURGING for b in sorted(purging)},
+                **{b: [s.stat_digest, s.content_digest] for b, s in states.items()},
+            },
+            seq,
         )
         hashed = sum(s.hashed for s in states.values())
         context.log.info(
