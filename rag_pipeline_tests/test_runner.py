@@ -166,6 +166,36 @@ def test_a_removed_book_is_purged_when_others_remain(settings, instance, data_di
     assert "| alpha" in table and "| beta" not in table
 
 
+def test_a_purge_keeps_the_partition_while_another_run_of_the_book_is_in_flight(
+    settings, instance, data_dir
+):
+    """A daemon run of the book still running (here: started, not ended) must not lose its
+    partition under it; once it ends, naming the book removes the partition."""
+    import shutil
+
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+
+    ingest_books(settings, instance)
+    running = create_run_for_test(
+        instance,
+        job_name="ingest_books",
+        status=DagsterRunStatus.STARTED,
+        tags={"dagster/partition": "beta"},
+    )
+    shutil.rmtree(data_dir / "beta")
+    report = ingest_books(settings, instance)
+    assert report.books["beta"].status == "removed" and chunk_points(settings, "beta") == 0
+    assert any("kept while another run" in w for w in report.books["beta"].warnings)
+    assert "beta" in instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+    instance.report_run_failed(running)
+    named = ingest_books(settings, instance, ["beta"])
+    assert named.books["beta"].status == "missing"  # nothing left to purge
+    assert "beta" not in instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+
+
 def test_orphan_chunks_without_a_document_record_start_a_run(settings, instance):
     """What a run killed between its chunk upsert and its commit leaves for a file that was
     deleted before the next run: chunks no document record accounts for."""

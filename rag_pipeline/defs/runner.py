@@ -38,6 +38,8 @@ from rag_pipeline.defs.location import build_defs, fixed_resources
 from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.reaper import process_tags, reap_dead_runs, run_worker
+from rag_pipeline.defs.runs import book_runs_in_flight
+from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
@@ -100,6 +102,8 @@ def execute_plan(
         t0 = time.perf_counter()
         if book.action in ("unchanged", "missing"):
             report.books[book_id] = book.result()
+            if book.action == "missing" and path_is_gone(resources.books.data_dir, book_id):
+                _drop_idle_partition(instance, book_id)  # left by a purge that had to wait
             continue
         run_id = str(uuid.uuid4())
         with PoolWatch(instance, run_id, [STORE_POOL, EMBEDDING_POOL], wait_s, say):
@@ -181,14 +185,31 @@ def _purge_book(
     )
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))
+    warnings = []
     if book_id in set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)):
-        instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
+        if book_runs_in_flight(instance, book_id):  # deleting it would fail that run
+            warnings.append(
+                f"partition {book_id!r} kept while another run of the book is in flight; "
+                f"the sensor removes it after that run, as does `rag-pipeline ingest --book "
+                f"{book_id}`"
+            )
+        else:
+            instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
     return BookResult(
         book_id,
         "removed",
         deleted=int(outcome.output_for_node("purge_book_points")),
         run_id=outcome.run_id,
+        warnings=warnings,
     )
+
+
+def _drop_idle_partition(instance: DagsterInstance, book_id: str) -> None:
+    """Delete the partition of a book with no folder and no points, unless a run of it is in
+    flight (deleting a partition under a running run fails that run)."""
+    partitions = set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
+    if book_id in partitions and not book_runs_in_flight(instance, book_id):
+        instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
 
 
 def _failed(book_id: str, run_id: str | None, message: str) -> BookResult:

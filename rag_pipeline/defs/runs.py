@@ -8,9 +8,23 @@ it did not, and steps whose checks did not pass tag the run ``rag/checks``.
 
 from collections.abc import Mapping
 
-from dagster import AssetExecutionContext, OpExecutionContext
+from dagster import (
+    AssetExecutionContext,
+    DagsterInstance,
+    DagsterRunStatus,
+    OpExecutionContext,
+    RunsFilter,
+)
 
-__all__ = ["BOOK_TAG", "CHECKS_TAG", "TRIGGER_TAG", "tag_checks", "tag_run", "trigger_of"]
+__all__ = [
+    "BOOK_TAG",
+    "CHECKS_TAG",
+    "TRIGGER_TAG",
+    "book_runs_in_flight",
+    "tag_checks",
+    "tag_run",
+    "trigger_of",
+]
 
 BOOK_TAG = "rag/book"
 TRIGGER_TAG = "rag/trigger"
@@ -46,3 +60,21 @@ def tag_checks(context: AssetExecutionContext, outcome: str) -> None:
     """Mark the run in the run list: ``warned`` (a warning check) or ``failed``."""
     if context.run.tags.get(CHECKS_TAG) != "failed":
         context.instance.add_run_tags(context.run.run_id, {CHECKS_TAG: outcome})
+
+
+_IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
+
+
+def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
+    """Whether a run of the book (an ingest, found by its partition, or a purge, by its book
+    tag) is queued or running: its partition must not be deleted under it."""
+    return any(
+        instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=_IN_FLIGHT), limit=1)
+        for tag in ("dagster/partition", BOOK_TAG)
+    )

@@ -45,6 +45,7 @@ from dagster import (
 
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+from rag_pipeline.defs.runs import book_runs_in_flight
 from rag_pipeline.ingest.changes import fingerprint_book
 from rag_pipeline.ingest.crawl import DataDirError, discover_books, scan_book
 from rag_pipeline.ingest.plan import decide_purges
@@ -135,21 +136,6 @@ def _due_for_retry(instance: DagsterInstance, book_id: str) -> bool:
 #: cursor entry of a removed book whose purge is requested but whose partition is kept until
 #: no run of the book is in flight (deleting it under a running run fails that run's outputs)
 PURGING = ["purging", ""]
-_IN_FLIGHT = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.CANCELING,
-]
-
-
-def _book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
-    """Whether a run of the book (its ingest, by partition, or its purge) is queued or running."""
-    return any(
-        instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=_IN_FLIGHT), limit=1)
-        for tag in ("dagster/partition", "rag/book")
-    )
 
 
 def read_cursor(cursor: str | None) -> tuple[dict[str, list[str]], int]:
@@ -243,7 +229,7 @@ def build_books_sensor(
             b
             for b in removed
             if b in known
-            and (previous.get(b) != PURGING or _book_runs_in_flight(context.instance, b))
+            and (previous.get(b) != PURGING or book_runs_in_flight(context.instance, b))
         }
         gone = [b for b in removed if b in known and b not in purging]
         if gone:
