@@ -186,15 +186,12 @@ def _purge_book(
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))
     warnings = []
-    if book_id in set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)):
-        if book_runs_in_flight(instance, book_id):  # deleting it would fail that run
-            warnings.append(
-                f"partition {book_id!r} kept while another run of the book is in flight; "
-                f"the sensor removes it after that run, as does `rag-pipeline ingest --book "
-                f"{book_id}`"
-            )
-        else:
-            instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
+    if not _drop_idle_partition(instance, book_id):
+        warnings.append(
+            f"partition {book_id!r} kept while another run of the book is in flight; "
+            f"the sensor removes it after that run, as does `rag-pipeline ingest --book "
+            f"{book_id}`"
+        )
     return BookResult(
         book_id,
         "removed",
@@ -204,12 +201,15 @@ def _purge_book(
     )
 
 
-def _drop_idle_partition(instance: DagsterInstance, book_id: str) -> None:
-    """Delete the partition of a book with no folder and no points, unless a run of it is in
-    flight (deleting a partition under a running run fails that run)."""
-    partitions = set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
-    if book_id in partitions and not book_runs_in_flight(instance, book_id):
-        instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
+def _drop_idle_partition(instance: DagsterInstance, book_id: str) -> bool:
+    """Delete the partition of a book with no folder (and no points), unless a run of it is
+    in flight: deleting a partition under a running run fails that run. False when kept."""
+    if book_id not in set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)):
+        return True
+    if book_runs_in_flight(instance, book_id):
+        return False
+    instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
+    return True
 
 
 def _failed(book_id: str, run_id: str | None, message: str) -> BookResult:

@@ -241,7 +241,7 @@ def _inspect(entry: os.DirEntry[str], rel: str, folder: str) -> tuple[str | None
         if not entry.name.lower().endswith(MARKDOWN_SUFFIXES):
             return None, False
         if exc.errno == errno.ELOOP:
-            return "symlink loop (a link that leads back to itself); refused", False
+            return _LOOP, False
         return f"cannot inspect: {exc.strerror}", False
     markdown = entry.name.lower().endswith(MARKDOWN_SUFFIXES)
     if not is_dir and not markdown:
@@ -255,11 +255,8 @@ def _inspect(entry: os.DirEntry[str], rel: str, folder: str) -> tuple[str | None
             try:
                 mode = os.stat(entry.path).st_mode
             except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    return "symlink loop (a link that leads back to itself); refused", False
-                if exc.errno in _GONE:
-                    return "broken symlink: its target does not exist", False
-                return f"cannot inspect the symlink's target: {exc.strerror}", False
+                why = _link_failure(exc) or f"cannot inspect the symlink's target: {exc.strerror}"
+                return why, False
             if not stat.S_ISREG(mode):
                 return f"not a regular file: a symlink to {_file_kind(mode)}", False
     if not _valid_utf8(rel):
@@ -267,6 +264,18 @@ def _inspect(entry: os.DirEntry[str], rel: str, folder: str) -> tuple[str | None
     if not is_dir and not entry.is_file(follow_symlinks=True):
         return f"not a regular file: {_file_kind(entry.stat().st_mode)}", False
     return None, is_dir
+
+
+_LOOP = "symlink loop (a link that leads back to itself); refused"
+
+
+def _link_failure(exc: OSError) -> str | None:
+    """A failed stat through a symlink in words (a loop, a missing target), or None."""
+    if exc.errno == errno.ELOOP:
+        return _LOOP
+    if exc.errno in _GONE:
+        return "broken symlink: its target does not exist"
+    return None
 
 
 def _file_kind(mode: int) -> str:
@@ -289,11 +298,7 @@ def unreadable_reason(book_dir: Path | str, source_file: str) -> str:
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "symlink loop (a link that leads back to itself); refused"
-        if exc.errno in _GONE:
-            return "broken symlink: its target does not exist"
-        return f"cannot read file: {exc.strerror}"
+        return _link_failure(exc) or f"cannot read file: {exc.strerror}"
     if stat.S_ISDIR(mode):
         return "is a directory, not a file"
     if not stat.S_ISREG(mode):
