@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Path, Query, Request, params
+
+# FastAPI's own test of a list-valued parameter (private: an upgrade that moves it fails loudly)
 from fastapi._compat import field_annotation_is_sequence
 from fastapi.dependencies.models import Dependant
 from fastapi.dependencies.utils import get_flat_params
@@ -192,12 +194,12 @@ def _one_meaning_names(dependant: Dependant) -> tuple[frozenset[str], frozenset[
     return single, in_path
 
 
-def refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: frozenset[str]) -> None:
+def _refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: frozenset[str]) -> None:
     """400 naming the first parameter that would give the request two meanings: one that takes
     one value given more than once (FastAPI would silently keep the last, so a gateway that
     checked or set the first ``book`` would be bypassed), or a path parameter repeated in the
     query."""
-    for name in dict.fromkeys(query.keys()):  # the request's order, each name once
+    for name in query:  # each name once, in the request's order
         if name in in_path:
             raise HTTPException(
                 400, f"{name!r} is a path parameter: it cannot also be given in the query"
@@ -210,7 +212,7 @@ def refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: frozen
 
 
 class OneMeaningRoute(APIRoute):
-    """A route that refuses an ambiguous request (:func:`refuse_ambiguous`) before reading any
+    """A route that refuses an ambiguous request (:func:`_refuse_ambiguous`) before reading any
     parameter; the single-valued names come from the route's own declaration, so every
     endpoint added to the app is covered."""
 
@@ -219,7 +221,7 @@ class OneMeaningRoute(APIRoute):
         single, in_path = _one_meaning_names(self.dependant)
 
         async def one_meaning(request: Request) -> Response:
-            refuse_ambiguous(request.query_params, single, in_path)
+            _refuse_ambiguous(request.query_params, single, in_path)
             return await handler(request)
 
         return one_meaning
