@@ -151,11 +151,12 @@ class _TracelessFormatter(logging.Formatter):
         message = record.getMessage()
         for start in self._TRACE_STARTS:
             message = message.split(start, 1)[0]
+        message = message.rstrip()
         error = record.exc_info[1] if record.exc_info else None
         if error is not None:
             message += f" ({type(error).__name__}: {error})"
         bare = logging.makeLogRecord(
-            {**record.__dict__, "msg": message.rstrip(), "args": (), "exc_info": None}
+            {**record.__dict__, "msg": message, "args": (), "exc_info": None}
         )
         bare.exc_text = bare.stack_info = None
         return super().format(bare)
