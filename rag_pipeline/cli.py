@@ -136,6 +136,33 @@ def build_recipe(settings: Settings) -> IndexRecipe:
     return IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
 
 
+_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class _TracelessFormatter(logging.Formatter):
+    """A log record without -v: its message and the one line of its exception, never a
+    traceback, a stack, or the ``Stack Trace:`` block Dagster writes into failure messages."""
+
+    _TRACE_STARTS = ("\nStack Trace:", "\nTraceback (most recent call last):")
+
+    def __init__(self) -> None:
+        super().__init__(_LOG_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        for start in self._TRACE_STARTS:
+            message = message.split(start, 1)[0]
+        message = message.rstrip()
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            message += f" ({type(error).__name__}: {error})"
+        bare = logging.makeLogRecord(
+            {**record.__dict__, "msg": message, "args": (), "exc_info": None}
+        )
+        bare.exc_text = bare.stack_info = None
+        return super().format(bare)
+
+
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rag-pipeline")
 @click.option("-v", "--verbose", is_flag=True, help="log progress to stderr")
@@ -143,11 +170,10 @@ def build_recipe(settings: Settings) -> IndexRecipe:
 def main(ctx: click.Context, verbose: bool) -> None:
     """Markdown books -> Dagster assets -> Qdrant; tenant-safe retrieval on top."""
     ctx.obj = {"verbose": verbose}
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        stream=sys.stderr,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(logging.Formatter(_LOG_FORMAT) if verbose else _TracelessFormatter())
+    # INFO also lets Dagster's console print the errors of runs in full (defs/runner.py)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[stderr])
     # progress of long steps (embedding) is worth seeing without -v
     logging.getLogger("rag_pipeline.progress").setLevel(logging.INFO)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,17 @@ import pytest
 from click.testing import CliRunner
 
 from rag_pipeline.cli import main
+from rag_pipeline_tests.fakes import FakeOpenAI
 
 GOOD_ID = str(uuid.uuid4())
+#: what a traceback leaves in text: Python's header, Dagster's serialized error, a frame
+TRACE_MARKS = re.compile(r'Traceback \(most recent call last\)|Stack Trace:|File "[^"]*", line \d+')
+
+
+def assert_no_trace(text: str) -> None:
+    """No Python traceback, no Dagster ``Stack Trace:`` block, no ``File "...", line N`` frame."""
+    found = TRACE_MARKS.search(text)
+    assert found is None, f"{found.group(0)!r} in:\n{text}"
 
 
 @pytest.fixture
@@ -41,7 +51,7 @@ def env(tmp_path, sample_books, monkeypatch):
 def run(*args: str):
     result = CliRunner().invoke(main, list(args))
     text = result.output + (getattr(result, "stderr", "") or "")
-    assert "Traceback" not in text, text
+    assert_no_trace(text)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"{args}: escaped {result.exception!r}\n{text}")
     return result.exit_code, text
@@ -176,7 +186,86 @@ def test_a_real_process_prints_no_traceback_on_a_bad_setting(tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode == 2
-    assert "RAG_CHUNK_OVERLAP" in proc.stderr and "Traceback" not in proc.stderr
+    assert "RAG_CHUNK_OVERLAP" in proc.stderr
+    assert_no_trace(proc.stderr)
+
+
+def test_a_log_record_prints_without_its_trace_unless_v():
+    """Without -v, stderr gets a record's message and its exception's one line: not the
+    traceback, nor the ``Stack Trace:`` block of a Dagster failure message."""
+    import logging
+
+    from rag_pipeline.cli import _TracelessFormatter
+
+    try:
+        raise ValueError("bad vector")
+    except ValueError:
+        record = logging.LogRecord(
+            "dagster",
+            logging.ERROR,
+            __file__,
+            1,
+            'step failed.\n\nStack Trace:\n  File "x.py", line 3, in f\n',
+            None,
+            sys.exc_info(),
+        )
+    text = _TracelessFormatter().format(record)
+    assert text == "ERROR dagster: step failed. (ValueError: bad vector)"
+    assert record.exc_info is not None  # other handlers still get the whole record
+    assert "Stack Trace:" in logging.Formatter().format(record)
+
+
+@pytest.mark.slow
+def test_a_failed_step_prints_no_dagster_stack_trace_without_v(tmp_path, sample_books):
+    """An embedding server answering the wrong dimension fails the book's embedding step (after
+    Dagster's step retries): exit 1, the report names the cause, stderr carries no stack trace;
+    with -v, Dagster's full error is on stderr, and the event log keeps it either way."""
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    with FakeOpenAI(dim=64) as server:
+        procs = {}
+        for flags in ((), ("-v",)):  # both at once: the step retries' waits overlap
+            home = tmp_path / f"home{''.join(flags)}"
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith(("RAG_", "OPENAI_"))},
+                "RAG_DATA_DIR": str(sample_books),
+                "RAG_QDRANT_PATH": str(home / "qdrant"),
+                "RAG_CACHE_DIR": str(home / "cache"),
+                "RAG_EMBEDDER": "openai",
+                "RAG_OPENAI_MAX_RETRIES": "0",
+                "OPENAI_API_KEY": "sk-test",
+                "OPENAI_BASE_URL": server.base_url,
+                "DAGSTER_HOME": str(home),
+            }
+            command = [*flags, "ingest", "--book", "ros2-fundamentals", "--json"]
+            procs[flags] = subprocess.Popen(
+                [sys.executable, "-m", "rag_pipeline.cli", *command],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,
+            )
+        outputs = {flags: proc.communicate(timeout=300) for flags, proc in procs.items()}
+    wanted = "OpenAI returned a vector of shape (64,), not (1536,)"
+    for flags, proc in procs.items():
+        stdout, stderr = outputs[flags]
+        assert proc.returncode == 1, stderr
+        book = json.loads(stdout)["books"]["ros2-fundamentals"]
+        assert book["status"] == "failed"
+        assert any(wanted in m and "chunk_embeddings" in m for m in book["error_messages"])
+    assert_no_trace(outputs[()][1])
+    verbose = outputs[("-v",)][1]
+    assert "Stack Trace:" in verbose and wanted in verbose and 'File "' in verbose
+    with DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+        (run,) = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.FAILURE]))
+        failures = [e for e in instance.all_logs(run.run_id) if e.is_dagster_event]
+        errors = [
+            e.dagster_event.step_failure_data.error
+            for e in failures
+            if e.dagster_event.is_step_failure
+        ]
+        assert errors and errors[0].stack  # the UI still shows the full error
 
 
 @pytest.mark.parametrize("engine", ["edge", "client"])

@@ -20,6 +20,7 @@ from rag_pipeline.store import CollectionSpec, StoreUnavailableError
 from rag_pipeline.store.qdrant import QdrantStore
 from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.fakes import FakeOpenAI, FakeQdrant, _vector
+from rag_pipeline_tests.test_cli_errors import assert_no_trace
 
 
 @pytest.fixture
@@ -365,7 +366,54 @@ def test_ingest_against_an_unreachable_server_names_the_cause(tmp_path, sample_b
     )
     assert proc.returncode == 2
     assert "unreachable after 2 attempts" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_no_trace(proc.stderr)
+
+
+def test_a_failed_purge_run_prints_no_dagster_stack_trace(
+    tmp_path, data_dir, write_book, monkeypatch, capfd
+):
+    """A purge run that fails is the book's error in the report; Dagster's console prints no
+    stack trace of it (nor of the run's failure), while the run's event log keeps the error."""
+    import shutil
+
+    from dagster import DagsterInstance
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.defs import jobs
+    from rag_pipeline_tests.conftest import section
+    from rag_pipeline_tests.test_runner import ingest_books
+
+    write_book("alpha", {"a.md": "# Alpha\n\n" + section("One")})
+    write_book("beta", {"b.md": "# Beta\n\n" + section("Two", seed="b")})
+    settings = load_settings(
+        data_dir=data_dir,
+        qdrant_path=str(tmp_path / "qdrant"),
+        embedder="hash",
+        cache_dir=tmp_path / "cache",
+    )
+
+    def refuse(book_id: str) -> None:
+        raise RuntimeError(f"the store refused to delete {book_id}")
+
+    with DagsterInstance.ephemeral() as instance:
+        ingest_books(settings, instance)
+        shutil.rmtree(data_dir / "beta")
+        monkeypatch.setattr(jobs, "book_filter", refuse)
+        capfd.readouterr()
+        report = ingest_books(settings, instance)
+        beta = report.books["beta"]
+        assert beta.status == "failed"
+        assert beta.error_messages == [
+            "step purge_book_points failed: RuntimeError: the store refused to delete beta"
+        ]
+        out, err = capfd.readouterr()
+        assert_no_trace(out + err)
+        failure = next(
+            e.dagster_event
+            for e in instance.all_logs(beta.run_id)
+            if e.dagster_event is not None and e.dagster_event.is_step_failure
+        )
+        assert failure.step_failure_data.error.stack  # what the UI shows, in full
 
 
 KILLER = textwrap.dedent("""

@@ -9,7 +9,10 @@ Dagster start-up time. So the runner
 * first marks failed the runs whose process died (they would hold their pool slots forever);
   while a run executes, a step waiting for a pool held by another live run is reported every
   ``busy_wait_s`` seconds, naming that run (see :class:`PoolWatch`);
-* reads each run's result as the pipeline's own typed :class:`BookResult`.
+* reads each run's result as the pipeline's own typed :class:`BookResult`;
+* keeps Dagster's console quiet: the report names every failure, and a run's event log in
+  ``DAGSTER_HOME`` keeps its full error (the UI shows it). Only while this process logs at INFO
+  (the CLI's ``-v``) does the console print Dagster's errors, with their stack traces.
 """
 
 from __future__ import annotations
@@ -44,10 +47,20 @@ from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
 
-__all__ = ["IngestResources", "PoolWatch", "add_book_partitions", "execute_plan"]
+__all__ = [
+    "IngestResources",
+    "PoolWatch",
+    "add_book_partitions",
+    "console_run_config",
+    "execute_plan",
+]
 
 log = logging.getLogger(__name__)
-QUIET_RUN_CONFIG: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+#: Dagster's console logger level without -v: above every level Dagster logs at, so its failure
+#: events (whose text carries a ``Stack Trace:`` block) never reach stderr
+QUIET_CONSOLE_LEVEL = "CRITICAL"
+#: with -v: a run's errors in full, not its DEBUG events
+VERBOSE_CONSOLE_LEVEL = "ERROR"
 TRIGGER_TAG = "rag/trigger"
 BOOK_TAG = "rag/book"
 
@@ -150,6 +163,13 @@ def add_book_partitions(instance: DagsterInstance, book_ids: Sequence[str]) -> N
             time.sleep(0.1)
 
 
+def console_run_config() -> dict[str, Any]:
+    """The run config of Dagster's console logger for a run of this process: quiet, unless
+    this process logs at INFO (``rag-pipeline -v``). The event log is not affected."""
+    level = VERBOSE_CONSOLE_LEVEL if log.isEnabledFor(logging.INFO) else QUIET_CONSOLE_LEVEL
+    return {"loggers": {"console": {"config": {"log_level": level}}}}
+
+
 def _run_book(
     job: JobDefinition,
     instance: DagsterInstance,
@@ -159,7 +179,7 @@ def _run_book(
     tags: dict[str, str],
 ) -> BookResult:
     outcome = job.execute_in_process(
-        run_config={**QUIET_RUN_CONFIG, **ingest_run_config(force=force)},
+        run_config={**console_run_config(), **ingest_run_config(force=force)},
         instance=instance,
         run_id=run_id,
         partition_key=book_id,
@@ -177,7 +197,7 @@ def _purge_book(
     job: JobDefinition, instance: DagsterInstance, run_id: str, book_id: str, tags: dict[str, str]
 ) -> BookResult:
     outcome = job.execute_in_process(
-        run_config={**QUIET_RUN_CONFIG, **purge_run_config(book_id)},
+        run_config={**console_run_config(), **purge_run_config(book_id)},
         instance=instance,
         run_id=run_id,
         raise_on_error=False,
