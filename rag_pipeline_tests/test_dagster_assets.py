@@ -16,6 +16,7 @@ from rag_pipeline.definitions import build_definitions
 from rag_pipeline.defs.assets import ingestion_assets
 from rag_pipeline.defs.io import BookPartitionIOManager
 from rag_pipeline.defs.location import fixed_resources
+from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.ingest.recipe import IndexRecipe
@@ -117,6 +118,47 @@ def test_index_settings_are_not_per_run_config_and_force_is(monkeypatch, tmp_pat
     assert set(ops["source_files"].config_type.fields["config"].config_type.fields) == {"force"}
 
 
+@pytest.mark.parametrize(
+    "run_config",
+    [
+        {"resources": {"recipe": {"config": {"chunk_target_tokens": 100}}}},
+        {"resources": {"recipe": {"config": {"model": "other-model"}}}},
+        {"resources": {"qdrant": {"config": {"collection": "other"}}}},
+        {"resources": {"books": {"config": {"data_dir": "/elsewhere"}}}},
+        {"ops": {"chunks": {"config": {"chunk_target_tokens": 100}}}},
+        {"ops": {"chunk_embeddings": {"config": {"model": "other-model"}}}},
+        {"ops": {"source_files": {"config": {"force": True, "chunk_target_tokens": 100}}}},
+    ],
+    ids=lambda config: ":".join(_config_path(config)),
+)
+def test_run_config_that_would_be_ignored_is_refused_at_launch(monkeypatch, tmp_path, run_config):
+    """What the Launchpad (and a launch from the asset graph, or GraphQL) validates against:
+    an index setting in run config is an error naming the entry, never accepted and ignored."""
+    from dagster import DagsterInvalidConfigError, validate_run_config
+
+    monkeypatch.setenv("RAG_EMBEDDER", "hash")
+    monkeypatch.setenv("RAG_QDRANT_PATH", str(tmp_path / "q"))
+    defs = build_definitions()
+    graph_job = defs.get_repository_def().get_implicit_job_def_for_assets([AssetKey("chunks")])
+    for job in (defs.resolve_job_def("ingest_books"), graph_job):
+        with pytest.raises(DagsterInvalidConfigError) as refused:
+            validate_run_config(job, run_config)
+        assert f'unexpected config entry "{_config_path(run_config)[-1]}"' in str(refused.value)
+    validate_run_config(
+        defs.resolve_job_def("ingest_books"), {"ops": {"source_files": {"config": {"force": True}}}}
+    )
+
+
+def _config_path(config: dict) -> list[str]:
+    path = []
+    while isinstance(config, dict) and len(config) == 1:
+        ((key, config),) = config.items()
+        path.append(key)
+    if isinstance(config, dict):  # source_files: force plus an index setting
+        path.append(next(k for k in config if k != "force"))
+    return path
+
+
 def test_the_real_code_location_module_loads():
     import importlib
 
@@ -158,7 +200,7 @@ def test_materialize_two_books_on_an_ephemeral_instance(settings, resources, ins
         }
         assert meta["source_files"]["files_new"].value == 5
         assert meta["chunks"]["chunks"].value == meta["qdrant_points"]["points_in_book"].value
-        assert "| file" in meta["source_files"]["files_table"].value  # a Markdown table
+        assert table_rows(meta["source_files"]["files_table"])[0]["file"]  # a table
         assert meta["chunk_embeddings"]["chunks_embedded"].value > 0
         assert chunk_count(settings, book) == meta["chunks"]["chunks"].value
     # the IO manager keeps each partition apart
@@ -195,7 +237,7 @@ def test_parse_errors_warn_with_file_names(settings, resources, instance, sample
     assert result.success  # a bad file does not fail the book
     check = next(c for c in result.get_asset_check_evaluations() if c.check_name == "parse_errors")
     assert not check.passed and check.severity == AssetCheckSeverity.WARN
-    assert "broken.md" in check.metadata["files"].value
+    assert "broken.md" in str(check.metadata["files"].value)
     assert "empty.md" in check.metadata["empty_files"].value
     assert check.metadata["errors"].value == 1
     # the next run parses nothing new, but the files are still broken and empty: still reported
@@ -205,7 +247,7 @@ def test_parse_errors_warn_with_file_names(settings, resources, instance, sample
     check = next(c for c in again.get_asset_check_evaluations() if c.check_name == "parse_errors")
     assert not check.passed
     assert check.metadata["errors"].value == 1 and check.metadata["new_errors"].value == 0
-    assert "broken.md" in check.metadata["files"].value
+    assert "broken.md" in str(check.metadata["files"].value)
     assert "empty.md" in check.metadata["empty_files"].value
 
 
@@ -282,12 +324,15 @@ def test_the_collection_asset_shows_every_book_with_its_last_run_and_checks(
     result = materialize([qdrant_collection], instance=instance, resources=resources)
     assert result.success
     meta = result.get_asset_materialization_events()[0].materialization.metadata
-    table = meta["book_table"].value
-    for book in BOOKS:
-        line = next(row for row in table.splitlines() if row.startswith(f"| {book}"))
-        assert runs[book].run_id[:8] in line
-        assert chunk_count(settings, book) and str(chunk_count(settings, book)) in line
-    assert "warned" in next(r for r in table.splitlines() if r.startswith(f"| {BOOKS[0]}"))
+    # the per-book table is table metadata (the UI draws it as a table), the broken book first
+    rows = table_rows(meta["book_table"])
+    assert [row["book"] for row in rows] == [BOOKS[0], BOOKS[1]]
+    for row in rows:
+        assert row["last_run"] == runs[row["book"]].run_id
+        assert row["points"] == chunk_count(settings, row["book"]) > 0
+    assert rows[0]["health"] == "warned" and rows[0]["parse_errors"] == "warned"
+    assert rows[1]["health"] == "ok" and rows[1]["index_consistency"] == "passed"
+    assert meta["books_with_problems"].value == 1 and BOOKS[0] in meta["problems"].value
     assert meta["books"].value == 2 and meta["books_with_failing_checks"].value == 1
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     assert checks["books_indexed"].passed
@@ -308,8 +353,8 @@ def test_every_run_names_its_book_and_trigger(settings, resources, instance):
         e.materialization.asset_key.to_user_string(): e.materialization.metadata
         for e in result.get_asset_materialization_events()
     }
-    written = meta["qdrant_points"]["points_written"].value
-    assert "| point id" in written and "| file" in written
+    written = table_rows(meta["qdrant_points"]["points_written"])
+    assert written and {"point id", "file", "section", "content hash"} <= set(written[0])
     assert "chunk points written" in meta["qdrant_points"]["summary"].value
 
 
