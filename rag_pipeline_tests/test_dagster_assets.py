@@ -8,6 +8,8 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     Definitions,
+    SensorResult,
+    SkipReason,
     materialize,
 )
 
@@ -392,3 +394,65 @@ def test_a_book_removed_during_its_run_is_not_written_and_a_late_purge_spares_it
     )
     assert purge.success and purge.output_for_node("purge_book_points") == 0
     assert chunk_count(settings, book) == points > 0
+
+
+def test_collection_sensor_refreshes_after_any_run_without_starting_one(
+    settings, resources, instance, sample_books, monkeypatch
+):
+    """A run launched from the asset graph (here: materialize(), an ad-hoc asset job, as the
+    UI's "Materialize" makes) is on the collection's page after the next tick; the sensor
+    reports the page itself, so no refresh run joins the run list. A broken book stays
+    visible after another book runs."""
+    from dagster import AssetCheckEvaluation, AssetMaterialization, build_sensor_context
+
+    from rag_pipeline.defs import collection as collection_module
+    from rag_pipeline.defs.collection import collection_sensor
+    from rag_pipeline.store import StoreBusyError
+
+    def tick(cursor):
+        context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+        return collection_sensor(context), context
+
+    def run(book):
+        return materialize(
+            ingestion_assets, partition_key=book, instance=instance, resources=resources
+        )
+
+    first, _ = tick(None)
+    assert isinstance(first, SkipReason)
+    run(BOOKS[1])
+    (sample_books / BOOKS[0] / "broken.md").write_bytes(b"---\ntitle: [oops\n---\nbody")
+    broken = run(BOOKS[0])
+    result, _ = tick(None)
+    assert isinstance(result, SensorResult) and not result.run_requests
+    page = next(e for e in result.asset_events if isinstance(e, AssetMaterialization))
+    rows = table_rows(page.metadata["book_table"])
+    assert [(r["book"], r["health"]) for r in rows] == [(BOOKS[0], "warned"), (BOOKS[1], "ok")]
+    assert rows[0]["last_run"] == broken.run_id and rows[0]["parse_errors"] == "warned"
+    checks = {e.check_name: e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)}
+    assert not checks["book_checks_pass"].passed
+    # nothing ended since: the next tick skips
+    again, _ = tick(result.cursor)
+    assert isinstance(again, SkipReason)
+    # another book runs (cleanly): the broken one still leads the page, still failing its check
+    other = run(BOOKS[1])
+    later, _ = tick(result.cursor)
+    assert isinstance(later, SensorResult)
+    page = next(e for e in later.asset_events if isinstance(e, AssetMaterialization))
+    rows = table_rows(page.metadata["book_table"])
+    assert [(r["book"], r["health"]) for r in rows] == [(BOOKS[0], "warned"), (BOOKS[1], "ok")]
+    assert rows[1]["last_run"] == other.run_id
+    checks = {e.check_name: e for e in later.asset_events if isinstance(e, AssetCheckEvaluation)}
+    assert not checks["book_checks_pass"].passed
+    assert checks["book_checks_pass"].severity == AssetCheckSeverity.WARN
+    # only the three book runs: refreshes are not runs
+    assert len(instance.get_run_records()) == 3
+
+    # a store another process holds: the tick waits briefly, then skips without moving on
+    def busy(*args, **kwargs):
+        raise StoreBusyError("held by pid 1")
+
+    monkeypatch.setattr(collection_module, "collection_page", busy)
+    skipped, context = tick(result.cursor)
+    assert isinstance(skipped, SkipReason) and "busy" in skipped.skip_message
+    assert context.cursor == result.cursor
