@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -353,6 +354,33 @@ def books(first: bool, as_json: bool) -> None:
 # -- retrieval --------------------------------------------------------------------------------
 
 
+class _OneValueCommand(click.Command):
+    """A command whose options that take one value may each be given once: click would keep
+    the last silently, so ``--book a --book b`` would read book b where a wrapper checked a.
+    Which options those are comes from the command's own parameters (not ``multiple``, not a
+    flag or a count), so an option added later is covered."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:  # shell completion parses half-typed lines
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+            for param, count in Counter(order).items():
+                if count > 1 and _takes_one_value(param):
+                    option = max(param.opts, key=len)
+                    raise click.UsageError(
+                        f"{option} is given {count} times: it takes one value", ctx
+                    )
+        return super().parse_args(ctx, args)
+
+
+def _takes_one_value(param: click.Parameter) -> bool:
+    return (
+        isinstance(param, click.Option)
+        and not param.multiple
+        and not param.count
+        and not param.is_flag
+    )
+
+
 def _book_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--book", "book_id", default=None, help="book id; required: results never cross books"
@@ -389,7 +417,7 @@ def _fusion_option(multiple: bool = False) -> Callable[..., Any]:
     )
 
 
-@main.command()
+@main.command(cls=_OneValueCommand)
 @click.argument("query")
 @_book_option
 @click.option("--module", default=None, help="exact module")
@@ -550,7 +578,7 @@ def _print_hits(hits: Sequence[Hit], title: str, show_score: bool = True) -> Non
     out.print(table)
 
 
-@main.command()
+@main.command(cls=_OneValueCommand)
 @click.argument("chunk_id")
 @_book_option
 @click.option("--prev", "prev_n", type=click.IntRange(0, 100), default=1, show_default=True)
@@ -573,7 +601,7 @@ def context(chunk_id: str, book_id: str | None, prev_n: int, next_n: int, as_jso
     _print_hits(hits, f"context of {point}", show_score=False)
 
 
-@main.command()
+@main.command(cls=_OneValueCommand)
 @click.argument("parent_doc_id")
 @_book_option
 @click.option("--json", "as_json", is_flag=True)
@@ -594,7 +622,7 @@ def document(parent_doc_id: str, book_id: str | None, as_json: bool) -> None:
     _print_hits(hits, f"document {doc} ({len(hits)} chunks)", show_score=False)
 
 
-@main.command()
+@main.command(cls=_OneValueCommand)
 @click.argument("point_id")
 @_book_option
 @click.option("--json", "as_json", is_flag=True)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -268,3 +269,87 @@ def test_a_search_of_a_book_with_nothing_indexed_says_so(env):
     assert "indexed books: humanoid-robotics-ros2, ros2-fundamentals" in text, text
     code, text = run("search", "robots", "--book", "ros2-fundamentals", "--where", "chapter=999")
     assert code == 0 and "nothing indexed" not in text, text  # indexed, nothing matched
+
+
+def _sample_value(option: click.Option) -> str:
+    """A value the option accepts (the repeat is what is wrong, not the value)."""
+    if option.name == "book_id":
+        return "ros2-fundamentals"
+    if isinstance(option.type, click.Choice):
+        return str(option.type.choices[0])
+    if isinstance(option.type, click.IntRange):
+        return str(option.type.min or 1)
+    return {"integer": "1", "float": "0.5"}.get(option.type.name, "x")
+
+
+#: every option of the retrieval commands that takes one value, from the commands themselves
+RETRIEVAL = {name: main.commands[name] for name in ("search", "context", "document", "lineage")}
+ONE_VALUE_OPTIONS = [
+    (name, p)
+    for name, command in RETRIEVAL.items()
+    for p in command.params
+    if isinstance(p, click.Option) and not (p.multiple or p.is_flag or p.count)
+]
+
+
+def test_the_one_value_options_are_derived_from_every_retrieval_command():
+    names = {(command, max(p.opts, key=len)) for command, p in ONE_VALUE_OPTIONS}
+    assert {(command, "--book") for command in RETRIEVAL} <= names
+    assert {("search", "--limit"), ("search", "--mode"), ("context", "--prev")} <= names
+    assert not {o for _, o in names} & {"--where", "--proficiency", "--json"}
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    ONE_VALUE_OPTIONS,
+    ids=lambda v: v if isinstance(v, str) else max(v.opts, key=len),
+)
+def test_an_option_that_takes_one_value_given_twice_is_exit_2_naming_it(env, command, option):
+    flag, value = max(option.opts, key=len), _sample_value(option)
+    first = "robots" if command == "search" else GOOD_ID
+    args = [command, first, "--book", "ros2-fundamentals", "--json"]
+    if flag != "--book":
+        args += [flag, value]
+    code, text = run(*args, flag, value)
+    assert code == 2, text
+    assert f"{flag} is given 2 times" in text, text
+
+
+@pytest.mark.parametrize("command", list(RETRIEVAL))
+def test_a_second_book_is_refused_not_silently_read(env, command):
+    first = "robots" if command == "search" else GOOD_ID
+    code, text = run(command, first, "--book", "ros2-fundamentals", "--book=humanoid-robotics-ros2")
+    assert code == 2, text
+    assert "--book is given 2 times" in text, text
+
+
+def test_a_where_key_given_twice_is_exit_2_naming_it(env):
+    code, text = run(
+        "search",
+        "robots",
+        "--book",
+        "ros2-fundamentals",
+        "--where",
+        "module=a",
+        "--where",
+        "module=b",
+    )
+    assert code == 2, text
+    assert "filter key 'module' is given twice" in text, text
+    # distinct keys, and repeatable options, stay fine
+    code, text = run(
+        "search",
+        "robots",
+        "--book",
+        "ros2-fundamentals",
+        "--json",
+        "--where",
+        "lesson=1",
+        "--where",
+        "chapter=1",
+        "--proficiency",
+        "A2",
+        "--proficiency",
+        "B1",
+    )
+    assert code == 0, text

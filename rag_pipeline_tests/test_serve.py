@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -183,6 +184,7 @@ BAD_REQUESTS = [
     ("/search", {"q": "x", "book": BOOK, "score_threshold": "nan"}, 400, "finite"),
     ("/search", {"q": "x", "book": BOOK, "where": "chapter=abc"}, 400, "integer field"),
     ("/search", {"q": "x", "book": BOOK, "where": "text=x"}, 400, "not a filterable field"),
+    ("/search", {"q": "x", "book": BOOK, "where": ["lesson=1", "lesson=2"]}, 400, "'lesson'"),
     ("/search", {"q": "x", "book": BOOK, "proficiency": ""}, 400, "needs a level"),
     ("/search", {"q": "x", "book": BOOK, "limit": 0}, 422, "limit"),
     ("/search", {"q": "x", "book": BOOK, "mode": "fuzzy"}, 422, "mode"),
@@ -212,6 +214,119 @@ def test_another_books_ids_are_not_found(served):
     assert server.get(f"/context/{other['id']}", book=BOOK).status_code == 404
     assert server.get(f"/lineage/{other['id']}", book=BOOK).status_code == 404
     assert server.get(f"/document/{other['parent_doc_id']}", book=BOOK).status_code == 404
+
+
+def _declared_params() -> dict[str, list[dict[str, Any]]]:
+    """Each endpoint's parameters as the app's OpenAPI spec declares them (the app is built in
+    this process and never started: nothing is opened)."""
+    from rag_pipeline.config import Settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.serve.app import create_app
+
+    spec = create_app(Settings(), make_recipe(HashEmbedder())).openapi()
+    return {path: ops["get"].get("parameters", []) for path, ops in spec["paths"].items()}
+
+
+DECLARED = _declared_params()
+
+
+def _is_list(schema: dict[str, Any]) -> bool:
+    return any(s.get("type") == "array" for s in (schema, *schema.get("anyOf", ())))
+
+
+def _valid_value(param: dict[str, Any]) -> object:
+    """A value the parameter accepts: its default, else one of its type."""
+    known = {"book": BOOK, "q": "nodes and topics"}
+    schema = param["schema"]
+    if param["name"] in known:
+        return known[param["name"]]
+    if "default" in schema:
+        return schema["default"]
+    kind = next(s for s in (schema, *schema.get("anyOf", ())) if s.get("type") != "null")
+    if "enum" in kind or "const" in kind:
+        return kind.get("const", (kind.get("enum") or [None])[0])
+    return {"integer": 1, "number": 0.5}.get(kind.get("type", ""), "x")
+
+
+def _request(path: str) -> tuple[str, dict[str, object]]:
+    """The endpoint's URL for a random id and its required query parameters with ``book``."""
+    url = path
+    query: dict[str, object] = {"book": BOOK}
+    for param in DECLARED[path]:
+        if param["in"] == "path":
+            url = url.replace("{" + param["name"] + "}", str(uuid.uuid4()))
+        elif param.get("required"):
+            query[param["name"]] = _valid_value(param)
+    return url, query
+
+
+#: every single-valued query parameter of every endpoint, and every path parameter
+SINGLE_VALUED = [
+    (path, p)
+    for path, declared in DECLARED.items()
+    for p in declared
+    if p["in"] == "query" and not _is_list(p["schema"])
+]
+IN_PATH = [(path, p) for path, declared in DECLARED.items() for p in declared if p["in"] == "path"]
+
+
+def test_the_single_valued_list_is_derived_from_every_endpoint():
+    names = {(path, p["name"]) for path, p in SINGLE_VALUED}
+    for tenant_path in ("/search", "/context/{chunk_id}", "/document/{parent_doc_id}"):
+        assert (tenant_path, "book") in names
+    assert {("/search", "q"), ("/search", "limit"), ("/context/{chunk_id}", "next")} <= names
+    assert not {n for _, n in names} & {"proficiency", "where"}  # legitimately repeatable
+    assert {p["name"] for _, p in IN_PATH} == {"chunk_id", "parent_doc_id", "point_id"}
+
+
+@pytest.mark.parametrize(
+    ("path", "param"), SINGLE_VALUED, ids=lambda v: v["name"] if isinstance(v, dict) else v
+)
+def test_a_single_valued_parameter_given_twice_is_400_naming_it(served, path, param):
+    server, _ = served
+    url, query = _request(path)
+    value = query.get(param["name"], _valid_value(param))
+    response = server.get(url, **{**query, param["name"]: [value, value]})
+    assert response.status_code == 400, response.text
+    assert f"{param['name']!r} is given 2 times" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "param"), IN_PATH, ids=lambda v: v["name"] if isinstance(v, dict) else v
+)
+def test_a_path_parameter_given_in_the_query_too_is_400_naming_it(served, path, param):
+    server, _ = served
+    url, query = _request(path)
+    response = server.get(url, **query, **{param["name"]: str(uuid.uuid4())})
+    assert response.status_code == 400, response.text
+    assert f"{param['name']!r} is a path parameter" in response.json()["detail"]
+
+
+def test_repeatable_parameters_stay_repeatable(served):
+    server, _ = served
+    response = server.get(
+        "/search", q="nodes", book=BOOK, proficiency=["A2", "B1"], where=["lesson=1", "chapter=1"]
+    )
+    assert response.status_code == 200, response.text
+
+
+def test_a_second_book_never_reads_the_other_book(served):
+    """A gateway that checks (or sets) the first ``book`` cannot be bypassed by a second one."""
+    server, _ = served
+    other = server.get("/search", q="ROS", book=OTHER, limit=1).json()[0]
+    assert other["book_id"] == OTHER
+    requests_of_other = [
+        ("/search", {"q": other["text"][:200]}),
+        (f"/context/{other['id']}", {}),
+        (f"/document/{other['parent_doc_id']}", {}),
+        (f"/lineage/{other['id']}", {}),
+    ]
+    for path, query in requests_of_other:
+        for books in ([BOOK, OTHER], [OTHER, BOOK]):
+            response = server.get(path, **query, book=books)
+            assert response.status_code == 400, (path, books, response.text)
+            assert "'book' is given 2 times" in response.json()["detail"]
+            assert other["text"][:200] not in response.text and OTHER not in response.text
 
 
 def test_health_and_docs(served):

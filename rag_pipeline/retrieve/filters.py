@@ -71,14 +71,22 @@ def parse_equals(pairs: Sequence[str]) -> dict[str, Scalar]:
     """``key=value`` strings to a dict, each value of its field's type (an integer field's
     value an int, a keyword field's the text as given).
 
-    A key that is not a filterable field, a value of the wrong type and an integer too large
-    for the index (64 bits) are errors naming what is allowed, never a silent empty answer."""
+    A key that is not a filterable field, a value of the wrong type, an integer too large for
+    the index (64 bits) and a key given twice (which value would it mean?) are errors naming
+    what is wrong, never a silent empty answer or a silently dropped value."""
     out: dict[str, Scalar] = {}
+    given: dict[str, str] = {}  # key -> the pair that gave it
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ValueError(f"filter {pair!r} is not key=value")
+        if key in given:
+            raise ValueError(
+                f"filter key {key!r} is given twice ({given[key]!r} and {pair!r}): "
+                "give each key once"
+            )
+        given[key] = pair
         if key in (BOOK_ID, "record_type"):
             raise ValueError(f"{key} cannot be used as a free filter")
         kind = EQUALS_FIELDS.get(key)

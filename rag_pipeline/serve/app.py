@@ -14,16 +14,23 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Path, Query, Request
+from fastapi import FastAPI, HTTPException, Path, Query, Request, params
+
+# FastAPI's own test of a list-valued parameter (private: an upgrade that moves it fails loudly)
+from fastapi._compat import field_annotation_is_sequence
+from fastapi.dependencies.models import Dependant
+from fastapi.dependencies.utils import get_flat_params
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from starlette.datastructures import QueryParams
 
 from rag_pipeline import __version__
 from rag_pipeline.config import Settings
@@ -46,7 +53,14 @@ from rag_pipeline.store import (
 )
 from rag_pipeline.store.filters import check_point_id
 
-__all__ = ["CachedQueryEmbedder", "CliJSONResponse", "Service", "create_app", "query_recipe"]
+__all__ = [
+    "CachedQueryEmbedder",
+    "CliJSONResponse",
+    "OneMeaningRoute",
+    "Service",
+    "create_app",
+    "query_recipe",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -165,6 +179,54 @@ def _point(value: str) -> str:
         raise HTTPException(400, str(exc)) from None
 
 
+def _one_meaning_names(dependant: Dependant) -> tuple[frozenset[str], frozenset[str]]:
+    """The query parameters of a route that take one value, and its path parameters: what
+    the route declares (its dependencies' parameters included). A parameter is multi-valued
+    exactly when FastAPI reads it as a list, by the same test FastAPI applies."""
+    fields = get_flat_params(dependant)
+    single = frozenset(
+        f.alias
+        for f in fields
+        if isinstance(f.field_info, params.Query)
+        and not field_annotation_is_sequence(f.field_info.annotation)
+    )
+    in_path = frozenset(f.alias for f in fields if isinstance(f.field_info, params.Path))
+    return single, in_path
+
+
+def _refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: frozenset[str]) -> None:
+    """400 naming the first parameter that would give the request two meanings: one that takes
+    one value given more than once (FastAPI would silently keep the last, so a gateway that
+    checked or set the first ``book`` would be bypassed), or a path parameter repeated in the
+    query."""
+    for name in query:  # each name once, in the request's order
+        if name in in_path:
+            raise HTTPException(
+                400, f"{name!r} is a path parameter: it cannot also be given in the query"
+            )
+        count = len(query.getlist(name))
+        if name in single and count > 1:
+            raise HTTPException(
+                400, f"query parameter {name!r} is given {count} times: it takes one value"
+            )
+
+
+class OneMeaningRoute(APIRoute):
+    """A route that refuses an ambiguous request (:func:`_refuse_ambiguous`) before reading any
+    parameter; the single-valued names come from the route's own declaration, so every
+    endpoint added to the app is covered."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        single, in_path = _one_meaning_names(self.dependant)
+
+        async def one_meaning(request: Request) -> Response:
+            _refuse_ambiguous(request.query_params, single, in_path)
+            return await handler(request)
+
+        return one_meaning
+
+
 BookParam = Annotated[
     str | None, Query(description="book id (tenant); required: answers never cross books")
 ]
@@ -193,6 +255,7 @@ def create_app(
         lifespan=lifespan,
         default_response_class=CliJSONResponse,
     )
+    app.router.route_class = OneMeaningRoute  # every endpoint below: one request, one meaning
     app.state.service = service
 
     @app.exception_handler(StoreError)
