@@ -8,6 +8,8 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     Definitions,
+    SensorResult,
+    SkipReason,
     materialize,
 )
 
@@ -16,6 +18,7 @@ from rag_pipeline.definitions import build_definitions
 from rag_pipeline.defs.assets import ingestion_assets
 from rag_pipeline.defs.io import BookPartitionIOManager
 from rag_pipeline.defs.location import fixed_resources
+from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.ingest.recipe import IndexRecipe
@@ -117,6 +120,47 @@ def test_index_settings_are_not_per_run_config_and_force_is(monkeypatch, tmp_pat
     assert set(ops["source_files"].config_type.fields["config"].config_type.fields) == {"force"}
 
 
+@pytest.mark.parametrize(
+    "run_config",
+    [
+        {"resources": {"recipe": {"config": {"chunk_target_tokens": 100}}}},
+        {"resources": {"recipe": {"config": {"model": "other-model"}}}},
+        {"resources": {"qdrant": {"config": {"collection": "other"}}}},
+        {"resources": {"books": {"config": {"data_dir": "/elsewhere"}}}},
+        {"ops": {"chunks": {"config": {"chunk_target_tokens": 100}}}},
+        {"ops": {"chunk_embeddings": {"config": {"model": "other-model"}}}},
+        {"ops": {"source_files": {"config": {"force": True, "chunk_target_tokens": 100}}}},
+    ],
+    ids=lambda config: ":".join(_config_path(config)),
+)
+def test_run_config_that_would_be_ignored_is_refused_at_launch(monkeypatch, tmp_path, run_config):
+    """What the Launchpad (and a launch from the asset graph, or GraphQL) validates against:
+    an index setting in run config is an error naming the entry, never accepted and ignored."""
+    from dagster import DagsterInvalidConfigError, validate_run_config
+
+    monkeypatch.setenv("RAG_EMBEDDER", "hash")
+    monkeypatch.setenv("RAG_QDRANT_PATH", str(tmp_path / "q"))
+    defs = build_definitions()
+    graph_job = defs.get_repository_def().get_implicit_job_def_for_assets([AssetKey("chunks")])
+    for job in (defs.resolve_job_def("ingest_books"), graph_job):
+        with pytest.raises(DagsterInvalidConfigError) as refused:
+            validate_run_config(job, run_config)
+        assert f'unexpected config entry "{_config_path(run_config)[-1]}"' in str(refused.value)
+    validate_run_config(
+        defs.resolve_job_def("ingest_books"), {"ops": {"source_files": {"config": {"force": True}}}}
+    )
+
+
+def _config_path(config: dict) -> list[str]:
+    path = []
+    while isinstance(config, dict) and len(config) == 1:
+        ((key, config),) = config.items()
+        path.append(key)
+    if isinstance(config, dict):  # source_files: force plus an index setting
+        path.append(next(k for k in config if k != "force"))
+    return path
+
+
 def test_the_real_code_location_module_loads():
     import importlib
 
@@ -158,7 +202,7 @@ def test_materialize_two_books_on_an_ephemeral_instance(settings, resources, ins
         }
         assert meta["source_files"]["files_new"].value == 5
         assert meta["chunks"]["chunks"].value == meta["qdrant_points"]["points_in_book"].value
-        assert "| file" in meta["source_files"]["files_table"].value  # a Markdown table
+        assert table_rows(meta["source_files"]["files_table"])[0]["file"]  # a table
         assert meta["chunk_embeddings"]["chunks_embedded"].value > 0
         assert chunk_count(settings, book) == meta["chunks"]["chunks"].value
     # the IO manager keeps each partition apart
@@ -195,7 +239,7 @@ def test_parse_errors_warn_with_file_names(settings, resources, instance, sample
     assert result.success  # a bad file does not fail the book
     check = next(c for c in result.get_asset_check_evaluations() if c.check_name == "parse_errors")
     assert not check.passed and check.severity == AssetCheckSeverity.WARN
-    assert "broken.md" in check.metadata["files"].value
+    assert "broken.md" in str(check.metadata["files"].value)
     assert "empty.md" in check.metadata["empty_files"].value
     assert check.metadata["errors"].value == 1
     # the next run parses nothing new, but the files are still broken and empty: still reported
@@ -205,7 +249,7 @@ def test_parse_errors_warn_with_file_names(settings, resources, instance, sample
     check = next(c for c in again.get_asset_check_evaluations() if c.check_name == "parse_errors")
     assert not check.passed
     assert check.metadata["errors"].value == 1 and check.metadata["new_errors"].value == 0
-    assert "broken.md" in check.metadata["files"].value
+    assert "broken.md" in str(check.metadata["files"].value)
     assert "empty.md" in check.metadata["empty_files"].value
 
 
@@ -282,12 +326,15 @@ def test_the_collection_asset_shows_every_book_with_its_last_run_and_checks(
     result = materialize([qdrant_collection], instance=instance, resources=resources)
     assert result.success
     meta = result.get_asset_materialization_events()[0].materialization.metadata
-    table = meta["book_table"].value
-    for book in BOOKS:
-        line = next(row for row in table.splitlines() if row.startswith(f"| {book}"))
-        assert runs[book].run_id[:8] in line
-        assert chunk_count(settings, book) and str(chunk_count(settings, book)) in line
-    assert "warned" in next(r for r in table.splitlines() if r.startswith(f"| {BOOKS[0]}"))
+    # the per-book table is table metadata (the UI draws it as a table), the broken book first
+    rows = table_rows(meta["book_table"])
+    assert [row["book"] for row in rows] == [BOOKS[0], BOOKS[1]]
+    for row in rows:
+        assert row["last_run"] == runs[row["book"]].run_id
+        assert row["points"] == chunk_count(settings, row["book"]) > 0
+    assert rows[0]["health"] == "warned" and rows[0]["parse_errors"] == "warned"
+    assert rows[1]["health"] == "ok" and rows[1]["index_consistency"] == "passed"
+    assert meta["books_with_problems"].value == 1 and BOOKS[0] in meta["problems"].value
     assert meta["books"].value == 2 and meta["books_with_failing_checks"].value == 1
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     assert checks["books_indexed"].passed
@@ -308,8 +355,8 @@ def test_every_run_names_its_book_and_trigger(settings, resources, instance):
         e.materialization.asset_key.to_user_string(): e.materialization.metadata
         for e in result.get_asset_materialization_events()
     }
-    written = meta["qdrant_points"]["points_written"].value
-    assert "| point id" in written and "| file" in written
+    written = table_rows(meta["qdrant_points"]["points_written"])
+    assert written and {"point id", "file", "section", "content hash"} <= set(written[0])
     assert "chunk points written" in meta["qdrant_points"]["summary"].value
 
 
@@ -347,3 +394,65 @@ def test_a_book_removed_during_its_run_is_not_written_and_a_late_purge_spares_it
     )
     assert purge.success and purge.output_for_node("purge_book_points") == 0
     assert chunk_count(settings, book) == points > 0
+
+
+def test_collection_sensor_refreshes_after_any_run_without_starting_one(
+    settings, resources, instance, sample_books, monkeypatch
+):
+    """A run launched from the asset graph (here: materialize(), an ad-hoc asset job, as the
+    UI's "Materialize" makes) is on the collection's page after the next tick; the sensor
+    reports the page itself, so no refresh run joins the run list. A broken book stays
+    visible after another book runs."""
+    from dagster import AssetCheckEvaluation, AssetMaterialization, build_sensor_context
+
+    from rag_pipeline.defs import collection as collection_module
+    from rag_pipeline.defs.collection import collection_sensor
+    from rag_pipeline.store import StoreBusyError
+
+    def tick(cursor):
+        context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+        return collection_sensor(context), context
+
+    def run(book):
+        return materialize(
+            ingestion_assets, partition_key=book, instance=instance, resources=resources
+        )
+
+    first, _ = tick(None)
+    assert isinstance(first, SkipReason)
+    run(BOOKS[1])
+    (sample_books / BOOKS[0] / "broken.md").write_bytes(b"---\ntitle: [oops\n---\nbody")
+    broken = run(BOOKS[0])
+    result, _ = tick(None)
+    assert isinstance(result, SensorResult) and not result.run_requests
+    page = next(e for e in result.asset_events if isinstance(e, AssetMaterialization))
+    rows = table_rows(page.metadata["book_table"])
+    assert [(r["book"], r["health"]) for r in rows] == [(BOOKS[0], "warned"), (BOOKS[1], "ok")]
+    assert rows[0]["last_run"] == broken.run_id and rows[0]["parse_errors"] == "warned"
+    checks = {e.check_name: e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)}
+    assert not checks["book_checks_pass"].passed
+    # nothing ended since: the next tick skips
+    again, _ = tick(result.cursor)
+    assert isinstance(again, SkipReason)
+    # another book runs (cleanly): the broken one still leads the page, still failing its check
+    other = run(BOOKS[1])
+    later, _ = tick(result.cursor)
+    assert isinstance(later, SensorResult)
+    page = next(e for e in later.asset_events if isinstance(e, AssetMaterialization))
+    rows = table_rows(page.metadata["book_table"])
+    assert [(r["book"], r["health"]) for r in rows] == [(BOOKS[0], "warned"), (BOOKS[1], "ok")]
+    assert rows[1]["last_run"] == other.run_id
+    checks = {e.check_name: e for e in later.asset_events if isinstance(e, AssetCheckEvaluation)}
+    assert not checks["book_checks_pass"].passed
+    assert checks["book_checks_pass"].severity == AssetCheckSeverity.WARN
+    # only the three book runs: refreshes are not runs
+    assert len(instance.get_run_records()) == 3
+
+    # a store another process holds: the tick waits briefly, then skips without moving on
+    def busy(*args, **kwargs):
+        raise StoreBusyError("held by pid 1")
+
+    monkeypatch.setattr(collection_module, "collection_page", busy)
+    skipped, context = tick(result.cursor)
+    assert isinstance(skipped, SkipReason) and "busy" in skipped.skip_message
+    assert context.cursor == result.cursor

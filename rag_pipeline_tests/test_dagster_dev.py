@@ -3,6 +3,7 @@ the sensor ingests new books and follows an edit, a partition is materialized th
 webserver's GraphQL API (what the UI's Materialize button sends), and headless Chromium loads
 the asset graph page."""
 
+import json
 import os
 import shutil
 import signal
@@ -176,13 +177,29 @@ mutation Backfill($params: LaunchBackfillParams!) {
 }"""
 RUNS_OF_BOOK = """query Runs($filter: RunsFilter!) { runsOrError(filter: $filter) {
   ... on Runs { results { runId status jobName tags { key value } } } } }"""
-ASSET_EVENTS = """query Events($path: [String!]!, $partitions: [String!]) {
-  assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
-    assetMaterializations(limit: 5, partitions: $partitions) {
-      runId partition metadataEntries { label
+METADATA_ENTRIES = """metadataEntries { label
         ... on MarkdownMetadataEntry { mdStr }
+        ... on TextMetadataEntry { text }
+        ... on TableMetadataEntry { table { records } }
         ... on BoolMetadataEntry { boolValue }
-        ... on IntMetadataEntry { intValue } } } } } }"""
+        ... on IntMetadataEntry { intValue } }"""
+ASSET_EVENTS = (
+    """query Events($path: [String!]!, $partitions: [String!]) {
+  assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
+    assetMaterializations(limit: 5, partitions: $partitions) { runId partition """
+    + METADATA_ENTRIES
+    + """ }
+    assetObservations(limit: 5, partitions: $partitions) { runId partition """
+    + METADATA_ENTRIES
+    + """ } } } }"""
+)
+#: a check's latest result and its per-partition results (what the check's page shows)
+CHECK_STATUS = """query Check($path: [String!]!) {
+  assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
+    assetChecksOrError { ... on AssetChecks { checks { name
+      executionForLatestMaterialization { status evaluation { severity } }
+      partitionStatuses { ... on AssetCheckDefaultPartitionStatuses {
+        succeededPartitions failedPartitions } } } } } } } }"""
 
 
 def chromium_shot(page: str, name: str, tmp_path: Path) -> str:
@@ -218,18 +235,24 @@ def chromium_shot(page: str, name: str, tmp_path: Path) -> str:
 
 
 def metadata(event: dict) -> dict:
+    """label -> value; a table is its list of rows."""
     out = {}
     for entry in event["metadataEntries"]:
-        for key in ("mdStr", "boolValue", "intValue"):
+        if "table" in entry:
+            out[entry["label"]] = [json.loads(r) for r in entry["table"]["records"]]
+        for key in ("mdStr", "text", "boolValue", "intValue"):
             if key in entry:
                 out[entry["label"]] = entry[key]
     return out
 
 
 def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
-    """Every way a run starts is found by one filter per book (tag dagster/partition) and says
-    who started it; the collection asset shows every book; a purge leaves its trace; lineage
-    gives the full run URL of the run that wrote a point."""
+    """Every way a run starts (sensor, asset graph, backfill, Launchpad, CLI, purge) is found by
+    one filter per book (tag rag/book) and says who started it; index settings in run config
+    are refused at launch; the collection asset reflects every run within a sensor interval,
+    without runs of its own, and a broken book stays visible (partition check status, the
+    collection's health and check) after another book runs; a purge is an observation;
+    lineage gives the full run URL of the run that wrote a point."""
     books = ["humanoid-robotics-ros2", "ros2-fundamentals"]
     # 1. the sensor (on by default) adds both partitions and ingests both books
     for book in books:
@@ -292,40 +315,129 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
             f"the backfill's run of {book}",
         )
 
-    # 5. one filter finds every run of a book, whoever started it, and says who did
-    for book in books:
-        runs = dev.graphql(
-            RUNS_OF_BOOK, filter={"tags": [{"key": "dagster/partition", "value": book}]}
-        )["runsOrError"]["results"]
-        triggers = {t["value"] for r in runs for t in r["tags"] if t["key"] == "rag/trigger"}
-        assert {"books_sensor", "backfill"} <= triggers, triggers
-        assert all({"key": "rag/book", "value": book} in r["tags"] for r in runs)
-    ui_runs = dev.graphql(
-        RUNS_OF_BOOK,
-        filter={"tags": [{"key": "dagster/partition", "value": "humanoid-robotics-ros2"}]},
-    )["runsOrError"]["results"]
-    assert any(
-        r["runId"] == run_id and {"key": "rag/trigger", "value": "ui"} in r["tags"] for r in ui_runs
+    # 4b. the Launchpad: the ingest job with run config; an index setting there is refused
+    def launchpad(run_config: str) -> dict:
+        return dev.graphql(
+            LAUNCH,
+            executionParams={
+                "mode": "default",
+                "runConfigData": run_config,
+                "selector": {
+                    "repositoryLocationName": LOCATION,
+                    "repositoryName": REPOSITORY,
+                    "pipelineName": "ingest_books",
+                },
+                "executionMetadata": {
+                    "tags": [{"key": "dagster/partition", "value": "ros2-fundamentals"}]
+                },
+            },
+        )["launchPipelineExecution"]
+
+    refused = launchpad('{"ops": {"chunks": {"config": {"chunk_target_tokens": 100}}}}')
+    assert refused["__typename"] == "RunConfigValidationInvalid", refused
+    assert "chunk_target_tokens" in str(refused["errors"])
+    refused = launchpad('{"resources": {"recipe": {"config": {"model": "other-model"}}}}')
+    assert refused["__typename"] == "RunConfigValidationInvalid", refused
+    launched = launchpad('{"ops": {"source_files": {"config": {"force": true}}}}')
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    launchpad_run = launched["run"]["runId"]
+    dev.wait_for(
+        lambda: dev.graphql(RUN_STATUS, runId=launchpad_run)["runOrError"]["status"] == "SUCCESS",
+        240,
+        "the Launchpad run",
     )
 
-    # 6. the collection asset lists every book with its counts and check results
-    def collection_table() -> str:
-        events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
-        found = events["assetNodeOrError"]["assetMaterializations"]
-        table = metadata(found[0])["book_table"] if found else ""
-        return table if all(f"| {b}" in table for b in books) and "passed" in table else ""
-
-    table = dev.wait_for(collection_table, 180, "the collection asset's refresh")
-    for book in books:
-        row = next(line for line in table.splitlines() if line.startswith(f"| {book}"))
-        assert "| ok" in row and "passed" in row
-
-    # 7. a point's lineage gives the full URL of the run that wrote it
+    # 4c. a CLI ingest against the same instance (it waits for the store if a run holds it)
     from rag_pipeline_tests.test_cli import Cli
 
     cli = Cli(tmp_path, sample_books)
     cli.env.update(dev.env)
     cli.env["RAG_DAGSTER_URL"] = dev.url
+    cli_run = cli.json("ingest", "--book", "ros2-fundamentals", "--force", "--json")
+    cli_run_id = cli_run["books"]["ros2-fundamentals"]["run_id"]
+
+    # 5. one filter, rag/book=X, finds every run of a book, whoever started it, and says who
+    def runs_of(book: str) -> list[dict]:
+        return dev.graphql(RUNS_OF_BOOK, filter={"tags": [{"key": "rag/book", "value": book}]})[
+            "runsOrError"
+        ]["results"]
+
+    for book in books:
+        triggers = {
+            t["value"] for r in runs_of(book) for t in r["tags"] if t["key"] == "rag/trigger"
+        }
+        assert {"books_sensor", "backfill", "ui"} <= triggers, triggers
+    ros2 = {r["runId"]: r for r in runs_of("ros2-fundamentals")}
+    assert launchpad_run in ros2 and cli_run_id in ros2
+    assert {"key": "rag/trigger", "value": "cli"} in ros2[cli_run_id]["tags"]
+    assert any(r["runId"] == run_id for r in runs_of("humanoid-robotics-ros2"))  # the graph's
+
+    # 6. the collection asset lists every book with its counts and check results
+    def collection_rows(expect=lambda rows: True) -> dict[str, dict]:
+        events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
+        found = events["assetNodeOrError"]["assetMaterializations"]
+        rows = {r["book"]: r for r in metadata(found[0])["book_table"]} if found else {}
+        return rows if set(books) <= set(rows) and expect(rows) else {}
+
+    # the CLI's run is the last of the book: on the page within a sensor interval or so
+    rows = dev.wait_for(
+        lambda: collection_rows(lambda r: r["ros2-fundamentals"]["last_run"] == cli_run_id),
+        120,
+        "the collection asset's refresh",
+    )
+    for book in books:
+        assert rows[book]["health"] == "ok" and rows[book]["index_consistency"] == "passed"
+
+    # 6b. a broken file: the book's partition of the check, the collection's health and its
+    # check say so, and still do after another book runs
+    (sample_books / "ros2-fundamentals" / "broken.md").write_bytes(b"---\ntitle: [oops\n---\nx")
+
+    def broken_shown() -> dict[str, dict]:
+        return collection_rows(lambda r: r["ros2-fundamentals"]["health"] == "warned")
+
+    dev.wait_for(broken_shown, 240, "the broken book on the collection's page")
+    before = len(dev.book_runs("humanoid-robotics-ros2"))
+    other = sample_books / "humanoid-robotics-ros2" / "index.md"
+    other.write_text(other.read_text() + "\n\n## Another edit\n\nQuiet lantern harbor.\n")
+    dev.wait_for(
+        lambda: len(dev.book_runs("humanoid-robotics-ros2")) > before, 240, "the other book's run"
+    )
+    rows = dev.wait_for(
+        lambda: collection_rows(
+            lambda r: (
+                r["humanoid-robotics-ros2"]["last_run"]
+                == dev.book_runs("humanoid-robotics-ros2")[0]["runId"]
+            )
+        ),
+        120,
+        "the page after the other book's run",
+    )
+    assert rows["ros2-fundamentals"]["health"] == "warned"
+    assert rows["ros2-fundamentals"]["parse_errors"] == "warned"
+    checks = {
+        c["name"]: c
+        for c in dev.graphql(CHECK_STATUS, path=["documents"])["assetNodeOrError"][
+            "assetChecksOrError"
+        ]["checks"]
+    }
+    statuses = checks["parse_errors"]["partitionStatuses"]
+    assert "ros2-fundamentals" in statuses["failedPartitions"], statuses
+    assert "humanoid-robotics-ros2" in statuses["succeededPartitions"], statuses
+    collection_checks = {
+        c["name"]: c
+        for c in dev.graphql(CHECK_STATUS, path=["qdrant_collection"])["assetNodeOrError"][
+            "assetChecksOrError"
+        ]["checks"]
+    }
+    latest = collection_checks["book_checks_pass"]["executionForLatestMaterialization"]
+    assert latest["status"] == "FAILED" and latest["evaluation"]["severity"] == "WARN", latest
+    events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
+    page = metadata(events["assetNodeOrError"]["assetMaterializations"][0])
+    assert "ros2-fundamentals" in page["problems"]
+    # refreshes add no runs to the run list
+    assert not [r for r in dev.runs() if r["jobName"] == "refresh_collection"]
+
+    # 7. a point's lineage gives the full URL of the run that wrote it
     hits = cli.json("search", "Zebra quartz umbrella", "--book", "ros2-fundamentals")
     lineage = cli.json("lineage", hits[0]["id"], "--book", "ros2-fundamentals")
     url = lineage["dagster_run_url"]
@@ -337,7 +449,7 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
         "assetNodeOrError"
     ]["assetMaterializations"]
     by_run = {e["runId"]: metadata(e) for e in written}
-    assert hits[0]["id"] in by_run[lineage["run_id"]]["points_written"]
+    assert hits[0]["id"] in {r["point id"] for r in by_run[lineage["run_id"]]["points_written"]}
 
     # 8. pages render in a real browser: the asset graph and the collection asset
     dom = chromium_shot(
@@ -346,18 +458,30 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     assert "qdrant_points" in dom and "chunk_embeddings" in dom
     dom = chromium_shot(f"{dev.url}/assets/qdrant_collection", "collection-asset.png", tmp_path)
     assert "qdrant_collection" in dom and "book_table" in dom
+    # the broken book is named on the collection's page without opening anything
+    assert "ros2-fundamentals (warned" in dom
+    chromium_shot(f"{dev.url}/assets", "catalog.png", tmp_path)
+    chromium_shot(
+        f"{dev.url}/assets/documents?view=checks&checkDetail=parse_errors",
+        "documents-check-partitions.png",
+        tmp_path,
+    )
+    chromium_shot(f"{dev.url}/assets/documents?view=partitions", "partitions.png", tmp_path)
     assert "Join the Dagster community" not in dom  # no newsletter dialog over the pages
 
     # 9. a removed book is purged, and the purge is recorded on the assets it emptied
     shutil.rmtree(sample_books / "humanoid-robotics-ros2")
 
     def purge_event() -> dict:
-        events = dev.graphql(
+        node = dev.graphql(
             ASSET_EVENTS, path=["qdrant_points"], partitions=["humanoid-robotics-ros2"]
-        )["assetNodeOrError"]["assetMaterializations"]
-        return next((metadata(e) for e in events if metadata(e).get("purged")), {})
+        )["assetNodeOrError"]
+        assert not any(metadata(e).get("purged") for e in node["assetMaterializations"])
+        return next((e for e in node["assetObservations"] if metadata(e).get("purged")), {})
 
-    assert dev.wait_for(purge_event, 240, "the purge's event")["points_in_book"] == 0
+    purge = dev.wait_for(purge_event, 240, "the purge's event")
+    assert metadata(purge)["points_in_book"] == 0
+    assert purge["runId"] in {r["runId"] for r in runs_of("humanoid-robotics-ros2")}
 
     # 10. after the webserver is gone, the index holds exactly the expected points
     dev.stop()

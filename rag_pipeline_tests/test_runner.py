@@ -6,6 +6,7 @@ import pytest
 from dagster import DagsterInstance
 
 from rag_pipeline.config import load_settings
+from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.runner import IngestResources, execute_plan
 from rag_pipeline.embed import create_embedder
 from rag_pipeline.ingest.consistency import check_index
@@ -155,15 +156,16 @@ def test_a_removed_book_is_purged_when_others_remain(settings, instance, data_di
     from dagster import AssetKey, AssetRecordsFilter
 
     for asset in ("source_files", "qdrant_points"):
-        latest = instance.fetch_materializations(
+        # an observation: a removal, not a new version fronting the asset's page
+        latest = instance.fetch_observations(
             AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=["beta"]), limit=1
         ).records[0]
-        metadata = latest.asset_materialization.metadata
+        metadata = latest.asset_observation.metadata
         assert metadata["purged"].value is True and metadata["points_in_book"].value == 0
         assert latest.run_id == report.books["beta"].run_id
     page = instance.get_latest_materialization_event(AssetKey("qdrant_collection"))
-    table = page.asset_materialization.metadata["book_table"].value
-    assert "| alpha" in table and "| beta" not in table
+    table = page.asset_materialization.metadata["book_table"]
+    assert [row["book"] for row in table_rows(table)] == ["alpha"]
 
 
 def test_a_purge_keeps_the_partition_while_another_run_of_the_book_is_in_flight(

@@ -1,10 +1,14 @@
 """The Qdrant collection as one unpartitioned asset: schema, per-book health, and checks.
 
 Book runs each report on their own partition, so a failing check of one book vanishes from
-sight once another book runs. ``qdrant_collection`` puts every book on one page: points,
-chunks, files, errors, its last run and the result of its last checks, plus totals. It is
-refreshed after every book run and purge (by ``collection_sensor`` under the daemon, and at the
-end of a CLI ingest that ran anything).
+sight once another book runs. ``qdrant_collection`` puts every book on one page, as a table
+whose first rows are the books with a problem: health, points, chunks, files, errors, its last
+run and the result of its last checks, plus totals; its checks fail (an inconsistent or
+unindexed book, a failed book check) or warn (a book check that warned: broken files) for as
+long as any book is in that state, whichever book ran last. ``collection_sensor`` refreshes it
+within one interval of any run of a book finishing (sensor, asset graph, backfill, Launchpad,
+CLI, purge) as events reported by the sensor itself, so refreshes add no runs to the run list;
+a CLI ingest refreshes it at its end as well.
 """
 
 from collections.abc import Callable, Iterator
@@ -30,9 +34,9 @@ from dagster import (
     MarkdownMetadataValue,
     MaterializeResult,
     MetadataValue,
-    RunRequest,
     RunsFilter,
     SensorEvaluationContext,
+    SensorResult,
     SkipReason,
     asset,
     define_asset_job,
@@ -44,12 +48,12 @@ from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionRecordStatus,
 )
 
-from rag_pipeline.defs.assets import OWNERS, STORE_POOL, qdrant_points
-from rag_pipeline.defs.jobs import INGEST_JOB_NAME, PURGE_JOB_NAME
-from rag_pipeline.defs.metadata import md_table
+from rag_pipeline.defs.assets import NO_RUN_CONFIG, OWNERS, STORE_POOL, qdrant_points
+from rag_pipeline.defs.metadata import table
 from rag_pipeline.ingest.collection import BookHealth, describe_collection
 from rag_pipeline.ingest.crawl import DataDirError, discover_books
 from rag_pipeline.resources import BooksResource, QdrantStoreResource
+from rag_pipeline.store import StoreBusyError
 
 __all__ = [
     "BOOK_CHECKS",
@@ -75,6 +79,7 @@ COLLECTION_GROUP = "collection"
 
 
 @asset(
+    config_schema=NO_RUN_CONFIG,
     group_name=COLLECTION_GROUP,
     owners=OWNERS,
     kinds={"qdrant"},
@@ -82,7 +87,8 @@ COLLECTION_GROUP = "collection"
     deps=[AssetDep(qdrant_points, partition_mapping=AllPartitionMapping())],
     description="The whole Qdrant collection: its schema and payload indexes, and per book "
     "(on disk or in the index) its points, chunks, files, file errors, last run and the result "
-    "of its last checks, with totals. Refreshed after every book run and purge.",
+    "of its last checks, with totals; books with a problem first. Refreshed by collection_sensor "
+    "after every run of a book or purge ends, whoever started it.",
     check_specs=[
         AssetCheckSpec(
             "books_indexed",
@@ -93,7 +99,8 @@ COLLECTION_GROUP = "collection"
         AssetCheckSpec(
             "book_checks_pass",
             asset="qdrant_collection",
-            description="Warns, naming the books, when a book's latest checks did not pass.",
+            description="Fails, naming the books and checks, when a book's latest check failed "
+            "(blocking, consistency); warns when one warned (broken or empty files).",
         ),
         AssetCheckSpec(
             "no_orphan_books",
@@ -119,12 +126,58 @@ class CollectionPage:
     metadata: dict[str, Any]
     checks: dict[str, tuple[bool, AssetCheckSeverity, dict[str, Any]]]
 
+    def events(self) -> list[AssetMaterialization | AssetCheckEvaluation]:
+        """The page as events reported without a run (by the CLI and the sensor)."""
+        key = AssetKey(COLLECTION_ASSET)
+        events: list[AssetMaterialization | AssetCheckEvaluation] = [
+            AssetMaterialization(asset_key=key, metadata=self.metadata)
+        ]
+        events += [
+            AssetCheckEvaluation(
+                asset_key=key, check_name=name, passed=passed, severity=severity, metadata=meta
+            )
+            for name, (passed, severity, meta) in self.checks.items()
+        ]
+        return events
+
+
+COLLECTION_ASSET = "qdrant_collection"
+#: a book's health on the collection's page, worst first: the order of the table's rows
+HEALTH_ORDER = ("failed", "warned", "ok")
+#: the collection table's columns: the book, its health and why, counts, last run, checks
+BOOK_COLUMNS = (
+    "book",
+    "health",
+    "state",
+    "points",
+    "chunks",
+    "files",
+    "errors",
+    "last_run",
+    *(check for _, check in BOOK_CHECKS),
+)
+#: rows of the per-book table (books with a problem come first, so they are always shown)
+BOOK_ROWS = 200
+
+
+def _health(book: BookHealth, checks: dict[str, str]) -> str:
+    """failed (not indexed, inconsistent, a check failed), warned (broken files, a warning
+    check, no folder) or ok."""
+    if book.on_disk and (not book.files or not book.consistent):
+        return "failed"
+    if "failed" in checks.values():
+        return "failed"
+    if book.errors or "warned" in checks.values() or not book.on_disk:
+        return "warned"
+    return "ok"
+
 
 def collection_page(
     instance: DagsterInstance,
     books: BooksResource,
     qdrant: QdrantStoreResource,
     warn: Callable[[str], None] = lambda message: None,
+    busy_wait_s: float | None = None,
 ) -> CollectionPage:
     """The collection's schema and per-book table (with each book's last run and checks)."""
     try:
@@ -132,23 +185,32 @@ def collection_page(
     except DataDirError as exc:
         warn(str(exc))
         on_disk = set()
-    with qdrant.open() as store:
+    with qdrant.open(busy_wait_s=busy_wait_s) as store:
         state = describe_collection(store, on_disk)
     rows = []
     failing: dict[str, list[str]] = {}
     for book in state.books:
         run_id, checks = _last_run(instance, book.book_id), _check_results(instance, book.book_id)
-        bad = [name for name, result in checks.items() if result not in ("passed", "-")]
+        bad = [f"{name} {result}" for name, result in checks.items() if result not in _GOOD]
         if bad:
             failing[book.book_id] = bad
         rows.append(_row(book, run_id, checks))
+    rows.sort(key=lambda row: (HEALTH_ORDER.index(row["health"]), row["book"]))
     totals = state.totals
     missing = [b for b in state.books if b.on_disk and (not b.files or not b.consistent)]
     orphans = [b.book_id for b in state.books if not b.on_disk]
+    problems = [f"{r['book']} ({r['health']}: {r['state']})" for r in rows if r["health"] != "ok"]
+    any_failed = any(" failed" in c for checks in failing.values() for c in checks)
     return CollectionPage(
         metadata={
-            "book_table": md_table(rows, limit=500),
+            "problems": MetadataValue.text(
+                f"{len(problems)} of {len(rows)} books: " + "; ".join(problems[:20])
+                if problems
+                else f"none: all {len(rows)} books ok"
+            ),
+            "book_table": table(rows, limit=BOOK_ROWS, columns=BOOK_COLUMNS),
             "books": totals["books"],
+            "books_with_problems": len(problems),
             "points": totals["points"],
             "chunks": totals["chunks"],
             "files": totals["files"],
@@ -170,7 +232,9 @@ def collection_page(
             ),
             "book_checks_pass": (
                 not failing,
-                AssetCheckSeverity.WARN,
+                # a failed check (a blocking one, or the index's consistency) fails this one;
+                # warnings (broken files) warn
+                AssetCheckSeverity.ERROR if any_failed else AssetCheckSeverity.WARN,
                 {"books": _md_list([f"{b}: {', '.join(c)}" for b, c in sorted(failing.items())])},
             ),
             "no_orphan_books": (
@@ -182,24 +246,17 @@ def collection_page(
     )
 
 
+#: check results that are not a problem: passed, or never ran
+_GOOD = ("passed", "-")
+
+
 def report_collection(
     instance: DagsterInstance, books: BooksResource, qdrant: QdrantStoreResource
 ) -> None:
     """Record the collection's page without a run (what a CLI ingest does at its end: a
     whole Dagster run for it would cost more than the book runs' own bookkeeping)."""
-    page = collection_page(instance, books, qdrant)
-    key = AssetKey("qdrant_collection")
-    instance.report_runless_asset_event(AssetMaterialization(asset_key=key, metadata=page.metadata))
-    for name, (passed, severity, metadata) in page.checks.items():
-        instance.report_runless_asset_event(
-            AssetCheckEvaluation(
-                asset_key=key,
-                check_name=name,
-                passed=passed,
-                severity=severity,
-                metadata=metadata,
-            )
-        )
+    for event in collection_page(instance, books, qdrant).events():
+        instance.report_runless_asset_event(event)
 
 
 def _md_list(items: list[str], empty: str = "(none)") -> MarkdownMetadataValue:
@@ -209,12 +266,13 @@ def _md_list(items: list[str], empty: str = "(none)") -> MarkdownMetadataValue:
 def _row(book: BookHealth, run_id: str | None, checks: dict[str, str]) -> dict[str, Any]:
     return {
         "book": book.book_id,
+        "health": _health(book, checks),
         "state": book.state,
         "points": book.points,
         "chunks": book.chunks,
         "files": book.files,
         "errors": book.errors,
-        "last run": f"[{run_id[:8]}](/runs/{run_id})" if run_id else "",
+        "last_run": run_id or "",
         **checks,
     }
 
@@ -256,30 +314,38 @@ collection_job = define_asset_job(
     description="Refresh the collection asset (schema, per-book health, checks).",
 )
 
+#: run states after which the collection may have changed
+_ENDED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
+#: how long the sensor waits for an embedded store a run holds before trying again next tick
+SENSOR_STORE_WAIT_S = 5.0
+
 
 @sensor(
     name="collection_sensor",
-    job=collection_job,
     minimum_interval_seconds=15,
     default_status=DefaultSensorStatus.RUNNING,
-    description="Refreshes the collection asset after book runs and purges finish.",
+    description="Refreshes the collection asset (its per-book table and checks) after any run "
+    "of a book or a purge ends, whoever started it; the page is reported by the sensor, so "
+    "refreshes add no runs.",
 )
-def collection_sensor(context: SensorEvaluationContext) -> RunRequest | SkipReason:
+def collection_sensor(
+    context: SensorEvaluationContext, books: BooksResource, qdrant: QdrantStoreResource
+) -> SensorResult | SkipReason:
     after = float(context.cursor) if context.cursor else 0.0
-    finished = [
-        record
-        for job_name in (INGEST_JOB_NAME, PURGE_JOB_NAME)
-        for record in context.instance.get_run_records(
-            RunsFilter(
-                job_name=job_name,
-                statuses=[DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE],
-                updated_after=datetime.fromtimestamp(after, UTC),
-            ),
-            limit=1,
+    # one query, whatever the number of books: the runs that ended since the last refresh
+    ended = context.instance.get_run_records(
+        RunsFilter(statuses=_ENDED, updated_after=datetime.fromtimestamp(after, UTC)),
+        limit=1,
+        order_by="update_timestamp",
+        ascending=False,
+    )
+    if not ended:
+        return SkipReason("no run ended since the last refresh")
+    newest = ended[0].update_timestamp.timestamp()
+    try:
+        page = collection_page(
+            context.instance, books, qdrant, context.log.warning, busy_wait_s=SENSOR_STORE_WAIT_S
         )
-    ]
-    if not finished:
-        return SkipReason("no book run or purge finished since the last refresh")
-    newest = max(r.update_timestamp.timestamp() for r in finished)
-    context.update_cursor(str(newest))
-    return RunRequest(run_key=f"collection:{newest:.3f}", tags={"rag/trigger": "collection_sensor"})
+    except StoreBusyError as exc:  # a run is writing: the next tick refreshes
+        return SkipReason(f"store busy, refreshed next tick: {exc}")
+    return SensorResult(asset_events=page.events(), cursor=str(newest))

@@ -4,7 +4,7 @@ import os
 from typing import Any
 
 from dagster import (
-    AssetMaterialization,
+    AssetObservation,
     AssetSelection,
     Config,
     OpExecutionContext,
@@ -69,11 +69,12 @@ def purge_book_points(
             return 0
         deleted = store.delete_where(book_filter(book_id))
     context.log.info(f"purged {deleted} points of removed book {book_id!r}")
-    # The book's partition of every ingestion asset is now empty: say so on each of them, so
-    # that the assets' pages no longer show the book's last counts as current.
+    # The book's partition of every ingestion asset is now empty: say so on each of them as an
+    # observation (a removal, not a new version of the asset: a materialization would read as
+    # a green success and front the asset's page as its latest materialization).
     for key in PURGED_ASSETS:
         context.log_event(
-            AssetMaterialization(
+            AssetObservation(
                 asset_key=key,
                 partition=book_id,
                 description=f"book {book_id!r} purged: its folder was removed",

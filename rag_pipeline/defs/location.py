@@ -13,7 +13,7 @@ from typing import Any
 
 from dagster import BetaWarning, Definitions, ResourceDefinition, in_process_executor
 
-from rag_pipeline.defs.assets import ingestion_assets
+from rag_pipeline.defs.assets import NO_RUN_CONFIG, ingestion_assets
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import BookPartitionIOManager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
@@ -30,15 +30,32 @@ warnings.filterwarnings(
 )
 
 
+def _fixed(value: Any, description: str) -> ResourceDefinition:
+    """``value`` as a resource whose run config is an empty schema: the Launchpad refuses any
+    entry under it (a hard-coded resource would accept and ignore anything)."""
+    return ResourceDefinition(
+        resource_fn=lambda _: value,
+        config_schema=NO_RUN_CONFIG,
+        description=f"{description}. {DEPLOYMENT_SETTINGS}",
+    )
+
+
+#: what a run config entry for a resource is told to do instead
+DEPLOYMENT_SETTINGS = (
+    "A deployment setting: set it in the environment (RAG_* variables, see the README), "
+    "not in run config; a run may only ask to force a rebuild"
+)
+
+
 def fixed_resources(
     books: BooksResource, qdrant: QdrantStoreResource, recipe: IndexRecipeResource
 ) -> dict[str, Any]:
     """The resources, bound so that no run can override them from its run config."""
     return {
         "io_manager": BookPartitionIOManager(),
-        "books": ResourceDefinition.hardcoded_resource(books, f"books under {books.data_dir}"),
-        "qdrant": ResourceDefinition.hardcoded_resource(qdrant, qdrant.description),
-        "recipe": ResourceDefinition.hardcoded_resource(
+        "books": _fixed(books, f"books under {books.data_dir}"),
+        "qdrant": _fixed(qdrant, qdrant.description),
+        "recipe": _fixed(
             recipe, f"{recipe.provider} embedder, chunk budget {recipe.chunk_target_tokens}"
         ),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Literal
 
 from dagster import ConfigurableResource
@@ -71,8 +72,12 @@ class QdrantStoreResource(ConfigurableResource):  # type: ignore[type-arg]
         return f"collection {self.collection!r} on {self.config().target}"
 
     @contextmanager
-    def open(self) -> Iterator[VectorStore]:
+    def open(self, busy_wait_s: float | None = None) -> Iterator[VectorStore]:
+        """The store, for one step's work; ``busy_wait_s`` overrides how long to wait for an
+        embedded folder another process holds (a sensor tick waits less than a run)."""
         config = self.config()
+        if busy_wait_s is not None:
+            config = replace(config, busy_wait_s=busy_wait_s)
         with shared_store(
             store_key(config), lambda: open_store(config, COLLECTION_SCHEMA)
         ) as store:
