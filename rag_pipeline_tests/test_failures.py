@@ -1,5 +1,6 @@
 """Failure safety: flaky embedding API, unreachable Qdrant, cluster collections, hard kills."""
 
+import json
 import os
 import signal
 import socket
@@ -563,3 +564,49 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
         ingestion_assets, partition_key="ros2-fundamentals", instance=instance, resources=resources
     )
     assert healed.success
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ("duplicate_index", "returned embedding indices that are not one per input"),
+        ("nan", "returned non-finite values for 2 of"),
+    ],
+)
+def test_an_ingest_given_bad_vectors_fails_naming_the_check_and_writes_nothing(
+    openai_server, tmp_path, sample_books, monkeypatch, answer, message
+):
+    """Before, the duplicate-index answer was ingested (exit 0, 5 of 6 vectors another
+    chunk's) and a NaN answer was reported only as "blocking asset check failed:
+    vector_dimension". Now the embedding step fails with the answer's error."""
+    from click.testing import CliRunner
+
+    from rag_pipeline.cli import main
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.store import open_store
+
+    for name, value in {
+        "RAG_DATA_DIR": str(sample_books),
+        "RAG_QDRANT_PATH": str(tmp_path / "q"),
+        "RAG_CACHE_DIR": str(tmp_path / "cache"),
+        "RAG_EMBEDDER": "openai",
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": openai_server.base_url,
+        "RAG_OPENAI_MAX_RETRIES": "0",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    openai_server.default = answer  # every request, every step attempt
+    book = "ros2-fundamentals"
+    result = CliRunner().invoke(main, ["ingest", "--book", book, "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)["books"][book]
+    assert report["status"] == "failed", report
+    assert len(report["error_messages"]) == 1, report
+    error = report["error_messages"][0]
+    assert "step chunk_embeddings failed" in error and message in error, error
+    assert f"the API at {openai_server.base_url}/" in error and "vector_dimension" not in error
+    with open_store(load_settings().store(), COLLECTION_SCHEMA) as store:
+        assert store.count(tenant_filter(book)) == 0
