@@ -79,13 +79,23 @@ def emit_json(data: Any) -> None:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors that are the input's or the environment's fault: exit 2 with their message."""
+    """Errors that are the input's or the environment's fault: exit 2 with their message
+    (unless one of :func:`_failed_work_errors`)."""
     from rag_pipeline.embed import EmbedError
     from rag_pipeline.ingest.crawl import DataDirError
     from rag_pipeline.models import InvalidBookIdError
     from rag_pipeline.store import StoreError
 
     return (SettingsError, InvalidBookIdError, DataDirError, StoreError, EmbedError)
+
+
+def _failed_work_errors() -> tuple[type[BaseException], ...]:
+    """Failed work with a clear message of its own: exit 1, no traceback. Checked first: an
+    embedding service's failure (timeout, 429, a bad answer) is an EmbedError, but not the
+    settings' fault as a missing API key is."""
+    from rag_pipeline.embed import EmbedServiceError
+
+    return (DagsterStateError, EmbedServiceError)
 
 
 class _Commands(click.Group):
@@ -103,10 +113,10 @@ class _Commands(click.Group):
         except BrokenPipeError:
             _reader_gone()
         except Exception as exc:
+            if isinstance(exc, _failed_work_errors()):
+                fail(str(exc), 1)
             if isinstance(exc, _user_errors()):
                 fail(str(exc), 2)
-            if isinstance(exc, DagsterStateError):  # failed work, with its own clear message
-                fail(str(exc), 1)
             if ctx.obj and ctx.obj.get("verbose"):
                 traceback.print_exc()
             fail(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)", 1)

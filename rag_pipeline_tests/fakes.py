@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -19,9 +20,18 @@ from typing import Any
 import numpy as np
 
 
+class _QuietHTTPServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that gave up (timed out) is what the scripts ask for, not the fake's error;
+        # its traceback would land in whatever output a test captures at that moment
+        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
+            return
+        super().handle_error(request, client_address)
+
+
 class _Server:
     def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _QuietHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.httpd.fake = self  # type: ignore[attr-defined]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -48,8 +58,9 @@ def _vector(text: str, dim: int) -> np.ndarray:
 class FakeOpenAI(_Server):
     """POST /v1/embeddings. ``script`` holds what the next requests get: "ok", a status code
     (429, 500, 503...; answered with retry-after-ms 10), a (status, retry-after-ms) pair,
-    "hang" (sleep past the client's timeout) or "garbage" (an HTML page with status 200);
-    when empty, "ok".
+    "hang" (sleep past the client's timeout), "garbage" (an HTML page with status 200) or a
+    malformed answer with status 200 (see :data:`BAD_ANSWERS`); when empty, ``default``
+    ("ok" unless set).
 
     ``latency_s`` delays every answer (a real API takes hundreds of ms). ``rate_limit`` =
     (requests, window_s) answers 429 with a Retry-After to a request that arrives when the
@@ -69,6 +80,7 @@ class FakeOpenAI(_Server):
         self.dim = dim
         self.floats_only = floats_only  # ignore encoding_format=base64, as some servers do
         self.script: deque[Any] = deque()
+        self.default: Any = "ok"
         self.requests: list[dict] = []
         self.hang_s = 3.0
         self.latency_s = latency_s
@@ -152,7 +164,7 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
         fake.requests.append(body)
         if fake.latency_s:
             time.sleep(fake.latency_s)
-        action = fake.script.popleft() if fake.script else "ok"
+        action = fake.script.popleft() if fake.script else fake.default
         if action == "hang":
             time.sleep(fake.hang_s)
             action = "ok"
@@ -177,12 +189,22 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
         data = []
         for i, text in enumerate(inputs):
             vector = _vector(str(text), fake.dim)
+            if action == "wrong_dim":
+                vector = vector[:-1]
+            elif action == "nan" and i < 2:
+                vector = np.full_like(vector, np.nan)
+            elif action == "zero" and i == 0:
+                vector = np.zeros_like(vector)
             embedding: Any = (
                 base64.b64encode(vector.tobytes()).decode()
                 if body.get("encoding_format") == "base64" and not fake.floats_only
                 else vector.tolist()
             )
+            if action == "bad_base64" and isinstance(embedding, str):
+                embedding = "not base64!" + embedding[11:]
             data.append({"object": "embedding", "index": i, "embedding": embedding})
+        if action == "duplicate_index" and len(data) > 1:  # index 0 missing, the last twice
+            data = [*data[1:], {**data[0], "index": len(data) - 1}]
         tokens = sum(len(str(t).split()) for t in inputs)
         self._json(
             200,
@@ -193,6 +215,10 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             },
         )
+
+
+#: answers with status 200 that are not one good vector per input: every check of an answer
+BAD_ANSWERS = ("duplicate_index", "wrong_dim", "nan", "zero", "bad_base64", "garbage")
 
 
 class FakeQdrant(_Server):

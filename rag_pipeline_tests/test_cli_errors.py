@@ -12,6 +12,7 @@ import sys
 import uuid
 
 import click
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -442,3 +443,55 @@ def test_a_where_key_given_twice_is_exit_2_naming_it(env):
         "B1",
     )
     assert code == 0, text
+
+
+@pytest.mark.parametrize("mode", ["dense", "hybrid"])
+@pytest.mark.parametrize(
+    ("value", "check"), [(np.nan, "non-finite values"), (0.0, "all-zero vectors")]
+)
+def test_a_bad_query_vector_is_failed_work_naming_the_embedder(env, mode, value, check):
+    """Before, a NaN query vector answered [] (dense) or only the sparse half (hybrid) with
+    exit 0, and a zero one hits that all scored 0.0."""
+    from rag_pipeline.embed.hashing import HashEmbedder
+
+    env.setattr(
+        HashEmbedder,
+        "_embed_batch",
+        lambda self, texts: np.full((len(texts), self.dimension), value, dtype=np.float32),
+    )
+    code, text = run("search", "robots", "--book", "ros2-fundamentals", "--mode", mode)
+    assert code == 1, text
+    assert f"the hash-384 embedder returned {check} for 1 of 1 inputs" in text, text
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (429, "HTTP 429"),
+        ("hang", "timed out"),
+        ("garbage", "malformed embeddings response"),
+        ("bad_base64", "undecodable embedding"),
+        ("nan", "non-finite values for 1 of 1 inputs"),
+    ],
+)
+def test_a_failing_embedding_api_on_search_is_exit_1_not_2(env, answer, message):
+    """Exit 2 is for bad arguments and settings; the API's failure is failed work (it was 2)."""
+    with FakeOpenAI() as api:
+        api.default, api.hang_s = answer, 2.0
+        for name, value in {
+            "RAG_EMBEDDER": "openai",
+            "OPENAI_API_KEY": "sk-test",
+            "OPENAI_BASE_URL": api.base_url,
+            "RAG_OPENAI_MAX_RETRIES": "0",
+            "RAG_OPENAI_TIMEOUT_S": "0.5",
+        }.items():
+            env.setenv(name, value)
+        code, text = run("search", "robots", "--book", "ros2-fundamentals")
+    assert code == 1, text
+    assert message in text and api.base_url in text, text
+
+
+def test_a_missing_api_key_is_still_a_setting_error(env):
+    env.setenv("RAG_EMBEDDER", "openai")
+    code, text = run("search", "robots", "--book", "ros2-fundamentals")
+    assert code == 2 and "OPENAI_API_KEY" in text, text

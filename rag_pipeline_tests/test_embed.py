@@ -1,10 +1,11 @@
 import json
+import re
 
 import numpy as np
 import pytest
 
 from rag_pipeline.config import load_settings
-from rag_pipeline.embed import EmbedError, create_embedder
+from rag_pipeline.embed import EmbeddingAnswerError, EmbedError, check_query_vector, create_embedder
 from rag_pipeline.embed.base import RegexTokenCounter
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.embed.local import (
@@ -227,3 +228,39 @@ def test_create_embedder_by_name(monkeypatch):
 def test_missing_model_folder_is_a_clear_error(tmp_path):
     with pytest.raises(EmbedError, match="not a sentence-transformers model folder"):
         find_model_dir(tmp_path)
+
+
+def _rows(v, pick, value):
+    """``v`` with the rows ``pick(row numbers)`` selects set to ``value``."""
+    return np.where(pick(np.arange(len(v)))[:, None], value, v)
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda v: v[:, :-1], "returned vectors of dimension 383, not 384, for 3 inputs"),
+        (lambda v: _rows(v, lambda r: r == 0, np.nan), "non-finite values for 1 of 3"),
+        (lambda v: _rows(v, lambda r: r < 2, 0.0), "all-zero vectors for 2 of 3"),
+        (lambda v: v * np.float32(3e38), "vectors whose length overflows float32 for 3 of 3"),
+        (lambda v: v[:-1], "returned 2 vectors (shape (2, 384)) for 3 inputs"),
+    ],
+)
+def test_every_embedder_answer_is_checked_before_use(hash_embedder, monkeypatch, corrupt, message):
+    """A local model's batch is checked as the API's answers are: before, NaN rows were
+    returned as they were and zero rows as zeros (found by no search, or scoring 0.0)."""
+    real = hash_embedder._embed_batch
+    monkeypatch.setattr(hash_embedder, "_embed_batch", lambda items: corrupt(real(items)))
+    with pytest.raises(EmbeddingAnswerError, match=re.escape(message)) as info:
+        hash_embedder.embed(["one text", "two", "three"])
+    assert str(info.value).startswith("the hash-384 embedder returned")
+    with pytest.raises(EmbeddingAnswerError):
+        hash_embedder.embed_query("one text")
+
+
+def test_a_query_vector_is_checked_against_the_embedders_dimension(hash_embedder):
+    good = hash_embedder.embed_query("robots")
+    assert check_query_vector(good, hash_embedder) is not None
+    with pytest.raises(EmbeddingAnswerError, match="the hash-384 embedder returned vectors of"):
+        check_query_vector(good[:10], hash_embedder)
+    with pytest.raises(EmbeddingAnswerError, match="the FakeEmbedder embedder returned non-fin"):
+        check_query_vector(np.full(4, np.inf), type("FakeEmbedder", (), {})())

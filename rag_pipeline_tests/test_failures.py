@@ -1,5 +1,6 @@
 """Failure safety: flaky embedding API, unreachable Qdrant, cluster collections, hard kills."""
 
+import json
 import os
 import signal
 import socket
@@ -12,14 +13,19 @@ import time
 import numpy as np
 import pytest
 
-from rag_pipeline.embed import EmbedError
+from rag_pipeline.embed import (
+    EmbedderUnavailableError,
+    EmbeddingAnswerError,
+    EmbedError,
+    EmbedServiceError,
+)
 from rag_pipeline.embed.openai import OpenAIEmbedder, RateLimit, RateLimiter
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.schema import book_filter as tenant_filter
 from rag_pipeline.store import CollectionSpec, StoreUnavailableError
 from rag_pipeline.store.qdrant import QdrantStore
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.fakes import FakeOpenAI, FakeQdrant, _vector
+from rag_pipeline_tests.fakes import BAD_ANSWERS, FakeOpenAI, FakeQdrant, _vector
 from rag_pipeline_tests.test_cli_errors import assert_no_trace
 
 
@@ -188,11 +194,67 @@ def test_openai_failure_under_concurrency_stops_the_call():
 
 
 def test_openai_malformed_answer_is_a_named_error_and_the_next_call_works(openai_server):
-    openai_server.script.append("garbage")
-    emb = embedder(openai_server)
-    with pytest.raises(EmbedError, match="malformed embeddings response from http"):
+    openai_server.script.extend(["garbage"] * 3)
+    emb = embedder(openai_server, retries=2)
+    with pytest.raises(EmbeddingAnswerError, match="malformed embeddings response") as info:
         emb.embed(["one", "two"])
+    assert openai_server.base_url in str(info.value) and "<html>" in str(info.value)
     np.testing.assert_allclose(emb.embed(["one"]), expected_vectors(["one"]), atol=1e-6)
+
+
+#: what the error says of each bad answer (6 inputs; the fake's BAD_ANSWERS)
+BAD_ANSWER_MESSAGES = {
+    "duplicate_index": "indices that are not one per input (6 embeddings for 6 inputs: "
+    "missing 0; repeated 5)",
+    "wrong_dim": "vectors of shape (1535,), not (1536,), for 6 of 6 inputs",
+    "nan": "returned non-finite values for 2 of 6 inputs",
+    "zero": "returned all-zero vectors for 1 of 6 inputs",
+    "bad_base64": "returned an undecodable embedding",
+    "garbage": "returned a malformed embeddings response",
+}
+
+
+@pytest.mark.parametrize("answer", BAD_ANSWERS)
+def test_a_bad_openai_answer_is_retried_then_refused_naming_the_api_and_the_check(
+    openai_server, answer
+):
+    """Before, an answer with index 0 missing and the last index twice was sorted by index
+    and accepted: 5 of 6 chunks got the vectors of others. Every answer is checked; a bad one
+    is retried (it may be transient), then refused."""
+    texts = [f"chunk {i}" for i in range(6)]
+    openai_server.script.extend([answer] * 3)
+    emb = embedder(openai_server, retries=2)
+    with pytest.raises(EmbeddingAnswerError) as info:
+        emb.embed(texts)
+    message = str(info.value)
+    assert message.startswith(f"the API at {openai_server.base_url}/ (text-embedding-3-small)")
+    assert BAD_ANSWER_MESSAGES[answer] in message and "after 2 retries" in message, message
+    assert len(openai_server.requests) == 3
+    openai_server.script.append(answer)  # once only: the retry gets a good answer
+    np.testing.assert_allclose(emb.embed(texts), expected_vectors(texts), atol=1e-6)
+
+
+def test_the_embedders_failures_are_classed_by_whose_fault_they_are(openai_server):
+    """Exit 1 / 502-503 for the service's failures, exit 2 for the settings' (cli, serve)."""
+    openai_server.script.extend([429, 429])
+    with pytest.raises(EmbedderUnavailableError, match="HTTP 429"):
+        embedder(openai_server, retries=1).embed(["x"])
+    openai_server.script.append("hang")
+    openai_server.hang_s = 1.0
+    with pytest.raises(EmbedderUnavailableError, match="timed out"):
+        embedder(openai_server, retries=0, timeout=0.3).embed(["x"])
+    with pytest.raises(EmbedderUnavailableError, match="cannot reach"):
+        OpenAIEmbedder(
+            "sk-test", base_url=f"http://127.0.0.1:{free_port()}/v1", max_retries=0
+        ).embed(["x"])
+    openai_server.script.append(422)
+    with pytest.raises(EmbedServiceError, match="HTTP 422") as info:
+        embedder(openai_server).embed(["x"])
+    assert not isinstance(info.value, EmbedderUnavailableError)
+    openai_server.script.append(401)  # a wrong API key: the settings' fault
+    with pytest.raises(EmbedError, match="HTTP 401") as info:
+        embedder(openai_server).embed(["x"])
+    assert not isinstance(info.value, EmbedServiceError)
 
 
 def test_openai_usage_is_summed_over_concurrent_requests():
@@ -550,3 +612,49 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
         ingestion_assets, partition_key="ros2-fundamentals", instance=instance, resources=resources
     )
     assert healed.success
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ("duplicate_index", "returned embedding indices that are not one per input"),
+        ("nan", "returned non-finite values for 2 of"),
+    ],
+)
+def test_an_ingest_given_bad_vectors_fails_naming_the_check_and_writes_nothing(
+    openai_server, tmp_path, sample_books, monkeypatch, answer, message
+):
+    """Before, the duplicate-index answer was ingested (exit 0, 5 of 6 vectors another
+    chunk's) and a NaN answer was reported only as "blocking asset check failed:
+    vector_dimension". Now the embedding step fails with the answer's error."""
+    from click.testing import CliRunner
+
+    from rag_pipeline.cli import main
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.store import open_store
+
+    for name, value in {
+        "RAG_DATA_DIR": str(sample_books),
+        "RAG_QDRANT_PATH": str(tmp_path / "q"),
+        "RAG_CACHE_DIR": str(tmp_path / "cache"),
+        "RAG_EMBEDDER": "openai",
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": openai_server.base_url,
+        "RAG_OPENAI_MAX_RETRIES": "0",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    openai_server.default = answer  # every request, every step attempt
+    book = "ros2-fundamentals"
+    result = CliRunner().invoke(main, ["ingest", "--book", book, "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)["books"][book]
+    assert report["status"] == "failed", report
+    assert len(report["error_messages"]) == 1, report
+    error = report["error_messages"][0]
+    assert "step chunk_embeddings failed" in error and message in error, error
+    assert f"the API at {openai_server.base_url}/" in error and "vector_dimension" not in error
+    with open_store(load_settings().store(), COLLECTION_SCHEMA) as store:
+        assert store.count(tenant_filter(book)) == 0

@@ -14,10 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 
+from rag_pipeline.embed import EmbeddingAnswerError
 from rag_pipeline_tests.conftest import REPO, make_recipe, make_source
+from rag_pipeline_tests.fakes import FakeOpenAI
 from rag_pipeline_tests.test_cli import Cli
 
 BOOK = "ros2-fundamentals"
@@ -64,8 +67,9 @@ class Server:
             self.proc.kill()
 
 
-def _indexed_cli(root) -> Cli:  # type: ignore[no-untyped-def]
-    """The sample books indexed (directly, without Dagster) into the CLI's embedded store."""
+def _indexed_cli(root, embedder=None) -> Cli:  # type: ignore[no-untyped-def]
+    """The sample books indexed (directly, without Dagster) into the CLI's embedded store,
+    by ``embedder`` (default: the hash embedder)."""
     from rag_pipeline.embed.hashing import HashEmbedder
     from rag_pipeline.ingest.stages import ingest_book
     from rag_pipeline.schema import COLLECTION_SCHEMA
@@ -77,7 +81,7 @@ def _indexed_cli(root) -> Cli:  # type: ignore[no-untyped-def]
     store = EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA)
     try:
         for book in (BOOK, OTHER):
-            ingest_book(make_source(books), book, store, make_recipe(HashEmbedder()))
+            ingest_book(make_source(books), book, store, make_recipe(embedder or HashEmbedder()))
     finally:
         store.close()
     return cli
@@ -442,3 +446,75 @@ def test_a_store_busy_past_its_wait_is_503(tmp_path):
     finally:
         holder.close()
         server.stop()
+
+
+def test_a_bad_or_unavailable_embedding_api_is_502_or_503_naming_it(tmp_path):
+    """Before, a NaN query vector answered 200 with no hits (dense) or the sparse half only
+    (hybrid), and the embedder's other failures were 500. A bad vector is never cached."""
+    from rag_pipeline.embed.openai import OpenAIEmbedder
+
+    with FakeOpenAI() as api:
+        cli = _indexed_cli(tmp_path, OpenAIEmbedder("sk-test", base_url=api.base_url))
+        cli.env.update(
+            RAG_EMBEDDER="openai",
+            OPENAI_API_KEY="sk-test",
+            OPENAI_BASE_URL=api.base_url,
+            RAG_OPENAI_MAX_RETRIES="0",
+        )
+        server = Server(cli)
+        try:
+            source = f"the API at {api.base_url}/ (text-embedding-3-small)"
+            for mode in ("dense", "hybrid"):
+                api.script.append("nan")
+                response = server.get("/search", q="nodes", book=BOOK, mode=mode)
+                assert response.status_code == 502, response.text
+                detail = response.json()["detail"]
+                assert detail == f"{source} returned non-finite values for 1 of 1 inputs"
+            api.script.append("garbage")
+            assert server.get("/search", q="nodes", book=BOOK).status_code == 502
+            api.script.append(429)
+            response = server.get("/search", q="nodes", book=BOOK)
+            assert response.status_code == 503 and "HTTP 429" in response.json()["detail"]
+            assert api.base_url in response.json()["detail"]
+            response = server.get("/search", q="nodes", book=BOOK, mode="dense")
+            assert response.status_code == 200 and response.json(), response.text
+        finally:
+            server.stop()
+
+
+class _FlakyQueryEmbedder:
+    """A query embedder whose first answer is NaN."""
+
+    dimension = 4
+    model_name = "flaky"
+
+    def __init__(self) -> None:
+        self.answers = [np.full(4, np.nan), np.ones(4)]
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.answers.pop(0)
+
+
+def test_the_query_cache_never_keeps_a_bad_vector():
+    from rag_pipeline.serve.app import CachedQueryEmbedder
+
+    cache = CachedQueryEmbedder(_FlakyQueryEmbedder())
+    with pytest.raises(EmbeddingAnswerError, match="the flaky embedder returned non-finite"):
+        cache.embed_query("q")
+    good = cache.embed_query("q")  # asked again: the bad one was not kept
+    np.testing.assert_array_equal(good, np.ones(4))
+    assert cache.embed_query("q") is good and (cache.hits, cache.misses) == (1, 1)
+
+
+def test_search_refuses_a_bad_query_vector_of_any_query_embedder():
+    """Not only the Embedder's own answers: whatever a search is given is checked."""
+    from rag_pipeline.retrieve import search
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store.qdrant import QdrantStore
+
+    store = QdrantStore("c", COLLECTION_SCHEMA, path=":memory:")
+    try:
+        with pytest.raises(EmbeddingAnswerError, match="the flaky embedder returned non-finite"):
+            search(store, _FlakyQueryEmbedder(), "q", BOOK, mode="dense")
+    finally:
+        store.close()

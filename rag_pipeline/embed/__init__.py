@@ -5,16 +5,26 @@ from __future__ import annotations
 from rag_pipeline.config import EmbedderConfig
 from rag_pipeline.embed.base import (
     Embedder,
+    EmbedderUnavailableError,
+    EmbeddingAnswerError,
     EmbedError,
+    EmbedServiceError,
     RegexTokenCounter,
     TokenCounter,
+    check_query_vector,
+    check_vectors,
 )
 
 __all__ = [
     "EmbedError",
+    "EmbedServiceError",
     "Embedder",
+    "EmbedderUnavailableError",
+    "EmbeddingAnswerError",
     "RegexTokenCounter",
     "TokenCounter",
+    "check_query_vector",
+    "check_vectors",
     "create_embedder",
 ]
 

@@ -11,15 +11,96 @@ import numpy as np
 
 __all__ = [
     "EmbedError",
+    "EmbedServiceError",
     "Embedder",
+    "EmbedderUnavailableError",
+    "EmbeddingAnswerError",
     "ProgressCallback",
     "RegexTokenCounter",
     "TokenCounter",
+    "check_query_vector",
+    "check_vectors",
+    "embedder_source",
 ]
 
 
 class EmbedError(RuntimeError):
-    """An embedding provider failed in a way a retry at this level will not fix."""
+    """An embedding provider failed in a way a retry at this level will not fix. Raised as
+    such (not as a subclass) it is a setting's fault: no API key, an unknown model, a missing
+    model folder, a key or model the API refuses."""
+
+
+class EmbedServiceError(EmbedError):
+    """The embedder was set up right but failed the work: not the user's settings (the CLI
+    exits 1, not 2)."""
+
+
+class EmbedderUnavailableError(EmbedServiceError):
+    """The embedding service could not be used: a timeout, a refused or lost connection, a
+    rate limit (429) or server error (5xx) that outlasted the retries (the service answers
+    503)."""
+
+
+class EmbeddingAnswerError(EmbedServiceError):
+    """The embedder answered, but the answer is not one vector per input of the declared
+    dimension with finite values and a usable length (see :func:`check_vectors`); nothing is
+    stored or searched with it (the service answers 502)."""
+
+
+def embedder_source(embedder: object) -> str:
+    """How messages name an embedder: its ``source`` (e.g. "the API at https://..."), else its
+    model name, else its type."""
+    source = getattr(embedder, "source", None)
+    if isinstance(source, str) and source:
+        return source
+    name = getattr(embedder, "model_name", None) or type(embedder).__name__
+    return f"the {name} embedder"
+
+
+def check_vectors(vectors: np.ndarray, *, inputs: int, dimension: int | None, source: str) -> None:
+    """Raise :class:`EmbeddingAnswerError` unless ``vectors`` holds one row per input (of
+    ``inputs``), each of ``dimension`` (None: any) finite values and of a length (L2 norm, in
+    float32 as the store computes it) neither zero nor overflowing. Every embedding answer of
+    every embedder, for documents and queries alike, passes here before it is stored or
+    searched with: a NaN vector is found by no search, a zero one scores 0.0 against all."""
+    if vectors.ndim != 2 or len(vectors) != inputs:
+        raise EmbeddingAnswerError(
+            f"{source} returned {vectors.shape[0] if vectors.ndim else 0} vectors "
+            f"(shape {vectors.shape}) for {inputs} inputs"
+        )
+    if dimension is not None and vectors.shape[1] != dimension:
+        raise EmbeddingAnswerError(
+            f"{source} returned vectors of dimension {vectors.shape[1]}, not {dimension}, "
+            f"for {inputs} inputs"
+        )
+    with np.errstate(over="ignore", invalid="ignore"):
+        rows = np.asarray(vectors, dtype=np.float32)
+        finite = np.isfinite(rows).all(axis=1)
+        norms = np.linalg.norm(rows, axis=1)
+    problems = (
+        ("non-finite values", ~finite),
+        ("all-zero vectors", finite & (norms == 0)),
+        ("vectors whose length overflows float32", finite & np.isinf(norms)),
+    )
+    for what, bad in problems:
+        if bad.any():
+            raise EmbeddingAnswerError(
+                f"{source} returned {what} for {int(bad.sum())} of {inputs} inputs"
+            )
+
+
+def check_query_vector(vector: np.ndarray, embedder: object) -> np.ndarray:
+    """A query vector of ``embedder`` as float32, checked as :func:`check_vectors` checks
+    every embedding answer (against the embedder's ``dimension``, when it declares one)."""
+    vector = np.asarray(vector, dtype=np.float32)
+    dimension = getattr(embedder, "dimension", None)
+    check_vectors(
+        vector.reshape(1, -1) if vector.ndim == 1 else vector,
+        inputs=1,
+        dimension=dimension if isinstance(dimension, int) else None,
+        source=embedder_source(embedder),
+    )
+    return vector.reshape(-1)
 
 
 class TokenCounter(ABC):
@@ -104,6 +185,11 @@ class Embedder(ABC):
     def tokenizer(self) -> TokenCounter:
         """The model's own tokenizer, for chunk budgets."""
 
+    @property
+    def source(self) -> str:
+        """Who answers embedding requests, as error messages name it."""
+        return f"the {self.model_name} embedder"
+
     @abstractmethod
     def _embed_batch(self, items: Sequence[Any]) -> np.ndarray:
         """Embed one batch of prepared items (see :meth:`_prepare`) into an (n, dim) array."""
@@ -144,6 +230,9 @@ class Embedder(ABC):
         vectors = np.empty((total, self.dimension), dtype=np.float32)
         done = 0
         for number, part in self._run_batches(batches):
+            check_vectors(
+                part, inputs=len(rows[number]), dimension=self.dimension, source=self.source
+            )
             vectors[rows[number]] = part
             done += len(rows[number])
             if progress is not None:
@@ -151,6 +240,7 @@ class Embedder(ABC):
         return _normalize(vectors)
 
     def embed_query(self, text: str) -> np.ndarray:
+        """One text's vector, checked as every answer is (see :func:`check_vectors`)."""
         vector: np.ndarray = self.embed([text])[0]
         return vector
 
@@ -162,7 +252,8 @@ class Embedder(ABC):
 
 
 def _normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (every row was checked non-zero by :func:`check_vectors`)."""
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    norms[norms == 0] = 1.0
+    norms[norms == 0] = 1.0  # never for a checked row; no division makes a NaN
     normalized: np.ndarray = vectors / norms
     return normalized

@@ -8,8 +8,11 @@ input order. An optional client-side :class:`RateLimit` (requests
 and tokens per minute) holds each request until it fits, so none goes over the limit in any
 window. Rate limits (429), server errors (5xx), connection errors and timeouts are retried
 here, ``max_retries`` times, after the server's Retry-After or an exponential backoff (a 429
-pauses every request of the embedder, not only the one that got it); what still fails becomes
-an :class:`EmbedError` naming the cause.
+pauses every request of the embedder, not only the one that got it), and so is an answer that
+fails its checks (one embedding per input index, of the model's dimension, finite, of usable
+length: a proxy's error page or a truncated body may be transient); what still fails becomes
+an :class:`EmbedError` naming the cause: :class:`EmbedderUnavailableError` for a service that
+could not be used, :class:`EmbeddingAnswerError` for a bad answer.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import random
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -35,10 +39,14 @@ import numpy as np
 
 from rag_pipeline.embed.base import (
     Embedder,
+    EmbedderUnavailableError,
+    EmbeddingAnswerError,
     EmbedError,
+    EmbedServiceError,
     ProgressCallback,
     TokenCounter,
     _normalize,
+    check_vectors,
 )
 
 __all__ = ["OPENAI_MODELS", "OpenAIEmbedder", "RateLimit", "RateLimiter", "TiktokenCounter"]
@@ -57,6 +65,8 @@ INITIAL_RETRY_DELAY_S = 0.5
 MAX_RETRY_DELAY_S = 8.0
 MAX_RETRY_AFTER_S = 120.0  # a longer Retry-After is not believed; the backoff applies
 _RETRYABLE_STATUS = frozenset({408, 409, 429})  # and every 5xx
+# Refusals of the settings (API key, its permissions, the model or URL): the user's to fix.
+_SETTINGS_STATUS = frozenset({400, 401, 403, 404})
 _COUNT_SLICE = 256  # texts whose tokens are counted at a time, as batches are needed
 
 
@@ -269,6 +279,10 @@ class OpenAIEmbedder(Embedder):
     def tokenizer(self) -> TokenCounter:
         return self._tokens
 
+    @property
+    def source(self) -> str:
+        return f"the API at {self._client.base_url} ({self.model_name})"
+
     def embed(self, texts: Sequence[str], progress: ProgressCallback | None = None) -> np.ndarray:
         """As :meth:`Embedder.embed`, but texts are not sorted (the API pads nothing and bills
         tokens) and batches are cut as their tokens are counted: the first requests go out
@@ -350,15 +364,18 @@ class OpenAIEmbedder(Embedder):
     def _request(
         self, items: Sequence[Any], tokens: int, stop: threading.Event | None = None
     ) -> np.ndarray:
-        """One embeddings request, through the rate limiter, retried on 429/5xx/timeouts."""
+        """One embeddings request, through the rate limiter, retried on 429/5xx/timeouts and on
+        an answer that fails its checks (:meth:`_read_answer`)."""
         import openai
 
         attempt = 0
         while True:
             slot = self._limiter.acquire(tokens, stop)
             if slot is None:
-                raise EmbedError("OpenAI embeddings cancelled: another request of the call failed")
-            failure: openai.APIError | None = None
+                raise EmbedServiceError(
+                    "OpenAI embeddings cancelled: another request of the call failed"
+                )
+            failure: openai.APIError | EmbeddingAnswerError | None = None
             try:
                 # base64 decoded here: the client's own decoding (to lists of floats, then
                 # models) costs about 2 ms of CPU per input, which concurrency cannot hide
@@ -371,49 +388,89 @@ class OpenAIEmbedder(Embedder):
             finally:
                 self._limiter.release(slot)  # the request is over, whatever became of it
             if failure is None:
-                break
+                try:
+                    return self._read_answer(body, len(items))
+                except EmbeddingAnswerError as exc:
+                    failure = exc
             status = getattr(failure, "status_code", None)
             retryable = status is None or status in _RETRYABLE_STATUS or status >= 500
             if not retryable or attempt >= self.max_retries or (stop and stop.is_set()):
-                raise self._error(failure, retried=attempt if retryable else None) from failure
+                error = self._error(failure, retried=attempt if retryable else None)
+                # an answer's error says all there is; an API error's cause is the client's
+                raise error from (None if isinstance(failure, EmbeddingAnswerError) else failure)
             delay = _retry_delay(failure, attempt)
             if status == 429:  # the account is over its limit: every request waits
                 self._limiter.pause_for(delay)
             time.sleep(delay)
             attempt += 1
-        # Read as plain JSON: the client's models (one per input) cost more CPU than the
-        # request itself, and that CPU is what concurrency cannot overlap.
+
+    def _read_answer(self, body: bytes, inputs: int) -> np.ndarray:
+        """The vectors of one answer, in input order: its ``index`` fields exactly a
+        permutation of the inputs, each embedding decodable, then :func:`check_vectors`.
+        Read as plain JSON: the client's models (one per input) cost more CPU than the
+        request itself, and that CPU is what concurrency cannot overlap."""
         try:
             payload = json.loads(body)
-            data = sorted(payload["data"], key=lambda d: d["index"])
+            data = payload["data"]
+            indices = [d["index"] for d in data]
             embeddings = [d["embedding"] for d in data]
             usage = (payload.get("usage") or {}).get("prompt_tokens")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise EmbedError(
-                f"OpenAI returned a malformed embeddings response from "
-                f"{self._client.base_url}: {exc!r}"
-            ) from exc
-        if isinstance(usage, int):
+            raise EmbeddingAnswerError(
+                f"{self.source} returned a malformed embeddings response ({exc!r}): "
+                f"{bytes(body[:80])!r}"
+            ) from None
+        if isinstance(usage, int):  # billed, whatever the checks below find
             with self._usage_lock:
                 self.tokens_used += usage
-        if len(embeddings) != len(items):
-            raise EmbedError(
-                f"OpenAI returned {len(embeddings)} embeddings for {len(items)} inputs"
+        wrong_indices = _index_problems(indices, inputs)
+        if wrong_indices:
+            raise EmbeddingAnswerError(
+                f"{self.source} returned embedding indices that are not one per input "
+                f"({len(indices)} embeddings for {inputs} inputs: {wrong_indices})"
             )
-        return np.stack([_decode(e, self.dimension) for e in embeddings])
+        decoded = []
+        for embedding in embeddings:
+            try:
+                decoded.append(_decode(embedding))
+            except (ValueError, TypeError) as exc:
+                raise EmbeddingAnswerError(
+                    f"{self.source} returned an undecodable embedding ({exc})"
+                ) from None
+        wrong_size = [v.shape for v in decoded if v.shape != (self.dimension,)]
+        if wrong_size:
+            raise EmbeddingAnswerError(
+                f"{self.source} returned vectors of shape {wrong_size[0]}, not "
+                f"({self.dimension},), for {len(wrong_size)} of {inputs} inputs"
+            )
+        vectors = np.empty((inputs, self.dimension), dtype=np.float32)
+        vectors[indices] = np.stack(decoded)
+        check_vectors(vectors, inputs=inputs, dimension=self.dimension, source=self.source)
+        return vectors
 
     def _error(self, exc: Exception, retried: int | None) -> EmbedError:
+        """What a request's last failure becomes: a setting's fault (:class:`EmbedError`),
+        the service unavailable, a bad answer, or another refusal of the work."""
         import openai
 
         after = f" after {retried} retries" if retried is not None else ""
         url = self._client.base_url
+        if isinstance(exc, EmbeddingAnswerError):
+            return EmbeddingAnswerError(f"{exc}{after}" if retried else str(exc))
         if isinstance(exc, openai.APIStatusError):
-            return EmbedError(
+            message = (
                 f"OpenAI embeddings failed{after}: HTTP {exc.status_code} {_reason(exc)} from {url}"
             )
+            if retried is not None:
+                return EmbedderUnavailableError(message)
+            if exc.status_code in _SETTINGS_STATUS:
+                return EmbedError(message)
+            return EmbedServiceError(message)
         if isinstance(exc, openai.APITimeoutError):
-            return EmbedError(f"OpenAI embeddings timed out{after} ({url})")
-        return EmbedError(f"cannot reach the OpenAI API at {url}{after}: {exc.__cause__ or exc}")
+            return EmbedderUnavailableError(f"OpenAI embeddings timed out{after} ({url})")
+        return EmbedderUnavailableError(
+            f"cannot reach the OpenAI API at {url}{after}: {exc.__cause__ or exc}"
+        )
 
     def close(self) -> None:
         self._client.close()
@@ -453,16 +510,33 @@ def _read_ahead(items: Iterable[Any], depth: int, stop: threading.Event) -> Iter
         yield value
 
 
-def _decode(embedding: object, dimension: int) -> np.ndarray:
+def _decode(embedding: object) -> np.ndarray:
     """One embedding as float32: base64 of little-endian floats, or a list (servers that
-    ignore ``encoding_format``)."""
+    ignore ``encoding_format``). ``ValueError``/``TypeError`` when it is neither."""
     if isinstance(embedding, str):
-        vector = np.frombuffer(base64.b64decode(embedding), dtype="<f4")
-    else:
-        vector = np.asarray(embedding, dtype=np.float32)
-    if vector.shape != (dimension,):
-        raise EmbedError(f"OpenAI returned a vector of shape {vector.shape}, not ({dimension},)")
-    return vector.astype(np.float32, copy=False)
+        # validate: without it, characters outside the alphabet are dropped silently
+        return np.frombuffer(base64.b64decode(embedding, validate=True), dtype="<f4").astype(
+            np.float32
+        )
+    if not isinstance(embedding, list):
+        raise TypeError(f"an embedding is a base64 string or a list, not {type(embedding)}")
+    return np.asarray(embedding, dtype=np.float32)
+
+
+def _index_problems(indices: Sequence[object], inputs: int) -> str:
+    """What keeps ``indices`` from being exactly ``0 .. inputs-1``, each once ("" if nothing):
+    answers are put in input order by index, so a gap or a repeat would give chunks the
+    vectors of others."""
+    counts = Counter(i if type(i) is int else repr(i) for i in indices)
+    missing = [i for i in range(inputs) if i not in counts]
+    repeated = [i for i, n in counts.items() if n > 1]
+    foreign = [i for i in counts if not (type(i) is int and 0 <= i < inputs)]
+    problems = [
+        f"{what} {', '.join(str(i) for i in values[:5])}{' ...' if len(values) > 5 else ''}"
+        for what, values in (("missing", missing), ("repeated", repeated), ("unknown", foreign))
+        if values
+    ]
+    return "; ".join(problems)
 
 
 def _retry_delay(exc: Exception, attempt: int) -> float:

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from rag_pipeline.embed.base import check_query_vector
 from rag_pipeline.retrieve.filters import SearchFilters
 from rag_pipeline.schema import HIT_FIELDS, chunks_of
 from rag_pipeline.sparse import Bm25Encoder
@@ -64,7 +65,8 @@ MAX_GROUP_FETCH = 4096
 
 class QueryEmbedder(Protocol):
     """What a search needs of an embedder (an :class:`~rag_pipeline.embed.Embedder`, or a
-    cache in front of one)."""
+    cache in front of one). Its vectors are checked (:func:`check_query_vector`, against its
+    ``dimension`` when it has one; messages name its ``source`` or ``model_name``)."""
 
     def embed_query(self, text: str) -> np.ndarray: ...
 
@@ -197,7 +199,8 @@ def _ranked(
             raise ValueError(f"unknown search mode {mode!r}; use dense, sparse or hybrid")
         if embedder is None:
             raise ValueError(f"{mode} search needs an embedder")
-        vector = embedder.embed_query(query)
+        # a NaN vector would find nothing and a zero one score 0.0 everywhere: refused
+        vector = check_query_vector(embedder.embed_query(query), embedder)
         if mode == "dense":
             records = store.query_dense(where, vector, **options)
         else:

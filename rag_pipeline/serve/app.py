@@ -3,8 +3,10 @@
 The model and the store are loaded once. Every body is exactly what the matching command
 prints with ``--json`` (the same request objects build it); errors are ``{"detail": "..."}``:
 400 for bad input (a request without ``book`` included: no book, no answer), 404 for an id the
-book does not hold, 422 for a parameter of the wrong type, 503 while the store stays busy past
-its busy wait. An embedded store is shared with ingestion runs through :class:`StoreHolder`.
+book does not hold, 422 for a parameter of the wrong type, 502 for a bad answer of the
+embedder (a NaN or zero vector, a malformed body), 503 while the store stays busy past its busy
+wait or the embedder is unavailable (timeout, 429 after retries, no connection). An embedded
+store is shared with ingestion runs through :class:`StoreHolder`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ from starlette.datastructures import QueryParams
 
 from rag_pipeline import __version__
 from rag_pipeline.config import Settings
-from rag_pipeline.embed import Embedder, EmbedError, create_embedder
+from rag_pipeline.embed import (
+    Embedder,
+    EmbedderUnavailableError,
+    EmbedError,
+    EmbedServiceError,
+    check_query_vector,
+    create_embedder,
+)
+from rag_pipeline.embed.base import embedder_source
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.models import validate_book_id
 from rag_pipeline.retrieve import SearchFilters, expand_context, get_document, parse_equals
@@ -85,6 +95,15 @@ class CachedQueryEmbedder:
         self._model = threading.BoundedSemaphore(max(parallel, 1))
         self.hits = self.misses = 0
 
+    @property
+    def source(self) -> str:
+        return embedder_source(self._embedder)
+
+    @property
+    def dimension(self) -> int | None:
+        dimension = getattr(self._embedder, "dimension", None)
+        return dimension if isinstance(dimension, int) else None
+
     def embed_query(self, text: str) -> np.ndarray:
         with self._lock:
             vector = self._cache.get(text)
@@ -94,6 +113,7 @@ class CachedQueryEmbedder:
                 return vector
         with self._model:
             vector = np.array(self._embedder.embed_query(text), dtype=np.float32)
+        check_query_vector(vector, self)  # raises: a bad vector is never cached
         vector.setflags(write=False)
         with self._lock:
             self.misses += 1
@@ -276,7 +296,15 @@ def create_app(
 
     @app.exception_handler(EmbedError)
     async def embed_error(request: Request, exc: EmbedError) -> Response:
-        return CliJSONResponse({"detail": str(exc)}, status_code=500)
+        # the embedder unavailable (timeout, 429 after retries, connection): 503; a bad
+        # answer or another failure of the embedding service: 502; a setting's fault: 500
+        if isinstance(exc, EmbedderUnavailableError):
+            status = 503
+        elif isinstance(exc, EmbedServiceError):
+            status = 502
+        else:
+            status = 500
+        return CliJSONResponse({"detail": str(exc)}, status_code=status)
 
     @app.get("/health")
     def health() -> Response:
