@@ -190,9 +190,9 @@ def test_local_texts_are_tokenized_once(tmp_path):
 def test_progress_is_reported_after_every_batch(hash_embedder):
     calls: list[tuple[int, int]] = []
     texts = [f"text {i} " * (i % 7 + 1) for i in range(600)]
-    hash_embedder.embed(texts, progress=lambda done, total: calls.append((done, total)))
+    hash_embedder.embed(texts, progress=lambda done, total, *tokens: calls.append((done, total)))
     assert calls == [(256, 600), (512, 600), (600, 600)]
-    hash_embedder.embed([], progress=lambda done, total: calls.append((done, total)))
+    hash_embedder.embed([], progress=lambda done, total, *tokens: calls.append((done, total)))
     assert len(calls) == 3  # nothing to embed, no batch, no call
 
 

@@ -132,7 +132,7 @@ def test_openai_progress_counts_every_text_once():
     calls = []
     with FakeOpenAI(latency_s=0.05) as server:
         emb = embedder(server, timeout=5.0, batch_size=3, concurrency=3)
-        emb.embed([f"t{i}" for i in range(10)], progress=lambda d, t: calls.append((d, t)))
+        emb.embed([f"t{i}" for i in range(10)], progress=lambda d, t, *tokens: calls.append((d, t)))
     assert [t for _, t in calls] == [10] * 4
     assert [d for d, _ in calls] == sorted(d for d, _ in calls) and calls[-1] == (10, 10)
 

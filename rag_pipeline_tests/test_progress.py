@@ -67,3 +67,18 @@ def test_without_tokens_it_counts_in_its_unit_and_logs_at_its_interval():
         progress(done, 100)
     assert len(lines) == 10  # every 10 s, and the last call
     assert seconds_left(lines[0]) == 90 and lines[-1].endswith("done in 1m40s")
+
+
+def test_a_local_embedder_reports_its_tokens_shortest_first():
+    from rag_pipeline.embed.hashing import HashEmbedder
+
+    embedder = HashEmbedder()
+    texts = [" ".join(["word"] * n) for n in (40, 3, 12, 7, 25)] * 20
+    calls = []
+    embedder.embed(texts, progress=lambda *args: calls.append(args))
+    assert calls[-1][:2] == (100, 100)
+    tokens_total = sum(embedder.tokenizer.count(texts))
+    assert calls[-1][2:] == (tokens_total, tokens_total)
+    # batches go shortest first: the first batch holds fewer tokens than its share of texts
+    done, total, tokens_done, _ = calls[0]
+    assert tokens_done / tokens_total < done / total

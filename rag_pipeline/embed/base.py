@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -158,8 +158,14 @@ def _split_at_spans(text: str, spans: Sequence[tuple[int, int]], max_tokens: int
     return [p for p in pieces if p.strip()]
 
 
-#: ``progress(done, total)``: texts embedded so far and texts in the call, after each batch.
-ProgressCallback = Callable[[int, int], None]
+class ProgressCallback(Protocol):
+    """Called after each batch: texts embedded so far and texts in the call, and the same in
+    tokens where the embedder counts them first (``None`` where it does not: the time a
+    local model takes follows its tokens, not its texts, which go shortest first)."""
+
+    def __call__(
+        self, done: int, total: int, tokens_done: int | None, tokens_total: int | None
+    ) -> None: ...
 
 
 class Embedder(ABC):
@@ -214,7 +220,7 @@ class Embedder(ABC):
 
     def embed(self, texts: Sequence[str], progress: ProgressCallback | None = None) -> np.ndarray:
         """Embed any number of texts; returns an (n, dim) float32 array, rows L2-normalized, in
-        the order of ``texts``. ``progress(done, total)`` is called after each batch."""
+        the order of ``texts``. ``progress`` is called after each batch."""
         total = len(texts)
         if not total:
             return np.zeros((0, self.dimension), dtype=np.float32)
@@ -228,15 +234,17 @@ class Embedder(ABC):
             rows.append(order[start:end])
             batches.append(([items[i] for i in rows[-1]], sum(sorted_lengths[start:end])))
         vectors = np.empty((total, self.dimension), dtype=np.float32)
-        done = 0
+        done = tokens_done = 0
+        tokens_total = sum(sorted_lengths)
         for number, part in self._run_batches(batches):
             check_vectors(
                 part, inputs=len(rows[number]), dimension=self.dimension, source=self.source
             )
             vectors[rows[number]] = part
             done += len(rows[number])
+            tokens_done += batches[number][1]
             if progress is not None:
-                progress(done, total)
+                progress(done, total, tokens_done, tokens_total)
         return _normalize(vectors)
 
     def embed_query(self, text: str) -> np.ndarray:

@@ -303,8 +303,8 @@ class OpenAIEmbedder(Embedder):
             start, end = bounds[number]
             vectors[start:end] = part
             done += end - start
-            if progress is not None:
-                progress(done, total)
+            if progress is not None:  # tokens are counted as batches go: no total in advance
+                progress(done, total, None, None)
         return _normalize(vectors)
 
     def _stream_bounds(self, texts: Sequence[str]) -> Iterator[tuple[int, int, int]]:

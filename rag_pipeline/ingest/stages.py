@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from rag_pipeline.chunk import chunk_document
 from rag_pipeline.config import SourceConfig
+from rag_pipeline.embed.base import ProgressCallback
 from rag_pipeline.ingest.changes import UNREADABLE_STAGE, FileChanges, classify_files
 from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks
 from rag_pipeline.ingest.crawl import (
@@ -65,8 +66,8 @@ __all__ = [
     "write_book",
 ]
 
-#: ``progress(done, total)`` after each embedding batch
-Progress = Callable[[int, int], None]
+#: called after each embedding batch (see :class:`~rag_pipeline.embed.base.ProgressCallback`)
+Progress = ProgressCallback
 
 
 @dataclass(frozen=True)
