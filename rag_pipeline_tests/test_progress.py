@@ -73,6 +73,7 @@ def test_a_local_embedder_reports_its_tokens_shortest_first():
     from rag_pipeline.embed.hashing import HashEmbedder
 
     embedder = HashEmbedder()
+    embedder.batch_size = 10
     texts = [" ".join(["word"] * n) for n in (40, 3, 12, 7, 25)] * 20
     calls = []
     embedder.embed(texts, progress=lambda *args: calls.append(args))
