@@ -220,7 +220,21 @@ class _BoundedCalls(TokenCounter):
         return counts + self._tokenizer.count(texts[start:]) if start < len(texts) else counts
 
     def split(self, text: str, max_tokens: int) -> list[str]:
-        return self._tokenizer.split(text, max_tokens)
+        """The tokenizer's split; a large text is fed in pieces cut before white space, the
+        last part of each carried into the next: the same parts for a tokenizer whose tokens
+        never span white space, in linear time and memory."""
+        if len(text) <= _WHOLE_COUNT_CHARS:
+            return self._tokenizer.split(text, max_tokens)
+        parts: list[str] = []
+        rest = ""
+        for piece in _cut_before_space(text, _WHOLE_COUNT_CHARS):
+            cut = self._tokenizer.split(rest + piece, max_tokens)
+            if len(cut) < 2:  # too few tokens to cut yet
+                rest += piece
+                continue
+            parts += cut[:-1]
+            rest = cut[-1]
+        return parts + self._tokenizer.split(rest, max_tokens)
 
 
 # -- markdown to blocks, runs and sections ------------------------------------------------
@@ -278,11 +292,18 @@ def _blocks(body: str) -> list[_Block]:
 def _count(blocks: list[_Block], tokenizer: TokenCounter) -> list[_Block]:
     """The blocks with their tokens, one longer than ``_WHOLE_COUNT_CHARS`` counted in pieces
     until it is sure to be over any limit (see :func:`_large_tokens`)."""
-    counts = tokenizer.count([b.text if len(b.text) <= _WHOLE_COUNT_CHARS else "" for b in blocks])
-    for i, block in enumerate(blocks):
-        if len(block.text) > _WHOLE_COUNT_CHARS:
-            counts[i] = _large_tokens(block.text, tokenizer, 4 * tokenizer.max_input_tokens)
+    counts = _counts([b.text for b in blocks], tokenizer)
     return [replace(b, tokens=n) for b, n in zip(blocks, counts, strict=True)]
+
+
+def _counts(texts: Sequence[str], tokenizer: TokenCounter) -> list[int]:
+    """The tokens of each text, one longer than ``_WHOLE_COUNT_CHARS`` counted in pieces until
+    it is sure to be over any limit (see :func:`_large_tokens`)."""
+    counts = tokenizer.count([t if len(t) <= _WHOLE_COUNT_CHARS else "" for t in texts])
+    for i, text in enumerate(texts):
+        if len(text) > _WHOLE_COUNT_CHARS:
+            counts[i] = _large_tokens(text, tokenizer, 4 * tokenizer.max_input_tokens)
+    return counts
 
 
 def _large_tokens(text: str, tokenizer: TokenCounter, enough: int) -> int:
@@ -550,7 +571,7 @@ def _cut_long_lines(
 ) -> list[tuple[str, int]]:
     """Each line with its tokens; one longer than ``room`` is cut at token boundaries."""
     out: list[tuple[str, int]] = []
-    for line, n in zip(lines, tokenizer.count(list(lines)), strict=True):
+    for line, n in zip(lines, _counts(lines, tokenizer), strict=True):
         if n > room:
             parts = tokenizer.split(line, max(room, 1))
             out.extend(zip(parts, tokenizer.count(parts), strict=True))

@@ -11,6 +11,7 @@ from rag_pipeline.chunk import (
     CHUNKER_VERSION,
     ChunkBudget,
     _blocks,
+    _BoundedCalls,
     _count,
     _cut,
     _enforce_limit,
@@ -785,7 +786,11 @@ def large_paragraph(sentences: int) -> str:
     return " ".join(f"Sentence {i} has a few more words." for i in range(sentences)) + "\n"
 
 
-@pytest.mark.parametrize("make", [large_table, large_paragraph])
+def large_line(words: int) -> str:
+    return " ".join(f"word{i}" for i in range(4 * words)) + "\n"  # no sentence to cut at
+
+
+@pytest.mark.parametrize("make", [large_table, large_paragraph, large_line])
 def test_chunking_a_large_block_costs_work_linear_in_its_size(make, hash_embedder):
     """Twice the rows (or sentences) cost at most 2.2x the characters tokenized and the calls,
     and no call grows with the block: a tokenizer holds every token of a call at once, and one
@@ -824,3 +829,11 @@ def test_tables_are_parsed_without_their_cells():
             outside.append((t.type, t.map, t.level))
         inside += t.type == "table_open"
     assert tokens == outside
+
+
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_a_large_text_is_split_in_pieces_as_it_would_be_whole(embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    text = " ".join(f"w{i}, x{i % 7}.\n" if i % 50 == 0 else f"word{i}" for i in range(60_000))
+    for max_tokens in (1, 37, 256):
+        assert _BoundedCalls(tokenizer).split(text, max_tokens) == tokenizer.split(text, max_tokens)
