@@ -75,7 +75,7 @@ _NO_OVERLAP = ("fence", "code", "table")  # kinds that never get an overlap tail
 #: a chunk's text holds at most this many characters per token of the hard limit
 _MAX_CHARS_PER_TOKEN = 32
 _LONG_SPACE = re.compile(r"\s{65,}")
-#: a block longer than this is counted in pieces of about this size (see :func:`_count`)
+#: a text longer than this is counted and split in pieces of about this size (see _large_tokens)
 _WHOLE_COUNT_CHARS = 1 << 16
 #: a tokenizer call gets texts of at most about this many characters in all: it holds every
 #: token of a call at once (ids, offsets, strings), hundreds of MB for a large document
@@ -290,8 +290,7 @@ def _blocks(body: str) -> list[_Block]:
 
 
 def _count(blocks: list[_Block], tokenizer: TokenCounter) -> list[_Block]:
-    """The blocks with their tokens, one longer than ``_WHOLE_COUNT_CHARS`` counted in pieces
-    until it is sure to be over any limit (see :func:`_large_tokens`)."""
+    """The blocks with their tokens (see :func:`_counts`)."""
     counts = _counts([b.text for b in blocks], tokenizer)
     return [replace(b, tokens=n) for b, n in zip(blocks, counts, strict=True)]
 
