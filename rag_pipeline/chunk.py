@@ -37,11 +37,14 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from markdown_it import MarkdownIt
+from markdown_it.rules_block import StateBlock
+from markdown_it.rules_block import table as markdown_table
+from markdown_it.token import Token
 
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.base import TokenCounter
@@ -59,6 +62,8 @@ __all__ = [
 CHUNKER_VERSION = "3"
 # Block structure is all the chunker needs; skipping inline parsing halves the parse time.
 _md = MarkdownIt("commonmark").enable("table").disable(["inline", "text_join"])
+#: a table's tokens the chunker reads; the rest (a dozen per row) are never kept
+_TABLE_ENDS = ("table_open", "table_close")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
 _DELIMITER_ROW = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 _FENCE = re.compile(r"^([ \t]*)(`{3,}|~{3,})")
@@ -70,6 +75,12 @@ _NO_OVERLAP = ("fence", "code", "table")  # kinds that never get an overlap tail
 #: a chunk's text holds at most this many characters per token of the hard limit
 _MAX_CHARS_PER_TOKEN = 32
 _LONG_SPACE = re.compile(r"\s{65,}")
+#: a text longer than this is counted and split in pieces of about this size (see _large_tokens)
+_WHOLE_COUNT_CHARS = 1 << 16
+#: a tokenizer call gets texts of at most about this many characters in all: it holds every
+#: token of a call at once (ids, offsets, strings), hundreds of MB for a large document
+_COUNT_CALL_CHARS = 1 << 18
+_SPACE = re.compile(r"\s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +170,7 @@ def chunk_document(
     Every chunk's embedded text fits ``budget.limit`` tokens, special tokens included."""
     if doc.is_empty:
         return []
+    tokenizer = _BoundedCalls(tokenizer)
     body, title = _valid_text(doc.body), _valid_text(doc.meta.title)
     blocks = _count(_blocks(body), tokenizer)
     if not blocks:
@@ -188,7 +200,70 @@ def _valid_text(text: str) -> str:
     return text
 
 
+class _BoundedCalls(TokenCounter):
+    """``tokenizer`` fed at most about ``_COUNT_CALL_CHARS`` characters a call, so that what a
+    call holds stays small however many texts a large document asks it to count at once."""
+
+    def __init__(self, tokenizer: TokenCounter) -> None:
+        self._tokenizer = tokenizer
+        self.special_tokens = tokenizer.special_tokens
+        self.max_input_tokens = tokenizer.max_input_tokens
+
+    def count(self, texts: Sequence[str]) -> list[int]:
+        counts: list[int] = []
+        start, size = 0, 0
+        for i, text in enumerate(texts):
+            if size + len(text) > _COUNT_CALL_CHARS and i > start:
+                counts += self._tokenizer.count(texts[start:i])
+                start, size = i, 0
+            size += len(text)
+        return counts + self._tokenizer.count(texts[start:]) if start < len(texts) else counts
+
+    def split(self, text: str, max_tokens: int) -> list[str]:
+        """The tokenizer's split; a large text is fed in pieces cut before white space, the
+        last part of each carried into the next: the same parts for a tokenizer whose tokens
+        never span white space, in linear time and memory."""
+        if len(text) <= _WHOLE_COUNT_CHARS:
+            return self._tokenizer.split(text, max_tokens)
+        parts: list[str] = []
+        rest = ""
+        for piece in _cut_before_space(text, _WHOLE_COUNT_CHARS):
+            cut = self._tokenizer.split(rest + piece, max_tokens)
+            if len(cut) < 2:  # too few tokens to cut yet
+                rest += piece
+                continue
+            parts += cut[:-1]
+            rest = cut[-1]
+        return parts + self._tokenizer.split(rest, max_tokens)
+
+
 # -- markdown to blocks, runs and sections ------------------------------------------------
+
+
+def _table_outline(state: StateBlock, start: int, end: int, silent: bool) -> bool:
+    """markdown-it's table rule, keeping only the tokens that open and close the table: the
+    chunker reads no cell, and a dozen tokens a row would hold hundreds of MB for a large table
+    (and take half its parse time)."""
+    if silent:
+        return markdown_table(state, start, end, silent)
+    push = state.push
+    cell = Token("cell", "", 0)  # stands in for every inner token, which the rule only fills
+
+    def push_table_ends(ttype: str, tag: str, nesting: Literal[-1, 0, 1]) -> Token:
+        if ttype in _TABLE_ENDS:
+            return push(ttype, tag, nesting)
+        state.level += nesting  # what push does to the level
+        return cell
+
+    state.push = push_table_ends  # type: ignore[method-assign]
+    try:
+        return markdown_table(state, start, end, silent)
+    finally:
+        del state.push
+
+
+# the table rule may interrupt a paragraph or a reference, as markdown-it declares it
+_md.block.ruler.at("table", _table_outline, {"alt": ["paragraph", "reference"]})
 
 
 def _blocks(body: str) -> list[_Block]:
@@ -215,8 +290,46 @@ def _blocks(body: str) -> list[_Block]:
 
 
 def _count(blocks: list[_Block], tokenizer: TokenCounter) -> list[_Block]:
-    counts = tokenizer.count([b.text for b in blocks])
+    """The blocks with their tokens (see :func:`_counts`)."""
+    counts = _counts([b.text for b in blocks], tokenizer)
     return [replace(b, tokens=n) for b, n in zip(blocks, counts, strict=True)]
+
+
+def _counts(texts: Sequence[str], tokenizer: TokenCounter) -> list[int]:
+    """The tokens of each text, one longer than ``_WHOLE_COUNT_CHARS`` counted in pieces until
+    it is sure to be over any limit (see :func:`_large_tokens`)."""
+    counts = tokenizer.count([t if len(t) <= _WHOLE_COUNT_CHARS else "" for t in texts])
+    for i, text in enumerate(texts):
+        if len(text) > _WHOLE_COUNT_CHARS:
+            counts[i] = _large_tokens(text, tokenizer, 4 * tokenizer.max_input_tokens)
+    return counts
+
+
+def _large_tokens(text: str, tokenizer: TokenCounter, enough: int) -> int:
+    """The tokens of a large text, or, once its first pieces (cut before white space) have more
+    than ``enough``, their sum: all that matters of a text far over the limit is that it is
+    over, and a tokenizer given one huge text holds all its tokens and takes more than linear
+    time. The sum is exact for a tokenizer whose tokens never span white space (a WordPiece),
+    else off by a few tokens per cut, which changes nothing that far over the limit."""
+    total = 0
+    for piece in _cut_before_space(text, _WHOLE_COUNT_CHARS):
+        total += tokenizer.count([piece])[0]
+        if total > enough:
+            return total
+    return tokenizer.count([text])[0]
+
+
+def _cut_before_space(text: str, size: int) -> Iterator[str]:
+    """``text`` as consecutive pieces of about ``size`` characters, each cut before the first
+    white space at or after its size (so a piece with none runs on to the end)."""
+    start = 0
+    while len(text) - start > size:
+        space = _SPACE.search(text, start + size)
+        if space is None:
+            break
+        yield text[start : space.start()]
+        start = space.start()
+    yield text[start:]
 
 
 def _runs(blocks: Sequence[_Block]) -> list[_Run]:
@@ -457,7 +570,7 @@ def _cut_long_lines(
 ) -> list[tuple[str, int]]:
     """Each line with its tokens; one longer than ``room`` is cut at token boundaries."""
     out: list[tuple[str, int]] = []
-    for line, n in zip(lines, tokenizer.count(list(lines)), strict=True):
+    for line, n in zip(lines, _counts(lines, tokenizer), strict=True):
         if n > room:
             parts = tokenizer.split(line, max(room, 1))
             out.extend(zip(parts, tokenizer.count(parts), strict=True))

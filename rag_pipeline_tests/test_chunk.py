@@ -7,9 +7,11 @@ import pytest
 from markdown_it import MarkdownIt
 
 from rag_pipeline.chunk import (
+    _COUNT_CALL_CHARS,
     CHUNKER_VERSION,
     ChunkBudget,
     _blocks,
+    _BoundedCalls,
     _count,
     _cut,
     _enforce_limit,
@@ -17,6 +19,7 @@ from rag_pipeline.chunk import (
     _fit,
     _Header,
     _heading_paths,
+    _md,
     _pack,
     _pack_lines,
     _pack_section,
@@ -27,6 +30,7 @@ from rag_pipeline.chunk import (
     chunk_document,
 )
 from rag_pipeline.config import ChunkingConfig
+from rag_pipeline.embed.base import TokenCounter
 from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.models import DocumentMeta, ParsedDocument, compose_embed_text
 from rag_pipeline_tests.conftest import CORPUS, section
@@ -750,3 +754,86 @@ def test_real_files_are_far_from_the_character_bound(path, local_embedder):
         pytest.skip(f"{path.name} is a bad-input fixture: {doc.reason}")
     chunks = chunk_document(doc, tokenizer, budget)
     assert all(len(c.text) <= budget.limit * 32 // 2 for c in chunks)
+
+
+class CountingTokenizer(TokenCounter):
+    """A tokenizer that records the characters it is given in each call: the work chunking
+    costs, which unlike its time does not depend on the machine."""
+
+    def __init__(self, tokenizer: TokenCounter) -> None:
+        self._tokenizer = tokenizer
+        self.special_tokens = tokenizer.special_tokens
+        self.max_input_tokens = tokenizer.max_input_tokens
+        self.calls: list[int] = []
+
+    def count(self, texts):
+        self.calls.append(sum(len(t) for t in texts))
+        return self._tokenizer.count(texts)
+
+    def split(self, text, max_tokens):
+        self.calls.append(len(text))
+        return self._tokenizer.split(text, max_tokens)
+
+
+def large_table(rows: int) -> str:
+    cells = "\n".join(
+        f"| {i} | item-{i * 7919 % 10**6} | {i / 7:.6f} | row {i} |" for i in range(rows)
+    )
+    return f"## Data\n\n| id | name | value | note |\n| --- | --- | --- | --- |\n{cells}\n"
+
+
+def large_paragraph(sentences: int) -> str:
+    return " ".join(f"Sentence {i} has a few more words." for i in range(sentences)) + "\n"
+
+
+def large_line(words: int) -> str:
+    return " ".join(f"word{i}" for i in range(4 * words)) + "\n"  # no sentence to cut at
+
+
+@pytest.mark.parametrize("make", [large_table, large_paragraph, large_line])
+def test_chunking_a_large_block_costs_work_linear_in_its_size(make, hash_embedder):
+    """Twice the rows (or sentences) cost at most 2.2x the characters tokenized and the calls,
+    and no call grows with the block: a tokenizer holds every token of a call at once, and one
+    huge text takes it more than linear time (a 10 MB table took 1.9 GB)."""
+
+    def work(size: int) -> CountingTokenizer:
+        tokenizer = CountingTokenizer(hash_embedder.tokenizer)
+        chunks = chunk_document(parse(make(size)), tokenizer, budget_for(tokenizer))
+        if make is large_table:
+            assert all("| id | name | value | note |\n| --- |" in c.text for c in chunks)
+        assert_within_limit(chunks, hash_embedder.tokenizer, budget_for(tokenizer))
+        return tokenizer
+
+    small, large = work(8_000), work(16_000)
+    assert sum(large.calls) <= 2.2 * sum(small.calls)
+    assert len(large.calls) <= 2.2 * len(small.calls)
+    assert max(large.calls) <= _COUNT_CALL_CHARS < len(make(16_000)) // 2
+
+
+def test_tables_are_parsed_without_their_cells():
+    """Only a table's opening and closing tokens are kept, whatever its rows (they were a dozen
+    a row); where it starts and ends, and the blocks around it, are as markdown-it has them."""
+    body = "text\n| a | b |\n| - | - |\n| 1 | 2 |\n| 3 | 4 |\n\n# After\n\n- | x |\n  | - |\n"
+    tokens = [(t.type, t.map, t.level) for t in _md.parse(body)]
+    assert [t for t in tokens if t[0].startswith("table")] == [
+        ("table_open", [1, 5], 0),
+        ("table_close", None, 0),
+        ("table_open", [8, 10], 2),
+        ("table_close", None, 2),
+    ]
+    full = MarkdownIt("commonmark").enable("table").disable(["inline", "text_join"])
+    inside, outside = 0, []  # the full parse's tokens but those within a table
+    for t in full.parse(body):
+        inside -= t.type == "table_close"
+        if not inside:
+            outside.append((t.type, t.map, t.level))
+        inside += t.type == "table_open"
+    assert tokens == outside
+
+
+@pytest.mark.parametrize("embedder_name", ["hash_embedder", "local_embedder"])
+def test_a_large_text_is_split_in_pieces_as_it_would_be_whole(embedder_name, request):
+    tokenizer = request.getfixturevalue(embedder_name).tokenizer
+    text = " ".join(f"w{i}, x{i % 7}.\n" if i % 50 == 0 else f"word{i}" for i in range(60_000))
+    for max_tokens in (1, 37, 256):
+        assert _BoundedCalls(tokenizer).split(text, max_tokens) == tokenizer.split(text, max_tokens)
