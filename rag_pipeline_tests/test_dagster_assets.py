@@ -456,3 +456,50 @@ def test_collection_sensor_refreshes_after_any_run_without_starting_one(
     skipped, context = tick(result.cursor)
     assert isinstance(skipped, SkipReason) and "busy" in skipped.skip_message
     assert context.cursor == result.cursor
+
+
+def test_a_queued_run_says_what_it_waits_for(instance):
+    """The UI says a queued run "will start soon"; the tag rag/waiting_for names the run in
+    progress that holds it back (of the same book, or any: one run at a time)."""
+    from dagster import DagsterRunStatus
+    from dagster._core.remote_origin import (
+        InProcessCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.test_utils import create_run_for_test
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    from rag_pipeline.defs.collection import QUEUE_TAG, explain_queue
+
+    # a queued run must name where its code lives (any origin does for this test)
+    origin = RemoteJobOrigin(
+        RemoteRepositoryOrigin(
+            InProcessCodeLocationOrigin(
+                LoadableTargetOrigin(module_name="rag_pipeline.definitions")
+            ),
+            "__repository__",
+        ),
+        "ingest_books",
+    )
+
+    def run(book, status):
+        return create_run_for_test(
+            instance,
+            job_name="ingest_books",
+            status=status,
+            tags={"dagster/partition": book},
+            remote_job_origin=origin,
+        )
+
+    queued = run(BOOKS[0], DagsterRunStatus.QUEUED)
+    explain_queue(instance)
+    assert "no run in progress" in instance.get_run_by_id(queued.run_id).tags[QUEUE_TAG]
+    other = run(BOOKS[1], DagsterRunStatus.STARTED)
+    explain_queue(instance)
+    reason = instance.get_run_by_id(queued.run_id).tags[QUEUE_TAG]
+    assert other.run_id[:8] in reason and "max_concurrent_runs" in reason
+    same = run(BOOKS[0], DagsterRunStatus.STARTED)
+    explain_queue(instance)
+    reason = instance.get_run_by_id(queued.run_id).tags[QUEUE_TAG]
+    assert same.run_id[:8] in reason and "same book" in reason

@@ -19,6 +19,7 @@ from dagster import (
 __all__ = [
     "BOOK_TAG",
     "CHECKS_TAG",
+    "PARTITION_TAG",
     "TRIGGER_TAG",
     "book_runs_in_flight",
     "tag_checks",
@@ -27,6 +28,8 @@ __all__ = [
 ]
 
 BOOK_TAG = "rag/book"
+#: the tag Dagster gives every run of one partition (no public constant names it)
+PARTITION_TAG = "dagster/partition"
 TRIGGER_TAG = "rag/trigger"
 CHECKS_TAG = "rag/checks"
 
@@ -76,5 +79,5 @@ def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
     tag) is queued or running: its partition must not be deleted under it."""
     return any(
         instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=_IN_FLIGHT), limit=1)
-        for tag in ("dagster/partition", BOOK_TAG)
+        for tag in (PARTITION_TAG, BOOK_TAG)
     )
