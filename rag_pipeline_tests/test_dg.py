@@ -117,6 +117,8 @@ def test_dg_list_defs(dg_env: dict[str, str]) -> None:
     assert {job["name"] for job in listed["jobs"]} == JOBS
     assert {sensor["name"] for sensor in listed["sensors"]} == SENSORS
     assert checkout_state() == before, "dg wrote into the checkout"
+    # telemetry off: no usage events logged in the instance's folder
+    assert not (Path(dg_env["DAGSTER_HOME"]) / "logs").exists()
 
 
 def test_dg_check_defs_fails_on_a_bad_setting(dg_env: dict[str, str]) -> None:
