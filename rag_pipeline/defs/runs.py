@@ -21,6 +21,7 @@ __all__ = [
     "CHECKS_TAG",
     "TRIGGER_TAG",
     "book_runs_in_flight",
+    "books_with_runs_in_flight",
     "tag_checks",
     "tag_run",
     "trigger_of",
@@ -78,3 +79,12 @@ def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
         instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=_IN_FLIGHT), limit=1)
         for tag in ("dagster/partition", BOOK_TAG)
     )
+
+
+def books_with_runs_in_flight(instance: DagsterInstance) -> set[str]:
+    """Every book with a run queued or running, in one query (what a sensor tick asks, whatever
+    the number of books): the same runs :func:`book_runs_in_flight` finds, by the same tags."""
+    runs = instance.get_runs(RunsFilter(statuses=_IN_FLIGHT))
+    return {
+        run.tags[tag] for run in runs for tag in ("dagster/partition", BOOK_TAG) if tag in run.tags
+    }
