@@ -1,7 +1,5 @@
 """The Dagster layer: definitions load, assets materialize per book, checks guard publishing."""
 
-from pathlib import Path
-
 import pytest
 from dagster import (
     AssetCheckSeverity,
@@ -16,7 +14,6 @@ from dagster import (
 from rag_pipeline.config import load_settings
 from rag_pipeline.definitions import build_definitions
 from rag_pipeline.defs.assets import ingestion_assets
-from rag_pipeline.defs.io import BookPartitionIOManager
 from rag_pipeline.defs.location import fixed_resources
 from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
@@ -40,13 +37,11 @@ def settings(sample_books, tmp_path):
 
 
 def resources_for(settings, tmp_path, recipe=None):
-    res = fixed_resources(
+    return fixed_resources(
         BooksResource.from_settings(settings),
         QdrantStoreResource.from_settings(settings),
         IndexRecipeResource.from_settings(settings, recipe),
     )
-    res["io_manager"] = BookPartitionIOManager(base_dir=str(tmp_path / "io"))
-    return res
 
 
 @pytest.fixture
@@ -127,6 +122,7 @@ def test_index_settings_are_not_per_run_config_and_force_is(monkeypatch, tmp_pat
         {"resources": {"recipe": {"config": {"model": "other-model"}}}},
         {"resources": {"qdrant": {"config": {"collection": "other"}}}},
         {"resources": {"books": {"config": {"data_dir": "/elsewhere"}}}},
+        {"resources": {"io_manager": {"config": {"base_dir": "/elsewhere"}}}},
         {"ops": {"chunks": {"config": {"chunk_target_tokens": 100}}}},
         {"ops": {"chunk_embeddings": {"config": {"model": "other-model"}}}},
         {"ops": {"source_files": {"config": {"force": True, "chunk_target_tokens": 100}}}},
@@ -205,9 +201,7 @@ def test_materialize_two_books_on_an_ephemeral_instance(settings, resources, ins
         assert table_rows(meta["source_files"]["files_table"])[0]["file"]  # a table
         assert meta["chunk_embeddings"]["chunks_embedded"].value > 0
         assert chunk_count(settings, book) == meta["chunks"]["chunks"].value
-    # the IO manager keeps each partition apart
-    stored = {p.name for p in Path(resources["io_manager"].base_dir, "chunks").iterdir()}
-    assert stored == {f"{b}.pkl" for b in BOOKS}
+        assert result.output_for_node("qdrant_points").book_id == book
 
 
 def test_rematerializing_is_idempotent(settings, resources, instance):
@@ -361,26 +355,29 @@ def test_every_run_names_its_book_and_trigger(settings, resources, instance):
 
 
 def test_a_book_removed_during_its_run_is_not_written_and_a_late_purge_spares_it_if_back(
-    settings, resources, instance, sample_books, tmp_path
+    settings, resources, instance, sample_books, tmp_path, monkeypatch
 ):
     """The folder goes between the embedding and the write: the write step ends cleanly with
     nothing written (its points would outlive the purge). A purge that runs after the folder
     came back keeps the points."""
     import shutil
 
+    from rag_pipeline.defs import assets as assets_module
     from rag_pipeline.defs.jobs import purge_book_job, purge_run_config
 
     book = BOOKS[0]
-    upstream = [a for a in ingestion_assets if a.key.to_user_string() != "qdrant_points"]
-    assert materialize(upstream, partition_key=book, instance=instance, resources=resources).success
-    shutil.move(sample_books / book, tmp_path / "aside")
+    real_embed_book = assets_module.embed_book
+
+    def embed_then_remove_the_folder(*args, **kwargs):
+        embedded = real_embed_book(*args, **kwargs)
+        shutil.move(sample_books / book, tmp_path / "aside")
+        return embedded
+
+    monkeypatch.setattr(assets_module, "embed_book", embed_then_remove_the_folder)
     write = materialize(
-        ingestion_assets,
-        selection=["qdrant_points"],
-        partition_key=book,
-        instance=instance,
-        resources=resources,
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
     )
+    monkeypatch.undo()
     assert write.success
     assert write.output_for_node("qdrant_points").status == "missing"
     assert chunk_count(settings, book) == 0
@@ -503,3 +500,47 @@ def test_a_queued_run_says_what_it_waits_for(instance):
     explain_queue(instance)
     reason = instance.get_run_by_id(queued.run_id).tags[QUEUE_TAG]
     assert same.run_id[:8] in reason and "same book" in reason
+
+
+def test_a_step_reads_only_what_an_earlier_step_of_its_own_run_produced(
+    settings, resources, instance
+):
+    """Step outputs live in the run's memory: a run of the last asset alone (after a complete
+    run) cannot read its inputs, and says what to run instead."""
+    book = BOOKS[0]
+    assert materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    ).success
+    alone = materialize(
+        ingestion_assets,
+        selection=["qdrant_points"],
+        partition_key=book,
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
+    assert not alone.success
+    failure = next(e for e in alone.all_events if e.is_step_failure)
+    message = failure.step_failure_data.error.to_string()
+    assert f"chunk_embeddings of book {book!r} was not produced by this run" in message
+    assert "ingest_books" in message and "all steps" in message
+
+
+def test_run_retries_re_run_every_step(settings, resources, instance, monkeypatch):
+    """The daemon retries a failed run with the strategy its tag names (Dagster's default
+    re-runs only the failed steps, whose inputs died with the earlier run): the job carries
+    ALL_STEPS, and a run launched outside the job (the asset graph) is tagged by its first step."""
+    from dagster._core.execution.plan.resume_retry import ReexecutionStrategy
+    from dagster._daemon.auto_run_reexecution.auto_run_reexecution import (
+        get_reexecution_strategy,
+    )
+
+    monkeypatch.setenv("RAG_EMBEDDER", "hash")
+    monkeypatch.setenv("RAG_QDRANT_PATH", str(settings.qdrant_path))
+    job = build_definitions().resolve_job_def("ingest_books")
+    assert job.tags["dagster/retry_strategy"] == "ALL_STEPS"
+    result = materialize(
+        ingestion_assets, partition_key=BOOKS[0], instance=instance, resources=resources
+    )
+    run = instance.get_run_by_id(result.run_id)
+    assert get_reexecution_strategy(run, instance) == ReexecutionStrategy.ALL_STEPS

@@ -565,7 +565,6 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
 
     from rag_pipeline.config import load_settings
     from rag_pipeline.defs.assets import ingestion_assets
-    from rag_pipeline.defs.io import BookPartitionIOManager
     from rag_pipeline.defs.location import fixed_resources
     from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
 
@@ -583,7 +582,6 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
         QdrantStoreResource.from_settings(settings),
         IndexRecipeResource.from_settings(settings),
     )
-    resources["io_manager"] = BookPartitionIOManager(base_dir=str(tmp_path / "io"))
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("books", ["ros2-fundamentals"])
 

@@ -245,3 +245,76 @@ def test_a_partition_another_process_adds_at_the_same_moment_is_not_an_error():
     instance.add_dynamic_partitions = lambda name, keys: (_ for _ in ()).throw(OSError("disk"))
     with pytest.raises(OSError):  # any other failure is not swallowed
         add_book_partitions(instance, ["gamma"])
+
+
+#: a sentence of the book below that only a chunk's full text holds (never the start of one,
+#: so no bounded preview in the run's metadata shows it)
+DISTINCTIVE = "The quartz heron recalibrates every torque sensor before the dawn patrol."
+#: what a book run may add to DAGSTER_HOME, whatever the book's size: Dagster's own record of
+#: the run (SQLite keeps each run's events in a database file of its own, about 230 KiB for
+#: the ~60 events of a book run) and the run's bounded metadata
+HOME_GROWTH_PER_RUN = 400 * 1024
+
+
+def home_bytes(home):
+    return sum(p.stat().st_size for p in home.rglob("*") if p.is_file())
+
+
+def test_dagster_home_keeps_no_chunk_text_or_vector_and_grows_little_per_book_run(
+    settings, data_dir, tmp_path, monkeypatch, capsys
+):
+    """Step outputs stay in the run's memory: after CLI ingests, no file under DAGSTER_HOME
+    holds a pickle, a vector or a chunk's text, and a book run adds a bounded amount however
+    much text it embeds (the book here has 361 chunks: their 384-dimensional vectors alone
+    would be 540 KiB)."""
+    import shutil
+
+    import numpy as np
+
+    from rag_pipeline.defs.instance import open_home_instance
+    from rag_pipeline_tests.conftest import REPO
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    lead = " ".join(f"lead{i}" for i in range(30))
+    book = data_dir / "gamma"
+    book.mkdir()
+    for f in range(30):
+        (book / f"f{f:02d}.md").write_text(
+            f"# File {f}\n\n" + "".join(section(f"S{s}", seed=f"{f}x") for s in range(12))
+        )
+
+    def edit(i):
+        (book / "g.md").write_text(f"# Gamma\n\n## Sensors {i}\n\n{lead} {DISTINCTIVE}\n")
+
+    edit(0)
+    with open_home_instance() as instance:
+        first = ingest_books(settings, instance)
+    assert {r.status for r in first.books.values()} == {"ingested"}
+    chunks = first.books["gamma"].chunks
+    before = home_bytes(home)
+    runs = 3
+    for i in range(1, runs + 1):  # one file of the book edited: one book run each
+        edit(i)
+        with open_home_instance() as instance:
+            report = ingest_books(settings, instance)
+        assert [b for b, r in report.books.items() if r.status == "ingested"] == ["gamma"]
+    growth = (home_bytes(home) - before) / runs
+    with capsys.disabled():
+        print(
+            f"\nDAGSTER_HOME after {runs + 1} ingests of a book of {chunks} chunks: "
+            f"{home_bytes(home)} bytes; {growth / 1024:.1f} KiB per book run"
+        )
+
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        dense = next(iter(store.scroll(chunks_of("gamma"), with_vectors=True))).dense
+    vector_bytes = [np.asarray(dense, dtype=t).tobytes()[:32] for t in (np.float32, np.float64)]
+    files = [p for p in home.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix in (".pkl", ".pickle")]
+    for path in files:
+        data = path.read_bytes()
+        assert DISTINCTIVE.encode() not in data, path
+        assert not any(v in data for v in vector_bytes), path
+    assert growth <= HOME_GROWTH_PER_RUN

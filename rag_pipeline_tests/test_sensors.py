@@ -28,8 +28,10 @@ class Harness:
         self.cursor = None
 
     def tick(self):
-        result = self.sensor(build_sensor_context(instance=self.instance, cursor=self.cursor))
+        context = build_sensor_context(instance=self.instance, cursor=self.cursor)
+        result = self.sensor(context)
         if isinstance(result, SkipReason):
+            self.cursor = context.cursor  # kept by the daemon when the sensor updated it
             return result
         for request in result.dynamic_partitions_requests:
             if isinstance(request, AddDynamicPartitionsRequest):
@@ -328,3 +330,169 @@ def test_a_data_folder_holding_none_of_the_known_books_purges_nothing(
         assert isinstance(result, SkipReason)
         assert "none of the 2 indexed books" in result.skip_message
         assert harness.partitions == ["alpha", "beta"] and harness.cursor == cursor
+
+
+def fail_run(instance, book_id, status=None):
+    """An ingest run of the book that ended (failed, by default) now, or one in flight."""
+    from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    status = status or DagsterRunStatus.FAILURE
+    in_flight = status not in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)
+    run = create_run_for_test(
+        instance,
+        job_name="ingest_books",
+        tags={"dagster/partition": book_id},
+        status=status if in_flight else DagsterRunStatus.STARTED,
+    )
+    if status == DagsterRunStatus.FAILURE:
+        instance.report_run_failed(run)
+    elif status == DagsterRunStatus.SUCCESS:  # stamped like a real end (to the microsecond)
+        success = DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name=run.job_name)
+        instance.report_dagster_event(success, run_id=run.run_id)
+    return run
+
+
+_real_time = time.time
+
+
+def later(monkeypatch, seconds):
+    """The sensor's clock set ``seconds`` after now."""
+    at = _real_time() + seconds
+    monkeypatch.setattr(sensors_module.time, "time", lambda: at)
+
+
+#: the storage methods that query (schema checks such as has_table are not counted)
+QUERIES = ("get_", "fetch_", "has_dynamic_partition")
+
+
+class StorageCalls:
+    """Counts the queries a block makes to the instance's run and event log storage."""
+
+    def __init__(self, instance):
+        self.instance = instance
+        self.calls: list[str] = []
+
+    def __enter__(self):
+        for storage in (self.instance.run_storage, self.instance.event_log_storage):
+            for name in dir(type(storage)):
+                if name.startswith(QUERIES) and callable(getattr(storage, name, None)):
+                    setattr(storage, name, self._counted(name, getattr(storage, name)))
+        return self
+
+    def _counted(self, name, method):
+        def counted(*args, **kwargs):
+            self.calls.append(name)
+            return method(*args, **kwargs)
+
+        return counted
+
+    def __exit__(self, *exc):
+        for storage in (self.instance.run_storage, self.instance.event_log_storage):
+            for name in [n for n in vars(storage) if n.startswith(QUERIES)]:
+                delattr(storage, name)
+
+
+def storage_calls_of_a_busy_tick(tmp_path, books, monkeypatch):
+    """A tick at ``books`` books where everything happens: failed books due for a retry (one
+    of them with a run queued), a success after a failure, a removed book whose partition
+    waits for its purge run."""
+    import shutil
+
+    from dagster import DagsterRunStatus
+
+    data_dir = tmp_path / f"books-{books}"
+    for i in range(books):
+        (data_dir / f"book-{i:03d}").mkdir(parents=True)
+        (data_dir / f"book-{i:03d}" / "a.md").write_text(f"# Book {i}")
+    sensors_module._stat_cache.clear()
+    harness = Harness(data_dir)
+    harness.tick()
+    for book_id in ("book-001", "book-002", "book-003"):
+        fail_run(harness.instance, book_id)
+    fail_run(harness.instance, "book-003", DagsterRunStatus.SUCCESS)
+    fail_run(harness.instance, "book-002", DagsterRunStatus.STARTED)
+    shutil.rmtree(data_dir / "book-004")
+    harness.tick()  # the purge is requested; the partition waits for it
+    later(monkeypatch, sensors_module.RETRY_AFTER_S + 1)
+    with StorageCalls(harness.instance) as counted:
+        result = harness.tick()
+    assert [r.partition_key for r in ingest_requests(result)] == ["book-001"]
+    assert harness.partitions == [f"book-{i:03d}" for i in range(books) if i != 4]
+    monkeypatch.undo()
+    return sorted(counted.calls)
+
+
+def test_a_tick_asks_the_instance_the_same_few_questions_whatever_the_number_of_books(
+    tmp_path, monkeypatch
+):
+    """Run history and partitions cost a constant number of storage queries per tick: the
+    known partitions, the runs finished since the last tick, the runs in flight."""
+    few = storage_calls_of_a_busy_tick(tmp_path, 10, monkeypatch)
+    many = storage_calls_of_a_busy_tick(tmp_path, 200, monkeypatch)
+    assert few == many, (few, many)
+    assert few == ["get_dynamic_partitions", "get_run_records", "get_runs"]
+
+
+def test_the_back_off_doubles_with_each_failure_and_ends_with_a_success_or_a_run_in_flight(
+    harness, write_book, monkeypatch
+):
+    from dagster import DagsterRunStatus
+
+    write_book("alpha", {"a.md": "# A"})
+    harness.tick()
+    fail_run(harness.instance, "alpha")
+    fail_run(harness.instance, "alpha")  # two in a row: wait 10 minutes, not 5
+    later(monkeypatch, sensors_module.RETRY_AFTER_S + 1)
+    assert isinstance(harness.tick(), SkipReason)
+    later(monkeypatch, 2 * sensors_module.RETRY_AFTER_S + 1)
+    assert [r.partition_key for r in ingest_requests(harness.tick())] == ["alpha"]
+    monkeypatch.undo()  # (Dagster's clock is time.time too: runs end now)
+    running = fail_run(harness.instance, "alpha", DagsterRunStatus.STARTED)
+    later(monkeypatch, 3 * sensors_module.RETRY_AFTER_S)
+    assert isinstance(harness.tick(), SkipReason)  # a run of it is in flight: it may succeed
+    monkeypatch.undo()
+    harness.instance.report_run_failed(running)
+    later(monkeypatch, 3 * sensors_module.RETRY_AFTER_S)
+    assert isinstance(harness.tick(), SkipReason)  # a third failure: 20 minutes
+    later(monkeypatch, 4 * sensors_module.RETRY_AFTER_S + 1)
+    assert [r.partition_key for r in ingest_requests(harness.tick())] == ["alpha"]
+    monkeypatch.undo()
+    fail_run(harness.instance, "alpha", DagsterRunStatus.SUCCESS)
+    later(monkeypatch, sensors_module.RETRY_AFTER_MAX_S + 1)
+    assert isinstance(harness.tick(), SkipReason)
+    assert isinstance(harness.tick(), SkipReason)
+
+
+def test_runs_read_again_by_a_later_tick_are_not_counted_twice(harness, write_book, monkeypatch):
+    """Each tick reads again the runs that ended just before the newest it saw (a late commit
+    is not missed): a failure read twice is still one failure."""
+    write_book("alpha", {"a.md": "# A"})
+    harness.tick()
+    fail_run(harness.instance, "alpha")
+    for _ in range(3):
+        harness.tick()
+    failed = sensors_module.read_failed_books(harness.cursor)
+    assert failed.books["alpha"][1] == 1
+    later(monkeypatch, sensors_module.RETRY_AFTER_S + 1)
+    assert [r.partition_key for r in ingest_requests(harness.tick())] == ["alpha"]
+
+
+def test_a_long_run_history_is_read_over_ticks_and_retries_nothing_until_read(
+    harness, write_book, monkeypatch
+):
+    """A cursor without run state (a new sensor over an old instance) reads the history a page
+    a tick: a failure early in it is no reason for a run while the rest is unread."""
+    from dagster import DagsterRunStatus
+
+    write_book("alpha", {"a.md": "# A"})
+    harness.tick()
+    fail_run(harness.instance, "alpha")
+    fail_run(harness.instance, "alpha")
+    fail_run(harness.instance, "alpha", DagsterRunStatus.SUCCESS)
+    monkeypatch.setattr(sensors_module, "RUNS_PER_TICK", 2)
+    later(monkeypatch, sensors_module.RETRY_AFTER_MAX_S + 1)
+    assert isinstance(harness.tick(), SkipReason)  # two failures read, the success not yet
+    assert sensors_module.read_failed_books(harness.cursor).books["alpha"][1] == 2
+    assert isinstance(harness.tick(), SkipReason)
+    assert sensors_module.read_failed_books(harness.cursor).books == {}

@@ -1,51 +1,65 @@
-"""IO manager: one pickle per (asset, book partition) under the instance's storage folder.
+"""IO manager: what one step hands the next stays in the run's memory; nothing is written.
 
-It does what the stock filesystem IO manager does for these assets, minus its per-load and
-per-write log events: each stored event costs a few milliseconds of SQLite work, and a run of
-five assets would otherwise spend about a third of its events on debug lines.
+Qdrant holds the index. The parsed documents, chunks and vectors a step passes on are only
+the run's working state, so they are kept in the run's process (the code location runs each
+run in one process, see :mod:`rag_pipeline.defs.location`) and dropped with it: none of it is
+written under ``$DAGSTER_HOME``. A step can only read what an earlier step of the same run
+produced, so run retries re-run every step: ingest runs carry
+``dagster/retry_strategy=ALL_STEPS`` (:data:`rag_pipeline.defs.runs.RETRY_ALL_STEPS`, on the
+job's tags, and added by the first step to runs launched from the asset graph), which is cheap
+because the stages are idempotent (vectors already in the index are reused). A step retried by
+its ``RetryPolicy`` runs again in the same process and finds its inputs.
 """
 
-import os
-import pickle
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from dagster import ConfigurableIOManager, InputContext, OutputContext
+from dagster import (
+    DagsterInvariantViolationError,
+    InitResourceContext,
+    InputContext,
+    IOManager,
+    OutputContext,
+    io_manager,
+)
 
-__all__ = ["BookPartitionIOManager"]
+__all__ = ["RunMemory", "run_memory_io_manager"]
 
 
-class BookPartitionIOManager(ConfigurableIOManager):
-    """Stores each partition's output at ``<base_dir>/<asset key>/<partition>.pkl``."""
+class RunMemory(IOManager):
+    """The outputs of one run, by step and output name (a run is one book partition)."""
 
-    base_dir: str | None = None  # default: $DAGSTER_HOME/storage (./.dagster_home/storage)
-
-    def _path(self, context: OutputContext | InputContext) -> Path:
-        base = Path(
-            self.base_dir
-            or os.path.join(os.environ.get("DAGSTER_HOME", ".dagster_home"), "storage")
-        )
-        if not context.has_asset_key:  # a plain op's output: kept per run and step
-            return base.joinpath("ops", *context.get_identifier()).with_suffix(".pkl")
-        partition = context.asset_partition_key if context.has_asset_partitions else "_"
-        return base.joinpath(*context.asset_key.path) / f"{partition}.pkl"
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, str], Any] = {}
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
-        if obj is None:
-            return
-        path = self._path(context)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as fh:
-            pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(fh.name, path)  # readers never see a half-written file
+        self._values[(context.step_key, context.name)] = obj
 
     def load_input(self, context: InputContext) -> Any:
-        path = self._path(context)
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} is missing: materialize {context.asset_key.to_user_string()} for "
-                f"partition {context.asset_partition_key!r} first"
-            )
-        with open(path, "rb") as fh:
-            return pickle.load(fh)
+        upstream = context.upstream_output
+        if upstream is None:  # an input with no upstream step: nothing this run could hold
+            raise DagsterInvariantViolationError(f"input {context.name!r} has no upstream step")
+        key = (upstream.step_key, upstream.name)
+        if key not in self._values:
+            raise DagsterInvariantViolationError(_not_in_this_run(context, upstream))
+        return self._values[key]
+
+
+def _not_in_this_run(context: InputContext, upstream: OutputContext) -> str:
+    what = upstream.asset_key.to_user_string() if upstream.has_asset_key else upstream.step_key
+    book = f" of book {context.asset_partition_key!r}" if context.has_asset_partitions else ""
+    return (
+        f"{what}{book} was not produced by this run: step outputs live only in the memory of "
+        "the run that produced them (nothing is stored between runs; the index is in Qdrant). "
+        "Materialize the whole ingestion group for the book (job ingest_books), or re-execute "
+        "the run with all steps, not from failure."
+    )
+
+
+@io_manager(
+    config_schema={},  # takes no run config: the Launchpad refuses any entry under it
+    description="Keeps each step's output in the run's memory; writes nothing.",
+)
+def run_memory_io_manager(_: InitResourceContext) -> RunMemory:
+    """A fresh :class:`RunMemory` for each run (runs executed one after another in one
+    process, as the CLI does, never see each other's outputs)."""
+    return RunMemory()

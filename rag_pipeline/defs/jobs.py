@@ -14,7 +14,7 @@ from dagster import (
 )
 
 from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL
-from rag_pipeline.defs.runs import tag_run
+from rag_pipeline.defs.runs import RETRY_ALL_STEPS, tag_run
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.models import validate_book_id
 from rag_pipeline.resources import BooksResource, QdrantStoreResource
@@ -38,6 +38,8 @@ ingest_books_job = define_asset_job(
     INGEST_JOB_NAME,
     selection=AssetSelection.groups(INGESTION_GROUP),
     description="Ingest one book: files -> documents -> chunks -> embeddings -> Qdrant points.",
+    # its steps hand each other their outputs in memory: a retry re-runs them all
+    tags=RETRY_ALL_STEPS,
 )
 
 

@@ -15,7 +15,7 @@ from dagster import BetaWarning, Definitions, ResourceDefinition, in_process_exe
 
 from rag_pipeline.defs.assets import NO_RUN_CONFIG, ingestion_assets
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
-from rag_pipeline.defs.io import BookPartitionIOManager
+from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
 from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
 
@@ -52,7 +52,7 @@ def fixed_resources(
 ) -> dict[str, Any]:
     """The resources, bound so that no run can override them from its run config."""
     return {
-        "io_manager": BookPartitionIOManager(),
+        "io_manager": run_memory_io_manager,
         "books": _fixed(books, f"books under {books.data_dir}"),
         "qdrant": _fixed(qdrant, qdrant.description),
         "recipe": _fixed(

@@ -3,7 +3,8 @@
 Dagster tags every partitioned run with ``dagster/partition`` (the one filter that finds all
 runs of a book: sensor, backfill, asset graph, Launchpad, CLI). The first step of each run adds
 ``rag/book`` and ``rag/trigger`` (books_sensor, backfill, ui, cli, ...) when whoever launched
-it did not, and steps whose checks did not pass tag the run ``rag/checks``.
+it did not, and the retry strategy ``dagster/retry_strategy=ALL_STEPS``; steps whose checks
+did not pass tag the run ``rag/checks``.
 """
 
 from collections.abc import Mapping
@@ -15,13 +16,17 @@ from dagster import (
     OpExecutionContext,
     RunsFilter,
 )
+from dagster._core.execution.plan.resume_retry import ReexecutionStrategy
+from dagster._core.storage.tags import RETRY_STRATEGY_TAG
 
 __all__ = [
     "BOOK_TAG",
     "CHECKS_TAG",
     "PARTITION_TAG",
+    "RETRY_ALL_STEPS",
     "TRIGGER_TAG",
     "book_runs_in_flight",
+    "books_with_runs_in_flight",
     "tag_checks",
     "tag_run",
     "trigger_of",
@@ -32,6 +37,10 @@ BOOK_TAG = "rag/book"
 PARTITION_TAG = "dagster/partition"
 TRIGGER_TAG = "rag/trigger"
 CHECKS_TAG = "rag/checks"
+#: the tag that makes run retries (``run_retries``, the daemon) re-run every step instead of
+#: only the failed ones: step outputs live in the run's memory (defs/io.py), so the earlier
+#: run's outputs are gone; every step is idempotent, and vectors in the index are reused
+RETRY_ALL_STEPS = {RETRY_STRATEGY_TAG: ReexecutionStrategy.ALL_STEPS.name}
 
 
 def trigger_of(tags: Mapping[str, str]) -> str:
@@ -52,8 +61,10 @@ def trigger_of(tags: Mapping[str, str]) -> str:
 
 
 def tag_run(context: AssetExecutionContext | OpExecutionContext, book_id: str) -> None:
+    """Tag the run with its book, its trigger and the retry strategy: runs launched outside the
+    jobs (the asset graph, a backfill of selected assets) do not carry the jobs' tags."""
     tags = context.run.tags
-    wanted = {BOOK_TAG: book_id, TRIGGER_TAG: trigger_of(tags)}
+    wanted = {BOOK_TAG: book_id, TRIGGER_TAG: trigger_of(tags), **RETRY_ALL_STEPS}
     missing = {k: v for k, v in wanted.items() if tags.get(k) != v}
     if missing:
         context.instance.add_run_tags(context.run.run_id, missing)
@@ -81,3 +92,12 @@ def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
         instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=_IN_FLIGHT), limit=1)
         for tag in (PARTITION_TAG, BOOK_TAG)
     )
+
+
+def books_with_runs_in_flight(instance: DagsterInstance) -> set[str]:
+    """Every book with a run queued or running, in one query (what a sensor tick asks, whatever
+    the number of books): the same runs :func:`book_runs_in_flight` finds, by the same tags."""
+    runs = instance.get_runs(RunsFilter(statuses=_IN_FLIGHT))
+    return {
+        run.tags[tag] for run in runs for tag in ("dagster/partition", BOOK_TAG) if tag in run.tags
+    }

@@ -2,7 +2,8 @@
 
 Each tick it stats every Markdown file (no reads), and hashes a file only when its stat differs
 from what the previous tick saw. The cursor stays compact: one entry per book,
-``[stat digest, content digest]``, and a request counter. Then:
+``[stat digest, content digest]``, a request counter, and the books whose latest ingest run
+failed (:class:`FailedBooks`). Then:
 
 * a new book folder      -> add its partition, request an ingest run;
 * a book whose content digest changed -> request an ingest run keyed by that digest and the
@@ -10,7 +11,12 @@ from what the previous tick saw. The cursor stays compact: one entry per book,
   not the content), while content that comes back (an edit reverted, a book restored after its
   purge) is a new request and does run;
 * a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
-  its points (the sensor never opens the store: runs hold its lock).
+  its points (the sensor never opens the store: runs hold its lock);
+* a book whose latest ingest runs all failed -> a new run once its back-off has passed.
+
+A tick asks the instance a constant number of questions, whatever the number of books: the
+known partitions, the ingest runs finished since the previous tick, and, only when a book is
+due for a retry or a removed book's partition waits, the runs in flight.
 
 The purge policy is the one ``rag-pipeline plan`` and ``ingest`` apply
 (:func:`rag_pipeline.ingest.plan.decide_purges`): a missing data folder, or one holding none
@@ -26,6 +32,7 @@ import json
 import threading
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +42,7 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
+    RunRecord,
     RunRequest,
     RunsFilter,
     SensorEvaluationContext,
@@ -45,12 +53,20 @@ from dagster import (
 
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.defs.runs import book_runs_in_flight
+from rag_pipeline.defs.runs import books_with_runs_in_flight
 from rag_pipeline.ingest.changes import fingerprint_book
 from rag_pipeline.ingest.crawl import DataDirError, discover_books, scan_book
 from rag_pipeline.ingest.plan import decide_purges
 
-__all__ = ["BookScanState", "build_books_sensor", "read_cursor", "scan_books", "write_cursor"]
+__all__ = [
+    "BookScanState",
+    "FailedBooks",
+    "build_books_sensor",
+    "read_cursor",
+    "read_failed_books",
+    "scan_books",
+    "write_cursor",
+]
 
 # source_file -> (size, mtime_ns, sha256) per (data dir, book): lives as long as the code server
 # process, so steady-state ticks hash nothing; after a restart the first tick re-hashes.
@@ -111,26 +127,87 @@ def scan_books(
 #: doubling per consecutive failure: an outage heals without anyone touching the book
 RETRY_AFTER_S = 300.0
 RETRY_AFTER_MAX_S = 6 * 3600.0
+#: consecutive failures counted at most (the back-off is at its maximum long before)
+MAX_FAILURES = 32
+#: finished ingest runs one tick reads at most: a long history is caught up over several ticks
+RUNS_PER_TICK = 500
+#: each tick reads again the runs that finished this long before the newest one it saw: a run
+#: whose end was committed late, with an earlier timestamp, is not missed (a run read twice
+#: changes nothing)
+RUNS_OVERLAP_S = 60.0
+_FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 
 
-def _due_for_retry(instance: DagsterInstance, book_id: str) -> bool:
-    """True when the book's latest ingest runs all failed and the back-off has passed."""
-    records = instance.get_run_records(
-        RunsFilter(job_name=ingest_books_job.name, tags={"dagster/partition": book_id}),
-        limit=8,
-    )
-    failures = 0
-    for record in records:  # newest first
-        status = record.dagster_run.status
-        if status == DagsterRunStatus.FAILURE:
-            failures += 1
-        elif status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.CANCELED) or not failures:
-            break  # succeeded, canceled by a person, or one is queued or running
-    if not failures or records[0].dagster_run.status != DagsterRunStatus.FAILURE:
-        return False
-    ended = float(records[0].end_time or records[0].update_timestamp.timestamp())
-    wait = min(RETRY_AFTER_S * 2.0 ** (failures - 1), RETRY_AFTER_MAX_S)
-    return time.time() - ended >= wait
+class FailedBooks:
+    """Books whose latest finished ingest run failed, followed from one run query per tick.
+
+    ``books`` maps a book to ``[storage id of its latest failed run, consecutive failures,
+    end time]``; ``since`` is where the next tick's query starts (a run update timestamp).
+    The state lives in the sensor's cursor, so a tick reads only the runs that finished since
+    the previous one instead of every book's run history.
+    """
+
+    __slots__ = ("books", "since")
+
+    def __init__(self, books: Mapping[str, list[float]] | None = None, since: float = 0.0):
+        self.books = {b: list(v) for b, v in (books or {}).items()}
+        self.since = since
+
+    def to_json(self) -> dict[str, Any]:
+        return {"failed": dict(sorted(self.books.items())), "since": self.since}
+
+    def follow(self, instance: DagsterInstance) -> bool:
+        """Apply the ingest runs that finished since the previous tick (one query). False
+        while a long history is still being caught up (its latest runs are not read yet)."""
+        records = instance.get_run_records(
+            RunsFilter(
+                job_name=ingest_books_job.name,
+                statuses=_FINISHED,
+                updated_after=datetime.fromtimestamp(self.since, UTC) if self.since else None,
+            ),
+            limit=RUNS_PER_TICK,
+            order_by="update_timestamp",
+            ascending=True,
+        )
+        # in the order the runs were created (the latest run of a book is the one created
+        # last), whatever order their ends were stamped in
+        for record in sorted(records, key=lambda r: r.storage_id):
+            self._apply(record)
+        if not records:
+            return True
+        stamps = [r.update_timestamp.timestamp() for r in records]
+        if len(records) == RUNS_PER_TICK:  # more to read: the next tick goes on from here,
+            # reading again the runs stamped like the last one (the page may end among them)
+            earlier = [t for t in stamps if t < stamps[-1]]
+            self.since = max(self.since, earlier[-1] if earlier else stamps[-1])
+            return False
+        self.since = max(self.since, stamps[-1] - RUNS_OVERLAP_S)
+        return True
+
+    def _apply(self, record: RunRecord) -> None:
+        book_id = record.dagster_run.tags.get("dagster/partition")
+        if book_id is None:
+            return
+        entry = self.books.get(book_id)
+        if entry is not None and entry[0] >= record.storage_id:
+            return  # this run, or one created before the failure already counted
+        if record.dagster_run.status == DagsterRunStatus.FAILURE:
+            failures = min(int(entry[1]) + 1 if entry else 1, MAX_FAILURES)
+            ended = record.end_time or record.update_timestamp.timestamp()
+            self.books[book_id] = [record.storage_id, failures, float(ended)]
+        else:  # succeeded, or canceled by a person: not retried
+            self.books.pop(book_id, None)
+
+    def due(self, now: float) -> set[str]:
+        """Books whose back-off since their latest failure has passed."""
+        return {
+            book_id
+            for book_id, (_, failures, ended) in self.books.items()
+            if now - ended >= min(RETRY_AFTER_S * 2.0 ** (failures - 1), RETRY_AFTER_MAX_S)
+        }
+
+    def keep_only(self, book_ids: set[str]) -> None:
+        self.books = {b: v for b, v in self.books.items() if b in book_ids}
 
 
 #: cursor entry of a removed book whose purge is requested but whose partition is kept until
@@ -141,21 +218,42 @@ PURGING = ["purging", ""]
 def read_cursor(cursor: str | None) -> tuple[dict[str, list[str]], int]:
     """(per-book ``[stat digest, content digest]``, request counter) from a cursor; a cursor
     that cannot be read starts afresh (every book is looked at once more)."""
+    data = _cursor_data(cursor)
+    if "books" in data and "seq" in data:
+        try:
+            return dict(data["books"]), int(data["seq"])
+        except (ValueError, TypeError):
+            return {}, 0
+    return data, 0  # the first cursor format: the per-book map alone
+
+
+def read_failed_books(cursor: str | None) -> FailedBooks:
+    """The failed books a cursor follows; an older or unreadable cursor follows them afresh
+    (the first tick reads the run history from its start, ``RUNS_PER_TICK`` runs a tick)."""
+    runs = _cursor_data(cursor).get("runs") or {}
+    try:
+        return FailedBooks(dict(runs["failed"]), float(runs["since"]))
+    except (KeyError, ValueError, TypeError):
+        return FailedBooks()
+
+
+def _cursor_data(cursor: str | None) -> dict[str, Any]:
     if not cursor:
-        return {}, 0
+        return {}
     try:
         data = json.loads(cursor)
-        if isinstance(data, dict) and "books" in data and "seq" in data:
-            return dict(data["books"]), int(data["seq"])
-        if isinstance(data, dict):
-            return data, 0  # the first cursor format: the per-book map alone
     except (ValueError, TypeError):
-        pass
-    return {}, 0
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
-def write_cursor(books: Mapping[str, list[str]], seq: int) -> str:
-    return json.dumps({"books": books, "seq": seq}, sort_keys=True, separators=(",", ":"))
+def write_cursor(
+    books: Mapping[str, list[str]], seq: int, failed: FailedBooks | None = None
+) -> str:
+    data: dict[str, Any] = {"books": books, "seq": seq}
+    if failed is not None:
+        data["runs"] = failed.to_json()
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def build_books_sensor(
@@ -189,11 +287,27 @@ def build_books_sensor(
         if decision.halt:  # empty, or none of the known books: a wrong folder or mount
             return SkipReason(decision.warnings[0])
         removed = list(decision.purge)
+        # Run history costs a constant number of queries per tick, whatever the number of
+        # books: the runs finished since the last tick, and (only when needed) those in flight.
+        failed = read_failed_books(context.cursor)
+        caught_up = failed.follow(context.instance)
+        failed.keep_only(set(states))
+        in_flight: set[str] | None = None
+
+        def runs_in_flight() -> set[str]:
+            nonlocal in_flight
+            if in_flight is None:
+                in_flight = books_with_runs_in_flight(context.instance)
+            return in_flight
+
+        # (no retry from a history read only in part: a later run may have succeeded)
+        due = failed.due(time.time()) if caught_up else set()
         run_requests: list[RunRequest] = []
         for book_id, state in sorted(states.items()):
             before = previous.get(book_id)
             changed = book_id in new_books or before is None or before[1] != state.content_digest
-            retry = not changed and _due_for_retry(context.instance, book_id)
+            # a book with a run queued or running is not retried: that run may succeed
+            retry = not changed and book_id in due and book_id not in runs_in_flight()
             if changed or retry:
                 seq += 1
                 run_requests.append(
@@ -228,8 +342,7 @@ def build_books_sensor(
         purging = {
             b
             for b in removed
-            if b in known
-            and (previous.get(b) != PURGING or book_runs_in_flight(context.instance, b))
+            if b in known and (previous.get(b) != PURGING or b in runs_in_flight())
         }
         gone = [b for b in removed if b in known and b not in purging]
         if gone:
@@ -242,6 +355,7 @@ def build_books_sensor(
                 **{b: [s.stat_digest, s.content_digest] for b, s in states.items()},
             },
             seq,
+            failed,
         )
         hashed = sum(s.hashed for s in states.values())
         context.log.info(
@@ -249,8 +363,12 @@ def build_books_sensor(
             f"{hashed} hashed) in {time.perf_counter() - started:.3f}s; "
             f"{len(run_requests)} run requests"
         )
-        if not run_requests and not partition_requests and cursor == context.cursor:
-            return SkipReason(f"no change in {len(states)} books")
+        if not run_requests and not partition_requests:
+            if cursor == context.cursor:
+                return SkipReason(f"no change in {len(states)} books")
+            if read_cursor(cursor) == (previous, seq):  # only finished runs were taken in
+                context.update_cursor(cursor)  # a skipped tick still keeps its cursor
+                return SkipReason(f"no change in {len(states)} books")
         return SensorResult(
             run_requests=run_requests, dynamic_partitions_requests=partition_requests, cursor=cursor
         )
