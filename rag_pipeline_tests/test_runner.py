@@ -247,8 +247,7 @@ def test_a_partition_another_process_adds_at_the_same_moment_is_not_an_error():
         add_book_partitions(instance, ["gamma"])
 
 
-#: a sentence of the book below that only a chunk's full text holds (never the start of one,
-#: so no bounded preview in the run's metadata shows it)
+#: a sentence of the book below that only a chunk's full text holds
 DISTINCTIVE = "The quartz heron recalibrates every torque sensor before the dawn patrol."
 #: what a book run may add to DAGSTER_HOME, whatever the book's size: Dagster's own record of
 #: the run (SQLite keeps each run's events in a database file of its own, about 230 KiB for
@@ -316,5 +315,6 @@ def test_dagster_home_keeps_no_chunk_text_or_vector_and_grows_little_per_book_ru
     for path in files:
         data = path.read_bytes()
         assert DISTINCTIVE.encode() not in data, path
+        assert lead[:40].encode() not in data, path  # the start of a chunk: no preview either
         assert not any(v in data for v in vector_bytes), path
     assert growth <= HOME_GROWTH_PER_RUN

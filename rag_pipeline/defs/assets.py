@@ -268,12 +268,12 @@ def chunks(
             "file": c.source_file,
             "section": shorten(c.section_title or "", 40),
             "tokens": c.token_count,
-            "text": shorten(c.text, 80),
+            # its size, not its text: chunk text lives in Qdrant only, never in the
+            # instance's event log (search or `rag-pipeline document` shows it)
+            "chars": len(c.text),
         }
         for c in chunked.chunks[:20]
     ]
-    for row in rows:
-        row["text"] = row["text"] or "(only a heading)"
     yield Output(
         chunked,
         metadata={
