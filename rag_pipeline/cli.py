@@ -624,17 +624,14 @@ def context(chunk_id: str, book_id: str | None, prev_n: int, next_n: int, as_jso
     """A chunk with its neighbours along the document's prev/next chain."""
     from rag_pipeline.retrieve import expand_context
 
-    book = _require_book(book_id)
-    point = _point_id(chunk_id)
-    settings = _settings()
-    with opened_store(settings) as store:
-        hits = expand_context(store, book, point, prev=prev_n, next=next_n)
-    if not hits:
-        fail(f"no chunk {point} in book {book}", code=1)
-    if as_json:
-        emit_json([h.as_dict() for h in hits])
-        return
-    _print_hits(hits, f"context of {point}", show_score=False)
+    _show_chunks(
+        chunk_id,
+        book_id,
+        as_json,
+        lambda store, book, point: expand_context(store, book, point, prev=prev_n, next=next_n),
+        missing="no chunk {point} in book {book}",
+        title=lambda point, hits: f"context of {point}",
+    )
 
 
 @main.command(cls=_OneValueCommand)
@@ -645,17 +642,37 @@ def document(parent_doc_id: str, book_id: str | None, as_json: bool) -> None:
     """All chunks of one document, in order."""
     from rag_pipeline.retrieve import get_document
 
+    _show_chunks(
+        parent_doc_id,
+        book_id,
+        as_json,
+        get_document,
+        missing="no document {point} in book {book}",
+        title=lambda point, hits: f"document {point} ({len(hits)} chunks)",
+    )
+
+
+def _show_chunks(
+    point_id: str,
+    book_id: str | None,
+    as_json: bool,
+    read: Callable[[VectorStore, str, str], Sequence[Hit]],
+    *,
+    missing: str,
+    title: Callable[[str, Sequence[Hit]], str],
+) -> None:
+    """What ``context`` and ``document`` share: read chunks of one book by a point id, exit 1
+    when there are none, print them as JSON or a table."""
     book = _require_book(book_id)
-    doc = _point_id(parent_doc_id)
-    settings = _settings()
-    with opened_store(settings) as store:
-        hits = get_document(store, book, doc)
+    point = _point_id(point_id)
+    with opened_store(_settings()) as store:
+        hits = read(store, book, point)
     if not hits:
-        fail(f"no document {doc} in book {book}", code=1)
+        fail(missing.format(point=point, book=book), code=1)
     if as_json:
         emit_json([h.as_dict() for h in hits])
         return
-    _print_hits(hits, f"document {doc} ({len(hits)} chunks)", show_score=False)
+    _print_hits(hits, title(point, hits), show_score=False)
 
 
 @main.command(cls=_OneValueCommand)

@@ -414,22 +414,15 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     )
     assert rows["ros2-fundamentals"]["health"] == "warned"
     assert "parse_errors warned" in rows["ros2-fundamentals"]["why"]
-    checks = {
-        c["name"]: c
-        for c in dev.graphql(CHECK_STATUS, path=["documents"])["assetNodeOrError"][
-            "assetChecksOrError"
-        ]["checks"]
-    }
-    statuses = checks["parse_errors"]["partitionStatuses"]
+
+    def checks_of(asset: str) -> dict[str, dict]:
+        node = dev.graphql(CHECK_STATUS, path=[asset])["assetNodeOrError"]
+        return {c["name"]: c for c in node["assetChecksOrError"]["checks"]}
+
+    statuses = checks_of("documents")["parse_errors"]["partitionStatuses"]
     assert "ros2-fundamentals" in statuses["failedPartitions"], statuses
     assert "humanoid-robotics-ros2" in statuses["succeededPartitions"], statuses
-    collection_checks = {
-        c["name"]: c
-        for c in dev.graphql(CHECK_STATUS, path=["qdrant_collection"])["assetNodeOrError"][
-            "assetChecksOrError"
-        ]["checks"]
-    }
-    latest = collection_checks["book_checks_pass"]["executionForLatestMaterialization"]
+    latest = checks_of("qdrant_collection")["book_checks_pass"]["executionForLatestMaterialization"]
     assert latest["status"] == "FAILED" and latest["evaluation"]["severity"] == "WARN", latest
     events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
     page = metadata(events["assetNodeOrError"]["assetMaterializations"][0])

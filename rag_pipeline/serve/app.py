@@ -394,9 +394,7 @@ def create_app(
         """`rag-pipeline context --json`: the chunk and its neighbours, in order."""
         book_id, point = _book(book), _point(chunk_id)
         hits = service.read(lambda s: expand_context(s, book_id, point, prev=prev, next=next))
-        if not hits:
-            raise HTTPException(404, f"no chunk {point} in book {book_id}")
-        return CliJSONResponse(results_json(hits))
+        return _found(hits and results_json(hits), f"no chunk {point} in book {book_id}")
 
     @app.get("/document/{parent_doc_id}")
     def document(
@@ -406,9 +404,7 @@ def create_app(
         """`rag-pipeline document --json`: every chunk of the document, in order."""
         book_id, doc = _book(book), _point(parent_doc_id)
         hits = service.read(lambda s: get_document(s, book_id, doc))
-        if not hits:
-            raise HTTPException(404, f"no document {doc} in book {book_id}")
-        return CliJSONResponse(results_json(hits))
+        return _found(hits and results_json(hits), f"no document {doc} in book {book_id}")
 
     @app.get("/lineage/{point_id}")
     def lineage(
@@ -422,8 +418,14 @@ def create_app(
                 s, settings.data_dir, book_id, point, dagster_url=settings.dagster_url
             )
         )
-        if info is None:
-            raise HTTPException(404, f"no point {point} in book {book_id}")
-        return CliJSONResponse(info)
+        return _found(info, f"no point {point} in book {book_id}")
 
     return app
+
+
+def _found(body: Any, missing: str) -> Response:
+    """``body`` as JSON; 404 saying ``missing`` when there is nothing (an id the book does
+    not hold)."""
+    if not body:
+        raise HTTPException(404, missing)
+    return CliJSONResponse(body)
