@@ -12,6 +12,7 @@ import numpy as np
 from rag_pipeline.models import Chunk
 from rag_pipeline.schema import (
     CHUNK,
+    CHUNK_INDEX,
     CONTENT_HASH,
     DOCUMENT,
     EMBEDDING_DIM,
@@ -34,6 +35,7 @@ _FIELDS = [
     RECORD_TYPE,
     SOURCE_FILE,
     PARENT_DOC_ID,
+    CHUNK_INDEX,
     TOTAL_CHUNKS,
     PREV_CHUNK_ID,
     NEXT_CHUNK_ID,
