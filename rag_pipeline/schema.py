@@ -38,11 +38,15 @@ __all__ = [
     "PAYLOAD_INDEXES",
     "PAYLOAD_KEYS",
     "SCOPE_FIELDS",
+    "STATUS_EMPTY",
+    "STATUS_ERROR",
+    "STATUS_OK",
     "ChunkPayload",
     "DocumentMetaPayload",
     "DocumentOutcome",
     "DocumentPayload",
     "DocumentRecordPayload",
+    "DocumentStatus",
     "Lineage",
     "RecordType",
     "book_filter",
@@ -57,6 +61,12 @@ __all__ = [
 RecordType = Literal["chunk", "document"]
 CHUNK: Final = "chunk"
 DOCUMENT: Final = "document"
+#: what a document record says of its file: chunks written, nothing to write, or it failed
+#: (a failed file keeps serving the chunks of its last good version, if any)
+DocumentStatus = Literal["ok", "empty", "error"]
+STATUS_OK: Final = "ok"
+STATUS_EMPTY: Final = "empty"
+STATUS_ERROR: Final = "error"
 
 # Field names. Constants (not an enum) so that mypy reads each as its literal: a TypedDict
 # indexed by one is checked like one indexed by the spelled key.
@@ -138,7 +148,7 @@ class DocumentRecordPayload(TypedDict):
     source_file: str
     source_file_hash: str
     parent_doc_id: str
-    status: str  # ok | empty | error
+    status: DocumentStatus
     total_chunks: int
     serving_previous_version: bool
     error: str | None
@@ -303,7 +313,7 @@ class DocumentOutcome:
 
     source_file: str
     source_file_hash: str
-    status: str  # ok | empty | error
+    status: DocumentStatus
     total_chunks: int = 0
     doc_meta: DocumentMeta | None = None
     frontmatter: Mapping[str, Any] = field(default_factory=dict)
@@ -323,7 +333,7 @@ def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -
         status=outcome.status,
         total_chunks=outcome.total_chunks,
         # an error record with chunks still serves the file's last good version
-        serving_previous_version=outcome.status == "error" and outcome.total_chunks > 0,
+        serving_previous_version=outcome.status == STATUS_ERROR and outcome.total_chunks > 0,
         error=error.reason if error else None,
         error_stage=error.stage if error else None,
         warnings=list(outcome.warnings),

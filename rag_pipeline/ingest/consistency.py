@@ -23,6 +23,7 @@ from rag_pipeline.schema import (
     RECORD_TYPE,
     SOURCE_FILE,
     STATUS,
+    STATUS_ERROR,
     TOTAL_CHUNKS,
     book_filter,
     chunk_index_of,
@@ -90,7 +91,7 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None) 
     for record in store.scroll(book_filter(book_id), fields=_FIELDS):
         if record.payload.get(RECORD_TYPE) == DOCUMENT:
             documents[str(record.payload.get(SOURCE_FILE))] = record.payload
-            if record.payload.get(STATUS) == "error":
+            if record.payload.get(STATUS) == STATUS_ERROR:
                 report.file_errors[str(record.payload.get(SOURCE_FILE))] = str(
                     record.payload.get(ERROR) or "unknown error"
                 )

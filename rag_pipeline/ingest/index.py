@@ -31,6 +31,8 @@ from rag_pipeline.schema import (
     SOURCE_FILE_HASH,
     SPARSE_MODEL,
     STATUS,
+    STATUS_ERROR,
+    STATUS_OK,
     TOTAL_CHUNKS,
     DocumentOutcome,
     book_filter,
@@ -115,7 +117,7 @@ def read_index_state(
             state.documents[source_file] = IndexedDocument(
                 source_file,
                 str(p.get(SOURCE_FILE_HASH, "")),
-                str(p.get(STATUS, "ok")),
+                str(p.get(STATUS, STATUS_OK)),
                 str(p.get(SIGNATURE, "")),
                 int_field(p, TOTAL_CHUNKS),
                 p.get(ERROR),
@@ -204,7 +206,7 @@ def write_book_changes(
     ]
     upserted = store.upsert(points)
     new_ids = {c.id for c in chunks}
-    failed = {o.source_file for o in outcomes if o.status == "error"}
+    failed = {o.source_file for o in outcomes if o.status == STATUS_ERROR}
     # What to replace is read now, not taken from the inventory: if another run of this book
     # wrote in between, its points for these files are replaced too, never left as duplicates.
     touched = tuple(sorted((set(changes.changed) - failed) | set(changes.deleted)))
