@@ -12,7 +12,7 @@ from typing import Any
 
 from rag_pipeline.ingest.index import read_index_state
 from rag_pipeline.models import InvalidBookIdError, validate_book_id
-from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
+from rag_pipeline.schema import COLLECTION_SCHEMA, EMBEDDING_MODEL, STATUS_ERROR, chunks_of
 from rag_pipeline.store import DENSE_VECTOR, SPARSE_VECTOR, VectorStore
 
 __all__ = ["BookHealth", "CollectionState", "describe_collection"]
@@ -89,7 +89,7 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
     books = []
     for book_id in sorted(indexed | set(books_on_disk)):
         state = read_index_state(store, book_id, documents_only=True)
-        models = store.counts_by(chunks_of(book_id), "embedding_model")
+        models = store.counts_by(chunks_of(book_id), EMBEDDING_MODEL)
         books.append(
             BookHealth(
                 book_id,
@@ -97,7 +97,7 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
                 points=sum(models.values()),
                 chunks=state.promised_chunks,
                 files=len(state.documents),
-                errors=sum(1 for d in state.documents.values() if d.status == "error"),
+                errors=sum(1 for d in state.documents.values() if d.status == STATUS_ERROR),
                 models=tuple(sorted(models)),
             )
         )

@@ -10,23 +10,40 @@ from typing import Any
 import numpy as np
 
 from rag_pipeline.models import Chunk
-from rag_pipeline.schema import CHUNK, DOCUMENT, book_filter
+from rag_pipeline.schema import (
+    CHUNK,
+    CHUNK_INDEX,
+    CONTENT_HASH,
+    DOCUMENT,
+    EMBEDDING_DIM,
+    ERROR,
+    NEXT_CHUNK_ID,
+    PARENT_DOC_ID,
+    PREV_CHUNK_ID,
+    RECORD_TYPE,
+    SOURCE_FILE,
+    STATUS,
+    STATUS_ERROR,
+    TOTAL_CHUNKS,
+    book_filter,
+    chunk_index_of,
+)
 from rag_pipeline.store import VectorStore
 
 __all__ = ["IndexConsistency", "check_chunks", "check_index", "check_vectors"]
 
 _FIELDS = [
-    "record_type",
-    "source_file",
-    "parent_doc_id",
-    "chunk_index",
-    "total_chunks",
-    "prev_chunk_id",
-    "next_chunk_id",
-    "content_hash",
-    "status",
-    "error",
-    "embedding_dim",
+    RECORD_TYPE,
+    SOURCE_FILE,
+    PARENT_DOC_ID,
+    CHUNK_INDEX,
+    TOTAL_CHUNKS,
+    PREV_CHUNK_ID,
+    NEXT_CHUNK_ID,
+    CONTENT_HASH,
+    STATUS,
+    ERROR,
+    EMBEDDING_DIM,
 ]
 
 
@@ -72,36 +89,36 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None) 
     documents: dict[str, dict[str, Any]] = {}
     chunks: dict[str, dict[str, Any]] = {}
     for record in store.scroll(book_filter(book_id), fields=_FIELDS):
-        if record.payload.get("record_type") == DOCUMENT:
-            documents[str(record.payload.get("source_file"))] = record.payload
-            if record.payload.get("status") == "error":
-                report.file_errors[str(record.payload.get("source_file"))] = str(
-                    record.payload.get("error") or "unknown error"
+        if record.payload.get(RECORD_TYPE) == DOCUMENT:
+            documents[str(record.payload.get(SOURCE_FILE))] = record.payload
+            if record.payload.get(STATUS) == STATUS_ERROR:
+                report.file_errors[str(record.payload.get(SOURCE_FILE))] = str(
+                    record.payload.get(ERROR) or "unknown error"
                 )
-        elif record.payload.get("record_type") == CHUNK:
+        elif record.payload.get(RECORD_TYPE) == CHUNK:
             chunks[record.id] = record.payload
     report.points = len(chunks)
     report.documents = len(documents)
-    report.expected = sum(int(d.get("total_chunks") or 0) for d in documents.values())
+    report.expected = sum(int(d.get(TOTAL_CHUNKS) or 0) for d in documents.values())
 
     by_doc: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for point_id, p in chunks.items():
-        source = str(p.get("source_file"))
+        source = str(p.get(SOURCE_FILE))
         doc = documents.get(source)
         if doc is None:
             report.orphans.append(f"{source}: chunk {point_id} has no document record")
             continue
-        if p.get("parent_doc_id") != doc.get("parent_doc_id"):
+        if p.get(PARENT_DOC_ID) != doc.get(PARENT_DOC_ID):
             report.orphans.append(f"{source}: chunk {point_id} names another document")
         by_doc[source].append((point_id, p))
-        if dimension is not None and p.get("embedding_dim") not in (None, dimension):
+        if dimension is not None and p.get(EMBEDDING_DIM) not in (None, dimension):
             report.dimension_errors.append(
-                f"{source}: chunk {point_id} was embedded with {p.get('embedding_dim')} "
+                f"{source}: chunk {point_id} was embedded with {p.get(EMBEDDING_DIM)} "
                 f"dimensions, the model makes {dimension}"
             )
     for source, members in sorted(by_doc.items()):
-        total = int(documents[source].get("total_chunks") or 0)
-        positions = Counter(int(p.get("chunk_index") or 0) for _, p in members)
+        total = int(documents[source].get(TOTAL_CHUNKS) or 0)
+        positions = Counter(chunk_index_of(p) for _, p in members)
         repeated = sorted(i for i, n in positions.items() if n > 1)
         if repeated:
             report.duplicates.append(f"{source}: chunk positions {repeated} held by several points")
@@ -111,7 +128,7 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None) 
             )
         ids = {point_id for point_id, _ in members}
         for point_id, p in members:
-            for link in ("prev_chunk_id", "next_chunk_id"):
+            for link in (PREV_CHUNK_ID, NEXT_CHUNK_ID):
                 target = p.get(link)
                 if target and target not in ids:
                     report.broken_links.append(f"{source}: {link} of {point_id} -> {target}")
@@ -129,7 +146,7 @@ def _check_chain(report: IndexConsistency, source: str, members: dict[str, dict[
     """Every chunk of a document lies on one prev/next chain from its head. Text may repeat
     within a document (each occurrence has its own id and position), so a point that repeats
     the content of a chunk on the chain but is not on it is a duplicate, not a repetition."""
-    heads = [pid for pid, p in members.items() if not p.get("prev_chunk_id")]
+    heads = [pid for pid, p in members.items() if not p.get(PREV_CHUNK_ID)]
     if len(heads) != 1:
         report.broken_links.append(f"{source}: {len(heads)} chunks start the document's chain")
         return
@@ -139,10 +156,10 @@ def _check_chain(report: IndexConsistency, source: str, members: dict[str, dict[
     while current in members and current not in seen:
         seen.add(current)
         reached.append(current)
-        current = members[current].get("next_chunk_id")
-    on_chain = {members[pid].get("content_hash") for pid in reached}
+        current = members[current].get(NEXT_CHUNK_ID)
+    on_chain = {members[pid].get(CONTENT_HASH) for pid in reached}
     for pid in sorted(set(members) - seen):
-        if members[pid].get("content_hash") in on_chain:
+        if members[pid].get(CONTENT_HASH) in on_chain:
             report.duplicates.append(f"{source}: point {pid} duplicates the content of a chunk")
         else:
             report.broken_links.append(f"{source}: point {pid} is not on the document's chain")

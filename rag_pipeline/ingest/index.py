@@ -1,4 +1,5 @@
-"""Payloads, the index state of a book, and crash-safe writes of a book's changes.
+"""The index state of a book, and crash-safe writes of a book's changes (the payloads they
+write and read are :mod:`rag_pipeline.schema`'s).
 
 A file's document record (see :mod:`rag_pipeline.schema`) is its commit mark: a run writes the
 file's new chunks, then deletes the ones they replace (read from the store at that moment),
@@ -8,18 +9,39 @@ run redoes it and converges, reusing every vector already written.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from rag_pipeline.ingest.changes import FileChanges, IndexedDocument
 from rag_pipeline.ingest.recipe import LineageInfo
-from rag_pipeline.models import Chunk, DocumentMeta, FileError, document_id
-from rag_pipeline.schema import CHUNK, DOCUMENT, book_filter, chunks_of, documents_of
+from rag_pipeline.models import Chunk, document_id
+from rag_pipeline.schema import (
+    CHUNK,
+    CONTENT_HASH,
+    DOCUMENT,
+    EMBEDDING_MODEL,
+    ERROR,
+    ERROR_STAGE,
+    RECORD_TYPE,
+    SIGNATURE,
+    SOURCE_FILE,
+    SOURCE_FILE_HASH,
+    SPARSE_MODEL,
+    STATUS,
+    STATUS_ERROR,
+    STATUS_OK,
+    TOTAL_CHUNKS,
+    DocumentOutcome,
+    book_filter,
+    chunk_payload,
+    chunks_of,
+    document_payload,
+    documents_of,
+    int_field,
+)
 from rag_pipeline.store import MatchAny, PointRecord, SparseVector, VectorStore
 
 __all__ = [
@@ -34,110 +56,20 @@ __all__ = [
     "write_book_changes",
 ]
 
+#: what the index state is read from (no text, no vectors)
 _STATE_FIELDS = [
-    "record_type",
-    "source_file",
-    "source_file_hash",
-    "status",
-    "signature",
-    "total_chunks",
-    "error_stage",
-    "content_hash",
-    "embedding_model",
-    "sparse_model",
-    "error",
+    RECORD_TYPE,
+    SOURCE_FILE,
+    SOURCE_FILE_HASH,
+    STATUS,
+    SIGNATURE,
+    TOTAL_CHUNKS,
+    ERROR_STAGE,
+    CONTENT_HASH,
+    EMBEDDING_MODEL,
+    SPARSE_MODEL,
+    ERROR,
 ]
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def chunk_payload(chunk: Chunk, lineage: LineageInfo) -> dict[str, Any]:
-    meta = chunk.meta
-    return {
-        "record_type": CHUNK,
-        "book_id": chunk.book_id,
-        "source_file": chunk.source_file,
-        "source_file_hash": chunk.source_file_hash,
-        "parent_doc_id": chunk.parent_doc_id,
-        "content_hash": chunk.content_hash,
-        "text": chunk.text,
-        "title": meta.title,
-        "section_title": chunk.section_title,
-        "chunk_index": chunk.chunk_index,
-        "total_chunks": chunk.total_chunks,
-        "prev_chunk_id": chunk.prev_chunk_id,
-        "next_chunk_id": chunk.next_chunk_id,
-        "token_count": chunk.token_count,
-        "module": meta.module,
-        "chapter": meta.chapter,
-        "lesson": meta.lesson,
-        "hardware_tier": meta.hardware_tier,
-        "proficiency_level": meta.proficiency_level,
-        "tags": list(meta.tags),
-        "embedding_model": lineage.embedding_model,
-        "embedding_dim": lineage.embedding_dim,
-        "sparse_model": lineage.sparse_model,
-        "signature": lineage.signature,
-        "pipeline_version": lineage.pipeline_version,
-        "run_id": lineage.run_id,
-        "indexed_at": _now(),
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class DocumentOutcome:
-    """What the document record of a new, modified or unreadable file will say."""
-
-    source_file: str
-    source_file_hash: str
-    status: str  # ok | empty | error
-    total_chunks: int = 0
-    doc_meta: DocumentMeta | None = None
-    frontmatter: Mapping[str, Any] = field(default_factory=dict)
-    error: FileError | None = None
-    warnings: tuple[str, ...] = ()
-
-
-def document_payload(
-    book_id: str, outcome: DocumentOutcome, lineage: LineageInfo
-) -> dict[str, Any]:
-    error = outcome.error
-    payload: dict[str, Any] = {
-        "record_type": DOCUMENT,
-        "book_id": book_id,
-        "source_file": outcome.source_file,
-        "source_file_hash": outcome.source_file_hash,
-        "parent_doc_id": document_id(book_id, outcome.source_file),
-        "status": outcome.status,
-        "total_chunks": outcome.total_chunks,
-        # an error record with chunks still serves the file's last good version
-        "serving_previous_version": outcome.status == "error" and outcome.total_chunks > 0,
-        "error": error.reason if error else None,
-        "error_stage": error.stage if error else None,
-        "warnings": list(outcome.warnings),
-        "embedding_model": lineage.embedding_model,
-        "embedding_dim": lineage.embedding_dim,
-        "signature": lineage.signature,
-        "pipeline_version": lineage.pipeline_version,
-        "run_id": lineage.run_id,
-        "indexed_at": _now(),
-    }
-    meta = outcome.doc_meta
-    if meta is not None:
-        payload.update(
-            title=meta.title,
-            module=meta.module,
-            chapter=meta.chapter,
-            lesson=meta.lesson,
-            hardware_tier=meta.hardware_tier,
-            proficiency_level=meta.proficiency_level,
-            tags=list(meta.tags),
-            description=meta.description,
-            frontmatter=dict(outcome.frontmatter),
-        )
-    return payload
 
 
 @dataclass
@@ -178,36 +110,27 @@ def read_index_state(
     where = documents_of(book_id) if documents_only else book_filter(book_id)
     for record in store.scroll(where, fields=_STATE_FIELDS):
         p = record.payload
-        source_file = p.get("source_file")
+        source_file = p.get(SOURCE_FILE)
         if not isinstance(source_file, str):
             continue
-        if p.get("record_type") == DOCUMENT:
+        if p.get(RECORD_TYPE) == DOCUMENT:
             state.documents[source_file] = IndexedDocument(
                 source_file,
-                str(p.get("source_file_hash", "")),
-                str(p.get("status", "ok")),
-                str(p.get("signature", "")),
-                _int(p.get("total_chunks")),
-                p.get("error"),
-                p.get("error_stage"),
+                str(p.get(SOURCE_FILE_HASH, "")),
+                str(p.get(STATUS, STATUS_OK)),
+                str(p.get(SIGNATURE, "")),
+                int_field(p, TOTAL_CHUNKS),
+                p.get(ERROR),
+                p.get(ERROR_STAGE),
             )
-        elif p.get("record_type") == CHUNK:
+        elif p.get(RECORD_TYPE) == CHUNK:
             state.chunk_points += 1
             state.chunk_ids[source_file].add(record.id)
-            state.sparse_model = state.sparse_model or p.get("sparse_model")
-            digest = p.get("content_hash")
-            if digest and (embedding_model is None or p.get("embedding_model") == embedding_model):
+            state.sparse_model = state.sparse_model or p.get(SPARSE_MODEL)
+            digest = p.get(CONTENT_HASH)
+            if digest and (embedding_model is None or p.get(EMBEDDING_MODEL) == embedding_model):
                 state.by_content[digest].append(record.id)
     return state
-
-
-def _int(value: object) -> int:
-    if isinstance(value, int | float | str):
-        try:
-            return int(value)
-        except ValueError:
-            return 0
-    return 0
 
 
 def _sound(vector: np.ndarray | None, dimension: int) -> bool:
@@ -278,12 +201,12 @@ def write_book_changes(
     the error until the file is fixed.
     """
     points = [
-        PointRecord(c.id, chunk_payload(c, lineage), dense[i], sparse[i])
+        PointRecord(c.id, dict(chunk_payload(c, lineage)), dense[i], sparse[i])
         for i, c in enumerate(chunks)
     ]
     upserted = store.upsert(points)
     new_ids = {c.id for c in chunks}
-    failed = {o.source_file for o in outcomes if o.status == "error"}
+    failed = {o.source_file for o in outcomes if o.status == STATUS_ERROR}
     # What to replace is read now, not taken from the inventory: if another run of this book
     # wrote in between, its points for these files are replaced too, never left as duplicates.
     touched = tuple(sorted((set(changes.changed) - failed) | set(changes.deleted)))
@@ -293,10 +216,14 @@ def write_book_changes(
     records = [
         PointRecord(
             document_id(book_id, o.source_file),
-            document_payload(
-                book_id,
-                _keeping(o, len(current.get(o.source_file, ()))) if o.source_file in failed else o,
-                lineage,
+            dict(
+                document_payload(
+                    book_id,
+                    _keeping(o, len(current.get(o.source_file, ())))
+                    if o.source_file in failed
+                    else o,
+                    lineage,
+                )
             ),
         )
         for o in outcomes
@@ -307,7 +234,7 @@ def write_book_changes(
         deleted += store.delete_ids(book_filter(book_id), gone)
         # chunk points of deleted files that a crashed run may have left without known ids
         deleted += store.delete_where(
-            book_filter(book_id, MatchAny("source_file", tuple(changes.deleted)))
+            book_filter(book_id, MatchAny(SOURCE_FILE, tuple(changes.deleted)))
         )
     return WriteReport(upserted, deleted, len(records), tuple(c.id for c in chunks), tuple(stale))
 
@@ -330,7 +257,7 @@ def _chunk_ids_of(store: VectorStore, book_id: str, files: Sequence[str]) -> dic
         return {}
     out: dict[str, set[str]] = defaultdict(set)
     for record in store.scroll(
-        chunks_of(book_id, MatchAny("source_file", tuple(files))), fields=["source_file"]
+        chunks_of(book_id, MatchAny(SOURCE_FILE, tuple(files))), fields=[SOURCE_FILE]
     ):
-        out[str(record.payload.get("source_file"))].add(record.id)
+        out[str(record.payload.get(SOURCE_FILE))].add(record.id)
     return out

@@ -6,7 +6,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rag_pipeline.models import normalize_proficiency
-from rag_pipeline.schema import BOOK_ID, PAYLOAD_INDEXES
+from rag_pipeline.schema import (
+    CHAPTER,
+    HARDWARE_TIER,
+    LESSON,
+    MODULE,
+    PAYLOAD_INDEXES,
+    PROFICIENCY_LEVEL,
+    SCOPE_FIELDS,
+)
 from rag_pipeline.store import Condition, Match, MatchAny, Range
 from rag_pipeline.store.filters import INT64_MAX, INT64_MIN, Scalar
 
@@ -33,7 +41,7 @@ class SearchFilters:
                 raise ValueError(f"--{name.replace('_', '-')} {value} does not fit in 64 bits")
         out: list[Condition] = []
         if self.module is not None:
-            out.append(Match("module", self.module))
+            out.append(Match(MODULE, self.module))
         if self.chapter_min is not None or self.chapter_max is not None:
             if (
                 self.chapter_min is not None
@@ -43,18 +51,18 @@ class SearchFilters:
                 raise ValueError(
                     f"chapter range is empty: min {self.chapter_min} > max {self.chapter_max}"
                 )
-            out.append(Range("chapter", gte=self.chapter_min, lte=self.chapter_max))
+            out.append(Range(CHAPTER, gte=self.chapter_min, lte=self.chapter_max))
         if self.lesson is not None:
-            out.append(Match("lesson", self.lesson))
+            out.append(Match(LESSON, self.lesson))
         if self.hardware_tier is not None:
-            out.append(Range("hardware_tier", lte=self.hardware_tier))
+            out.append(Range(HARDWARE_TIER, lte=self.hardware_tier))
         if self.proficiency_levels:
             levels = tuple(normalize_proficiency(v) for v in self.proficiency_levels)
             if not all(levels):
                 raise ValueError("--proficiency needs a level (e.g. beginner or B1), not ''")
-            out.append(MatchAny("proficiency_level", levels))
+            out.append(MatchAny(PROFICIENCY_LEVEL, levels))
         for key, value in sorted(self.equals.items()):
-            if key in (BOOK_ID, "record_type"):
+            if key in SCOPE_FIELDS:
                 raise ValueError(f"{key} cannot be used as a free filter")
             out.append(Match(key, value))
         return tuple(out)
@@ -63,7 +71,7 @@ class SearchFilters:
 #: what ``key=value`` filters may name: the chunk payload's indexed fields, with their types
 #: (the tenant and the record type are set by every search itself)
 EQUALS_FIELDS: dict[str, str] = {
-    key: kind for key, kind in PAYLOAD_INDEXES.items() if key not in (BOOK_ID, "record_type")
+    key: kind for key, kind in PAYLOAD_INDEXES.items() if key not in SCOPE_FIELDS
 }
 
 
@@ -87,7 +95,7 @@ def parse_equals(pairs: Sequence[str]) -> dict[str, Scalar]:
                 "give each key once"
             )
         given[key] = pair
-        if key in (BOOK_ID, "record_type"):
+        if key in SCOPE_FIELDS:
             raise ValueError(f"{key} cannot be used as a free filter")
         kind = EQUALS_FIELDS.get(key)
         if kind is None:
@@ -104,7 +112,7 @@ def parse_equals(pairs: Sequence[str]) -> dict[str, Scalar]:
             if not INT64_MIN <= number <= INT64_MAX:
                 raise ValueError(f"filter {pair!r}: {raw} does not fit in 64 bits")
             value = number
-        elif key == "proficiency_level":
+        elif key == PROFICIENCY_LEVEL:
             value = normalize_proficiency(raw)  # as stored, and as --proficiency matches
         out[key] = value
     return out

@@ -6,7 +6,17 @@ from pathlib import Path
 from typing import Any
 
 from rag_pipeline.ingest.crawl import hash_file
-from rag_pipeline.schema import DOCUMENT, LINEAGE_FIELDS, book_filter
+from rag_pipeline.schema import (
+    DOCUMENT,
+    LINEAGE_FIELDS,
+    PARENT_DOC_ID,
+    RECORD_TYPE,
+    RUN_ID,
+    SOURCE_FILE,
+    SOURCE_FILE_HASH,
+    STATUS,
+    book_filter,
+)
 from rag_pipeline.store import VectorStore
 
 __all__ = ["trace_point"]
@@ -27,7 +37,7 @@ def trace_point(
     payload = found[0].payload
     info: dict[str, Any] = {"point_id": point_id}
     info.update({k: payload.get(k) for k in LINEAGE_FIELDS})
-    source_file = str(payload.get("source_file") or "")
+    source_file = str(payload.get(SOURCE_FILE) or "")
     path = Path(data_dir) / book_id / source_file
     info["file_path"] = str(path)
     info["file_exists"] = path.is_file()
@@ -36,14 +46,14 @@ def trace_point(
     except OSError:
         current = None
     info["current_file_hash"] = current
-    info["file_changed_since_indexed"] = current != payload.get("source_file_hash")
-    if payload.get("record_type") != DOCUMENT and payload.get("parent_doc_id"):
-        record = store.retrieve(book_filter(book_id), [str(payload["parent_doc_id"])])
+    info["file_changed_since_indexed"] = current != payload.get(SOURCE_FILE_HASH)
+    if payload.get(RECORD_TYPE) != DOCUMENT and payload.get(PARENT_DOC_ID):
+        record = store.retrieve(book_filter(book_id), [str(payload[PARENT_DOC_ID])])
         if record:
-            info["document_status"] = record[0].payload.get("status")
-            info["document_run_id"] = record[0].payload.get("run_id")
-    if info.get("run_id"):
-        info["dagster_run_url_path"] = f"/runs/{info['run_id']}"
+            info["document_status"] = record[0].payload.get(STATUS)
+            info["document_run_id"] = record[0].payload.get(RUN_ID)
+    if info.get(RUN_ID):
+        info["dagster_run_url_path"] = f"/runs/{info[RUN_ID]}"
         if dagster_url:
-            info["dagster_run_url"] = f"{dagster_url.rstrip('/')}/runs/{info['run_id']}"
+            info["dagster_run_url"] = f"{dagster_url.rstrip('/')}/runs/{info[RUN_ID]}"
     return info

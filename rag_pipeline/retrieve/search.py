@@ -16,7 +16,20 @@ import numpy as np
 
 from rag_pipeline.embed.base import check_query_vector
 from rag_pipeline.retrieve.filters import SearchFilters
-from rag_pipeline.schema import HIT_FIELDS, chunks_of
+from rag_pipeline.schema import (
+    BOOK_ID,
+    CHUNK_INDEX,
+    HIT_FIELDS,
+    NEXT_CHUNK_ID,
+    PARENT_DOC_ID,
+    PREV_CHUNK_ID,
+    SOURCE_FILE,
+    TEXT,
+    TITLE,
+    TOTAL_CHUNKS,
+    chunk_index_of,
+    chunks_of,
+)
 from rag_pipeline.sparse import Bm25Encoder
 from rag_pipeline.store import (
     Fusion,
@@ -58,7 +71,7 @@ FUSIONS: tuple[FusionMethod, ...] = ("minmax", "dbsf", "rrf")
 DEFAULT_RRF_K = 60
 DEFAULT_GROUP_SIZE = 3
 #: what ``group_by`` may name, and the payload field each groups on
-GROUP_KEYS: dict[str, str] = {"file": "source_file"}
+GROUP_KEYS: dict[str, str] = {"file": SOURCE_FILE}
 #: a grouped search reads at most this many chunks while it fills its groups
 MAX_GROUP_FETCH = 4096
 
@@ -81,15 +94,15 @@ class Hit:
 
     @property
     def book_id(self) -> str:
-        return str(self.payload.get("book_id"))
+        return str(self.payload.get(BOOK_ID))
 
     @property
     def text(self) -> str:
-        return str(self.payload.get("text", ""))
+        return str(self.payload.get(TEXT, ""))
 
     @property
     def chunk_index(self) -> int:
-        return int(self.payload.get("chunk_index") or 0)
+        return chunk_index_of(self.payload)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "score": self.score}
@@ -115,9 +128,9 @@ class HitGroup:
     def as_dict(self) -> dict[str, Any]:
         first = self.hits[0].payload
         return {
-            "source_file": self.source_file,
-            "parent_doc_id": first.get("parent_doc_id"),
-            "title": first.get("title"),
+            SOURCE_FILE: self.source_file,
+            PARENT_DOC_ID: first.get(PARENT_DOC_ID),
+            TITLE: first.get(TITLE),
             "score": self.score,
             "hits": [h.as_dict() for h in self.hits],
         }
@@ -276,7 +289,7 @@ def search_groups(
         "encoder": sparse_encoder or Bm25Encoder(),
         "fusion": _fusion(fusion, rrf_k),
         # the ranking needs only these; full payloads are read for the chosen hits alone
-        "fields": (key, "total_chunks"),
+        "fields": (key, TOTAL_CHUNKS),
     }
     fetch = min(max(4 * limit * group_size, 64), max_fetch)
     while True:
@@ -299,7 +312,7 @@ def search_groups(
 
 def _complete(group: HitGroup, group_size: int) -> bool:
     """The group holds ``group_size`` hits, or every chunk its file has."""
-    total = group.hits[0].payload.get("total_chunks")
+    total = group.hits[0].payload.get(TOTAL_CHUNKS)
     whole = int(total) if isinstance(total, int) and total > 0 else group_size
     return len(group.hits) >= min(group_size, whole)
 
@@ -319,9 +332,9 @@ def expand_context(
     if not found:
         return []
     center = found[0]
-    index = int(center.payload.get("chunk_index") or 0)
+    index = chunk_index_of(center.payload)
     wanted = {index + d for d in range(-prev, next + 1)} - {index}
-    doc = center.payload.get("parent_doc_id")
+    doc = center.payload.get(PARENT_DOC_ID)
     neighbours: list[StoredRecord] = []
     if wanted and doc:
         lo, hi = min(wanted), max(wanted)
@@ -329,10 +342,10 @@ def expand_context(
             r
             for r in store.scroll(
                 where.with_conditions(
-                    Match("parent_doc_id", str(doc)), Range("chunk_index", gte=max(lo, 0), lte=hi)
+                    Match(PARENT_DOC_ID, str(doc)), Range(CHUNK_INDEX, gte=max(lo, 0), lte=hi)
                 )
             )
-            if int(r.payload.get("chunk_index") or 0) in wanted
+            if chunk_index_of(r.payload) in wanted
         ]
     chain = _walk_chain(center, neighbours, prev, next)
     return _hits(chain)
@@ -346,7 +359,7 @@ def _walk_chain(
     before: list[StoredRecord] = []
     cursor = center
     for _ in range(prev):
-        prev_id = cursor.payload.get("prev_chunk_id")
+        prev_id = cursor.payload.get(PREV_CHUNK_ID)
         if not prev_id or prev_id not in by_id:
             break
         cursor = by_id[prev_id]
@@ -354,7 +367,7 @@ def _walk_chain(
     after: list[StoredRecord] = []
     cursor = center
     for _ in range(next):
-        next_id = cursor.payload.get("next_chunk_id")
+        next_id = cursor.payload.get(NEXT_CHUNK_ID)
         if not next_id or next_id not in by_id:
             break
         cursor = by_id[next_id]
@@ -364,6 +377,6 @@ def _walk_chain(
 
 def get_document(store: VectorStore, book_id: str, parent_doc_id: str) -> list[Hit]:
     """All chunks of one document of one book, ordered by ``chunk_index``."""
-    where = chunks_of(book_id, Match("parent_doc_id", parent_doc_id))
-    records = sorted(store.scroll(where), key=lambda r: int(r.payload.get("chunk_index") or 0))
+    where = chunks_of(book_id, Match(PARENT_DOC_ID, parent_doc_id))
+    records = sorted(store.scroll(where), key=lambda r: chunk_index_of(r.payload))
     return _hits(records)
