@@ -406,6 +406,27 @@ def test_force_rebuilds_whatever_the_records_say(env, store):
     env.assert_exact()
 
 
+def test_damaged_vectors_are_one_decision_with_one_reason_in_plan_and_run(env, store):
+    from rag_pipeline.ingest.assess import DAMAGED_VECTORS
+    from rag_pipeline.store import PointRecord
+
+    env.run()
+    damaged = [
+        PointRecord(r.id, dict(r.payload), dense=r.dense * 0)
+        for r in store.scroll(chunks_of(BOOK), with_vectors=True)
+    ]
+    store.upsert(damaged)  # zero vectors: not what this pipeline writes
+    plan = env.plan()
+    assert plan.action == "run" and plan.reasons == [DAMAGED_VECTORS]
+    run = env.run("repair")
+    assert run.inventory.damaged and run.inventory.reembed
+    assert plan.changes == run.inventory.changes
+    assert set(run.inventory.changes.reasons.values()) == {DAMAGED_VECTORS}
+    assert run.embedded.reused == 0 and plan.preview.to_embed == run.embedded.embedded
+    env.assert_exact()
+    assert env.plan().action == "unchanged"
+
+
 @pytest.mark.parametrize(
     "change",
     ["edit", "delete", "add", "turn-bad", "lose-points", "rename", "none"],
