@@ -115,7 +115,7 @@ def read_book_index(
     else:
         state = read_index_state(store, book_id, documents_only=True)
         points = store.counts_by(chunks_of(book_id), "source_file")
-        state.chunk_points = sum(points.values())
+        state.chunk_points = sum(points.values())  # the book's total, as the full read has it
     probe = store.scroll(chunks_of(book_id), fields=[], page_size=DAMAGE_SAMPLE)
     sample = [record.id for record in islice(probe, DAMAGE_SAMPLE)]
     damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
