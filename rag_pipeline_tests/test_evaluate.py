@@ -128,3 +128,18 @@ def test_eval_reports_the_fusion_of_hybrid_runs(tiny_beir, store, hash_embedder)
     assert runs["sparse", "minmax"].as_dict()["fusion"] is None
     assert all(r.as_dict()["sparse_model"] == recipe.sparse.name for r in runs.values())
     assert all(r.ndcg_at_10 == pytest.approx(1.0) for r in runs.values())
+
+
+def test_lost_chunk_points_of_a_corpus_are_indexed_again(tiny_beir, store, hash_embedder):
+    """The corpus is assessed as a book is: a document whose record promises chunk points the
+    index no longer holds is indexed again."""
+    from rag_pipeline.schema import book_filter, chunks_of
+
+    dataset = load_beir(tiny_beir)
+    recipe = make_recipe(hash_embedder)
+    index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    lost = [r.id for r in store.scroll(chunks_of("eval-tiny")) if r.payload["source_file"] == "2"]
+    store.delete_ids(book_filter("eval-tiny"), lost)
+    again = index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    assert again["indexed"] == 1 and again["skipped"] == 2
+    assert index_corpus(store, "eval-tiny", dataset.corpus, recipe)["indexed"] == 0

@@ -341,18 +341,18 @@ def test_an_unreadable_file_keeps_its_chunks_and_is_an_error(env, store, monkeyp
     """Permission denied (chmod 000, as a non-root user sees it) is not a deletion."""
     import errno
 
-    from rag_pipeline.ingest import stages
+    from rag_pipeline.ingest import assess
 
     env.run()
     before = {pid for pid, p in env.chunk_points().items() if p["source_file"] == "c.md"}
-    real_hash = stages.hash_file
+    real_hash = assess.hash_file
 
     def hash_file(path):
         if str(path).endswith("c.md"):
             raise PermissionError(errno.EACCES, "Permission denied")
         return real_hash(path)
 
-    monkeypatch.setattr(stages, "hash_file", hash_file)
+    monkeypatch.setattr(assess, "hash_file", hash_file)
     plan = env.plan()
     assert plan.action == "run" and plan.changes.unreadable == ("c.md",)
     assert plan.preview.points_to_delete == 0
@@ -369,7 +369,7 @@ def test_an_unreadable_file_keeps_its_chunks_and_is_an_error(env, store, monkeyp
     assert [e for e in standing.errors if "c.md" in e] == [
         f"{BOOK}/c.md: cannot read file: Permission denied"
     ]  # listed once
-    monkeypatch.setattr(stages, "hash_file", real_hash)
+    monkeypatch.setattr(assess, "hash_file", real_hash)
     # readable again, with the very bytes of the version it serves: the error is cleared by a
     # run that re-embeds nothing, after which the book is unchanged
     plan = env.plan()
@@ -404,6 +404,27 @@ def test_force_rebuilds_whatever_the_records_say(env, store):
     run = env.run("forced", force=True)
     assert run.embedded.reused == 0 and run.embedded.embedded == len(run.chunked.chunks)
     env.assert_exact()
+
+
+def test_damaged_vectors_are_one_decision_with_one_reason_in_plan_and_run(env, store):
+    from rag_pipeline.ingest.assess import DAMAGED_VECTORS
+    from rag_pipeline.store import PointRecord
+
+    env.run()
+    damaged = [
+        PointRecord(r.id, dict(r.payload), dense=r.dense * 0)
+        for r in store.scroll(chunks_of(BOOK), with_vectors=True)
+    ]
+    store.upsert(damaged)  # zero vectors: not what this pipeline writes
+    plan = env.plan()
+    assert plan.action == "run" and plan.reasons == [DAMAGED_VECTORS]
+    run = env.run("repair")
+    assert run.inventory.damaged and run.inventory.reembed
+    assert plan.changes == run.inventory.changes
+    assert set(run.inventory.changes.reasons.values()) == {DAMAGED_VECTORS}
+    assert run.embedded.reused == 0 and plan.preview.to_embed == run.embedded.embedded
+    env.assert_exact()
+    assert env.plan().action == "unchanged"
 
 
 @pytest.mark.parametrize(
@@ -466,3 +487,39 @@ def test_a_books_bm25_average_is_measured_once_recorded_and_kept(env, store, wri
     assert Bm25Encoder.from_name(forced.embedded.sparse_model).avg_len == measure_avg_len(
         c.embed_text for c in forced.chunked.chunks
     )
+
+
+def test_a_plan_hashes_each_file_once_and_reads_only_what_runs(env, store, monkeypatch):
+    """The plan's decision and its preview come from one assessment: every file is hashed once,
+    and only the files that run are read to be parsed (the ingest pre-plan reads none)."""
+    import builtins
+    import collections
+
+    from rag_pipeline.ingest import crawl
+
+    env.run()
+    (env.root / "a.md").write_text(long_doc("A edited", seed="edited"))
+    hashed: collections.Counter[str] = collections.Counter()
+    read: collections.Counter[str] = collections.Counter()
+    real_open, real_os_open = builtins.open, os.open
+
+    def counting_open(path, *args, **kwargs):  # hash_file streams a file through open()
+        hashed[os.path.relpath(path, env.root)] += 1
+        return real_open(path, *args, **kwargs)
+
+    def counting_os_open(path, *args, **kwargs):  # read_source opens the file it parses
+        if str(path).startswith(str(env.root)):
+            read[os.path.relpath(path, env.root)] += 1
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(crawl, "open", counting_open, raising=False)
+    monkeypatch.setattr(os, "open", counting_os_open)
+    plan = env.plan()
+    assert plan.action == "run" and plan.preview is not None
+    assert hashed == {"a.md": 1, "sub/b.md": 1, "c.md": 1}
+    assert read == {"a.md": 1}
+    hashed.clear()
+    read.clear()
+    books = plan_ingest(env.source, store, env.recipe, [BOOK]).books  # as `ingest` plans
+    assert books[BOOK].action == "run" and books[BOOK].preview is None
+    assert hashed == {"a.md": 1, "sub/b.md": 1, "c.md": 1} and not read

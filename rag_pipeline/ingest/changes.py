@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from rag_pipeline.ingest.crawl import FileStat, hash_file, scan_book
 
 __all__ = [
+    "FORCED_REBUILD",
     "UNREADABLE_STAGE",
     "BookFingerprint",
     "FileChanges",
@@ -32,6 +33,9 @@ __all__ = [
 
 #: error stage of a record whose file could not be read (crawl-time: not even hashed)
 UNREADABLE_STAGE: Literal["crawl"] = "crawl"
+
+#: the reason of every indexed file of a book rebuilt on request (``--force``)
+FORCED_REBUILD = "forced rebuild"
 
 FileStatus = Literal["new", "modified", "unchanged", "deleted", "unreadable"]
 
@@ -124,6 +128,10 @@ class FileChanges:
     def has_work(self) -> bool:
         return bool(self.new or self.modified or self.deleted or self.unreadable)
 
+    def with_reason(self, reason: str) -> FileChanges:
+        """The same changes, with ``reason`` as the reason of every new and modified file."""
+        return replace(self, reasons={**self.reasons, **dict.fromkeys(self.changed, reason)})
+
     def statuses(self) -> dict[str, FileStatus]:
         """Every file's status, by path."""
         out: dict[str, FileStatus] = {}
@@ -210,7 +218,7 @@ def _reason(
     if record is None:
         return "new file"
     if force:
-        return "forced rebuild"
+        return FORCED_REBUILD
     if record.source_file_hash != digest:
         return "content changed"
     if record.status == "error" and record.error_stage == UNREADABLE_STAGE:

@@ -1,43 +1,32 @@
 """The ingest plan: for every book, run, unchanged, purge or missing, and why.
 
 One function decides, for ``rag-pipeline plan``, ``rag-pipeline ingest`` and (its purge policy)
-the books sensor, so what ``plan`` prints is what ``ingest`` then does. The decision reads the
-files on disk and only the index's document records and per-file point counts (never chunk
-payloads or vectors), so planning every book of a corpus takes a fraction of a second. With
-``detail``, books that will run are also read, parsed and chunked (nothing is embedded or
-written) to count the chunks to embed, the tokens and the points to delete.
-"""
+the books sensor, so what ``plan`` prints is what ``ingest`` then does: a book's run or
+unchanged is a view of its assessment (:mod:`rag_pipeline.ingest.assess`), the one the run's
+first step makes. The decision reads the files on disk and only the index's document records
+and per-file point counts (never chunk payloads; a few vectors are probed for damage), so
+planning every book of a corpus takes a fraction of a second. With ``detail``, the assessment
+also reads the chunk payloads a run reads (no text), and books that will run are parsed and
+chunked from it (nothing is embedded or written) to count the chunks to embed, the tokens and
+the points to delete. Either way each file is hashed once, and only the files that run are read."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.ingest.changes import FileChanges, classify_files
-from rag_pipeline.ingest.crawl import (
-    book_folder_problem,
-    discover_books,
-    path_is_gone,
-    unreadable_reason,
-)
-from rag_pipeline.ingest.index import damaged_vectors, read_index_state
+from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
+from rag_pipeline.ingest.changes import FileChanges
+from rag_pipeline.ingest.crawl import book_folder_problem, discover_books, path_is_gone
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult, IngestReport
-from rag_pipeline.ingest.stages import (
-    WritePreview,
-    chunk_book,
-    parse_book,
-    preview_writes,
-    read_book_files,
-    take_inventory,
-)
+from rag_pipeline.ingest.stages import WritePreview, chunk_book, parse_book, preview_writes
 from rag_pipeline.models import FileError, validate_book_id
-from rag_pipeline.schema import book_filter, chunks_of
+from rag_pipeline.schema import book_filter
 from rag_pipeline.store import VectorStore
 
 __all__ = [
@@ -231,9 +220,9 @@ def plan_ingest(
                 or [f"no book folder {book_id!r} under {source.data_dir}"],
             )
         else:
-            plan.books[book_id] = assess_book(source, store, recipe, book_id, force=force)
-            if detail and plan.books[book_id].action == "run":
-                _add_preview(plan.books[book_id], source, store, recipe, force)
+            plan.books[book_id] = assess_book(
+                source, store, recipe, book_id, force=force, detail=detail
+            )
         plan.books[book_id].seconds = time.perf_counter() - t0
     if targets is None:
         for book_id in decision.purge:
@@ -259,75 +248,42 @@ def assess_book(
     book_id: str,
     *,
     force: bool = False,
+    detail: bool = False,
 ) -> BookPlan:
-    """Run or unchanged: every file, the chunker and the model must match the book's document
-    records, and the index must hold exactly the chunk points each record promises."""
-    found = read_book_files(source, book_id)
-    errors = [str(e) for e in found.errors]
-    current = {f.source_file: f.sha256 for f in found.files}
-    state = read_index_state(store, book_id, documents_only=True)
-    counts = store.counts_by(chunks_of(book_id), "source_file")
-    book_dir = Path(source.data_dir) / book_id
-    damaged = bool(state.documents) and _damaged(store, book_id, recipe)
-    changes = classify_files(
-        current,
-        state.documents,
-        recipe.signature,
-        is_gone=lambda name: path_is_gone(book_dir, name),
-        chunk_points=counts,
-        orphan_files=set(counts) - set(state.documents),
-        force=force or damaged,
-        why_unreadable=lambda name: unreadable_reason(book_dir, name),
+    """Run or unchanged, as the book's assessment says (see :mod:`rag_pipeline.ingest.assess`);
+    with ``detail``, a book that runs gets the preview of its run, from the same assessment."""
+    assessment = assess_book_folder(
+        source, book_id, store, recipe, force=force, chunk_payloads=detail
     )
-    failing_now = {e.source_file for e in found.errors}  # their error of today is listed
-    errors += [
-        f"{book_id}/{d.source_file}: {d.error}"
-        for d in state.documents.values()
-        if d.status == "error"
-        and d.source_file not in changes.changed
-        and d.source_file not in failing_now
-    ]
-    reasons = _reasons(changes, force, damaged)
+    book = plan_of(assessment)
+    if detail and book.action == "run":
+        _add_preview(book, assessment, source, recipe)
+    return book
+
+
+def plan_of(assessment: BookAssessment) -> BookPlan:
+    """The plan's view of a book's assessment."""
+    failing_now = {e.source_file for e in assessment.crawl_errors}  # today's error is listed
+    standing = [e for e in assessment.recorded_errors if e.source_file not in failing_now]
+    changes = assessment.changes
     return BookPlan(
-        book_id,
+        assessment.book_id,
         "run" if changes.has_work else "unchanged",
-        reasons,
+        assessment.reasons,
         changes,
-        files=len(found.files),
-        errors=errors,
-        chunks=state.promised_chunks,
-        points=sum(counts.values()),
+        files=len(assessment.files),
+        errors=[str(e) for e in (*assessment.crawl_errors, *standing)],
+        chunks=assessment.state.promised_chunks,
+        points=assessment.state.chunk_points,
     )
-
-
-def _damaged(store: VectorStore, book_id: str, recipe: IndexRecipe) -> bool:
-    sample = [r.id for r in islice(store.scroll(chunks_of(book_id), fields=[], page_size=4), 4)]
-    return damaged_vectors(store, book_id, sample, recipe.dimension) > 0
-
-
-def _reasons(changes: FileChanges, force: bool, damaged: bool) -> list[str]:
-    if damaged:
-        return ["stored vectors are damaged: the book is rebuilt"]
-    if force:
-        return ["forced rebuild"]
-    out: list[str] = []
-    by_reason: dict[str, list[str]] = {}
-    for name, reason in changes.reasons.items():
-        by_reason.setdefault(reason, []).append(name)
-    for reason, names in sorted(by_reason.items()):
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        out.append(f"{reason}: {shown}")
-    return out
 
 
 def _add_preview(
-    book: BookPlan, source: SourceConfig, store: VectorStore, recipe: IndexRecipe, force: bool
+    book: BookPlan, assessment: BookAssessment, source: SourceConfig, recipe: IndexRecipe
 ) -> None:
     """Parse and chunk what will run (nothing embedded or written) to count the work."""
-    inventory = take_inventory(source, book.book_id, store, recipe, force=force)
-    parsed = parse_book(inventory, source)
+    parsed = parse_book(assessment, source)
     chunked = chunk_book(parsed, recipe)
     book.preview = preview_writes(chunked)
-    book.changes = inventory.changes
-    book.errors = [str(e) for e in (*inventory.crawl_errors, *chunked.errors)]
+    book.errors = [str(e) for e in (*assessment.crawl_errors, *chunked.errors)]
     book.errors += [str(e) for e in parsed.standing_errors]

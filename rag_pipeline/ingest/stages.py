@@ -20,30 +20,20 @@ import numpy as np
 from rag_pipeline.chunk import chunk_document
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.embed.base import ProgressCallback
-from rag_pipeline.ingest.changes import UNREADABLE_STAGE, FileChanges, classify_files
+from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
+from rag_pipeline.ingest.changes import UNREADABLE_STAGE
 from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks
-from rag_pipeline.ingest.crawl import (
-    SourceReadError,
-    hash_file,
-    path_is_gone,
-    path_meta,
-    read_source,
-    scan_book,
-    unreadable_reason,
-)
+from rag_pipeline.ingest.crawl import SourceReadError, read_source, unreadable_reason
 from rag_pipeline.ingest.index import (
     DocumentOutcome,
-    IndexState,
     WriteReport,
-    damaged_vectors,
-    read_index_state,
     reusable_vectors,
     write_book_changes,
 )
 from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.ingest.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.ingest.report import BookResult
-from rag_pipeline.models import Chunk, FileError, ParsedDocument, SourceFile
+from rag_pipeline.models import Chunk, FileError, ParsedDocument
 from rag_pipeline.store import CollectionSpec, SparseVector, VectorStore
 
 __all__ = [
@@ -60,7 +50,6 @@ __all__ = [
     "ingest_book",
     "parse_book",
     "preview_writes",
-    "read_book_files",
     "take_inventory",
     "vectors_to_reuse",
     "write_book",
@@ -70,59 +59,8 @@ __all__ = [
 Progress = ProgressCallback
 
 
-@dataclass(frozen=True)
-class BookInventory:
-    """Files of a book on disk, what the index holds for it, and what must change."""
-
-    book_id: str
-    folder: str  # the book folder's real path: every read stays inside it
-    files: tuple[SourceFile, ...]
-    crawl_errors: tuple[FileError, ...]
-    changes: FileChanges
-    state: IndexState
-    signature: str
-    #: every vector is embedded again (forced, or the stored vectors are damaged)
-    reembed: bool = False
-
-    @property
-    def changed_files(self) -> tuple[SourceFile, ...]:
-        changed = set(self.changes.changed)
-        return tuple(f for f in self.files if f.source_file in changed)
-
-    def crawl_error(self, source_file: str) -> FileError | None:
-        return next((e for e in self.crawl_errors if e.source_file == source_file), None)
-
-
-@dataclass(frozen=True)
-class BookFilesRead:
-    """A book's files as read for change detection: hashed files and per-file errors."""
-
-    folder: str
-    files: tuple[SourceFile, ...]
-    errors: tuple[FileError, ...]
-
-
-def read_book_files(source: SourceConfig, book_id: str) -> BookFilesRead:
-    """Scan and hash every Markdown file of the book (the planner and the runs both use this,
-    so they see the same files)."""
-    scan = scan_book(source.data_dir, book_id)
-    files: list[SourceFile] = []
-    errors = list(scan.errors)
-    for st in scan.files:
-        try:
-            digest = hash_file(st.path)
-        except OSError as exc:
-            if path_is_gone(Path(source.data_dir) / book_id, st.source_file):
-                continue
-            errors.append(
-                FileError(book_id, st.source_file, "read", f"cannot read file: {exc.strerror}")
-            )
-            continue
-        meta = path_meta(st.source_file, source.path_patterns)
-        files.append(
-            SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest, meta)
-        )
-    return BookFilesRead(scan.folder, tuple(files), tuple(errors))
+#: the run's first step hands on the book's assessment: the run does what it says
+BookInventory = BookAssessment
 
 
 def take_inventory(
@@ -134,46 +72,7 @@ def take_inventory(
     force: bool = False,
 ) -> BookInventory:
     """Hash the book's files and compare them with what the index holds."""
-    found = read_book_files(source, book_id)
-    files, errors = list(found.files), list(found.errors)
-    state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
-    sample = sorted(i for ids in state.chunk_ids.values() for i in ids)[:4]
-    damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
-    book_dir = Path(source.data_dir) / book_id
-    changes = classify_files(
-        {f.source_file: f.sha256 for f in files},
-        state.documents,
-        recipe.signature,
-        is_gone=lambda name: path_is_gone(book_dir, name),
-        chunk_points=state.chunk_counts(),
-        orphan_files=state.orphan_files,
-        force=force or damaged,
-        why_unreadable=lambda name: unreadable_reason(book_dir, name),
-    )
-    if damaged:
-        changes = _with_reason(changes, "stored vectors are damaged: rebuilding the book")
-    return BookInventory(
-        book_id,
-        found.folder,
-        tuple(files),
-        tuple(errors),
-        changes,
-        state,
-        recipe.signature,
-        reembed=force or damaged,
-    )
-
-
-def _with_reason(changes: FileChanges, reason: str) -> FileChanges:
-    reasons = {name: reason for name in changes.changed}
-    return FileChanges(
-        changes.new,
-        changes.modified,
-        changes.unchanged,
-        changes.deleted,
-        changes.unreadable,
-        {**changes.reasons, **reasons},
-    )
+    return assess_book_folder(source, book_id, store, recipe, force=force)
 
 
 @dataclass(frozen=True)
@@ -200,14 +99,8 @@ class ParsedBook:
 
     @property
     def standing_errors(self) -> tuple[FileError, ...]:
-        """Errors of unchanged files, as recorded by the run that last saw them: a file that
-        stays broken keeps being reported, not only in the run that first found it."""
-        documents = self.inventory.state.documents
-        return tuple(
-            FileError(self.book_id, name, "parse", documents[name].error or "unknown error")
-            for name in self.inventory.changes.unchanged
-            if documents[name].status == "error"
-        )
+        """Errors of unchanged files, as recorded by the run that last saw them."""
+        return self.inventory.recorded_errors
 
     @property
     def standing_empty_documents(self) -> tuple[str, ...]:

@@ -16,11 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rag_pipeline.chunk import chunk_document
-from rag_pipeline.ingest.changes import FileChanges, classify_files
-from rag_pipeline.ingest.index import IndexState, read_index_state
+from rag_pipeline.ingest.assess import BookAssessment, BookFilesRead, assess, read_book_index
+from rag_pipeline.ingest.changes import FileChanges
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.stages import (
-    BookInventory,
     ParsedBook,
     chunk_book,
     embed_book,
@@ -166,7 +165,7 @@ def measured_recipe(
     ):
         candidate = replace(recipe, sparse=recorded, sparse_fixed=True)
         docs = _documents(book_id, corpus)
-        if not _corpus_changes(store, book_id, docs, candidate).has_work:
+        if not _corpus_assessment(store, book_id, docs, candidate).changes.has_work:
             return candidate
     avg = measure_avg_len(
         _chunk_texts(_documents(book_id, corpus), recipe),
@@ -189,24 +188,14 @@ def _recorded_encoder(store: VectorStore, book_id: str) -> Bm25Encoder | None:
     return None
 
 
-def _corpus_changes(
-    store: VectorStore,
-    book_id: str,
-    docs: Sequence[ParsedDocument],
-    recipe: IndexRecipe,
-    state: IndexState | None = None,
-) -> FileChanges:
-    """What indexing the documents with ``recipe`` would change in the index."""
-    if state is None:
-        state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
-    current = {d.source_file: d.source_file_hash for d in docs}
-    return classify_files(
-        current,
-        state.documents,
-        recipe.signature,
-        is_gone=lambda name: True,  # a document no longer in the corpus is gone
-        orphan_files=state.orphan_files,
-    )
+def _corpus_assessment(
+    store: VectorStore, book_id: str, docs: Sequence[ParsedDocument], recipe: IndexRecipe
+) -> BookAssessment:
+    """What indexing the documents with ``recipe`` would change in the index, assessed as a
+    book's files are (a document no longer in the corpus is gone)."""
+    files = tuple(SourceFile(book_id, d.source_file, "", 0, 0, d.source_file_hash) for d in docs)
+    found = BookFilesRead(book_id, "", files, ())
+    return assess(found, read_book_index(store, book_id, recipe), recipe)
 
 
 def index_corpus(
@@ -221,8 +210,8 @@ def index_corpus(
     """Index (incrementally: a re-run embeds nothing) every document of the corpus."""
     lineage = recipe.lineage(run_id=None)
     docs = _documents(book_id, corpus)
-    state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
-    changes = _corpus_changes(store, book_id, docs, recipe, state)
+    assessment = _corpus_assessment(store, book_id, docs, recipe)
+    changes = assessment.changes
     todo = [d for d in docs if d.source_file in set(changes.changed)]
     totals = {
         "documents": len(docs),
@@ -236,15 +225,14 @@ def index_corpus(
         batches.append([])
     for part in batches:
         names = {d.source_file for d in part}
+        # each batch is written as a run of the book whose changes are the batch's files
         part_changes = FileChanges(
             new=tuple(n for n in changes.new if n in names),
             modified=tuple(n for n in changes.modified if n in names),
             deleted=() if part else changes.deleted,
         )
-        files = tuple(
-            SourceFile(book_id, d.source_file, "", 0, 0, d.source_file_hash) for d in part
-        )
-        inventory = BookInventory(book_id, "", files, (), part_changes, state, recipe.signature)
+        files = tuple(f for f in assessment.files if f.source_file in names)
+        inventory = replace(assessment, files=files, changes=part_changes)
         chunked = chunk_book(ParsedBook(inventory, tuple(part), ()), recipe)
         embedded = embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
         write_book(store, chunked, embedded, lineage)

@@ -1,0 +1,223 @@
+"""One book's assessment: its files against what the index holds, and what the next run must do.
+
+The one place where that is decided. ``rag-pipeline plan`` (and the plan ``ingest`` makes
+before it starts any run) shows a view of the assessment, the run's first step
+(``stages.take_inventory``) is the assessment, and the evaluation corpus is assessed the same
+way, so what ``plan`` says is what ``ingest`` does. An assessment crawls and hashes the files
+once, reads the index once, probes the stored vectors once and words the reasons once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+from rag_pipeline.config import SourceConfig
+from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
+from rag_pipeline.ingest.crawl import (
+    hash_file,
+    path_is_gone,
+    path_meta,
+    scan_book,
+    unreadable_reason,
+)
+from rag_pipeline.ingest.index import IndexState, damaged_vectors, read_index_state
+from rag_pipeline.ingest.recipe import IndexRecipe
+from rag_pipeline.models import FileError, SourceFile
+from rag_pipeline.schema import chunks_of
+from rag_pipeline.store import VectorStore
+
+__all__ = [
+    "DAMAGED_VECTORS",
+    "DAMAGE_SAMPLE",
+    "BookAssessment",
+    "BookFilesRead",
+    "BookIndex",
+    "assess",
+    "assess_book_folder",
+    "read_book_files",
+    "read_book_index",
+]
+
+#: how many of a book's stored chunk vectors are probed for damage (read, not scored)
+DAMAGE_SAMPLE = 4
+#: the reason a book whose probed vectors are damaged is rebuilt
+DAMAGED_VECTORS = "stored vectors are damaged: the book is rebuilt"
+#: how many file names a plan's reason lists before it says "and N more"
+_NAMES_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class BookFilesRead:
+    """A book's files as read for change detection: hashed files and per-file errors."""
+
+    book_id: str
+    folder: str  # the book folder's real path: every read stays inside it ("" for no folder)
+    files: tuple[SourceFile, ...]
+    errors: tuple[FileError, ...]
+    #: the book folder as named under the data folder, where a file not read is looked for;
+    #: "" when the book is not a folder (an evaluation corpus): a file not listed is gone
+    book_dir: str = ""
+
+    def is_gone(self, source_file: str) -> bool:
+        """The file no longer exists (one that exists but gave no bytes is not gone)."""
+        return not self.book_dir or path_is_gone(self.book_dir, source_file)
+
+    def why_unreadable(self, source_file: str) -> str:
+        return unreadable_reason(self.book_dir, source_file)
+
+
+def read_book_files(source: SourceConfig, book_id: str) -> BookFilesRead:
+    """Scan and hash every Markdown file of the book."""
+    book_dir = Path(source.data_dir) / book_id
+    scan = scan_book(source.data_dir, book_id)
+    files: list[SourceFile] = []
+    errors = list(scan.errors)
+    for st in scan.files:
+        try:
+            digest = hash_file(st.path)
+        except OSError as exc:
+            if path_is_gone(book_dir, st.source_file):
+                continue
+            errors.append(
+                FileError(book_id, st.source_file, "read", f"cannot read file: {exc.strerror}")
+            )
+            continue
+        meta = path_meta(st.source_file, source.path_patterns)
+        files.append(
+            SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest, meta)
+        )
+    return BookFilesRead(book_id, scan.folder, tuple(files), tuple(errors), str(book_dir))
+
+
+@dataclass(frozen=True)
+class BookIndex:
+    """What the index holds for one book, as the assessment needs it."""
+
+    state: IndexState
+    chunk_points: Mapping[str, int]  # source_file -> chunk points the index holds for it
+    damaged: bool  # a probed stored vector is not what this pipeline writes
+
+
+def read_book_index(
+    store: VectorStore, book_id: str, recipe: IndexRecipe, *, chunk_payloads: bool = True
+) -> BookIndex:
+    """Read the book's index state once and probe a few of its stored vectors.
+
+    Without ``chunk_payloads`` only the document records and per-file point counts are read
+    (a fraction of a second for a whole corpus): enough to decide, not to run (a run needs
+    the chunk ids it replaces and the content hashes whose vectors it reuses)."""
+    if chunk_payloads:
+        state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
+        points = state.chunk_counts()
+    else:
+        state = read_index_state(store, book_id, documents_only=True)
+        points = store.counts_by(chunks_of(book_id), "source_file")
+        state.chunk_points = sum(points.values())  # the book's total, as the full read has it
+    probe = store.scroll(chunks_of(book_id), fields=[], page_size=DAMAGE_SAMPLE)
+    sample = [record.id for record in islice(probe, DAMAGE_SAMPLE)]
+    damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
+    return BookIndex(state, points, damaged)
+
+
+@dataclass(frozen=True)
+class BookAssessment:
+    """Files of a book, what the index holds for it, what must change and why.
+
+    This is also what the run's first step hands on (``stages.BookInventory``): the run does
+    what its assessment says."""
+
+    book_id: str
+    folder: str  # the book folder's real path: every read stays inside it
+    files: tuple[SourceFile, ...]
+    crawl_errors: tuple[FileError, ...]
+    changes: FileChanges
+    state: IndexState
+    signature: str
+    #: every vector is embedded again (forced, or the stored vectors are damaged)
+    reembed: bool = False
+    damaged: bool = False  # the probed stored vectors are damaged: the book is rebuilt
+
+    @property
+    def changed_files(self) -> tuple[SourceFile, ...]:
+        changed = set(self.changes.changed)
+        return tuple(f for f in self.files if f.source_file in changed)
+
+    def crawl_error(self, source_file: str) -> FileError | None:
+        return next((e for e in self.crawl_errors if e.source_file == source_file), None)
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the book runs, one line per reason with the files it applies to."""
+        if self.damaged:
+            return [DAMAGED_VECTORS]
+        if self.reembed:
+            return [FORCED_REBUILD]
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in self.changes.reasons.items():
+            by_reason.setdefault(reason, []).append(name)
+        return [f"{reason}: {_some(names)}" for reason, names in sorted(by_reason.items())]
+
+    @property
+    def recorded_errors(self) -> tuple[FileError, ...]:
+        """Errors recorded on the files the next run leaves alone (unchanged files): a file
+        that stays broken keeps being reported, not only by the run that first found it."""
+        documents = self.state.documents
+        return tuple(
+            FileError(self.book_id, name, "parse", documents[name].error or "unknown error")
+            for name in self.changes.unchanged
+            if documents[name].status == "error"
+        )
+
+
+def _some(names: list[str]) -> str:
+    more = len(names) - _NAMES_SHOWN
+    return ", ".join(names[:_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def assess(
+    found: BookFilesRead, index: BookIndex, recipe: IndexRecipe, *, force: bool = False
+) -> BookAssessment:
+    """Classify every file against the index: the book's decision, with its reasons."""
+    reembed = force or index.damaged
+    changes = classify_files(
+        {f.source_file: f.sha256 for f in found.files},
+        index.state.documents,
+        recipe.signature,
+        is_gone=found.is_gone,
+        chunk_points=index.chunk_points,
+        orphan_files=set(index.chunk_points) - set(index.state.documents),
+        force=reembed,
+        why_unreadable=found.why_unreadable,
+    )
+    if index.damaged:
+        changes = changes.with_reason(DAMAGED_VECTORS)
+    return BookAssessment(
+        found.book_id,
+        found.folder,
+        found.files,
+        found.errors,
+        changes,
+        index.state,
+        recipe.signature,
+        reembed=reembed,
+        damaged=index.damaged,
+    )
+
+
+def assess_book_folder(
+    source: SourceConfig,
+    book_id: str,
+    store: VectorStore,
+    recipe: IndexRecipe,
+    *,
+    force: bool = False,
+    chunk_payloads: bool = True,
+) -> BookAssessment:
+    """Assess a book folder under the data folder (see :func:`read_book_index` for
+    ``chunk_payloads``: an assessment without them can be shown, not run)."""
+    found = read_book_files(source, book_id)
+    index = read_book_index(store, book_id, recipe, chunk_payloads=chunk_payloads)
+    return assess(found, index, recipe, force=force)
