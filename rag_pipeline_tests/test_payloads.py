@@ -164,12 +164,15 @@ NOT_PAYLOAD_KEYS = {
     ("rag_pipeline/ingest/report.py", "status"),
     ("rag_pipeline/ingest/report.py", "run_id"),
     ("rag_pipeline/ingest/report.py", "warnings"),
+    # a BEIR corpus's own fields (the dataset's format, not a payload)
+    ("rag_pipeline/retrieve/evaluate.py", "title"),
+    ("rag_pipeline/retrieve/evaluate.py", "text"),
+    # eval --json's field (a CLI contract, the name of the sparse model the run used)
+    ("rag_pipeline/retrieve/evaluate.py", "sparse_model"),
 }
 #: TODO(issue 20): being rewritten or moved by others while this scan was written; clean them
 #: after the merge (their literals are listed in the payload-schema change's report)
 NOT_YET_CLEANED = {
-    "rag_pipeline/ingest/plan.py",
-    "rag_pipeline/retrieve/evaluate.py",
     "rag_pipeline/cli.py",
     "rag_pipeline/serve/",
     "rag_pipeline/defs/",

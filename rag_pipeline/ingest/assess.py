@@ -26,7 +26,7 @@ from rag_pipeline.ingest.crawl import (
 from rag_pipeline.ingest.index import IndexState, damaged_vectors, read_index_state
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.models import FileError, SourceFile
-from rag_pipeline.schema import chunks_of
+from rag_pipeline.schema import SOURCE_FILE, chunks_of
 from rag_pipeline.store import VectorStore
 
 __all__ = [
@@ -114,7 +114,7 @@ def read_book_index(
         points = state.chunk_counts()
     else:
         state = read_index_state(store, book_id, documents_only=True)
-        points = store.counts_by(chunks_of(book_id), "source_file")
+        points = store.counts_by(chunks_of(book_id), SOURCE_FILE)
         state.chunk_points = sum(points.values())  # the book's total, as the full read has it
     probe = store.scroll(chunks_of(book_id), fields=[], page_size=DAMAGE_SAMPLE)
     sample = [record.id for record in islice(probe, DAMAGE_SAMPLE)]

@@ -34,7 +34,7 @@ from rag_pipeline.retrieve.search import (
     SearchMode,
     search,
 )
-from rag_pipeline.schema import chunks_of
+from rag_pipeline.schema import SOURCE_FILE, SPARSE_MODEL, chunks_of
 from rag_pipeline.sparse import Bm25Encoder, measure_avg_len
 from rag_pipeline.store import FusionMethod, VectorStore
 
@@ -180,9 +180,9 @@ def measured_recipe(
 
 
 def _recorded_encoder(store: VectorStore, book_id: str) -> Bm25Encoder | None:
-    for record in store.scroll(chunks_of(book_id), fields=["sparse_model"], page_size=1):
+    for record in store.scroll(chunks_of(book_id), fields=[SPARSE_MODEL], page_size=1):
         try:
-            return Bm25Encoder.from_name(str(record.payload.get("sparse_model") or ""))
+            return Bm25Encoder.from_name(str(record.payload.get(SPARSE_MODEL) or ""))
         except ValueError:
             return None
     return None
@@ -281,7 +281,7 @@ def rank_documents(hits: Iterable[Hit], depth: int = 100) -> list[str]:
     ranked: list[str] = []
     seen: set[str] = set()
     for hit in hits:
-        doc = str(hit.payload.get("source_file"))
+        doc = str(hit.payload.get(SOURCE_FILE))
         if doc not in seen:
             seen.add(doc)
             ranked.append(doc)
