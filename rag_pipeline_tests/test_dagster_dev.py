@@ -267,6 +267,15 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     )
     assert len(dev.book_runs("humanoid-robotics-ros2")) == 1
 
+    def collection_rows(expect=lambda rows: True) -> dict[str, dict]:
+        events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
+        found = events["assetNodeOrError"]["assetMaterializations"]
+        rows = {r["book"]: r for r in metadata(found[0])["book_table"]} if found else {}
+        return rows if set(books) <= set(rows) and expect(rows) else {}
+
+    #: one collection_sensor interval (15 s), its tick, and a store a run may still hold
+    refresh_s = 60
+
     # 3. what the UI's Materialize button sends: the implicit asset job, one partition
     data = dev.graphql(
         LAUNCH,
@@ -297,6 +306,12 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
         "the UI-launched run",
     )
     assert status == "SUCCESS"
+    # the collection's page shows the run launched from the graph within a sensor interval
+    dev.wait_for(
+        lambda: collection_rows(lambda r: r["humanoid-robotics-ros2"]["last_run"] == run_id),
+        refresh_s,
+        "the graph-launched run on the collection's page",
+    )
 
     # 4. a backfill of both books from the asset graph
     backfill = dev.graphql(
@@ -314,6 +329,19 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
             300,
             f"the backfill's run of {book}",
         )
+    backfill_runs = {
+        book: next(
+            r["runId"]
+            for r in dev.book_runs(book)
+            if {"key": "rag/trigger", "value": "backfill"} in r["tags"]
+        )
+        for book in books
+    }
+    dev.wait_for(
+        lambda: collection_rows(lambda r: all(r[b]["last_run"] == backfill_runs[b] for b in books)),
+        refresh_s,
+        "the backfill's runs on the collection's page",
+    )
 
     # 4b. the Launchpad: the ingest job with run config; an index setting there is refused
     def launchpad(run_config: str) -> dict:
@@ -373,12 +401,6 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     assert any(r["runId"] == run_id for r in runs_of("humanoid-robotics-ros2"))  # the graph's
 
     # 6. the collection asset lists every book with its counts and check results
-    def collection_rows(expect=lambda rows: True) -> dict[str, dict]:
-        events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
-        found = events["assetNodeOrError"]["assetMaterializations"]
-        rows = {r["book"]: r for r in metadata(found[0])["book_table"]} if found else {}
-        return rows if set(books) <= set(rows) and expect(rows) else {}
-
     # the CLI's run is the last of the book: on the page within a sensor interval or so
     rows = dev.wait_for(
         lambda: collection_rows(lambda r: r["ros2-fundamentals"]["last_run"] == cli_run_id),
