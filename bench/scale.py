@@ -283,7 +283,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
             f"{label:<14} first ingest per book: {first['cpu_s_per_book']:.3f} CPU s; "
             f"DAGSTER_HOME {home['after_kb']} kB after {home['book_runs']} book runs: "
             f"{home['growth_kb_per_book_run']} kB per book run "
-            f"({home['storage_kb']} kB of it IO manager storage); "
+            f"(IO manager storage: {home['storage_kb']} kB of the total); "
             f"the edit's run {home['one_file_edit_growth_kb']:+d} kB"
         )
         if "sensor_tick" in size["steps"]:
