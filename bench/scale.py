@@ -1,0 +1,330 @@
+"""Cost of a change against the collection size: N books of F files, through the CLI.
+
+    python bench/scale.py [--books 5 50] [--files 20] [--work DIR] [--json]
+                          [--corpus ../shared/corpora/powershell-docs/books] [--no-sensor]
+
+For each N, builds N books of F Markdown files copied from the shared powershell-docs corpus
+(or, when it is absent, the test fixtures), each copy ending with a line that names its book
+and file so that no two files are identical. With the hash embedder (the pipeline's own cost,
+not the model's) and a fresh store, cache and DAGSTER_HOME per size, runs `rag-pipeline` under
+`/usr/bin/time -v` for: (a) the first ingest; (b) an ingest with no change (median of three);
+(c) one file of one book with a section appended, then an ingest; (d) `plan --json`; (e) a
+search in one book; and (g) a books_sensor tick evaluated in-process, cold and warm. Prints
+process CPU seconds (user + sys, the figure to compare: wall time on a shared machine
+swings), wall, peak RSS and the size of DAGSTER_HOME, the store and the cache after each step;
+(f) is DAGSTER_HOME's growth per book run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books"
+FIXTURE_CORPUS = REPO / "rag_pipeline_tests" / "fixtures" / "corpus"
+GNU_TIME = Path("/usr/bin/time")
+EDIT_BOOK_INDEX = 0  # the book and file (c) edits, and the book (e) searches
+EDIT_FILE_INDEX = 0
+SEARCH_QUERY = "how do I loop over the items of a collection"
+NO_CHANGE_REPEATS = 3  # (b) is cheap and noisy: the median of this many runs
+EDIT_SECTION = (
+    "\n\n## Scale benchmark edit\n\nThis section was appended by bench/scale.py to change one "
+    "file of one book, so that the next ingest has exactly one file to read again.\n"
+)
+
+# A books_sensor tick in a fresh process, on the DAGSTER_HOME instance the ingests used:
+# the first tick has no cursor (it hashes every file), the warm ones start from its cursor.
+SENSOR_TICK = """
+import json, statistics, sys, time
+from dagster import DagsterInstance, build_sensor_context
+from rag_pipeline.defs.sensors import build_books_sensor
+sensor = build_books_sensor(sys.argv[1])
+with DagsterInstance.get() as instance:
+    c0, w0 = time.process_time(), time.perf_counter()
+    first = sensor(build_sensor_context(instance=instance))
+    cold = (time.process_time() - c0, time.perf_counter() - w0)
+    cursor = getattr(first, "cursor", None)
+    warm = []
+    for _ in range(3):
+        c0, w0 = time.process_time(), time.perf_counter()
+        result = sensor(build_sensor_context(instance=instance, cursor=cursor))
+        warm.append((time.process_time() - c0, time.perf_counter() - w0))
+print(json.dumps({
+    "cold_cpu_s": round(cold[0], 3), "cold_wall_s": round(cold[1], 3),
+    "warm_cpu_s": round(statistics.median(c for c, _ in warm), 3),
+    "warm_wall_s": round(statistics.median(w for _, w in warm), 3),
+    "cold_result": type(first).__name__, "warm_result": type(result).__name__,
+    "cold_run_requests": len(getattr(first, "run_requests", None) or []),
+}))
+"""
+
+
+def source_files(corpus: Path) -> list[Path]:
+    """The Markdown files books are copied from, in a fixed order."""
+    files = sorted(p for p in corpus.rglob("*") if p.suffix in (".md", ".mdx") and p.is_file())
+    return [p for p in files if p.stat().st_size > 0]
+
+
+def build_books(pool: list[Path], root: Path, books: int, files: int) -> None:
+    """``books`` folders of ``files`` copies each, every copy ending with its own line."""
+    for b in range(books):
+        book = root / f"book-{b:04d}"
+        book.mkdir(parents=True)
+        for f in range(files):
+            source = pool[(b * files + f) % len(pool)]
+            text = source.read_text(encoding="utf-8", errors="replace").rstrip("\n")
+            # a closing line, not an opening one: front matter must stay at the top
+            marker = f"\n\nScale benchmark copy: book {b}, file {f}, from {source.name}.\n"
+            (book / f"f{f:03d}-{source.stem}{source.suffix}").write_text(text + marker)
+
+
+def folder_kb(path: Path) -> int:
+    """Disk the folder takes (allocated blocks: the store preallocates sparse files)."""
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file()) // 1024
+
+
+def parse_gnu_time(text: str) -> dict[str, float]:
+    """User + sys CPU, wall and peak RSS from the report of `/usr/bin/time -v`."""
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (ln.partition(": ") for ln in text.splitlines())
+    )
+    wall = 0.0
+    for part in fields["Elapsed (wall clock) time (h:mm:ss or m:ss)"].split(":"):
+        wall = wall * 60 + float(part)
+    return {
+        "cpu_s": float(fields["User time (seconds)"]) + float(fields["System time (seconds)"]),
+        "wall_s": wall,
+        "rss_mb": int(fields["Maximum resident set size (kbytes)"]) / 1024,
+    }
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path) -> tuple[dict[str, float], str]:
+    """One `rag-pipeline` command: its process figures and its stdout."""
+    command = [sys.executable, "-m", "rag_pipeline.cli", *args]
+    if GNU_TIME.exists():
+        report = cwd / "time.txt"
+        proc = subprocess.run(
+            [str(GNU_TIME), "-v", "-o", str(report), *command],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+        )
+        figures = parse_gnu_time(report.read_text())
+    else:  # RUSAGE_CHILDREN deltas: CPU is exact, the peak RSS is the largest child so far
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        figures = {
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "wall_s": time.perf_counter() - started,
+            "rss_mb": after.ru_maxrss / 1024,
+        }
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"`rag-pipeline {' '.join(args)}` failed with exit {proc.returncode}")
+    return {k: round(v, 2) for k, v in figures.items()}, proc.stdout
+
+
+def books_run(report: dict[str, Any]) -> int:
+    return sum(1 for b in report["books"].values() if b["status"] not in ("unchanged", "missing"))
+
+
+def sensor_tick(env: dict[str, str], cwd: Path, data_dir: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-c", SENSOR_TICK, str(data_dir)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"sensor tick failed with exit {proc.returncode}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def measure_size(
+    pool: list[Path], work: Path, books: int, files: int, with_sensor: bool
+) -> dict[str, Any]:
+    """Steps (a)-(g) for one collection size, in its own folder."""
+    here = work / f"books-{books}x{files}"
+    shutil.rmtree(here, ignore_errors=True)
+    data, home = here / "books", here / "dagster_home"
+    build_books(pool, data, books, files)
+    home.mkdir(parents=True)
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(data),
+        "RAG_QDRANT_PATH": str(here / "qdrant"),
+        "RAG_CACHE_DIR": str(here / "cache"),
+        "DAGSTER_HOME": str(home),
+        "RAG_EMBEDDER": "hash",
+        "DO_NOT_TRACK": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    for name in ("RAG_QDRANT_URL", "RAG_QDRANT_EMBEDDED"):
+        env.pop(name, None)  # the default embedded engine, whatever this shell has set
+
+    def disk() -> dict[str, int]:
+        return {
+            "home_kb": folder_kb(home),
+            # what the IO manager keeps per book (replaced by each run); the rest of
+            # DAGSTER_HOME is run and event history, which grows with every run
+            "home_storage_kb": folder_kb(home / "storage"),
+            "store_kb": folder_kb(here / "qdrant"),
+            "cache_kb": folder_kb(here / "cache"),
+        }
+
+    empty_home_kb = folder_kb(home)
+    steps: dict[str, Any] = {}
+
+    figures, out = run_cli(["ingest", "--json"], env, here)
+    report = json.loads(out)
+    runs = books_run(report)
+    steps["first_ingest"] = {
+        **figures,
+        "cpu_s_per_book": round(figures["cpu_s"] / books, 3),
+        "books_run": runs,
+        "chunks": sum(b["chunks"] for b in report["books"].values()),
+        **disk(),
+    }
+    home_after_first = steps["first_ingest"]["home_kb"]
+
+    repeats = [run_cli(["ingest", "--json"], env, here) for _ in range(NO_CHANGE_REPEATS)]
+    cpus = [f["cpu_s"] for f, _ in repeats]
+    middle = repeats[cpus.index(statistics.median_low(cpus))]
+    steps["no_change_ingest"] = {
+        **middle[0],
+        "cpu_s_all": cpus,
+        "books_run": books_run(json.loads(middle[1])),
+        **disk(),
+    }
+
+    book = data / f"book-{EDIT_BOOK_INDEX:04d}"
+    edited = sorted(book.iterdir())[EDIT_FILE_INDEX]
+    edited.write_text(edited.read_text() + EDIT_SECTION)
+    home_before_edit = folder_kb(home)
+    figures, out = run_cli(["ingest", "--json"], env, here)
+    report = json.loads(out)
+    steps["one_file_edit_ingest"] = {
+        **figures,
+        "books_run": books_run(report),
+        "embedded": sum(b["embedded"] for b in report["books"].values()),
+        "file": f"{book.name}/{edited.name}",
+        **disk(),
+    }
+    home_growth_edit = steps["one_file_edit_ingest"]["home_kb"] - home_before_edit
+
+    figures, _ = run_cli(["plan", "--json"], env, here)
+    steps["plan"] = {**figures, **disk()}
+
+    query = ["search", SEARCH_QUERY, "--book", book.name, "--json"]
+    figures, out = run_cli(query, env, here)
+    steps["search"] = {**figures, "hits": len(json.loads(out)), **disk()}
+
+    if with_sensor:
+        steps["sensor_tick"] = {**sensor_tick(env, here, data), **disk()}
+
+    after = steps["search"]
+    book_runs = runs + steps["one_file_edit_ingest"]["books_run"]
+    return {
+        "books": books,
+        "files_per_book": files,
+        "steps": steps,
+        "dagster_home": {
+            "after_kb": after["home_kb"],
+            "storage_kb": after["home_storage_kb"],
+            "book_runs": book_runs,
+            "growth_kb_per_book_run": round((after["home_kb"] - empty_home_kb) / book_runs, 1),
+            "first_ingest_growth_kb_per_book_run": round(
+                (home_after_first - empty_home_kb) / max(runs, 1), 1
+            ),
+            # can be negative: SQLite gives back pages of its write-ahead log
+            "one_file_edit_growth_kb": home_growth_edit,
+        },
+    }
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    print(
+        f"{'books x files':<14} {'step':<22} {'cpu s':>8} {'wall s':>8} {'rss MB':>8} "
+        f"{'home kB':>9} {'store kB':>9}"
+    )
+    for size in results:
+        label = f"{size['books']} x {size['files_per_book']}"
+        for step, f in size["steps"].items():
+            cpu = f.get("cpu_s", f.get("warm_cpu_s"))
+            wall = f.get("wall_s", f.get("warm_wall_s"))
+            rss = f"{f['rss_mb']:8.0f}" if "rss_mb" in f else f"{'':>8}"
+            print(
+                f"{label:<14} {step:<22} {cpu:8.2f} {wall:8.2f} {rss} "
+                f"{f['home_kb']:9d} {f['store_kb']:9d}"
+            )
+        first = size["steps"]["first_ingest"]
+        home = size["dagster_home"]
+        print(
+            f"{label:<14} first ingest per book: {first['cpu_s_per_book']:.3f} CPU s; "
+            f"DAGSTER_HOME {home['after_kb']} kB after {home['book_runs']} book runs: "
+            f"{home['growth_kb_per_book_run']} kB per book run "
+            f"(IO manager storage: {home['storage_kb']} kB of the total); "
+            f"the edit's run {home['one_file_edit_growth_kb']:+d} kB"
+        )
+        if "sensor_tick" in size["steps"]:
+            s = size["steps"]["sensor_tick"]
+            print(
+                f"{label:<14} sensor tick: cold {s['cold_cpu_s']:.2f} CPU s "
+                f"({s['cold_result']}), warm {s['warm_cpu_s']:.2f} CPU s ({s['warm_result']})"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--books", type=int, nargs="+", default=[5, 50])
+    parser.add_argument("--files", type=int, default=20)
+    parser.add_argument("--work", type=Path, default=None, help="default: a temporary folder")
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--no-sensor", action="store_true", help="skip the sensor tick (g)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args()
+    corpus = args.corpus if args.corpus.is_dir() else FIXTURE_CORPUS
+    pool = source_files(corpus)
+    if not pool:
+        raise SystemExit(f"no Markdown files under {corpus}")
+    if not GNU_TIME.exists():
+        print("note: /usr/bin/time is missing; using RUSAGE_CHILDREN", file=sys.stderr)
+    work = args.work or Path(tempfile.mkdtemp(prefix="rag-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        results = [measure_size(pool, work, n, args.files, not args.no_sensor) for n in args.books]
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    summary = {"corpus": str(corpus), "source_files": len(pool), "sizes": results}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"corpus {corpus} ({len(pool)} files); process CPU = user + sys")
+        print_table(results)
+    (REPO / "bench" / "results").mkdir(exist_ok=True)
+    (REPO / "bench" / "results" / "scale.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
