@@ -20,12 +20,13 @@ from dagster._core.execution.plan.resume_retry import ReexecutionStrategy
 from dagster._core.storage.tags import RETRY_STRATEGY_TAG
 
 __all__ = [
+    "BOOK_RUN_TAGS",
     "BOOK_TAG",
     "CHECKS_TAG",
     "PARTITION_TAG",
     "RETRY_ALL_STEPS",
+    "RUNS_IN_FLIGHT",
     "TRIGGER_TAG",
-    "book_runs_in_flight",
     "books_with_runs_in_flight",
     "tag_checks",
     "tag_run",
@@ -76,28 +77,21 @@ def tag_checks(context: AssetExecutionContext, outcome: str) -> None:
         context.instance.add_run_tags(context.run.run_id, {CHECKS_TAG: outcome})
 
 
-_IN_FLIGHT = [
+#: the states of a run that is queued or running: a book with such a run must keep its partition
+RUNS_IN_FLIGHT = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
     DagsterRunStatus.STARTING,
     DagsterRunStatus.STARTED,
     DagsterRunStatus.CANCELING,
 ]
-
-
-def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
-    """Whether a run of the book (an ingest, found by its partition, or a purge, by its book
-    tag) is queued or running: its partition must not be deleted under it."""
-    return any(
-        instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=_IN_FLIGHT), limit=1)
-        for tag in (PARTITION_TAG, BOOK_TAG)
-    )
+#: the tags that name a run's book: its partition (an ingest, however started), or the book tag
+#: (a purge, which has no partition)
+BOOK_RUN_TAGS = (PARTITION_TAG, BOOK_TAG)
 
 
 def books_with_runs_in_flight(instance: DagsterInstance) -> set[str]:
     """Every book with a run queued or running, in one query (what a sensor tick asks, whatever
-    the number of books): the same runs :func:`book_runs_in_flight` finds, by the same tags."""
-    runs = instance.get_runs(RunsFilter(statuses=_IN_FLIGHT))
-    return {
-        run.tags[tag] for run in runs for tag in ("dagster/partition", BOOK_TAG) if tag in run.tags
-    }
+    the number of books)."""
+    runs = instance.get_runs(RunsFilter(statuses=RUNS_IN_FLIGHT))
+    return {run.tags[tag] for run in runs for tag in BOOK_RUN_TAGS if tag in run.tags}
