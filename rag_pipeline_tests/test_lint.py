@@ -1,5 +1,6 @@
 """Style is part of the build: ruff (line length 100) over the code, tests and benchmarks."""
 
+import ast
 import re
 import shutil
 import subprocess
@@ -61,6 +62,8 @@ DEFINITION_MODULES = {
     "sensors.py",
     # a re-export kept for dagster.yaml copies that name the launcher's old module
     "launcher.py",
+    # the one module that imports Dagster's private modules
+    "_dagster_private.py",
 }
 
 
@@ -77,6 +80,46 @@ def test_defs_holds_definitions_only_and_never_imports_the_harness():
         if re.match(r"\s*(from|import) rag_pipeline\.orchestration\b", line)
     ]
     assert back == []
+
+
+#: the one module allowed to import ``dagster._*`` (each name there says why)
+DAGSTER_PRIVATE = Path("rag_pipeline/defs/_dagster_private.py")
+
+
+def _private_dagster_imports(path: Path) -> list[int]:
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            modules = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        if any(m.startswith("dagster._") for m in modules):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_private_dagster_import_outside_its_one_adapter_module():
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in sorted((REPO / "rag_pipeline").rglob("*.py"))
+        if path.relative_to(REPO) != DAGSTER_PRIVATE
+        for line in _private_dagster_imports(path)
+    ]
+    assert offenders == [], "import these through " + str(DAGSTER_PRIVATE)
+    assert _private_dagster_imports(REPO / DAGSTER_PRIVATE)  # the check finds what it looks for
+
+
+def test_the_documented_dagster_tags_we_spell_are_dagsters():
+    """Tags spelled as Dagster's docs do (no public constant): pinned to Dagster's own."""
+    from dagster._core.execution.plan.resume_retry import ReexecutionStrategy
+    from dagster._core.storage.tags import PARTITION_NAME_TAG, RETRY_STRATEGY_TAG
+
+    from rag_pipeline.defs import runs
+
+    assert runs.PARTITION_TAG == PARTITION_NAME_TAG
+    assert {RETRY_STRATEGY_TAG: ReexecutionStrategy.ALL_STEPS.value} == runs.RETRY_ALL_STEPS
 
 
 def test_type_check_is_clean():

@@ -43,12 +43,12 @@ from dagster import (
     define_asset_job,
     sensor,
 )
-from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import (
+
+from rag_pipeline.defs._dagster_private import (
     COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
     AssetCheckExecutionRecordStatus,
+    PartitionKeyFilter,
 )
-
 from rag_pipeline.defs.assets import NO_RUN_CONFIG, OWNERS, STORE_POOL, qdrant_points
 from rag_pipeline.defs.metadata import table
 from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG

@@ -16,8 +16,6 @@ from dagster import (
     OpExecutionContext,
     RunsFilter,
 )
-from dagster._core.execution.plan.resume_retry import ReexecutionStrategy
-from dagster._core.storage.tags import RETRY_STRATEGY_TAG
 
 __all__ = [
     "BOOK_RUN_TAGS",
@@ -25,6 +23,7 @@ __all__ = [
     "CHECKS_TAG",
     "PARTITION_TAG",
     "RETRY_ALL_STEPS",
+    "RETRY_STRATEGY_TAG",
     "RUNS_IN_FLIGHT",
     "TRIGGER_TAG",
     "books_with_runs_in_flight",
@@ -38,10 +37,13 @@ BOOK_TAG = "rag/book"
 PARTITION_TAG = "dagster/partition"
 TRIGGER_TAG = "rag/trigger"
 CHECKS_TAG = "rag/checks"
+#: the run retry strategy tag, as Dagster's run retry docs spell it and its values (a public
+#: contract, as ``dagster/partition`` is, though only a private constant names it)
+RETRY_STRATEGY_TAG = "dagster/retry_strategy"
 #: the tag that makes run retries (``run_retries``, the daemon) re-run every step instead of
 #: only the failed ones: step outputs live in the run's memory (defs/io.py), so the earlier
 #: run's outputs are gone; every step is idempotent, and vectors in the index are reused
-RETRY_ALL_STEPS = {RETRY_STRATEGY_TAG: ReexecutionStrategy.ALL_STEPS.name}
+RETRY_ALL_STEPS = {RETRY_STRATEGY_TAG: "ALL_STEPS"}
 
 
 def trigger_of(tags: Mapping[str, str]) -> str:

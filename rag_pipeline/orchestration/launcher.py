@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import DagsterRun
-from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
-from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
+from dagster import DagsterRun, DefaultRunLauncher
 
+from rag_pipeline.defs._dagster_private import CheckRunHealthResult, WorkerStatus
 from rag_pipeline.orchestration.reaper import run_worker, worker_alive
 
 __all__ = ["LocalRunLauncher"]
