@@ -122,6 +122,58 @@ def test_the_documented_dagster_tags_we_spell_are_dagsters():
     assert {RETRY_STRATEGY_TAG: ReexecutionStrategy.ALL_STEPS.value} == runs.RETRY_ALL_STEPS
 
 
+def _package_sources() -> list[Path]:
+    return sorted((REPO / "rag_pipeline").rglob("*.py"))
+
+
+def test_run_tags_are_spelled_once():
+    """Each run tag is a string in one place (its constant); everything else names it."""
+    from rag_pipeline.defs import runs
+
+    tags = [runs.BOOK_TAG, runs.TRIGGER_TAG, runs.CHECKS_TAG, runs.PARTITION_TAG]
+    tags.append(runs.RETRY_STRATEGY_TAG)
+    found: dict[str, list[str]] = {tag: [] for tag in tags}
+    for path in _package_sources():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for tag in tags:
+                if f'"{tag}"' in line:
+                    found[tag].append(f"{path.relative_to(REPO)}:{n}")
+    assert {tag: len(where) for tag, where in found.items()} == dict.fromkeys(tags, 1), found
+
+
+def test_asset_and_op_names_are_not_spelled_where_the_objects_serve():
+    """An asset key or op name as a string literal in a call (AssetKey("chunks"),
+    output_for_node("qdrant_points"), asset_key="documents"), a comparison, or an "ops" run
+    config: the objects' ``.key`` / ``.op.name`` say it. The one place left is an asset's own
+    check specs (``AssetCheckSpec(asset=...)`` in its decorator, before the asset exists)."""
+    from rag_pipeline.defs.assets import ingestion_assets
+    from rag_pipeline.defs.collection import qdrant_collection
+    from rag_pipeline.defs.jobs import purge_book_points
+
+    names = {a.key.to_user_string() for a in [*ingestion_assets, qdrant_collection]}
+    names.add(purge_book_points.name)
+    offenders = []
+    for path in _package_sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            values: list[ast.expr] = []
+            if isinstance(node, ast.Call):
+                own_spec = getattr(node.func, "id", None) == "AssetCheckSpec"
+                values += node.args
+                values += [k.value for k in node.keywords if not (own_spec and k.arg == "asset")]
+            elif isinstance(node, ast.Compare):
+                values += [node.left, *node.comparators]
+            elif isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values, strict=True):
+                    if isinstance(key, ast.Constant) and key.value == "ops":
+                        values += getattr(value, "keys", [])
+            offenders += [
+                f"{path.relative_to(REPO)}:{v.lineno} {v.value!r}"
+                for v in values
+                if isinstance(v, ast.Constant) and v.value in names
+            ]
+    assert offenders == []
+
+
 def test_type_check_is_clean():
     """mypy, strict, over rag_pipeline/ (configured in pyproject.toml)."""
     pytest.importorskip("mypy", reason="mypy is not installed (it is in the dev extra)")

@@ -19,13 +19,11 @@ from typing import Any
 from dagster import (
     AllPartitionMapping,
     AssetCheckEvaluation,
-    AssetCheckKey,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetDep,
     AssetExecutionContext,
-    AssetKey,
     AssetMaterialization,
     AssetRecordsFilter,
     DagsterInstance,
@@ -49,7 +47,13 @@ from rag_pipeline.defs._dagster_private import (
     AssetCheckExecutionRecordStatus,
     PartitionKeyFilter,
 )
-from rag_pipeline.defs.assets import NO_RUN_CONFIG, OWNERS, STORE_POOL, qdrant_points
+from rag_pipeline.defs.assets import (
+    NO_RUN_CONFIG,
+    OWNERS,
+    STORE_POOL,
+    ingestion_assets,
+    qdrant_points,
+)
 from rag_pipeline.defs.metadata import table
 from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG
 from rag_pipeline.ingest.collection import BookHealth, describe_collection
@@ -67,12 +71,10 @@ __all__ = [
 ]
 
 COLLECTION_JOB_NAME = "refresh_collection"
-#: the per-book checks whose latest result the collection shows
-BOOK_CHECKS = (
-    ("documents", "parse_errors"),
-    ("chunks", "chunks_valid"),
-    ("chunk_embeddings", "vector_dimension"),
-    ("qdrant_points", "index_consistency"),
+#: the per-book checks whose latest result the collection shows: every ingestion asset's, in
+#: the order of the assets
+BOOK_CHECKS = tuple(
+    key for a in ingestion_assets for key in sorted(a.check_keys, key=lambda k: k.name)
 )
 
 
@@ -130,7 +132,7 @@ class CollectionPage:
 
     def events(self) -> list[AssetMaterialization | AssetCheckEvaluation]:
         """The page as events reported without a run (by the CLI and the sensor)."""
-        key = AssetKey(COLLECTION_ASSET)
+        key = qdrant_collection.key
         events: list[AssetMaterialization | AssetCheckEvaluation] = [
             AssetMaterialization(asset_key=key, metadata=self.metadata)
         ]
@@ -143,7 +145,6 @@ class CollectionPage:
         return events
 
 
-COLLECTION_ASSET = "qdrant_collection"
 #: a book's health on the collection's page, worst first: the order of the table's rows
 HEALTH_ORDER = ("failed", "warned", "ok")
 #: the collection table's columns: the book, its health and why, counts, last run, checks
@@ -273,7 +274,7 @@ def _row(book: BookHealth, run_id: str | None, checks: dict[str, str]) -> dict[s
 
 def _last_run(instance: DagsterInstance, book_id: str) -> str | None:
     records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey("qdrant_points"), asset_partitions=[book_id]),
+        AssetRecordsFilter(asset_key=qdrant_points.key, asset_partitions=[book_id]),
         limit=1,
     ).records
     return records[0].run_id if records else None
@@ -283,14 +284,14 @@ def _check_results(instance: DagsterInstance, book_id: str) -> dict[str, str]:
     """check name -> passed | failed | warned | - (never ran): the latest completed result of
     each of the book's checks (a run in flight does not hide the last known state)."""
     out = {}
-    for asset_name, check_name in BOOK_CHECKS:
+    for check in BOOK_CHECKS:
         history = instance.event_log_storage.get_asset_check_execution_history(
-            AssetCheckKey(AssetKey(asset_name), check_name),
+            check,
             limit=1,
             status=COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
             partition_filter=PartitionKeyFilter(key=book_id),
         )
-        out[check_name] = _result(history[0]) if history else "-"
+        out[check.name] = _result(history[0]) if history else "-"
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from dagster import BetaWarning, Definitions, ResourceDefinition, in_process_executor
 
-from rag_pipeline.defs.assets import NO_RUN_CONFIG, ingestion_assets
+from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_assets
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
@@ -83,7 +83,7 @@ def build_defs(
     kind = EMBEDDER_KINDS.get(embedder, "python")
     assets = [
         a.map_asset_specs(lambda spec: spec.replace_attributes(kinds={kind}))
-        if a.key.to_user_string() == "chunk_embeddings"
+        if a.key == chunk_embeddings.key
         else a
         for a in ingestion_assets
     ]

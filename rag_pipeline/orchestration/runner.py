@@ -28,12 +28,13 @@ from typing import Any
 
 from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition, RunsFilter
 
-from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL
+from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
 from rag_pipeline.defs.jobs import (
     INGEST_JOB_NAME,
     PURGE_JOB_NAME,
     ingest_run_config,
+    purge_book_points,
     purge_run_config,
 )
 from rag_pipeline.defs.location import build_defs, fixed_resources
@@ -187,7 +188,7 @@ def _run_book(
     )
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))
-    result: BookResult = outcome.output_for_node("qdrant_points")
+    result: BookResult = outcome.output_for_node(qdrant_points.op.name)
     result.run_id = outcome.run_id
     return result
 
@@ -214,7 +215,7 @@ def _purge_book(
     return BookResult(
         book_id,
         "removed",
-        deleted=int(outcome.output_for_node("purge_book_points")),
+        deleted=int(outcome.output_for_node(purge_book_points.name)),
         run_id=outcome.run_id,
         warnings=warnings,
     )
