@@ -239,17 +239,12 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
 
 
 def _execute(plan: IngestPlan, settings: Settings, recipe: IndexRecipe, home: Path) -> IngestReport:
-    from rag_pipeline.orchestration.runner import IngestResources, execute_plan
-    from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+    from rag_pipeline.orchestration.runner import execute_plan
+    from rag_pipeline.resources import PipelineResources
 
-    resources = IngestResources(
-        BooksResource.from_settings(settings),
-        QdrantStoreResource.from_settings(settings),
-        IndexRecipeResource.from_settings(settings, recipe),
-    )
     return execute_plan(
         plan,
-        resources,
+        PipelineResources.from_settings(settings, recipe),
         dagster_home=home,
         notify=lambda m: err.print(f"[yellow]note[/] {m}", highlight=False),
     )

@@ -12,8 +12,8 @@ from rag_pipeline.ingest.consistency import check_index
 from rag_pipeline.ingest.crawl import DataDirError
 from rag_pipeline.ingest.plan import plan_ingest
 from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.orchestration.runner import IngestResources, execute_plan
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.orchestration.runner import execute_plan
+from rag_pipeline.resources import PipelineResources
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.store import PointRecord, open_store
 from rag_pipeline_tests.conftest import section
@@ -24,12 +24,7 @@ def ingest_books(settings, instance, book_ids=None, force=False):
     recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
     with open_store(settings.store(), COLLECTION_SCHEMA) as store:
         plan = plan_ingest(settings.source(), store, recipe, book_ids, force=force)
-    resources = IngestResources(
-        BooksResource.from_settings(settings),
-        QdrantStoreResource.from_settings(settings),
-        IndexRecipeResource.from_settings(settings, recipe),
-    )
-    return execute_plan(plan, resources, instance)
+    return execute_plan(plan, PipelineResources.from_settings(settings, recipe), instance)
 
 
 @pytest.fixture

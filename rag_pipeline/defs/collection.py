@@ -32,6 +32,7 @@ from dagster import (
     MarkdownMetadataValue,
     MaterializeResult,
     MetadataValue,
+    ResourceParam,
     RunRecord,
     RunsFilter,
     SensorEvaluationContext,
@@ -42,6 +43,7 @@ from dagster import (
     sensor,
 )
 
+from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs._dagster_private import (
     COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
     AssetCheckExecutionRecordStatus,
@@ -58,7 +60,7 @@ from rag_pipeline.defs.metadata import table
 from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG
 from rag_pipeline.ingest.collection import BookHealth, describe_collection
 from rag_pipeline.ingest.crawl import DataDirError, discover_books
-from rag_pipeline.resources import BooksResource, QdrantStoreResource
+from rag_pipeline.resources import StoreOpener
 from rag_pipeline.store import StoreBusyError
 
 __all__ = [
@@ -115,7 +117,9 @@ COLLECTION_GROUP = "collection"
     ],
 )
 def qdrant_collection(
-    context: AssetExecutionContext, books: BooksResource, qdrant: QdrantStoreResource
+    context: AssetExecutionContext,
+    books: ResourceParam[SourceConfig],
+    qdrant: ResourceParam[StoreOpener],
 ) -> Iterator[MaterializeResult[Any] | AssetCheckResult]:
     page = collection_page(context.instance, books, qdrant, warn=context.log.warning)
     yield MaterializeResult(metadata=page.metadata)
@@ -168,14 +172,14 @@ def _health(book: BookHealth, checks: dict[str, str]) -> str:
 
 def collection_page(
     instance: DagsterInstance,
-    books: BooksResource,
-    qdrant: QdrantStoreResource,
+    books: SourceConfig,
+    qdrant: StoreOpener,
     warn: Callable[[str], None] = lambda message: None,
     busy_wait_s: float | None = None,
 ) -> CollectionPage:
     """The collection's schema and per-book table (with each book's last run and checks)."""
     try:
-        on_disk = set(discover_books(books.source().data_dir).book_ids)
+        on_disk = set(discover_books(books.data_dir).book_ids)
     except DataDirError as exc:
         warn(str(exc))
         on_disk = set()
@@ -245,7 +249,9 @@ _GOOD = ("passed", "-")
 
 
 def report_collection(
-    instance: DagsterInstance, books: BooksResource, qdrant: QdrantStoreResource
+    instance: DagsterInstance,
+    books: SourceConfig,
+    qdrant: StoreOpener,
 ) -> None:
     """Record the collection's page without a run (what a CLI ingest does at its end: a
     whole Dagster run for it would cost more than the book runs' own bookkeeping)."""
@@ -324,7 +330,9 @@ SENSOR_STORE_WAIT_S = 5.0
     "refreshes add no runs.",
 )
 def collection_sensor(
-    context: SensorEvaluationContext, books: BooksResource, qdrant: QdrantStoreResource
+    context: SensorEvaluationContext,
+    books: ResourceParam[SourceConfig],
+    qdrant: ResourceParam[StoreOpener],
 ) -> SensorResult | SkipReason:
     explain_queue(context.instance)
     after = float(context.cursor) if context.cursor else 0.0

@@ -8,16 +8,18 @@ from dagster import (
     AssetSelection,
     Config,
     OpExecutionContext,
+    ResourceParam,
     define_asset_job,
     job,
     op,
 )
 
+from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL, ingestion_assets, source_files
 from rag_pipeline.defs.runs import RETRY_ALL_STEPS, tag_run
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.models import validate_book_id
-from rag_pipeline.resources import BooksResource, QdrantStoreResource
+from rag_pipeline.resources import StoreOpener
 from rag_pipeline.schema import book_filter
 
 __all__ = [
@@ -55,8 +57,8 @@ class PurgeBookConfig(Config):
 def purge_book_points(
     context: OpExecutionContext,
     config: PurgeBookConfig,
-    qdrant: QdrantStoreResource,
-    books: BooksResource,
+    qdrant: ResourceParam[StoreOpener],
+    books: ResourceParam[SourceConfig],
 ) -> int:
     book_id = validate_book_id(config.book_id)
     tag_run(context, book_id)

@@ -17,7 +17,7 @@ from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.resources import PipelineResources
 
 __all__ = ["build_defs", "fixed_resources"]
 
@@ -47,17 +47,13 @@ DEPLOYMENT_SETTINGS = (
 )
 
 
-def fixed_resources(
-    books: BooksResource, qdrant: QdrantStoreResource, recipe: IndexRecipeResource
-) -> dict[str, Any]:
+def fixed_resources(resources: PipelineResources) -> dict[str, Any]:
     """The resources, bound so that no run can override them from its run config."""
     return {
         "io_manager": run_memory_io_manager,
-        "books": _fixed(books, f"books under {books.data_dir}"),
-        "qdrant": _fixed(qdrant, qdrant.description),
-        "recipe": _fixed(
-            recipe, f"{recipe.provider} embedder, chunk budget {recipe.chunk_target_tokens}"
-        ),
+        "books": _fixed(resources.books, f"books under {resources.books.data_dir}"),
+        "qdrant": _fixed(resources.qdrant, resources.qdrant.description),
+        "recipe": _fixed(resources.recipe, resources.recipe.description),
     }
 
 

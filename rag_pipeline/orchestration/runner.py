@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +45,9 @@ from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.orchestration.instance import open_home_instance
 from rag_pipeline.orchestration.partition_marker import write_partitions_marker
 from rag_pipeline.orchestration.reaper import process_tags, reap_dead_runs, run_worker
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.resources import PipelineResources
 
 __all__ = [
-    "IngestResources",
     "PoolWatch",
     "add_book_partitions",
     "book_runs_in_flight",
@@ -65,18 +63,9 @@ QUIET_CONSOLE_LEVEL = "CRITICAL"
 VERBOSE_CONSOLE_LEVEL = "ERROR"
 
 
-@dataclass(frozen=True)
-class IngestResources:
-    """The resources every run of one command shares (built once by the caller)."""
-
-    books: BooksResource
-    qdrant: QdrantStoreResource
-    recipe: IndexRecipeResource
-
-
 def execute_plan(
     plan: IngestPlan,
-    resources: IngestResources,
+    resources: PipelineResources,
     instance: DagsterInstance | None = None,
     *,
     dagster_home: Path | None = None,
@@ -99,7 +88,7 @@ def execute_plan(
     say = notify or log.warning
     report = IngestReport(rejected=list(plan.rejected), warnings=list(plan.warnings))
     defs = build_defs(
-        fixed_resources(resources.books, resources.qdrant, resources.recipe),
+        fixed_resources(resources),
         embedder=resources.recipe.provider,
     )
     ingest_job = defs.resolve_job_def(INGEST_JOB_NAME)
