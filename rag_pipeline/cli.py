@@ -182,7 +182,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
     ctx.obj = {"verbose": verbose}
     stderr = logging.StreamHandler(sys.stderr)
     stderr.setFormatter(logging.Formatter(_LOG_FORMAT) if verbose else _TracelessFormatter())
-    # INFO also lets Dagster's console print the errors of runs in full (defs/runner.py)
+    # INFO also lets Dagster's console print the errors of runs in full (orchestration/runner.py)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[stderr])
     # progress of long steps (embedding) is worth seeing without -v
     logging.getLogger("rag_pipeline.progress").setLevel(logging.INFO)
@@ -209,8 +209,8 @@ def main(ctx: click.Context, verbose: bool) -> None:
 def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) -> None:
     """Materialize the ingestion assets through Dagster for every book (or the named ones)."""
     from rag_pipeline.config import ensure_dagster_home
-    from rag_pipeline.defs.partition_marker import read_partitions_marker
     from rag_pipeline.ingest.plan import plan_ingest
+    from rag_pipeline.orchestration.partition_marker import read_partitions_marker
 
     settings = _settings()
     home = ensure_dagster_home()
@@ -239,17 +239,12 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
 
 
 def _execute(plan: IngestPlan, settings: Settings, recipe: IndexRecipe, home: Path) -> IngestReport:
-    from rag_pipeline.defs.runner import IngestResources, execute_plan
-    from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+    from rag_pipeline.orchestration.runner import execute_plan
+    from rag_pipeline.resources import PipelineResources
 
-    resources = IngestResources(
-        BooksResource.from_settings(settings),
-        QdrantStoreResource.from_settings(settings),
-        IndexRecipeResource.from_settings(settings, recipe),
-    )
     return execute_plan(
         plan,
-        resources,
+        PipelineResources.from_settings(settings, recipe),
         dagster_home=home,
         notify=lambda m: err.print(f"[yellow]note[/] {m}", highlight=False),
     )

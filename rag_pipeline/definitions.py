@@ -10,18 +10,14 @@ from dagster import Definitions
 
 from rag_pipeline.config import Settings, load_settings
 from rag_pipeline.defs.location import build_defs, fixed_resources
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.resources import PipelineResources
 
 __all__ = ["build_definitions", "defs"]
 
 
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or load_settings()
-    resources = fixed_resources(
-        BooksResource.from_settings(settings),
-        QdrantStoreResource.from_settings(settings),
-        IndexRecipeResource.from_settings(settings),
-    )
+    resources = fixed_resources(PipelineResources.from_settings(settings))
     return build_defs(
         resources,
         embedder=settings.embedder,

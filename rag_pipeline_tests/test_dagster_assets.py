@@ -19,7 +19,7 @@ from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.resources import PipelineResources
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.store import open_store
 
@@ -37,11 +37,7 @@ def settings(sample_books, tmp_path):
 
 
 def resources_for(settings, tmp_path, recipe=None):
-    return fixed_resources(
-        BooksResource.from_settings(settings),
-        QdrantStoreResource.from_settings(settings),
-        IndexRecipeResource.from_settings(settings, recipe),
-    )
+    return fixed_resources(PipelineResources.from_settings(settings, recipe))
 
 
 @pytest.fixture
@@ -544,3 +540,32 @@ def test_run_retries_re_run_every_step(settings, resources, instance, monkeypatc
     )
     run = instance.get_run_by_id(result.run_id)
     assert get_reexecution_strategy(run, instance) == ReexecutionStrategy.ALL_STEPS
+
+
+def test_the_resources_are_the_objects_built_once_from_the_settings(settings, monkeypatch):
+    """One configuration: the runs get the settings' own source and store configuration, and
+    the recipe is built on first use, once, from the settings' embedder and chunk budget."""
+    from rag_pipeline.resources import recipe as recipe_module
+
+    built = []
+    real_build = IndexRecipe.build
+
+    def build(*args, **kwargs):
+        built.append(args)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(recipe_module.IndexRecipe, "build", build)
+    resources = PipelineResources.from_settings(settings)
+    assert resources.books == settings.source()
+    assert resources.qdrant.config == settings.store()
+    assert resources.recipe.embedding == settings.embedding()
+    assert resources.recipe.chunking == settings.chunking()
+    assert built == []  # nothing loaded until a step needs the recipe
+    assert resources.recipe.get() is resources.recipe.get()
+    assert len(built) == 1
+    bound = fixed_resources(resources)
+    assert {key: bound[key].resource_fn(None) for key in ("books", "qdrant", "recipe")} == {
+        "books": resources.books,
+        "qdrant": resources.qdrant,
+        "recipe": resources.recipe,
+    }

@@ -566,7 +566,7 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
     from rag_pipeline.config import load_settings
     from rag_pipeline.defs.assets import ingestion_assets
     from rag_pipeline.defs.location import fixed_resources
-    from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+    from rag_pipeline.resources import PipelineResources
 
     settings = load_settings(
         data_dir=sample_books,
@@ -577,11 +577,7 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
         openai_max_retries=1,
         openai_timeout_s=5,
     )
-    resources = fixed_resources(
-        BooksResource.from_settings(settings),
-        QdrantStoreResource.from_settings(settings),
-        IndexRecipeResource.from_settings(settings),
-    )
+    resources = fixed_resources(PipelineResources.from_settings(settings))
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("books", ["ros2-fundamentals"])
 

@@ -7,13 +7,13 @@ from dagster import DagsterInstance
 
 from rag_pipeline.config import load_settings
 from rag_pipeline.defs.metadata import table_rows
-from rag_pipeline.defs.runner import IngestResources, execute_plan
 from rag_pipeline.embed import create_embedder
 from rag_pipeline.ingest.consistency import check_index
 from rag_pipeline.ingest.crawl import DataDirError
 from rag_pipeline.ingest.plan import plan_ingest
 from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.orchestration.runner import execute_plan
+from rag_pipeline.resources import PipelineResources
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.store import PointRecord, open_store
 from rag_pipeline_tests.conftest import section
@@ -24,12 +24,7 @@ def ingest_books(settings, instance, book_ids=None, force=False):
     recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
     with open_store(settings.store(), COLLECTION_SCHEMA) as store:
         plan = plan_ingest(settings.source(), store, recipe, book_ids, force=force)
-    resources = IngestResources(
-        BooksResource.from_settings(settings),
-        QdrantStoreResource.from_settings(settings),
-        IndexRecipeResource.from_settings(settings, recipe),
-    )
-    return execute_plan(plan, resources, instance)
+    return execute_plan(plan, PipelineResources.from_settings(settings, recipe), instance)
 
 
 @pytest.fixture
@@ -223,7 +218,7 @@ def test_a_partition_another_process_adds_at_the_same_moment_is_not_an_error():
     """Two ingests (or an ingest and the sensor) add the same new book together: both read it
     as missing, the second insert hits the unique index; that run must go on, not fail."""
     from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-    from rag_pipeline.defs.runner import add_book_partitions
+    from rag_pipeline.orchestration.runner import add_book_partitions
 
     instance = DagsterInstance.ephemeral()
     real_add = instance.add_dynamic_partitions
@@ -270,7 +265,7 @@ def test_dagster_home_keeps_no_chunk_text_or_vector_and_grows_little_per_book_ru
 
     import numpy as np
 
-    from rag_pipeline.defs.instance import open_home_instance
+    from rag_pipeline.orchestration.instance import open_home_instance
     from rag_pipeline_tests.conftest import REPO
 
     home = tmp_path / "dagster_home"
@@ -318,3 +313,26 @@ def test_dagster_home_keeps_no_chunk_text_or_vector_and_grows_little_per_book_ru
         assert lead[:40].encode() not in data, path  # the start of a chunk: no preview either
         assert not any(v in data for v in vector_bytes), path
     assert growth <= HOME_GROWTH_PER_RUN
+
+
+@pytest.mark.parametrize("config", ["dagster.yaml", "deploy/dagster.postgres.yaml"])
+def test_the_run_launcher_loads_from_its_module_and_from_the_old_one(config):
+    """dagster.yaml names the launcher in the harness; a copy made before it moved (the CLI
+    writes $DAGSTER_HOME/dagster.yaml only when there is none) still names defs.launcher."""
+    import importlib
+
+    import yaml
+
+    from rag_pipeline.orchestration.launcher import LocalRunLauncher
+    from rag_pipeline_tests.conftest import REPO
+
+    text = (REPO / config).read_text()
+    assert "rag_pipeline.defs.launcher" not in text
+    if config == "dagster.yaml":
+        named = yaml.safe_load(text)["run_launcher"]
+        module = importlib.import_module(named["module"])
+        assert getattr(module, named["class"]) is LocalRunLauncher
+    else:
+        assert "rag_pipeline.orchestration.launcher.LocalRunLauncher" in text
+    old = importlib.import_module("rag_pipeline.defs.launcher")
+    assert old.LocalRunLauncher is LocalRunLauncher

@@ -1,6 +1,6 @@
-"""The Dagster layer: partitions, assets with inline checks, jobs, the sensor, the runner.
+"""The Dagster definitions: partitions, assets with inline checks, jobs, sensors, the IO manager.
 
 ``location.build_defs`` binds them to resources; ``rag_pipeline.definitions`` is the code
-location. Importing this package imports no Dagster module (the CLI's no-change path reads
-``partition_marker`` without loading Dagster).
+location. The CLI's harness that runs them (runner, reaper, instance, launcher) is
+:mod:`rag_pipeline.orchestration`. Importing this package imports no Dagster module.
 """

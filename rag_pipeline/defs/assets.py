@@ -20,6 +20,7 @@ from dagster import (
     MetadataValue,
     Output,
     PreviewWarning,
+    ResourceParam,
     RetryPolicy,
     TableMetadataValue,
     asset,
@@ -27,6 +28,7 @@ from dagster import (
 from pydantic import Field
 
 from rag_pipeline.chunk import CHUNKER_VERSION
+from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.defs.runs import tag_checks, tag_run
@@ -48,7 +50,7 @@ from rag_pipeline.ingest.stages import (
     vectors_to_reuse,
     write_book,
 )
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.resources import LazyRecipe, StoreOpener
 
 __all__ = [
     "EMBEDDING_POOL",
@@ -111,14 +113,14 @@ class IngestRunConfig(Config):
 def source_files(
     context: AssetExecutionContext,
     config: IngestRunConfig,
-    books: BooksResource,
-    qdrant: QdrantStoreResource,
-    recipe: IndexRecipeResource,
+    books: ResourceParam[SourceConfig],
+    qdrant: ResourceParam[StoreOpener],
+    recipe: ResourceParam[LazyRecipe],
 ) -> Output[BookInventory]:
     tag_run(context, context.partition_key)
     with qdrant.open() as store:
         inventory = take_inventory(
-            books.source(), context.partition_key, store, recipe.get(), force=config.force
+            books, context.partition_key, store, recipe.get(), force=config.force
         )
     changes = inventory.changes
     status = changes.statuses()
@@ -177,9 +179,9 @@ def source_files(
     ],
 )
 def documents(
-    context: AssetExecutionContext, books: BooksResource, source_files: BookInventory
+    context: AssetExecutionContext, books: ResourceParam[SourceConfig], source_files: BookInventory
 ) -> Iterator[Output[ParsedBook] | AssetCheckResult]:
-    parsed = parse_book(source_files, books.source())
+    parsed = parse_book(source_files, books)
     rows = [
         {
             "file": d.source_file,
@@ -257,7 +259,7 @@ def documents(
     ],
 )
 def chunks(
-    context: AssetExecutionContext, recipe: IndexRecipeResource, documents: ParsedBook
+    context: AssetExecutionContext, recipe: ResourceParam[LazyRecipe], documents: ParsedBook
 ) -> Iterator[Output[ChunkedBook] | AssetCheckResult]:
     index_recipe = recipe.get()
     chunked = chunk_book(documents, index_recipe)
@@ -326,8 +328,8 @@ def chunks(
 )
 def chunk_embeddings(
     context: AssetExecutionContext,
-    recipe: IndexRecipeResource,
-    qdrant: QdrantStoreResource,
+    recipe: ResourceParam[LazyRecipe],
+    qdrant: ResourceParam[StoreOpener],
     chunks: ChunkedBook,
 ) -> Iterator[Output[EmbeddedBook] | AssetCheckResult]:
     index_recipe = recipe.get()
@@ -393,9 +395,9 @@ def chunk_embeddings(
 )
 def qdrant_points(
     context: AssetExecutionContext,
-    recipe: IndexRecipeResource,
-    qdrant: QdrantStoreResource,
-    books: BooksResource,
+    recipe: ResourceParam[LazyRecipe],
+    qdrant: ResourceParam[StoreOpener],
+    books: ResourceParam[SourceConfig],
     chunks: ChunkedBook,
     chunk_embeddings: EmbeddedBook,
 ) -> Iterator[Output[BookResult] | AssetCheckResult]:

@@ -19,13 +19,11 @@ from typing import Any
 from dagster import (
     AllPartitionMapping,
     AssetCheckEvaluation,
-    AssetCheckKey,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetDep,
     AssetExecutionContext,
-    AssetKey,
     AssetMaterialization,
     AssetRecordsFilter,
     DagsterInstance,
@@ -34,6 +32,7 @@ from dagster import (
     MarkdownMetadataValue,
     MaterializeResult,
     MetadataValue,
+    ResourceParam,
     RunRecord,
     RunsFilter,
     SensorEvaluationContext,
@@ -43,18 +42,25 @@ from dagster import (
     define_asset_job,
     sensor,
 )
-from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import (
+
+from rag_pipeline.config import SourceConfig
+from rag_pipeline.defs._dagster_private import (
     COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
     AssetCheckExecutionRecordStatus,
+    PartitionKeyFilter,
 )
-
-from rag_pipeline.defs.assets import NO_RUN_CONFIG, OWNERS, STORE_POOL, qdrant_points
+from rag_pipeline.defs.assets import (
+    NO_RUN_CONFIG,
+    OWNERS,
+    STORE_POOL,
+    ingestion_assets,
+    qdrant_points,
+)
 from rag_pipeline.defs.metadata import table
 from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG
 from rag_pipeline.ingest.collection import BookHealth, describe_collection
 from rag_pipeline.ingest.crawl import DataDirError, discover_books
-from rag_pipeline.resources import BooksResource, QdrantStoreResource
+from rag_pipeline.resources import StoreOpener
 from rag_pipeline.store import StoreBusyError
 
 __all__ = [
@@ -67,12 +73,10 @@ __all__ = [
 ]
 
 COLLECTION_JOB_NAME = "refresh_collection"
-#: the per-book checks whose latest result the collection shows
-BOOK_CHECKS = (
-    ("documents", "parse_errors"),
-    ("chunks", "chunks_valid"),
-    ("chunk_embeddings", "vector_dimension"),
-    ("qdrant_points", "index_consistency"),
+#: the per-book checks whose latest result the collection shows: every ingestion asset's, in
+#: the order of the assets
+BOOK_CHECKS = tuple(
+    key for a in ingestion_assets for key in sorted(a.check_keys, key=lambda k: k.name)
 )
 
 
@@ -113,7 +117,9 @@ COLLECTION_GROUP = "collection"
     ],
 )
 def qdrant_collection(
-    context: AssetExecutionContext, books: BooksResource, qdrant: QdrantStoreResource
+    context: AssetExecutionContext,
+    books: ResourceParam[SourceConfig],
+    qdrant: ResourceParam[StoreOpener],
 ) -> Iterator[MaterializeResult[Any] | AssetCheckResult]:
     page = collection_page(context.instance, books, qdrant, warn=context.log.warning)
     yield MaterializeResult(metadata=page.metadata)
@@ -130,7 +136,7 @@ class CollectionPage:
 
     def events(self) -> list[AssetMaterialization | AssetCheckEvaluation]:
         """The page as events reported without a run (by the CLI and the sensor)."""
-        key = AssetKey(COLLECTION_ASSET)
+        key = qdrant_collection.key
         events: list[AssetMaterialization | AssetCheckEvaluation] = [
             AssetMaterialization(asset_key=key, metadata=self.metadata)
         ]
@@ -143,7 +149,6 @@ class CollectionPage:
         return events
 
 
-COLLECTION_ASSET = "qdrant_collection"
 #: a book's health on the collection's page, worst first: the order of the table's rows
 HEALTH_ORDER = ("failed", "warned", "ok")
 #: the collection table's columns: the book, its health and why, counts, last run, checks
@@ -167,14 +172,14 @@ def _health(book: BookHealth, checks: dict[str, str]) -> str:
 
 def collection_page(
     instance: DagsterInstance,
-    books: BooksResource,
-    qdrant: QdrantStoreResource,
+    books: SourceConfig,
+    qdrant: StoreOpener,
     warn: Callable[[str], None] = lambda message: None,
     busy_wait_s: float | None = None,
 ) -> CollectionPage:
     """The collection's schema and per-book table (with each book's last run and checks)."""
     try:
-        on_disk = set(discover_books(books.source().data_dir).book_ids)
+        on_disk = set(discover_books(books.data_dir).book_ids)
     except DataDirError as exc:
         warn(str(exc))
         on_disk = set()
@@ -244,7 +249,9 @@ _GOOD = ("passed", "-")
 
 
 def report_collection(
-    instance: DagsterInstance, books: BooksResource, qdrant: QdrantStoreResource
+    instance: DagsterInstance,
+    books: SourceConfig,
+    qdrant: StoreOpener,
 ) -> None:
     """Record the collection's page without a run (what a CLI ingest does at its end: a
     whole Dagster run for it would cost more than the book runs' own bookkeeping)."""
@@ -273,7 +280,7 @@ def _row(book: BookHealth, run_id: str | None, checks: dict[str, str]) -> dict[s
 
 def _last_run(instance: DagsterInstance, book_id: str) -> str | None:
     records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey("qdrant_points"), asset_partitions=[book_id]),
+        AssetRecordsFilter(asset_key=qdrant_points.key, asset_partitions=[book_id]),
         limit=1,
     ).records
     return records[0].run_id if records else None
@@ -283,14 +290,14 @@ def _check_results(instance: DagsterInstance, book_id: str) -> dict[str, str]:
     """check name -> passed | failed | warned | - (never ran): the latest completed result of
     each of the book's checks (a run in flight does not hide the last known state)."""
     out = {}
-    for asset_name, check_name in BOOK_CHECKS:
+    for check in BOOK_CHECKS:
         history = instance.event_log_storage.get_asset_check_execution_history(
-            AssetCheckKey(AssetKey(asset_name), check_name),
+            check,
             limit=1,
             status=COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
             partition_filter=PartitionKeyFilter(key=book_id),
         )
-        out[check_name] = _result(history[0]) if history else "-"
+        out[check.name] = _result(history[0]) if history else "-"
     return out
 
 
@@ -323,7 +330,9 @@ SENSOR_STORE_WAIT_S = 5.0
     "refreshes add no runs.",
 )
 def collection_sensor(
-    context: SensorEvaluationContext, books: BooksResource, qdrant: QdrantStoreResource
+    context: SensorEvaluationContext,
+    books: ResourceParam[SourceConfig],
+    qdrant: ResourceParam[StoreOpener],
 ) -> SensorResult | SkipReason:
     explain_queue(context.instance)
     after = float(context.cursor) if context.cursor else 0.0

@@ -8,16 +8,18 @@ from dagster import (
     AssetSelection,
     Config,
     OpExecutionContext,
+    ResourceParam,
     define_asset_job,
     job,
     op,
 )
 
-from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL
+from rag_pipeline.config import SourceConfig
+from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL, ingestion_assets, source_files
 from rag_pipeline.defs.runs import RETRY_ALL_STEPS, tag_run
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.models import validate_book_id
-from rag_pipeline.resources import BooksResource, QdrantStoreResource
+from rag_pipeline.resources import StoreOpener
 from rag_pipeline.schema import book_filter
 
 __all__ = [
@@ -29,8 +31,8 @@ __all__ = [
     "purge_run_config",
 ]
 
-#: the assets whose partition a purge empties
-PURGED_ASSETS = ("source_files", "documents", "chunks", "chunk_embeddings", "qdrant_points")
+#: the assets whose partition a purge empties: every ingestion asset
+PURGED_ASSETS = tuple(a.key for a in ingestion_assets)
 INGEST_JOB_NAME = "ingest_books"
 PURGE_JOB_NAME = "purge_book"
 
@@ -44,7 +46,7 @@ ingest_books_job = define_asset_job(
 
 
 def ingest_run_config(*, force: bool = False) -> dict[str, Any]:
-    return {"ops": {"source_files": {"config": {"force": force}}}}
+    return {"ops": {source_files.op.name: {"config": {"force": force}}}}
 
 
 class PurgeBookConfig(Config):
@@ -55,8 +57,8 @@ class PurgeBookConfig(Config):
 def purge_book_points(
     context: OpExecutionContext,
     config: PurgeBookConfig,
-    qdrant: QdrantStoreResource,
-    books: BooksResource,
+    qdrant: ResourceParam[StoreOpener],
+    books: ResourceParam[SourceConfig],
 ) -> int:
     book_id = validate_book_id(config.book_id)
     tag_run(context, book_id)
@@ -92,4 +94,4 @@ def purge_book_job() -> None:
 
 
 def purge_run_config(book_id: str) -> dict[str, Any]:
-    return {"ops": {"purge_book_points": {"config": {"book_id": book_id}}}}
+    return {"ops": {purge_book_points.name: {"config": {"book_id": book_id}}}}

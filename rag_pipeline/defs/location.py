@@ -13,11 +13,11 @@ from typing import Any
 
 from dagster import BetaWarning, Definitions, ResourceDefinition, in_process_executor
 
-from rag_pipeline.defs.assets import NO_RUN_CONFIG, ingestion_assets
+from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_assets
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.resources import PipelineResources
 
 __all__ = ["build_defs", "fixed_resources"]
 
@@ -47,17 +47,13 @@ DEPLOYMENT_SETTINGS = (
 )
 
 
-def fixed_resources(
-    books: BooksResource, qdrant: QdrantStoreResource, recipe: IndexRecipeResource
-) -> dict[str, Any]:
+def fixed_resources(resources: PipelineResources) -> dict[str, Any]:
     """The resources, bound so that no run can override them from its run config."""
     return {
         "io_manager": run_memory_io_manager,
-        "books": _fixed(books, f"books under {books.data_dir}"),
-        "qdrant": _fixed(qdrant, qdrant.description),
-        "recipe": _fixed(
-            recipe, f"{recipe.provider} embedder, chunk budget {recipe.chunk_target_tokens}"
-        ),
+        "books": _fixed(resources.books, f"books under {resources.books.data_dir}"),
+        "qdrant": _fixed(resources.qdrant, resources.qdrant.description),
+        "recipe": _fixed(resources.recipe, resources.recipe.description),
     }
 
 
@@ -83,7 +79,7 @@ def build_defs(
     kind = EMBEDDER_KINDS.get(embedder, "python")
     assets = [
         a.map_asset_specs(lambda spec: spec.replace_attributes(kinds={kind}))
-        if a.key.to_user_string() == "chunk_embeddings"
+        if a.key == chunk_embeddings.key
         else a
         for a in ingestion_assets
     ]

@@ -16,16 +16,16 @@ from dagster import (
     OpExecutionContext,
     RunsFilter,
 )
-from dagster._core.execution.plan.resume_retry import ReexecutionStrategy
-from dagster._core.storage.tags import RETRY_STRATEGY_TAG
 
 __all__ = [
+    "BOOK_RUN_TAGS",
     "BOOK_TAG",
     "CHECKS_TAG",
     "PARTITION_TAG",
     "RETRY_ALL_STEPS",
+    "RETRY_STRATEGY_TAG",
+    "RUNS_IN_FLIGHT",
     "TRIGGER_TAG",
-    "book_runs_in_flight",
     "books_with_runs_in_flight",
     "tag_checks",
     "tag_run",
@@ -37,10 +37,13 @@ BOOK_TAG = "rag/book"
 PARTITION_TAG = "dagster/partition"
 TRIGGER_TAG = "rag/trigger"
 CHECKS_TAG = "rag/checks"
+#: the run retry strategy tag, as Dagster's run retry docs spell it and its values (a public
+#: contract, as ``dagster/partition`` is, though only a private constant names it)
+RETRY_STRATEGY_TAG = "dagster/retry_strategy"
 #: the tag that makes run retries (``run_retries``, the daemon) re-run every step instead of
 #: only the failed ones: step outputs live in the run's memory (defs/io.py), so the earlier
 #: run's outputs are gone; every step is idempotent, and vectors in the index are reused
-RETRY_ALL_STEPS = {RETRY_STRATEGY_TAG: ReexecutionStrategy.ALL_STEPS.name}
+RETRY_ALL_STEPS = {RETRY_STRATEGY_TAG: "ALL_STEPS"}
 
 
 def trigger_of(tags: Mapping[str, str]) -> str:
@@ -76,28 +79,21 @@ def tag_checks(context: AssetExecutionContext, outcome: str) -> None:
         context.instance.add_run_tags(context.run.run_id, {CHECKS_TAG: outcome})
 
 
-_IN_FLIGHT = [
+#: the states of a run that is queued or running: a book with such a run must keep its partition
+RUNS_IN_FLIGHT = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
     DagsterRunStatus.STARTING,
     DagsterRunStatus.STARTED,
     DagsterRunStatus.CANCELING,
 ]
-
-
-def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
-    """Whether a run of the book (an ingest, found by its partition, or a purge, by its book
-    tag) is queued or running: its partition must not be deleted under it."""
-    return any(
-        instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=_IN_FLIGHT), limit=1)
-        for tag in (PARTITION_TAG, BOOK_TAG)
-    )
+#: the tags that name a run's book: its partition (an ingest, however started), or the book tag
+#: (a purge, which has no partition)
+BOOK_RUN_TAGS = (PARTITION_TAG, BOOK_TAG)
 
 
 def books_with_runs_in_flight(instance: DagsterInstance) -> set[str]:
     """Every book with a run queued or running, in one query (what a sensor tick asks, whatever
-    the number of books): the same runs :func:`book_runs_in_flight` finds, by the same tags."""
-    runs = instance.get_runs(RunsFilter(statuses=_IN_FLIGHT))
-    return {
-        run.tags[tag] for run in runs for tag in ("dagster/partition", BOOK_TAG) if tag in run.tags
-    }
+    the number of books)."""
+    runs = instance.get_runs(RunsFilter(statuses=RUNS_IN_FLIGHT))
+    return {run.tags[tag] for run in runs for tag in BOOK_RUN_TAGS if tag in run.tags}

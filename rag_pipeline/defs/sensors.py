@@ -53,7 +53,7 @@ from dagster import (
 
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.defs.runs import books_with_runs_in_flight
+from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG, TRIGGER_TAG, books_with_runs_in_flight
 from rag_pipeline.ingest.changes import fingerprint_book
 from rag_pipeline.ingest.crawl import DataDirError, discover_books, scan_book
 from rag_pipeline.ingest.plan import decide_purges
@@ -185,7 +185,7 @@ class FailedBooks:
         return True
 
     def _apply(self, record: RunRecord) -> None:
-        book_id = record.dagster_run.tags.get("dagster/partition")
+        book_id = record.dagster_run.tags.get(PARTITION_TAG)
         if book_id is None:
             return
         entry = self.books.get(book_id)
@@ -208,6 +208,12 @@ class FailedBooks:
 
     def keep_only(self, book_ids: set[str]) -> None:
         self.books = {b: v for b, v in self.books.items() if b in book_ids}
+
+
+#: the trigger tag of the runs the sensor requests (deploy/dagster.postgres.yaml limits them),
+#: and of its retries of failed books
+SENSOR_TRIGGER = "books_sensor"
+SENSOR_RETRY_TRIGGER = "books_sensor_retry"
 
 
 #: cursor entry of a removed book whose purge is requested but whose partition is kept until
@@ -316,8 +322,8 @@ def build_books_sensor(
                         partition_key=book_id,
                         run_key=f"ingest:{book_id}:{state.content_digest}:{seq}",
                         tags={
-                            "rag/book": book_id,
-                            "rag/trigger": "books_sensor" if changed else "books_sensor_retry",
+                            BOOK_TAG: book_id,
+                            TRIGGER_TAG: SENSOR_TRIGGER if changed else SENSOR_RETRY_TRIGGER,
                         },
                     )
                 )
@@ -330,7 +336,7 @@ def build_books_sensor(
                     job_name=purge_book_job.name,
                     run_key=f"purge:{book_id}:{seq}",
                     run_config=purge_run_config(book_id),
-                    tags={"rag/book": book_id, "rag/trigger": "books_sensor"},
+                    tags={BOOK_TAG: book_id, TRIGGER_TAG: SENSOR_TRIGGER},
                 )
             )
         partition_requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []

@@ -1,14 +1,40 @@
-"""Dagster resources: the book source, the vector store and the index recipe.
+"""The resources every run uses, built once from :class:`~rag_pipeline.config.Settings`.
 
-Each is a ``ConfigurableResource`` whose fields are filled once from
-:class:`~rag_pipeline.config.Settings` by ``definitions.py`` (or handed ready-made by the CLI),
-and bound as a fixed resource: settings that define the index are deployment configuration,
-never per-run Launchpad config (a run that changed the chunk budget would be undone, silently,
-by the next sensor run).
+Plain Python objects (Dagster documents them as resources: ``ResourceParam[...]``): the book
+source (:class:`~rag_pipeline.config.SourceConfig`), the store opener and the index recipe,
+built lazily once. ``defs.location.fixed_resources`` binds them so that no run config can
+change them: settings that define the index are deployment configuration, never per-run
+Launchpad config (a run that changed the chunk budget would be undone, silently, by the next
+sensor run).
 """
 
-from rag_pipeline.resources.books import BooksResource
-from rag_pipeline.resources.recipe import IndexRecipeResource
-from rag_pipeline.resources.store import QdrantStoreResource
+from __future__ import annotations
 
-__all__ = ["BooksResource", "IndexRecipeResource", "QdrantStoreResource"]
+from dataclasses import dataclass
+
+from rag_pipeline.config import Settings, SourceConfig
+from rag_pipeline.ingest.recipe import IndexRecipe
+from rag_pipeline.resources.recipe import LazyRecipe
+from rag_pipeline.resources.store import StoreOpener
+
+__all__ = ["LazyRecipe", "PipelineResources", "StoreOpener"]
+
+
+@dataclass(frozen=True)
+class PipelineResources:
+    """The resources every run of one process shares: books, store, recipe."""
+
+    books: SourceConfig
+    qdrant: StoreOpener
+    recipe: LazyRecipe
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, recipe: IndexRecipe | None = None
+    ) -> PipelineResources:
+        """The resources for ``settings``; ``recipe`` is one already built from them."""
+        return cls(
+            books=settings.source(),
+            qdrant=StoreOpener(settings.store()),
+            recipe=LazyRecipe(settings.embedding(), settings.chunking(), recipe),
+        )

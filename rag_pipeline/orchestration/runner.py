@@ -22,35 +22,35 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
+from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition, RunsFilter
 
-from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL
+from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
-from rag_pipeline.defs.instance import open_home_instance
 from rag_pipeline.defs.jobs import (
     INGEST_JOB_NAME,
     PURGE_JOB_NAME,
     ingest_run_config,
+    purge_book_points,
     purge_run_config,
 )
 from rag_pipeline.defs.location import build_defs, fixed_resources
-from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.defs.reaper import process_tags, reap_dead_runs, run_worker
-from rag_pipeline.defs.runs import book_runs_in_flight
+from rag_pipeline.defs.runs import BOOK_RUN_TAGS, BOOK_TAG, RUNS_IN_FLIGHT, TRIGGER_TAG
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
-from rag_pipeline.resources import BooksResource, IndexRecipeResource, QdrantStoreResource
+from rag_pipeline.orchestration.instance import open_home_instance
+from rag_pipeline.orchestration.partition_marker import write_partitions_marker
+from rag_pipeline.orchestration.reaper import process_tags, reap_dead_runs, run_worker
+from rag_pipeline.resources import PipelineResources
 
 __all__ = [
-    "IngestResources",
     "PoolWatch",
     "add_book_partitions",
+    "book_runs_in_flight",
     "console_run_config",
     "execute_plan",
 ]
@@ -61,22 +61,11 @@ log = logging.getLogger(__name__)
 QUIET_CONSOLE_LEVEL = "CRITICAL"
 #: with -v: a run's errors in full, not its DEBUG events
 VERBOSE_CONSOLE_LEVEL = "ERROR"
-TRIGGER_TAG = "rag/trigger"
-BOOK_TAG = "rag/book"
-
-
-@dataclass(frozen=True)
-class IngestResources:
-    """The resources every run of one command shares (built once by the caller)."""
-
-    books: BooksResource
-    qdrant: QdrantStoreResource
-    recipe: IndexRecipeResource
 
 
 def execute_plan(
     plan: IngestPlan,
-    resources: IngestResources,
+    resources: PipelineResources,
     instance: DagsterInstance | None = None,
     *,
     dagster_home: Path | None = None,
@@ -99,7 +88,7 @@ def execute_plan(
     say = notify or log.warning
     report = IngestReport(rejected=list(plan.rejected), warnings=list(plan.warnings))
     defs = build_defs(
-        fixed_resources(resources.books, resources.qdrant, resources.recipe),
+        fixed_resources(resources),
         embedder=resources.recipe.provider,
     )
     ingest_job = defs.resolve_job_def(INGEST_JOB_NAME)
@@ -188,7 +177,7 @@ def _run_book(
     )
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))
-    result: BookResult = outcome.output_for_node("qdrant_points")
+    result: BookResult = outcome.output_for_node(qdrant_points.op.name)
     result.run_id = outcome.run_id
     return result
 
@@ -215,7 +204,7 @@ def _purge_book(
     return BookResult(
         book_id,
         "removed",
-        deleted=int(outcome.output_for_node("purge_book_points")),
+        deleted=int(outcome.output_for_node(purge_book_points.name)),
         run_id=outcome.run_id,
         warnings=warnings,
     )
@@ -230,6 +219,16 @@ def _drop_idle_partition(instance: DagsterInstance, book_id: str) -> bool:
         return False
     instance.delete_dynamic_partition(BOOKS_PARTITIONS_NAME, book_id)
     return True
+
+
+def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
+    """Whether a run of the book (an ingest, found by its partition, or a purge, by its book
+    tag) is queued or running: its partition must not be deleted under it. The same runs the
+    sensor's :func:`~rag_pipeline.defs.runs.books_with_runs_in_flight` finds, by the same tags."""
+    return any(
+        instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=RUNS_IN_FLIGHT), limit=1)
+        for tag in BOOK_RUN_TAGS
+    )
 
 
 def _failed(book_id: str, run_id: str | None, message: str) -> BookResult:

@@ -25,7 +25,8 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterInvalidConfigError
 
 from rag_pipeline.config import DagsterStateError, SettingsError
-from rag_pipeline.defs.partition_marker import PARTITIONS_MARKER
+from rag_pipeline.defs._dagster_private import dagster_instance_config
+from rag_pipeline.orchestration.partition_marker import PARTITIONS_MARKER
 
 __all__ = ["open_home_instance"]
 
@@ -87,8 +88,6 @@ _DAMAGED = re.compile(r"not a database|malformed|file is encrypted", re.IGNORECA
 
 def _check_config(home: Path) -> None:
     """Parse and validate ``dagster.yaml`` as Dagster will (cheap: no storage opened)."""
-    from dagster._core.instance.config import dagster_instance_config
-
     try:
         dagster_instance_config(str(home))
     except Exception as exc:
