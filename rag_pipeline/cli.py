@@ -28,6 +28,7 @@ from rich.table import Table
 
 from rag_pipeline import __version__
 from rag_pipeline.config import DagsterStateError, Settings, SettingsError, load_settings
+from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.plan import IngestPlan
@@ -600,10 +601,10 @@ def _print_hits(hits: Sequence[Hit], title: str, show_score: bool = True) -> Non
     for h in hits:
         p = h.payload
         source = (
-            f"{p.get('source_file')} #{p.get('chunk_index')}\n"
-            f"[dim]{p.get('section_title') or ''}[/]\n[dim]{h.id}[/]"
+            f"{p.get(SOURCE_FILE)} #{p.get(CHUNK_INDEX)}\n"
+            f"[dim]{p.get(SECTION_TITLE) or ''}[/]\n[dim]{h.id}[/]"
         )
-        text = " ".join(str(p.get("text", "")).split())
+        text = " ".join(str(p.get(TEXT, "")).split())
         row = [source, text[:400] + ("…" if len(text) > 400 else "")]
         table.add_row(*([f"{h.score:.4f}"] if show_score and h.score is not None else []), *row)
     out.print(table)
