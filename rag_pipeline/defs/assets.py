@@ -8,7 +8,7 @@ gets in while a step parses or embeds.
 
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 from dagster import (
     AssetCheckResult,
@@ -17,6 +17,7 @@ from dagster import (
     AssetExecutionContext,
     Backoff,
     Config,
+    DynamicPartitionsDefinition,
     MetadataValue,
     Output,
     PreviewWarning,
@@ -87,6 +88,33 @@ EMBEDDING_POOL = "embedding_api"
 NO_RUN_CONFIG: dict[str, Any] = {}
 
 
+class _BookAsset(TypedDict):
+    partitions_def: DynamicPartitionsDefinition
+    group_name: str
+    owners: list[str]
+
+
+#: what every per-book asset is: a partition per book, in the ingestion group, the team's
+BOOK_ASSET = _BookAsset(
+    partitions_def=book_partitions_def, group_name=INGESTION_GROUP, owners=OWNERS
+)
+#: transient failures of a step (a store busy past its wait, an API outage) retried in place
+STEP_RETRY = RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL)
+
+
+def book_check(
+    name: str, *, asset: str, description: str, blocking: bool = False
+) -> AssetCheckSpec:
+    """A check of one book's partition of ``asset`` (its result is kept per book)."""
+    return AssetCheckSpec(
+        name,
+        asset=asset,
+        partitions_def=book_partitions_def,
+        blocking=blocking,
+        description=description,
+    )
+
+
 class IngestRunConfig(Config):
     """Per-run choices. What defines the index (chunk budget, model) is deployment
     configuration, set in the environment, never here."""
@@ -99,9 +127,7 @@ class IngestRunConfig(Config):
 
 
 @asset(
-    partitions_def=book_partitions_def,
-    group_name=INGESTION_GROUP,
-    owners=OWNERS,
+    **BOOK_ASSET,
     kinds={"markdown", "qdrant"},
     code_version="2",
     pool=STORE_POOL,
@@ -159,10 +185,8 @@ def source_files(
 
 
 @asset(
+    **BOOK_ASSET,
     config_schema=NO_RUN_CONFIG,
-    partitions_def=book_partitions_def,
-    group_name=INGESTION_GROUP,
-    owners=OWNERS,
     kinds={"markdown"},
     code_version="2",
     description="New and modified files parsed: frontmatter split off and normalized (title, "
@@ -170,10 +194,9 @@ def source_files(
     "parsed. A file that cannot be read or parsed is an error record naming the reason (its "
     "last good chunks stay); the rest of the book goes on.",
     check_specs=[
-        AssetCheckSpec(
+        book_check(
             "parse_errors",
             asset="documents",
-            partitions_def=book_partitions_def,
             description="Warns with the file names when files fail to parse or are empty.",
         )
     ],
@@ -237,10 +260,8 @@ def documents(
 
 
 @asset(
+    **BOOK_ASSET,
     config_schema=NO_RUN_CONFIG,
-    partitions_def=book_partitions_def,
-    group_name=INGESTION_GROUP,
-    owners=OWNERS,
     kinds={"python"},
     code_version=CHUNKER_VERSION,
     description="Heading-aware chunks of the parsed documents: split on headings, packed to "
@@ -248,10 +269,9 @@ def documents(
     "with overlap, no split inside code fences or tables, content-hash ids and prev/next links. "
     "A file whose chunks break an invariant is an error of that file alone.",
     check_specs=[
-        AssetCheckSpec(
+        book_check(
             "chunks_valid",
             asset="chunks",
-            partitions_def=book_partitions_def,
             blocking=True,
             description="Blocks embedding and publishing when a chunk is empty, over the token "
             "limit, duplicated, or its prev/next chain is broken.",
@@ -304,22 +324,19 @@ def chunks(
 
 
 @asset(
+    **BOOK_ASSET,
     config_schema=NO_RUN_CONFIG,
-    partitions_def=book_partitions_def,
-    group_name=INGESTION_GROUP,
-    owners=OWNERS,
     kinds={"python"},
     code_version="2",
     pool=EMBEDDING_POOL,
-    retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL),
+    retry_policy=STEP_RETRY,
     description="Dense vectors (the configured embedder) and BM25 sparse vectors for every "
     "chunk. Text already in the index with the same model is not embedded again: its vector "
     "is reused, so only new text reaches the embedder.",
     check_specs=[
-        AssetCheckSpec(
+        book_check(
             "vector_dimension",
             asset="chunk_embeddings",
-            partitions_def=book_partitions_def,
             blocking=True,
             description="Blocks publishing unless every vector has the model's dimension, which "
             "must also be the collection's, and is finite and unit length.",
@@ -371,22 +388,19 @@ def chunk_embeddings(
 
 
 @asset(
+    **BOOK_ASSET,
     config_schema=NO_RUN_CONFIG,
-    partitions_def=book_partitions_def,
-    group_name=INGESTION_GROUP,
-    owners=OWNERS,
     kinds={"qdrant"},
     code_version="2",
     pool=STORE_POOL,
-    retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL),
+    retry_policy=STEP_RETRY,
     description="The book's points in the Qdrant collection (book_id is the tenant key). New "
     "points are upserted first, points they replace are deleted after, and per-file document "
     "records are committed last, so the book stays searchable and a re-run converges.",
     check_specs=[
-        AssetCheckSpec(
+        book_check(
             "index_consistency",
             asset="qdrant_points",
-            partitions_def=book_partitions_def,
             description="Points in Qdrant == chunks the document records promise; no orphan "
             "points, no duplicate chunk positions, every prev/next id resolves, vector dimension "
             "matches the model.",
