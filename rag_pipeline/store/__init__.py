@@ -6,54 +6,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rag_pipeline.config import StoreConfig
-from rag_pipeline.store.base import (
-    DENSE_VECTOR,
-    SPARSE_VECTOR,
-    CollectionSchema,
-    CollectionSpec,
-    Fusion,
-    FusionMethod,
-    NearestQuery,
-    PointRecord,
-    ScoredRecord,
-    SparseVector,
-    StoreBusyError,
-    StoreDamagedError,
-    StoredRecord,
-    StoreError,
-    StorePathError,
-    StoreUnavailableError,
-    VectorStore,
-)
-from rag_pipeline.store.filters import Condition, HasIds, Match, MatchAny, Range, TenantFilter
+from rag_pipeline.store import base as _base
+from rag_pipeline.store import filters as _filters
+from rag_pipeline.store.base import *  # noqa: F403 - re-exported: its __all__ is the API
+from rag_pipeline.store.base import CollectionSchema, StorePathError, VectorStore
+from rag_pipeline.store.filters import *  # noqa: F403 - re-exported: its __all__ is the API
 
-__all__ = [
-    "DENSE_VECTOR",
-    "SPARSE_VECTOR",
-    "CollectionSchema",
-    "CollectionSpec",
-    "Condition",
-    "Fusion",
-    "FusionMethod",
-    "HasIds",
-    "Match",
-    "MatchAny",
-    "NearestQuery",
-    "PointRecord",
-    "Range",
-    "ScoredRecord",
-    "SparseVector",
-    "StoreBusyError",
-    "StoreDamagedError",
-    "StoreError",
-    "StorePathError",
-    "StoreUnavailableError",
-    "StoredRecord",
-    "TenantFilter",
-    "VectorStore",
-    "open_store",
-    "set_aside",
-]
+__all__ = [*_base.__all__, *_filters.__all__, "open_store", "set_aside"]
 
 
 def open_store(config: StoreConfig, schema: CollectionSchema) -> VectorStore:
