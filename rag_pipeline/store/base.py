@@ -17,6 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from rag_pipeline.store.errors import (
+    StoreBusyError,
+    StoreDamagedError,
+    StoreError,
+    StorePathError,
+    StoreUnavailableError,
+)
 from rag_pipeline.store.filters import HasIds, TenantFilter
 
 if TYPE_CHECKING:
@@ -53,27 +60,6 @@ UPSERT_BATCH = 128
 _MAX_COSINE = 1.0 + 1e-3
 
 IndexKind = Literal["keyword", "integer"]
-
-
-class StoreError(RuntimeError):
-    """The vector store refused or failed an operation."""
-
-
-class StoreBusyError(StoreError):
-    """The embedded store's folder is held by another process (a run, the UI, a CLI)."""
-
-
-class StoreUnavailableError(StoreError):
-    """The Qdrant server cannot be reached."""
-
-
-class StorePathError(StoreError):
-    """The embedded store's folder cannot be created or used there (a file in the way, a
-    read-only or missing parent): a setting to fix, not a damaged store."""
-
-
-class StoreDamagedError(StoreError):
-    """The store's files or contents are not what this program wrote: never served as-is."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline.store.base import StoreBusyError, StorePathError
+from rag_pipeline.store.errors import StoreBusyError, StorePathError
 
 __all__ = ["FolderLock", "describe_holder", "prepare_folder"]
 
