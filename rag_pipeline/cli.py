@@ -789,8 +789,7 @@ def eval_command(
     without a folder, and an evaluation corpus has none."""
     from rich.progress import Progress
 
-    from rag_pipeline.retrieve import DEFAULT_FUSION, DEFAULT_MODE
-    from rag_pipeline.retrieve.evaluate import evaluate, index_corpus, load_beir, measured_recipe
+    from rag_pipeline.retrieve.evaluate import EvalRun, eval_runs, load_beir, run_evaluation
 
     base = _settings()
     settings = load_settings(collection=collection or f"{base.collection}_eval")
@@ -798,44 +797,26 @@ def eval_command(
         dataset = load_beir(dataset_dir, split)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         fail(f"cannot read the BEIR dataset at {dataset_dir}: {exc}")
-    recipe = build_recipe(settings)
-    book_id = "eval-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in dataset.name)
-    fusions = list(dict.fromkeys(fusion)) or [DEFAULT_FUSION]
-    # (mode, fusion) runs: hybrid once per fusion, the other modes once
-    runs = [
-        (mode, f if mode == "hybrid" else None)
-        for mode in dict.fromkeys(modes or [DEFAULT_MODE])
-        for f in (fusions if mode == "hybrid" else [None])
-    ]
-    reports = []
+    runs = eval_runs(
+        cast("list[SearchMode]", list(modes)), cast("list[FusionMethod]", list(fusion))
+    )
     with opened_store(settings) as store, Progress(console=err, transient=True) as progress:
-        # the corpus's BM25 average chunk length is measured before anything is encoded
-        recipe = measured_recipe(store, recipe, book_id[:128], dataset.corpus)
         task = progress.add_task(f"indexing {dataset.name}", total=len(dataset.corpus))
-        index_corpus(
+
+        def querying(run: EvalRun) -> Callable[[int, int], None]:
+            label = run[0] + (f", {run[1]}" if run[1] else "")
+            return _advance(progress, progress.add_task(f"queries ({label})", total=None))
+
+        recipe, reports = run_evaluation(
             store,
-            book_id[:128],
-            dataset.corpus,
-            recipe,
-            progress=lambda done, total: progress.update(task, completed=done, total=total),
+            build_recipe(settings),
+            dataset,
+            runs,
+            split=split,
+            rrf_k=rrf_k,
+            indexing=lambda done, total: progress.update(task, completed=done, total=total),
+            querying=querying,
         )
-        progress.update(task, completed=len(dataset.corpus))
-        for mode, run_fusion in runs:
-            label = mode + (f", {run_fusion}" if run_fusion else "")
-            qtask = progress.add_task(f"queries ({label})", total=len(dataset.qrels))
-            reports.append(
-                evaluate(
-                    store,
-                    recipe,
-                    dataset,
-                    book_id[:128],
-                    mode=cast("SearchMode", mode),
-                    split=split,
-                    fusion=cast("FusionMethod", run_fusion or DEFAULT_FUSION),
-                    rrf_k=rrf_k,
-                    progress=_advance(progress, qtask),
-                )
-            )
     if as_json:
         emit_json(
             reports[0].as_dict() if len(reports) == 1 else {"runs": [r.as_dict() for r in reports]}
@@ -860,7 +841,7 @@ def eval_command(
 
 
 def _advance(progress: Any, task: Any) -> Callable[[int, int], None]:
-    return lambda done, total: progress.update(task, completed=done)
+    return lambda done, total: progress.update(task, completed=done, total=total)
 
 
 if __name__ == "__main__":

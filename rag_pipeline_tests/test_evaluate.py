@@ -143,3 +143,40 @@ def test_lost_chunk_points_of_a_corpus_are_indexed_again(tiny_beir, store, hash_
     again = index_corpus(store, "eval-tiny", dataset.corpus, recipe)
     assert again["indexed"] == 1 and again["skipped"] == 2
     assert index_corpus(store, "eval-tiny", dataset.corpus, recipe)["indexed"] == 0
+
+
+def test_eval_runs_are_each_mode_once_and_hybrid_once_per_fusion():
+    from rag_pipeline.retrieve.evaluate import eval_runs
+
+    assert eval_runs([], []) == [("hybrid", "minmax")]
+    assert eval_runs(["dense", "hybrid", "dense"], ["rrf", "dbsf", "rrf"]) == [
+        ("dense", None),
+        ("hybrid", "rrf"),
+        ("hybrid", "dbsf"),
+    ]
+
+
+def test_the_eval_command_reports_every_run(tiny_beir, tmp_path, monkeypatch):
+    """`rag-pipeline eval --json`, in-process: the dataset indexed once in its own collection,
+    one report per (mode, fusion)."""
+    from click.testing import CliRunner
+
+    from rag_pipeline.cli import main
+
+    for name, value in {
+        "RAG_EMBEDDER": "hash",
+        "RAG_QDRANT_PATH": str(tmp_path / "qdrant"),
+        "RAG_CACHE_DIR": str(tmp_path / "cache"),
+        "RAG_DATA_DIR": str(tmp_path),
+    }.items():
+        monkeypatch.setenv(name, value)
+    args = ["eval", "--dataset", str(tiny_beir), "--json", "--mode", "sparse", "--mode", "hybrid"]
+    result = CliRunner().invoke(main, [*args, "--fusion", "rrf", "--fusion", "minmax"])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)["runs"]
+    assert [(r["mode"], r["fusion"]) for r in runs] == [
+        ("sparse", None),
+        ("hybrid", "rrf(k=60)"),
+        ("hybrid", "minmax"),
+    ]
+    assert all(r["queries"] == 2 and r["ndcg@10"] > 0.5 for r in runs), runs

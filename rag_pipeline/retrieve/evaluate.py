@@ -29,6 +29,7 @@ from rag_pipeline.ingest.stages import (
 from rag_pipeline.models import DocumentMeta, ParsedDocument, SourceFile, document_id
 from rag_pipeline.retrieve.search import (
     DEFAULT_FUSION,
+    DEFAULT_MODE,
     DEFAULT_RRF_K,
     Hit,
     SearchMode,
@@ -41,6 +42,9 @@ from rag_pipeline.store import FusionMethod, VectorStore
 __all__ = [
     "BeirDataset",
     "EvalReport",
+    "EvalRun",
+    "eval_book_id",
+    "eval_runs",
     "evaluate",
     "index_corpus",
     "load_beir",
@@ -48,6 +52,7 @@ __all__ = [
     "mrr_at_k",
     "ndcg_at_k",
     "recall_at_k",
+    "run_evaluation",
 ]
 
 
@@ -343,3 +348,58 @@ def evaluate(
         fusion=(f"rrf(k={rrf_k})" if fusion == "rrf" else fusion) if mode == "hybrid" else None,
         sparse_model=recipe.sparse.name,
     )
+
+
+#: (mode, fusion) of one evaluation run; the fusion is None outside hybrid
+EvalRun = tuple[SearchMode, FusionMethod | None]
+
+
+def eval_book_id(dataset: BeirDataset) -> str:
+    """The book id a dataset is indexed as (its name, made a valid book id)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in dataset.name)
+    return ("eval-" + name)[:128]
+
+
+def eval_runs(modes: Sequence[SearchMode], fusions: Sequence[FusionMethod]) -> list[EvalRun]:
+    """The (mode, fusion) runs asked for: hybrid once per fusion, every other mode once;
+    the defaults when none is named."""
+    chosen = list(dict.fromkeys(fusions)) or [DEFAULT_FUSION]
+    return [
+        (mode, fusion if mode == "hybrid" else None)
+        for mode in dict.fromkeys(modes or [DEFAULT_MODE])
+        for fusion in (chosen if mode == "hybrid" else [None])
+    ]
+
+
+def run_evaluation(
+    store: VectorStore,
+    recipe: IndexRecipe,
+    dataset: BeirDataset,
+    runs: Sequence[EvalRun],
+    *,
+    split: str = "test",
+    rrf_k: int = DEFAULT_RRF_K,
+    indexing: Callable[[int, int], None] | None = None,
+    querying: Callable[[EvalRun], Callable[[int, int], None] | None] = lambda run: None,
+) -> tuple[IndexRecipe, list[EvalReport]]:
+    """Index ``dataset`` as one book (its BM25 average length measured first, so nothing is
+    encoded before it is known) and evaluate each run on it: the recipe it measured and one
+    report per run. ``indexing`` and ``querying(run)`` report progress."""
+    book_id = eval_book_id(dataset)
+    recipe = measured_recipe(store, recipe, book_id, dataset.corpus)
+    index_corpus(store, book_id, dataset.corpus, recipe, progress=indexing)
+    reports = [
+        evaluate(
+            store,
+            recipe,
+            dataset,
+            book_id,
+            mode=mode,
+            split=split,
+            fusion=fusion or DEFAULT_FUSION,
+            rrf_k=rrf_k,
+            progress=querying((mode, fusion)),
+        )
+        for mode, fusion in runs
+    ]
+    return recipe, reports
