@@ -1,15 +1,18 @@
-"""The `rag-pipeline` command as users and other tools run it (a real subprocess)."""
+"""The `rag-pipeline` command as users and other tools run it: its output and exit codes in
+the test process (click's CliRunner), and what only a process shows (no Dagster import when
+nothing changed, a busy store named by another process, a reader that exits early) in real
+processes, marked integration."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.helpers import Cli, InProcessCli
 
 INGEST_KEYS = {
     "files",
@@ -35,52 +38,9 @@ HIT_KEYS = {
 }
 
 
-class Cli:
-    def __init__(self, tmp_path: Path, data_dir: Path, embedder: str = "hash"):
-        self.env = {
-            **os.environ,
-            "RAG_DATA_DIR": str(data_dir),
-            "RAG_QDRANT_PATH": str(tmp_path / "qdrant"),
-            "RAG_CACHE_DIR": str(tmp_path / "cache"),
-            "RAG_EMBEDDER": embedder,
-            "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-            "DO_NOT_TRACK": "1",
-        }
-        for var in ("RAG_QDRANT_URL", "RAG_COLLECTION", "RAG_QDRANT_EMBEDDED"):
-            self.env.pop(var, None)
-        self.cwd = tmp_path
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
-            [sys.executable, "-m", "rag_pipeline.cli", *args],
-            env=self.env,
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    def json(self, *args: str):
-        return json.loads(self(*args, "--json").stdout)
-
-    def as_user(self, prefix: list[str], *args: str) -> subprocess.CompletedProcess:
-        """The command run through ``prefix`` (e.g. setpriv as another user), unchecked."""
-        return subprocess.run(
-            [*prefix, sys.executable, "-m", "rag_pipeline.cli", *args],
-            env={**self.env, "HOME": str(self.cwd)},
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
-
 @pytest.fixture
 def cli(tmp_path, sample_books):
-    return Cli(tmp_path, sample_books)
+    return InProcessCli(tmp_path, sample_books)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +49,7 @@ def ingested(tmp_path_factory):
     root = tmp_path_factory.mktemp("ingested")
     books = root / "books"
     shutil.copytree(REPO / "data" / "books", books)
-    reader = Cli(root, books)
+    reader = InProcessCli(root, books)
     reader("ingest")
     return reader
 
@@ -142,6 +102,7 @@ def probe_ingest(cli) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.integration
 def test_no_change_ingest_answers_without_loading_dagster(cli, tmp_path):
     cli("ingest")
     probe = probe_ingest(cli)
@@ -289,6 +250,7 @@ def test_books_listing(ingested):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_end_to_end_with_the_default_local_model(tmp_path, sample_books):
     """The real offline model, through Dagster, into the embedded store, then a search."""
     shutil.rmtree(sample_books / "humanoid-robotics-ros2")
@@ -313,7 +275,9 @@ def test_end_to_end_with_the_default_local_model(tmp_path, sample_books):
     assert lineage["embedding_dim"] == 384
 
 
+@pytest.mark.integration
 def test_busy_embedded_store_is_a_clear_error(ingested):
+    """Another process holds the embedded store: the command says which, and exits 2."""
     cli = ingested
     from rag_pipeline.config import load_settings
     from rag_pipeline.schema import COLLECTION_SCHEMA
@@ -347,6 +311,7 @@ def test_busy_embedded_store_is_a_clear_error(ingested):
         holder.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args", [("books",), ("books", "--json"), ("plan",), ("plan", "--json")], ids=" ".join
 )

@@ -176,6 +176,7 @@ def test_missing_ids_are_exit_1_with_a_message(env):
         assert code == 1 and "no " in text, text
 
 
+@pytest.mark.integration
 def test_a_real_process_prints_no_traceback_on_a_bad_setting(tmp_path):
     env = {**os.environ, "RAG_CHUNK_OVERLAP": "7", "DAGSTER_HOME": str(tmp_path / "h")}
     proc = subprocess.run(
@@ -217,6 +218,7 @@ def test_a_log_record_prints_without_its_trace_unless_v():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_a_failed_step_prints_no_dagster_stack_trace_without_v(tmp_path, sample_books):
     """An embedding server answering the wrong dimension fails the book's embedding step (after
     Dagster's step retries): exit 1, the report names the cause, stderr carries no stack trace;

@@ -21,7 +21,7 @@ import requests
 from rag_pipeline.embed import EmbeddingAnswerError
 from rag_pipeline_tests.conftest import REPO, make_recipe, make_source
 from rag_pipeline_tests.fakes import FakeOpenAI
-from rag_pipeline_tests.test_cli import Cli
+from rag_pipeline_tests.helpers import Cli
 
 BOOK = "ros2-fundamentals"
 OTHER = "humanoid-robotics-ros2"
@@ -119,6 +119,7 @@ SEARCHES: list[dict[str, object]] = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "params", SEARCHES, ids=lambda p: "&".join(f"{k}={v}" for k, v in p.items()) or "default"
 )
@@ -131,6 +132,7 @@ def test_search_body_equals_the_cli_json(served, params):
     assert body, "the request should find something"
     assert body == cli.json("search", query, "--book", BOOK, *_cli_args(params))
 
+@pytest.mark.integration
 
 def test_context_document_lineage_bodies_equal_the_cli_json(served):
     server, cli = served
@@ -144,6 +146,7 @@ def test_context_document_lineage_bodies_equal_the_cli_json(served):
     assert lineage.json() == cli.json("lineage", top["id"], "--book", BOOK)
     assert lineage.json()["source_file"] == top["source_file"]
 
+@pytest.mark.integration
 
 def test_grouped_search_over_http(served):
     server, _ = served
@@ -169,6 +172,7 @@ NO_BOOK_REQUESTS = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("path", "params"), NO_BOOK_REQUESTS)
 def test_no_book_no_answer(served, path, params):
     server, _ = served
@@ -203,6 +207,7 @@ BAD_REQUESTS = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("path", "params", "status", "message"), BAD_REQUESTS)
 def test_bad_input_is_answered_with_a_code_and_a_message(served, path, params, status, message):
     server, _ = served
@@ -210,6 +215,7 @@ def test_bad_input_is_answered_with_a_code_and_a_message(served, path, params, s
     assert response.status_code == status, response.text
     assert message in response.text
 
+@pytest.mark.integration
 
 def test_another_books_ids_are_not_found(served):
     server, _ = served
@@ -283,6 +289,7 @@ def test_the_single_valued_list_is_derived_from_every_endpoint():
     assert {p["name"] for _, p in IN_PATH} == {"chunk_id", "parent_doc_id", "point_id"}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("path", "param"), SINGLE_VALUED, ids=lambda v: v["name"] if isinstance(v, dict) else v
 )
@@ -295,6 +302,7 @@ def test_a_single_valued_parameter_given_twice_is_400_naming_it(served, path, pa
     assert f"{param['name']!r} is given 2 times" in response.json()["detail"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("path", "param"), IN_PATH, ids=lambda v: v["name"] if isinstance(v, dict) else v
 )
@@ -305,6 +313,7 @@ def test_a_path_parameter_given_in_the_query_too_is_400_naming_it(served, path, 
     assert response.status_code == 400, response.text
     assert f"{param['name']!r} is a path parameter" in response.json()["detail"]
 
+@pytest.mark.integration
 
 def test_repeatable_parameters_stay_repeatable(served):
     server, _ = served
@@ -313,6 +322,7 @@ def test_repeatable_parameters_stay_repeatable(served):
     )
     assert response.status_code == 200, response.text
 
+@pytest.mark.integration
 
 def test_a_second_book_never_reads_the_other_book(served):
     """A gateway that checks (or sets) the first ``book`` cannot be bypassed by a second one."""
@@ -332,6 +342,7 @@ def test_a_second_book_never_reads_the_other_book(served):
             assert "'book' is given 2 times" in response.json()["detail"]
             assert other["text"][:200] not in response.text and OTHER not in response.text
 
+@pytest.mark.integration
 
 def test_health_and_docs(served):
     server, _ = served
@@ -428,6 +439,7 @@ def test_the_holder_steps_aside_for_a_waiting_writer_then_reopens(tmp_path):
     finally:
         holder.close()
 
+@pytest.mark.integration
 
 def test_a_store_busy_past_its_wait_is_503(tmp_path):
     from rag_pipeline.schema import COLLECTION_SCHEMA
@@ -448,6 +460,7 @@ def test_a_store_busy_past_its_wait_is_503(tmp_path):
         server.stop()
 
 
+@pytest.mark.integration
 def test_a_bad_or_unavailable_embedding_api_is_502_or_503_naming_it(tmp_path):
     """Before, a NaN query vector answered 200 with no hits (dense) or the sparse half only
     (hybrid), and the embedder's other failures were 500. A bad vector is never cached."""
