@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.helpers import Cli, InProcessCli
+from rag_pipeline_tests.helpers import Cli, InProcessCli, index_sample_books
 
 INGEST_KEYS = {
     "files",
@@ -40,24 +40,29 @@ HIT_KEYS = {
 
 @pytest.fixture
 def cli(tmp_path, sample_books):
+    """The command in the test process (no Dagster run: those start processes)."""
     return InProcessCli(tmp_path, sample_books)
+
+
+@pytest.fixture
+def process_cli(tmp_path, sample_books):
+    """The command in real processes (forked from the warm interpreter, see warm.py): for
+    ingests, whose Dagster runs start processes of their own (compute log capture)."""
+    return Cli(tmp_path, sample_books)
 
 
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory):
-    """One ingested copy of the sample books, shared by the read-only tests."""
+    """The sample books indexed once (directly, without Dagster), for the read-only tests."""
     root = tmp_path_factory.mktemp("ingested")
-    books = root / "books"
-    shutil.copytree(REPO / "data" / "books", books)
-    reader = InProcessCli(root, books)
-    reader("ingest")
-    return reader
+    return InProcessCli(root, index_sample_books(root))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("engine", ["edge", "client"])
-def test_ingest_json_contract_and_incremental_rerun(cli, sample_books, engine):
-    cli.env["RAG_QDRANT_EMBEDDED"] = engine
-    report = cli.json("ingest")
+def test_ingest_json_contract_and_incremental_rerun(process_cli, sample_books, engine):
+    process_cli.env["RAG_QDRANT_EMBEDDED"] = engine
+    report = process_cli.json("ingest")
     books = report["books"]
     assert set(books) == {"humanoid-robotics-ros2", "ros2-fundamentals"}
     for stats in books.values():
@@ -65,13 +70,13 @@ def test_ingest_json_contract_and_incremental_rerun(cli, sample_books, engine):
         assert stats["files"] == 5 and stats["errors"] == 0
         assert stats["chunks"] == stats["points"] == stats["embedded"] > 10
         assert stats["files_new"] == 5
-    again = cli.json("ingest")["books"]
+    again = process_cli.json("ingest")["books"]
     assert all(b["embedded"] == 0 and b["status"] == "unchanged" for b in again.values())
     # edit one file, delete another: only that book runs
     book = sample_books / "ros2-fundamentals"
     (book / "00-intro.md").write_text((book / "00-intro.md").read_text() + "\n\n## Added\n\nNew.")
     os.remove(book / "01-chapter-1-ros2-fundamentals" / "02-setup.md")
-    third = cli.json("ingest")["books"]
+    third = process_cli.json("ingest")["books"]
     assert third["humanoid-robotics-ros2"]["status"] == "unchanged"
     changed = third["ros2-fundamentals"]
     assert changed["files_modified"] == 1 and changed["files_deleted"] == 1
@@ -103,9 +108,9 @@ def probe_ingest(cli) -> dict:
 
 
 @pytest.mark.integration
-def test_no_change_ingest_answers_without_loading_dagster(cli, tmp_path):
-    cli("ingest")
-    probe = probe_ingest(cli)
+def test_no_change_ingest_answers_without_loading_dagster(process_cli, tmp_path):
+    process_cli("ingest")
+    probe = probe_ingest(process_cli)
     assert probe["exit"] == 0 and not probe["dagster"]
     books = probe["report"]["books"]
     assert {b["status"] for b in books.values()} == {"unchanged"}
@@ -113,13 +118,14 @@ def test_no_change_ingest_answers_without_loading_dagster(cli, tmp_path):
     # without the record of the instance's partitions (a new DAGSTER_HOME, say), it goes
     # through Dagster, which adds the partitions again
     (tmp_path / "dagster_home" / "rag_book_partitions.json").unlink()
-    probe = probe_ingest(cli)
+    probe = probe_ingest(process_cli)
     assert probe["dagster"] and probe["exit"] == 0
     assert (tmp_path / "dagster_home" / "rag_book_partitions.json").is_file()
 
 
-def test_ingest_named_book_and_dagster_records_runs(cli, tmp_path):
-    report = cli.json("ingest", "--book", "ros2-fundamentals")
+@pytest.mark.integration
+def test_ingest_named_book_and_dagster_records_runs(process_cli, tmp_path):
+    report = process_cli.json("ingest", "--book", "ros2-fundamentals")
     assert list(report["books"]) == ["ros2-fundamentals"]
     run_id = report["books"]["ros2-fundamentals"]["run_id"]
     assert run_id
@@ -224,24 +230,26 @@ def test_search_filters_and_modes(ingested):
     assert bad.returncode == 2 and "chapter range is empty" in bad.stderr
 
 
-def test_plan_shows_work_without_writing(cli, sample_books):
-    plan = cli.json("plan")["books"]
+@pytest.mark.integration
+def test_plan_shows_work_without_writing(process_cli, sample_books):
+    plan = process_cli.json("plan")["books"]
     assert plan["ros2-fundamentals"]["files_new"] == 5
     assert plan["ros2-fundamentals"]["chunks_to_embed"] > 0
     assert plan["ros2-fundamentals"]["cost_usd"] == 0
-    assert cli.json("plan")["books"] == plan  # nothing was written
-    cli("ingest")
-    after = cli.json("plan")["books"]["ros2-fundamentals"]
+    assert process_cli.json("plan")["books"] == plan  # nothing was written
+    process_cli("ingest")
+    after = process_cli.json("plan")["books"]["ros2-fundamentals"]
     assert after["chunks_to_embed"] == 0 and after["files_unchanged"] == 5
 
 
-def test_removed_book_is_purged_by_ingest(cli, sample_books):
-    cli("ingest")
+@pytest.mark.integration
+def test_removed_book_is_purged_by_ingest(process_cli, sample_books):
+    process_cli("ingest")
     shutil.rmtree(sample_books / "humanoid-robotics-ros2")
-    report = cli.json("ingest")["books"]
+    report = process_cli.json("ingest")["books"]
     assert report["humanoid-robotics-ros2"]["status"] == "removed"
     assert report["humanoid-robotics-ros2"]["deleted"] > 0
-    gone = cli.json("search", "ROS", "--book", "humanoid-robotics-ros2")
+    gone = process_cli.json("search", "ROS", "--book", "humanoid-robotics-ros2")
     assert gone == []
 
 

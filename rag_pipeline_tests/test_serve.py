@@ -21,7 +21,7 @@ import requests
 from rag_pipeline.embed import EmbeddingAnswerError
 from rag_pipeline_tests.conftest import REPO, make_recipe, make_source
 from rag_pipeline_tests.fakes import FakeOpenAI
-from rag_pipeline_tests.helpers import Cli
+from rag_pipeline_tests.helpers import Cli, index_sample_books
 
 BOOK = "ros2-fundamentals"
 OTHER = "humanoid-robotics-ros2"
@@ -68,23 +68,9 @@ class Server:
 
 
 def _indexed_cli(root, embedder=None) -> Cli:  # type: ignore[no-untyped-def]
-    """The sample books indexed (directly, without Dagster) into the CLI's embedded store,
+    """A CLI of the sample books indexed directly (without Dagster) into its embedded store,
     by ``embedder`` (default: the hash embedder)."""
-    from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.ingest.stages import ingest_book
-    from rag_pipeline.schema import COLLECTION_SCHEMA
-    from rag_pipeline.store.edge import EdgeStore
-
-    books = root / "books"
-    shutil.copytree(REPO / "data" / "books", books)
-    cli = Cli(root, books)
-    store = EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA)
-    try:
-        for book in (BOOK, OTHER):
-            ingest_book(make_source(books), book, store, make_recipe(embedder or HashEmbedder()))
-    finally:
-        store.close()
-    return cli
+    return Cli(root, index_sample_books(root, embedder))
 
 
 @pytest.fixture(scope="module")
