@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -32,6 +33,9 @@ _SPAWNERS: tuple[tuple[Any, str], ...] = (
     (os, "posix_spawnp"),
 )
 _STARTED_A_PROCESS = pytest.StashKey[str]()
+# The OpenAI client's request headers name the processor, which the standard library learns by
+# running `uname -p`, once per process: learnt here, so that no test is charged with it.
+platform.processor()
 
 
 @pytest.hookimpl(wrapper=True)

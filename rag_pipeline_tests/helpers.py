@@ -35,26 +35,32 @@ def cli_env(tmp_path: Path, data_dir: Path, embedder: str = "hash") -> dict[str,
     return env
 
 
-def index_sample_books(root: Path, embedder: Any = None, run_id: str = "direct") -> Path:
-    """The sample books copied to ``root/books`` and indexed directly (no Dagster, no process)
-    into the embedded store a CLI of ``root`` reads, by ``embedder`` (default: hashing)."""
-    import shutil
-
+def index_books(books: Path, qdrant_path: str, embedder: Any = None, run_id: str = "direct") -> None:
+    """Every book under ``books`` indexed directly (no Dagster run, no process) into the
+    embedded store at ``qdrant_path``, by ``embedder`` (default: hashing)."""
     from rag_pipeline.embed.hashing import HashEmbedder
     from rag_pipeline.ingest.stages import ingest_book
     from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store.edge import EdgeStore
     from rag_pipeline_tests.conftest import make_recipe, make_source
 
-    books = root / "books"
-    shutil.copytree(REPO / "data" / "books", books)
     source, recipe = make_source(books), make_recipe(embedder or HashEmbedder())
-    store = EdgeStore("rag_chunks", cli_env(root, books)["RAG_QDRANT_PATH"], COLLECTION_SCHEMA)
+    store = EdgeStore("rag_chunks", qdrant_path, COLLECTION_SCHEMA)
     try:
         for book in sorted(p.name for p in books.iterdir() if p.is_dir()):
             ingest_book(source, book, store, recipe, run_id)
     finally:
         store.close()
+
+
+def index_sample_books(root: Path, embedder: Any = None) -> Path:
+    """The sample books copied to ``root/books`` and indexed directly into the store that a
+    CLI of ``root`` reads (see :func:`index_books`); the books folder."""
+    import shutil
+
+    books = root / "books"
+    shutil.copytree(REPO / "data" / "books", books)
+    index_books(books, cli_env(root, books)["RAG_QDRANT_PATH"], embedder)
     return books
 
 
