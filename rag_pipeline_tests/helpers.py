@@ -35,7 +35,9 @@ def cli_env(tmp_path: Path, data_dir: Path, embedder: str = "hash") -> dict[str,
     return env
 
 
-def index_books(books: Path, qdrant_path: str, embedder: Any = None, run_id: str = "direct") -> None:
+def index_books(
+    books: Path, qdrant_path: str, embedder: Any = None, run_id: str = "direct"
+) -> None:
     """Every book under ``books`` indexed directly (no Dagster run, no process) into the
     embedded store at ``qdrant_path``, by ``embedder`` (default: hashing)."""
     from rag_pipeline.embed.hashing import HashEmbedder

@@ -3,7 +3,6 @@ its coexistence with an ingest run on the embedded store."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 import requests
 
 from rag_pipeline.embed import EmbeddingAnswerError
-from rag_pipeline_tests.conftest import REPO, make_recipe, make_source
+from rag_pipeline_tests.conftest import make_recipe
 from rag_pipeline_tests.fakes import FakeOpenAI
 from rag_pipeline_tests.helpers import Cli, index_sample_books
 
@@ -118,8 +117,8 @@ def test_search_body_equals_the_cli_json(served, params):
     assert body, "the request should find something"
     assert body == cli.json("search", query, "--book", BOOK, *_cli_args(params))
 
-@pytest.mark.integration
 
+@pytest.mark.integration
 def test_context_document_lineage_bodies_equal_the_cli_json(served):
     server, cli = served
     top = server.get("/search", q="publish subscribe", book=BOOK, limit=1).json()[0]
@@ -132,8 +131,8 @@ def test_context_document_lineage_bodies_equal_the_cli_json(served):
     assert lineage.json() == cli.json("lineage", top["id"], "--book", BOOK)
     assert lineage.json()["source_file"] == top["source_file"]
 
-@pytest.mark.integration
 
+@pytest.mark.integration
 def test_grouped_search_over_http(served):
     server, _ = served
     groups = server.get("/search", q="ROS 2 nodes", book=BOOK, group_by="file", limit=4).json()
@@ -201,8 +200,8 @@ def test_bad_input_is_answered_with_a_code_and_a_message(served, path, params, s
     assert response.status_code == status, response.text
     assert message in response.text
 
-@pytest.mark.integration
 
+@pytest.mark.integration
 def test_another_books_ids_are_not_found(served):
     server, _ = served
     other = server.get("/search", q="ROS", book=OTHER, limit=1).json()[0]
@@ -299,8 +298,8 @@ def test_a_path_parameter_given_in_the_query_too_is_400_naming_it(served, path, 
     assert response.status_code == 400, response.text
     assert f"{param['name']!r} is a path parameter" in response.json()["detail"]
 
-@pytest.mark.integration
 
+@pytest.mark.integration
 def test_repeatable_parameters_stay_repeatable(served):
     server, _ = served
     response = server.get(
@@ -308,8 +307,8 @@ def test_repeatable_parameters_stay_repeatable(served):
     )
     assert response.status_code == 200, response.text
 
-@pytest.mark.integration
 
+@pytest.mark.integration
 def test_a_second_book_never_reads_the_other_book(served):
     """A gateway that checks (or sets) the first ``book`` cannot be bypassed by a second one."""
     server, _ = served
@@ -328,8 +327,8 @@ def test_a_second_book_never_reads_the_other_book(served):
             assert "'book' is given 2 times" in response.json()["detail"]
             assert other["text"][:200] not in response.text and OTHER not in response.text
 
-@pytest.mark.integration
 
+@pytest.mark.integration
 def test_health_and_docs(served):
     server, _ = served
     health = server.get("/health").json()
@@ -425,8 +424,8 @@ def test_the_holder_steps_aside_for_a_waiting_writer_then_reopens(tmp_path):
     finally:
         holder.close()
 
-@pytest.mark.integration
 
+@pytest.mark.integration
 def test_a_store_busy_past_its_wait_is_503(tmp_path):
     from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store.edge import EdgeStore

@@ -8,7 +8,8 @@ fork. Each command is a child with its own pid, environment, working folder, std
 stderr files, locks and SQLite connections, which runs ``rag-pipeline ARGS`` and exits (or
 is killed) as a process started from scratch would: only the imports are done already. What
 a child cannot show (the installed entry point, a fresh interpreter's imports, a fresh hash
-seed) is left to the few tests that start ``python -m rag_pipeline.cli`` themselves.
+seed, PYTHON* variables other than PYTHONWARNINGS) is left to the few tests that start
+``python -m rag_pipeline.cli`` themselves.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def _child(request: dict[str, Any]) -> None:
             os.dup2(target, fd)
             os.close(target)
         os.close(stdin)
+        _read_warning_options(request["env"].get("PYTHONWARNINGS", ""))
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
@@ -100,6 +102,17 @@ def _child(request: dict[str, Any]) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _read_warning_options(options: str) -> None:
+    """PYTHONWARNINGS, which an interpreter reads at its start, as the command's own."""
+    import warnings
+
+    if options == os.environ.get("PYTHONWARNINGS", ""):
+        return
+    warnings.resetwarnings()
+    for option in filter(None, options.split(",")):
+        warnings._setoption(option)  # type: ignore[attr-defined]  # what -W and the variable use
 
 
 def _poll(pid: int) -> int | None:
