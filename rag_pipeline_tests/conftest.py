@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import platform
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+import subprocess
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,59 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CORPUS = FIXTURES / "corpus"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 REPO = Path(__file__).resolve().parents[1]
+
+
+#: a test that starts a process carries one of these marks, so that `make test-fast`
+#: (``-m "not slow and not integration"``) never starts one
+PROCESS_MARKS = ("slow", "integration")
+#: the ways a test process starts another one, patched to refuse in unmarked tests
+_SPAWNERS: tuple[tuple[Any, str], ...] = (
+    (subprocess.Popen, "__init__"),
+    (os, "system"),
+    (os, "fork"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+)
+_STARTED_A_PROCESS = pytest.StashKey[str]()
+# The OpenAI client's request headers name the processor, which the standard library learns by
+# running `uname -p`, once per process: learnt here, so that no test is charged with it.
+platform.processor()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator:
+    """A test without a process mark that starts a process (in its fixtures too) fails."""
+    if any(item.get_closest_marker(mark) for mark in PROCESS_MARKS):
+        return (yield)
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _SPAWNERS]
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        item.stash[_STARTED_A_PROCESS] = repr(args[1:2] or args[:1])[:200]
+        raise AssertionError(
+            f"{item.nodeid} starts a process but is not marked slow or integration "
+            "(make test-fast runs no process)"
+        )
+
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse)
+    try:
+        return (yield)
+    finally:
+        for owner, name, real in saved:
+            setattr(owner, name, real)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator:
+    """The refusal fails the test even where the code under test caught the error."""
+    report: pytest.TestReport = yield
+    started = item.stash.get(_STARTED_A_PROCESS, None)
+    if started is not None and report.passed and report.when == "call":
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} starts a process ({started}) but is not marked slow or integration"
+        )
+    return report
 
 
 def shared_corpus(name: str) -> Path:

@@ -1,15 +1,18 @@
-"""The `rag-pipeline` command as users and other tools run it (a real subprocess)."""
+"""The `rag-pipeline` command as users and other tools run it: its output and exit codes in
+the test process (click's CliRunner), and what only a process shows (no Dagster import when
+nothing changed, a busy store named by another process, a reader that exits early) in real
+processes, marked integration."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.helpers import Cli, InProcessCli, index_sample_books
 
 INGEST_KEYS = {
     "files",
@@ -35,69 +38,31 @@ HIT_KEYS = {
 }
 
 
-class Cli:
-    def __init__(self, tmp_path: Path, data_dir: Path, embedder: str = "hash"):
-        self.env = {
-            **os.environ,
-            "RAG_DATA_DIR": str(data_dir),
-            "RAG_QDRANT_PATH": str(tmp_path / "qdrant"),
-            "RAG_CACHE_DIR": str(tmp_path / "cache"),
-            "RAG_EMBEDDER": embedder,
-            "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-            "DO_NOT_TRACK": "1",
-        }
-        for var in ("RAG_QDRANT_URL", "RAG_COLLECTION", "RAG_QDRANT_EMBEDDED"):
-            self.env.pop(var, None)
-        self.cwd = tmp_path
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
-            [sys.executable, "-m", "rag_pipeline.cli", *args],
-            env=self.env,
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    def json(self, *args: str):
-        return json.loads(self(*args, "--json").stdout)
-
-    def as_user(self, prefix: list[str], *args: str) -> subprocess.CompletedProcess:
-        """The command run through ``prefix`` (e.g. setpriv as another user), unchecked."""
-        return subprocess.run(
-            [*prefix, sys.executable, "-m", "rag_pipeline.cli", *args],
-            env={**self.env, "HOME": str(self.cwd)},
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+@pytest.fixture
+def cli(tmp_path, sample_books):
+    """The command in the test process (no Dagster run: those start processes)."""
+    return InProcessCli(tmp_path, sample_books)
 
 
 @pytest.fixture
-def cli(tmp_path, sample_books):
+def process_cli(tmp_path, sample_books):
+    """The command in real processes (forked from the warm interpreter, see warm.py): for
+    ingests, whose Dagster runs start processes of their own (compute log capture)."""
     return Cli(tmp_path, sample_books)
 
 
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory):
-    """One ingested copy of the sample books, shared by the read-only tests."""
+    """The sample books indexed once (directly, without Dagster), for the read-only tests."""
     root = tmp_path_factory.mktemp("ingested")
-    books = root / "books"
-    shutil.copytree(REPO / "data" / "books", books)
-    reader = Cli(root, books)
-    reader("ingest")
-    return reader
+    return InProcessCli(root, index_sample_books(root))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("engine", ["edge", "client"])
-def test_ingest_json_contract_and_incremental_rerun(cli, sample_books, engine):
-    cli.env["RAG_QDRANT_EMBEDDED"] = engine
-    report = cli.json("ingest")
+def test_ingest_json_contract_and_incremental_rerun(process_cli, sample_books, engine):
+    process_cli.env["RAG_QDRANT_EMBEDDED"] = engine
+    report = process_cli.json("ingest")
     books = report["books"]
     assert set(books) == {"humanoid-robotics-ros2", "ros2-fundamentals"}
     for stats in books.values():
@@ -105,13 +70,13 @@ def test_ingest_json_contract_and_incremental_rerun(cli, sample_books, engine):
         assert stats["files"] == 5 and stats["errors"] == 0
         assert stats["chunks"] == stats["points"] == stats["embedded"] > 10
         assert stats["files_new"] == 5
-    again = cli.json("ingest")["books"]
+    again = process_cli.json("ingest")["books"]
     assert all(b["embedded"] == 0 and b["status"] == "unchanged" for b in again.values())
     # edit one file, delete another: only that book runs
     book = sample_books / "ros2-fundamentals"
     (book / "00-intro.md").write_text((book / "00-intro.md").read_text() + "\n\n## Added\n\nNew.")
     os.remove(book / "01-chapter-1-ros2-fundamentals" / "02-setup.md")
-    third = cli.json("ingest")["books"]
+    third = process_cli.json("ingest")["books"]
     assert third["humanoid-robotics-ros2"]["status"] == "unchanged"
     changed = third["ros2-fundamentals"]
     assert changed["files_modified"] == 1 and changed["files_deleted"] == 1
@@ -142,9 +107,10 @@ def probe_ingest(cli) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_no_change_ingest_answers_without_loading_dagster(cli, tmp_path):
-    cli("ingest")
-    probe = probe_ingest(cli)
+@pytest.mark.integration
+def test_no_change_ingest_answers_without_loading_dagster(process_cli, tmp_path):
+    process_cli("ingest")
+    probe = probe_ingest(process_cli)
     assert probe["exit"] == 0 and not probe["dagster"]
     books = probe["report"]["books"]
     assert {b["status"] for b in books.values()} == {"unchanged"}
@@ -152,13 +118,14 @@ def test_no_change_ingest_answers_without_loading_dagster(cli, tmp_path):
     # without the record of the instance's partitions (a new DAGSTER_HOME, say), it goes
     # through Dagster, which adds the partitions again
     (tmp_path / "dagster_home" / "rag_book_partitions.json").unlink()
-    probe = probe_ingest(cli)
+    probe = probe_ingest(process_cli)
     assert probe["dagster"] and probe["exit"] == 0
     assert (tmp_path / "dagster_home" / "rag_book_partitions.json").is_file()
 
 
-def test_ingest_named_book_and_dagster_records_runs(cli, tmp_path):
-    report = cli.json("ingest", "--book", "ros2-fundamentals")
+@pytest.mark.integration
+def test_ingest_named_book_and_dagster_records_runs(process_cli, tmp_path):
+    report = process_cli.json("ingest", "--book", "ros2-fundamentals")
     assert list(report["books"]) == ["ros2-fundamentals"]
     run_id = report["books"]["ros2-fundamentals"]["run_id"]
     assert run_id
@@ -263,24 +230,26 @@ def test_search_filters_and_modes(ingested):
     assert bad.returncode == 2 and "chapter range is empty" in bad.stderr
 
 
-def test_plan_shows_work_without_writing(cli, sample_books):
-    plan = cli.json("plan")["books"]
+@pytest.mark.integration
+def test_plan_shows_work_without_writing(process_cli, sample_books):
+    plan = process_cli.json("plan")["books"]
     assert plan["ros2-fundamentals"]["files_new"] == 5
     assert plan["ros2-fundamentals"]["chunks_to_embed"] > 0
     assert plan["ros2-fundamentals"]["cost_usd"] == 0
-    assert cli.json("plan")["books"] == plan  # nothing was written
-    cli("ingest")
-    after = cli.json("plan")["books"]["ros2-fundamentals"]
+    assert process_cli.json("plan")["books"] == plan  # nothing was written
+    process_cli("ingest")
+    after = process_cli.json("plan")["books"]["ros2-fundamentals"]
     assert after["chunks_to_embed"] == 0 and after["files_unchanged"] == 5
 
 
-def test_removed_book_is_purged_by_ingest(cli, sample_books):
-    cli("ingest")
+@pytest.mark.integration
+def test_removed_book_is_purged_by_ingest(process_cli, sample_books):
+    process_cli("ingest")
     shutil.rmtree(sample_books / "humanoid-robotics-ros2")
-    report = cli.json("ingest")["books"]
+    report = process_cli.json("ingest")["books"]
     assert report["humanoid-robotics-ros2"]["status"] == "removed"
     assert report["humanoid-robotics-ros2"]["deleted"] > 0
-    gone = cli.json("search", "ROS", "--book", "humanoid-robotics-ros2")
+    gone = process_cli.json("search", "ROS", "--book", "humanoid-robotics-ros2")
     assert gone == []
 
 
@@ -289,6 +258,7 @@ def test_books_listing(ingested):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_end_to_end_with_the_default_local_model(tmp_path, sample_books):
     """The real offline model, through Dagster, into the embedded store, then a search."""
     shutil.rmtree(sample_books / "humanoid-robotics-ros2")
@@ -313,7 +283,9 @@ def test_end_to_end_with_the_default_local_model(tmp_path, sample_books):
     assert lineage["embedding_dim"] == 384
 
 
+@pytest.mark.integration
 def test_busy_embedded_store_is_a_clear_error(ingested):
+    """Another process holds the embedded store: the command says which, and exits 2."""
     cli = ingested
     from rag_pipeline.config import load_settings
     from rag_pipeline.schema import COLLECTION_SCHEMA
@@ -347,6 +319,7 @@ def test_busy_embedded_store_is_a_clear_error(ingested):
         holder.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args", [("books",), ("books", "--json"), ("plan",), ("plan", "--json")], ids=" ".join
 )

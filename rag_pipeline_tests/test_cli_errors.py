@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import click
 import numpy as np
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 
 from rag_pipeline.cli import main
 from rag_pipeline_tests.fakes import FakeOpenAI
+from rag_pipeline_tests.helpers import index_books
 
 GOOD_ID = str(uuid.uuid4())
 #: what a traceback leaves in text: Python's header, Dagster's serialized error, a frame
@@ -169,13 +171,20 @@ def test_malformed_arguments_are_messages_not_tracebacks(env, args):
     assert text.strip()
 
 
+def index_the_books() -> None:
+    """The books of the environment indexed directly: an ingest's Dagster run would start
+    processes (its compute log capture), which the fast suite does not."""
+    index_books(Path(os.environ["RAG_DATA_DIR"]), os.environ["RAG_QDRANT_PATH"])
+
+
 def test_missing_ids_are_exit_1_with_a_message(env):
-    assert run("ingest")[0] == 0
+    index_the_books()
     for command in COMMANDS[4:]:
         code, text = run(*command)
         assert code == 1 and "no " in text, text
 
 
+@pytest.mark.integration
 def test_a_real_process_prints_no_traceback_on_a_bad_setting(tmp_path):
     env = {**os.environ, "RAG_CHUNK_OVERLAP": "7", "DAGSTER_HOME": str(tmp_path / "h")}
     proc = subprocess.run(
@@ -217,6 +226,7 @@ def test_a_log_record_prints_without_its_trace_unless_v():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_a_failed_step_prints_no_dagster_stack_trace_without_v(tmp_path, sample_books):
     """An embedding server answering the wrong dimension fails the book's embedding step (after
     Dagster's step retries): exit 1, the report names the cause, stderr carries no stack trace;
@@ -284,6 +294,7 @@ def test_an_unusable_store_path_is_a_setting_error_naming_it(env, tmp_path, engi
     assert code == 2 and "RAG_QDRANT_PATH" in text, text
 
 
+@pytest.mark.integration  # a Dagster run: its compute log capture starts processes
 def test_an_unwritable_partitions_marker_does_not_fail_the_ingest(env, tmp_path):
     """The marker beside the Dagster instance is a hint: the books are ingested, the report
     says so with a warning and the exit code is the work's."""
@@ -317,6 +328,7 @@ def test_an_invalid_dagster_yaml_is_a_setting_error_naming_it(env, tmp_path, yam
     assert "move it aside" in text and "error: unexpected" not in text, text
 
 
+@pytest.mark.integration  # a Dagster run: its compute log capture starts processes
 def test_a_damaged_dagster_database_is_failed_work_naming_the_file(env, tmp_path):
     history = tmp_path / "home" / "history"
     history.mkdir(parents=True)
@@ -353,7 +365,7 @@ def test_a_search_of_a_book_with_nothing_indexed_says_so(env):
     result = CliRunner().invoke(main, ["search", "robots", "--book", "nosuch", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout) == [], result.output
     assert "book nosuch has nothing indexed; the index is empty" in result.stderr
-    assert run("ingest")[0] == 0
+    index_the_books()
     code, text = run("search", "robots", "--book", "nosuch")
     assert code == 0, text
     assert "indexed books: humanoid-robotics-ros2, ros2-fundamentals" in text, text

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.test_cli import Cli
+from rag_pipeline_tests.helpers import Cli
 from rag_pipeline_tests.test_crash import point_set
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -26,33 +26,27 @@ def books_with_a_third(tmp_path):
     return books
 
 
-def start_ingest(cli: Cli) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
-        env=cli.env,
-        cwd=cli.cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def start_ingest(cli: Cli):  # type: ignore[no-untyped-def]
+    return cli.start("ingest", "--json")
 
 
-def finish(proc: subprocess.Popen[str]) -> dict:
+def finish(proc) -> dict:  # type: ignore[no-untyped-def]
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err
     return json.loads(out)
 
 
-def reference_points(tmp_path) -> dict[str, set[str]]:
-    ref = tmp_path / "reference"
-    ref.mkdir()
+@pytest.fixture(scope="module")
+def reference_points(tmp_path_factory) -> dict[str, set[str]]:
+    """The points one ingest of the three books gives, alone (shared by the tests)."""
+    ref = tmp_path_factory.mktemp("reference")
     cli = Cli(ref, books_with_a_third(ref))
     cli("ingest")
     return point_set(ref / "qdrant")
 
 
-def test_searches_in_a_loop_while_an_ingest_runs(tmp_path):
+def test_searches_in_a_loop_while_an_ingest_runs(tmp_path, reference_points):
     from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
     from rag_pipeline.retrieve import search
@@ -92,7 +86,7 @@ def test_searches_in_a_loop_while_an_ingest_runs(tmp_path):
     assert errors == []
     assert counts["searches"] >= 10
     assert {b["status"] for b in report["books"].values()} == {"ingested"}
-    assert point_set(tmp_path / "qdrant") == reference_points(tmp_path)
+    assert point_set(tmp_path / "qdrant") == reference_points
 
 
 def test_a_search_process_during_an_ingest_never_fails_it(tmp_path):
@@ -108,14 +102,14 @@ def test_a_search_process_during_an_ingest_never_fails_it(tmp_path):
     assert all(json.loads(p.stdout) for p in searches)  # the book stayed searchable
 
 
-def test_two_ingests_started_together_both_succeed_and_agree(tmp_path):
+def test_two_ingests_started_together_both_succeed_and_agree(tmp_path, reference_points):
     cli = Cli(tmp_path, books_with_a_third(tmp_path))
     first, second = start_ingest(cli), start_ingest(cli)
     reports = [finish(first), finish(second)]
     for report in reports:
         assert {b["status"] for b in report["books"].values()} <= {"ingested", "unchanged"}
         assert all(b["points"] == b["chunks"] > 0 for b in report["books"].values())
-    assert point_set(tmp_path / "qdrant") == reference_points(tmp_path)
+    assert point_set(tmp_path / "qdrant") == reference_points
     again = cli.json("ingest")
     assert {b["status"] for b in again["books"].values()} == {"unchanged"}
 

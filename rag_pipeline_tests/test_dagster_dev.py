@@ -376,7 +376,7 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     )
 
     # 4c. a CLI ingest against the same instance (it waits for the store if a run holds it)
-    from rag_pipeline_tests.test_cli import Cli
+    from rag_pipeline_tests.helpers import Cli
 
     cli = Cli(tmp_path, sample_books)
     cli.env.update(dev.env)

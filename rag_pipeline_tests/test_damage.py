@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.test_cli import Cli
+from rag_pipeline_tests.helpers import Cli
 
 pytestmark = pytest.mark.integration
 BOOK = "ros2-fundamentals"

@@ -409,6 +409,7 @@ def test_cluster_collection_gets_shards_replication_and_tenant_index():
         store.ensure_collection(CollectionSpec("books", 384))  # idempotent: nothing re-created
 
 
+@pytest.mark.integration
 def test_ingest_against_an_unreachable_server_names_the_cause(tmp_path, sample_books):
     env = {
         **os.environ,
@@ -508,6 +509,7 @@ KILLER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("engine", ["client", "edge"])
 def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_dir, engine):
     from rag_pipeline.config import load_settings

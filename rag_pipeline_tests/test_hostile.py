@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rag_pipeline_tests.helpers import Cli
 from rag_pipeline_tests.hostile import MAX_FILE_BYTES, build_hostile_books
-from rag_pipeline_tests.test_cli import Cli
 
 pytestmark = pytest.mark.integration
 

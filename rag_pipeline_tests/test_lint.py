@@ -21,11 +21,13 @@ def ruff() -> str:
     return found
 
 
+@pytest.mark.integration
 def test_ruff_lint():
     proc = subprocess.run([ruff(), "check", *TARGETS], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_ruff_format():
     proc = subprocess.run(
         [ruff(), "format", "--check", *TARGETS], cwd=REPO, capture_output=True, text=True
@@ -175,6 +177,8 @@ def test_asset_and_op_names_are_not_spelled_where_the_objects_serve():
     assert offenders == []
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_type_check_is_clean():
     """mypy, strict, over rag_pipeline/ (configured in pyproject.toml)."""
     pytest.importorskip("mypy", reason="mypy is not installed (it is in the dev extra)")

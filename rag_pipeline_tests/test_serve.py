@@ -3,7 +3,6 @@ its coexistence with an ingest run on the embedded store."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,9 +18,9 @@ import pytest
 import requests
 
 from rag_pipeline.embed import EmbeddingAnswerError
-from rag_pipeline_tests.conftest import REPO, make_recipe, make_source
+from rag_pipeline_tests.conftest import make_recipe
 from rag_pipeline_tests.fakes import FakeOpenAI
-from rag_pipeline_tests.test_cli import Cli
+from rag_pipeline_tests.helpers import Cli, index_sample_books
 
 BOOK = "ros2-fundamentals"
 OTHER = "humanoid-robotics-ros2"
@@ -68,23 +67,9 @@ class Server:
 
 
 def _indexed_cli(root, embedder=None) -> Cli:  # type: ignore[no-untyped-def]
-    """The sample books indexed (directly, without Dagster) into the CLI's embedded store,
+    """A CLI of the sample books indexed directly (without Dagster) into its embedded store,
     by ``embedder`` (default: the hash embedder)."""
-    from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.ingest.stages import ingest_book
-    from rag_pipeline.schema import COLLECTION_SCHEMA
-    from rag_pipeline.store.edge import EdgeStore
-
-    books = root / "books"
-    shutil.copytree(REPO / "data" / "books", books)
-    cli = Cli(root, books)
-    store = EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA)
-    try:
-        for book in (BOOK, OTHER):
-            ingest_book(make_source(books), book, store, make_recipe(embedder or HashEmbedder()))
-    finally:
-        store.close()
-    return cli
+    return Cli(root, index_sample_books(root, embedder))
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +104,7 @@ SEARCHES: list[dict[str, object]] = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "params", SEARCHES, ids=lambda p: "&".join(f"{k}={v}" for k, v in p.items()) or "default"
 )
@@ -132,6 +118,7 @@ def test_search_body_equals_the_cli_json(served, params):
     assert body == cli.json("search", query, "--book", BOOK, *_cli_args(params))
 
 
+@pytest.mark.integration
 def test_context_document_lineage_bodies_equal_the_cli_json(served):
     server, cli = served
     top = server.get("/search", q="publish subscribe", book=BOOK, limit=1).json()[0]
@@ -145,6 +132,7 @@ def test_context_document_lineage_bodies_equal_the_cli_json(served):
     assert lineage.json()["source_file"] == top["source_file"]
 
 
+@pytest.mark.integration
 def test_grouped_search_over_http(served):
     server, _ = served
     groups = server.get("/search", q="ROS 2 nodes", book=BOOK, group_by="file", limit=4).json()
@@ -169,6 +157,7 @@ NO_BOOK_REQUESTS = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("path", "params"), NO_BOOK_REQUESTS)
 def test_no_book_no_answer(served, path, params):
     server, _ = served
@@ -203,6 +192,7 @@ BAD_REQUESTS = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("path", "params", "status", "message"), BAD_REQUESTS)
 def test_bad_input_is_answered_with_a_code_and_a_message(served, path, params, status, message):
     server, _ = served
@@ -211,6 +201,7 @@ def test_bad_input_is_answered_with_a_code_and_a_message(served, path, params, s
     assert message in response.text
 
 
+@pytest.mark.integration
 def test_another_books_ids_are_not_found(served):
     server, _ = served
     other = server.get("/search", q="ROS", book=OTHER, limit=1).json()[0]
@@ -283,6 +274,7 @@ def test_the_single_valued_list_is_derived_from_every_endpoint():
     assert {p["name"] for _, p in IN_PATH} == {"chunk_id", "parent_doc_id", "point_id"}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("path", "param"), SINGLE_VALUED, ids=lambda v: v["name"] if isinstance(v, dict) else v
 )
@@ -295,6 +287,7 @@ def test_a_single_valued_parameter_given_twice_is_400_naming_it(served, path, pa
     assert f"{param['name']!r} is given 2 times" in response.json()["detail"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("path", "param"), IN_PATH, ids=lambda v: v["name"] if isinstance(v, dict) else v
 )
@@ -306,6 +299,7 @@ def test_a_path_parameter_given_in_the_query_too_is_400_naming_it(served, path, 
     assert f"{param['name']!r} is a path parameter" in response.json()["detail"]
 
 
+@pytest.mark.integration
 def test_repeatable_parameters_stay_repeatable(served):
     server, _ = served
     response = server.get(
@@ -314,6 +308,7 @@ def test_repeatable_parameters_stay_repeatable(served):
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.integration
 def test_a_second_book_never_reads_the_other_book(served):
     """A gateway that checks (or sets) the first ``book`` cannot be bypassed by a second one."""
     server, _ = served
@@ -333,6 +328,7 @@ def test_a_second_book_never_reads_the_other_book(served):
             assert other["text"][:200] not in response.text and OTHER not in response.text
 
 
+@pytest.mark.integration
 def test_health_and_docs(served):
     server, _ = served
     health = server.get("/health").json()
@@ -429,6 +425,7 @@ def test_the_holder_steps_aside_for_a_waiting_writer_then_reopens(tmp_path):
         holder.close()
 
 
+@pytest.mark.integration
 def test_a_store_busy_past_its_wait_is_503(tmp_path):
     from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store.edge import EdgeStore
@@ -448,6 +445,7 @@ def test_a_store_busy_past_its_wait_is_503(tmp_path):
         server.stop()
 
 
+@pytest.mark.integration
 def test_a_bad_or_unavailable_embedding_api_is_502_or_503_naming_it(tmp_path):
     """Before, a NaN query vector answered 200 with no hits (dense) or the sparse half only
     (hybrid), and the embedder's other failures were 500. A bad vector is never cached."""

@@ -1,0 +1,157 @@
+"""The `rag-pipeline` command as the tests run it: :class:`Cli` in real processes (forked from
+the warm interpreter of ``warm.py``, or started from scratch), :class:`InProcessCli` in the
+test process itself (click's CliRunner: no subprocess, for the fast suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from rag_pipeline_tests.warm import REPO, warm_server
+
+#: settings of the developer's environment that would point a test at their store
+FOREIGN_SETTINGS = ("RAG_QDRANT_URL", "RAG_COLLECTION", "RAG_QDRANT_EMBEDDED")
+
+
+def cli_env(tmp_path: Path, data_dir: Path, embedder: str = "hash") -> dict[str, str]:
+    """The environment of a CLI whose store, cache and Dagster home live under ``tmp_path``."""
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(data_dir),
+        "RAG_QDRANT_PATH": str(tmp_path / "qdrant"),
+        "RAG_CACHE_DIR": str(tmp_path / "cache"),
+        "RAG_EMBEDDER": embedder,
+        "DAGSTER_HOME": str(tmp_path / "dagster_home"),
+        "DO_NOT_TRACK": "1",
+    }
+    for var in FOREIGN_SETTINGS:
+        env.pop(var, None)
+    return env
+
+
+def index_books(
+    books: Path, qdrant_path: str, embedder: Any = None, run_id: str = "direct"
+) -> None:
+    """Every book under ``books`` indexed directly (no Dagster run, no process) into the
+    embedded store at ``qdrant_path``, by ``embedder`` (default: hashing)."""
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store.edge import EdgeStore
+    from rag_pipeline_tests.conftest import make_recipe, make_source
+
+    source, recipe = make_source(books), make_recipe(embedder or HashEmbedder())
+    store = EdgeStore("rag_chunks", qdrant_path, COLLECTION_SCHEMA)
+    try:
+        for book in sorted(p.name for p in books.iterdir() if p.is_dir()):
+            ingest_book(source, book, store, recipe, run_id)
+    finally:
+        store.close()
+
+
+def index_sample_books(root: Path, embedder: Any = None) -> Path:
+    """The sample books copied to ``root/books`` and indexed directly into the store that a
+    CLI of ``root`` reads (see :func:`index_books`); the books folder."""
+    import shutil
+
+    books = root / "books"
+    shutil.copytree(REPO / "data" / "books", books)
+    index_books(books, cli_env(root, books)["RAG_QDRANT_PATH"], embedder)
+    return books
+
+
+class Cli:
+    """``rag-pipeline`` in a real process per command. By default the process is forked from
+    the warm interpreter (the same process semantics without the imports, see warm.py);
+    ``fresh=True`` starts ``python -m rag_pipeline.cli`` from scratch."""
+
+    def __init__(
+        self, tmp_path: Path, data_dir: Path, embedder: str = "hash", *, fresh: bool = False
+    ) -> None:
+        self.env = cli_env(tmp_path, data_dir, embedder)
+        self.cwd = tmp_path
+        self.fresh = fresh
+
+    def start(self, *args: str, point: str | None = None) -> Any:
+        """The command started (a ``Popen`` or its warm twin), killed at crash point ``point``."""
+        if self.fresh:
+            env = self.env
+            if point is not None:
+                command = [sys.executable, "-m", "rag_pipeline_tests.crashpoint", point, *args]
+                env = {**env, "PYTHONPATH": str(REPO)}  # the crash points' module
+            else:
+                command = [sys.executable, "-m", "rag_pipeline.cli", *args]
+            return subprocess.Popen(
+                command,
+                env=env,
+                cwd=self.cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        return warm_server().start(list(args), self.env, self.cwd, point)
+
+    def __call__(
+        self, *args: str, check: bool = True, point: str | None = None, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        proc = self.start(*args, point=point)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        done = subprocess.CompletedProcess(["rag-pipeline", *args], proc.returncode, stdout, stderr)
+        if check and done.returncode != 0:
+            raise AssertionError(f"exit {done.returncode}\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "--json").stdout)
+
+    def as_user(self, prefix: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+        """The command run through ``prefix`` (e.g. setpriv as another user), unchecked."""
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "rag_pipeline.cli", *args],
+            env={**self.env, "HOME": str(self.cwd)},
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+
+class InProcessCli(Cli):
+    """The same commands in the test process (CliRunner, the environment and working folder
+    set for the call): exit codes and output as a process gives them, no subprocess."""
+
+    def __call__(
+        self, *args: str, check: bool = True, point: str | None = None, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        from rag_pipeline.cli import main
+
+        assert point is None, "crash points kill the process: use Cli"
+        unset: dict[str, str | None] = {k: None for k in os.environ if k not in self.env}
+        before = Path.cwd()
+        os.chdir(self.cwd)
+        try:
+            result = CliRunner().invoke(main, list(args), env={**unset, **self.env})
+        finally:
+            os.chdir(before)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise AssertionError(f"{args}: escaped {result.exception!r}\n{result.output}")
+        done = subprocess.CompletedProcess(
+            ["rag-pipeline", *args], result.exit_code, result.stdout, result.stderr
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"exit {done.returncode}\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def start(self, *args: str, point: str | None = None) -> Any:
+        raise TypeError("an in-process command cannot be started in the background: use Cli")
