@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition, RunsFilter
 
@@ -169,11 +169,8 @@ def _run_book(
 ) -> BookResult:
     outcome = job.execute_in_process(
         run_config={**console_run_config(), **ingest_run_config(force=force)},
-        instance=instance,
-        run_id=run_id,
         partition_key=book_id,
-        raise_on_error=False,
-        tags=tags,
+        **_in_process(instance, run_id, tags),
     )
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))
@@ -182,15 +179,25 @@ def _run_book(
     return result
 
 
+class _InProcess(TypedDict):
+    instance: DagsterInstance
+    run_id: str
+    raise_on_error: bool
+    tags: dict[str, str]
+
+
+def _in_process(instance: DagsterInstance, run_id: str, tags: dict[str, str]) -> _InProcess:
+    """How the CLI runs a job: on the home instance, under the run id it recorded, its
+    failure reported (not raised), with its tags."""
+    return _InProcess(instance=instance, run_id=run_id, raise_on_error=False, tags=tags)
+
+
 def _purge_book(
     job: JobDefinition, instance: DagsterInstance, run_id: str, book_id: str, tags: dict[str, str]
 ) -> BookResult:
     outcome = job.execute_in_process(
         run_config={**console_run_config(), **purge_run_config(book_id)},
-        instance=instance,
-        run_id=run_id,
-        raise_on_error=False,
-        tags=tags,
+        **_in_process(instance, run_id, tags),
     )
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))

@@ -356,22 +356,18 @@ def _walk_chain(
 ) -> list[StoredRecord]:
     """Follow prev/next ids from the centre through the candidates (robust to stale indexes)."""
     by_id = {r.id: r for r in candidates}
-    before: list[StoredRecord] = []
-    cursor = center
-    for _ in range(prev):
-        prev_id = cursor.payload.get(PREV_CHUNK_ID)
-        if not prev_id or prev_id not in by_id:
-            break
-        cursor = by_id[prev_id]
-        before.append(cursor)
-    after: list[StoredRecord] = []
-    cursor = center
-    for _ in range(next):
-        next_id = cursor.payload.get(NEXT_CHUNK_ID)
-        if not next_id or next_id not in by_id:
-            break
-        cursor = by_id[next_id]
-        after.append(cursor)
+
+    def walk(link: str, steps: int) -> list[StoredRecord]:
+        found, cursor = [], center
+        for _ in range(steps):
+            linked = cursor.payload.get(link)
+            if not linked or linked not in by_id:
+                break
+            cursor = by_id[linked]
+            found.append(cursor)
+        return found
+
+    before, after = walk(PREV_CHUNK_ID, prev), walk(NEXT_CHUNK_ID, next)
     return [*reversed(before), center, *after]
 
 
