@@ -254,6 +254,7 @@ def home_bytes(home):
     return sum(p.stat().st_size for p in home.rglob("*") if p.is_file())
 
 
+@pytest.mark.integration  # runs on a real DAGSTER_HOME: Dagster starts `tail` for its logs
 def test_dagster_home_keeps_no_chunk_text_or_vector_and_grows_little_per_book_run(
     settings, data_dir, tmp_path, monkeypatch, capsys
 ):
