@@ -644,3 +644,42 @@ def test_a_collection_refresh_asks_the_instance_as_much_at_30_books_as_at_3(
     assert rows[BOOKS[1]]["last_run"] == "" and rows[BOOKS[1]]["health"] == "failed"
     extra = rows["extra-27"]
     assert extra["last_run"] == "" and extra["why"] == "not indexed yet"
+
+
+def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died(
+    settings, resources, instance, monkeypatch
+):
+    """A run that failed before its later checks ran leaves them planned: the page still shows
+    their last completed result and the book's last materializing run."""
+    from rag_pipeline.defs import assets as assets_module
+    from rag_pipeline.defs._dagster_private import AssetCheckExecutionRecordStatus
+    from rag_pipeline.defs.collection import BOOK_CHECKS, collection_page
+
+    book = BOOKS[0]
+    good = materialize(ingestion_assets, partition_key=book, instance=instance, resources=resources)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("embedder gone")
+
+    monkeypatch.setattr(assets_module, "embed_book", fail)
+    failed = materialize(
+        ingestion_assets,
+        partition_key=book,
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
+    monkeypatch.undo()
+    assert good.success and not failed.success
+    latest = {
+        info.check_key.name: info.latest_execution_status
+        for info in instance.event_log_storage.get_asset_check_partition_info(list(BOOK_CHECKS))
+        if info.partition_key == book
+    }
+    assert latest["vector_dimension"] == AssetCheckExecutionRecordStatus.PLANNED
+    pipeline = PipelineResources.from_settings(settings)
+    page = collection_page(instance, pipeline.books, pipeline.qdrant)
+    row = next(r for r in table_rows(page.metadata["book_table"]) if r["book"] == book)
+    assert row["last_run"] == good.run_id
+    assert row["health"] == "ok" and row["why"] == ""
+    assert page.checks["book_checks_pass"][0]
