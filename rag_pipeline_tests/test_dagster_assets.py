@@ -569,3 +569,117 @@ def test_the_resources_are_the_objects_built_once_from_the_settings(settings, mo
         "qdrant": resources.qdrant,
         "recipe": resources.recipe,
     }
+
+
+def count_storage_calls(instance, monkeypatch):
+    """Every call of a public method of the instance's event log and run storages (the
+    queries an instance makes), counted by name."""
+    from collections import Counter
+
+    calls = Counter()
+    for storage in (instance.event_log_storage, instance.run_storage):
+        for name in dir(type(storage)):
+            attribute = getattr(type(storage), name, None)
+            if name.startswith("_") or isinstance(attribute, property) or not callable(attribute):
+                continue
+            monkeypatch.setattr(storage, name, counting(calls, name, getattr(storage, name)))
+    return calls
+
+
+def counting(calls, name, method):
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return method(*args, **kwargs)
+
+    return counted
+
+
+def test_a_collection_refresh_asks_the_instance_as_much_at_30_books_as_at_3(
+    settings, instance, sample_books, monkeypatch
+):
+    """After one book's run, the page's last runs and check results take a fixed number of
+    instance queries, however many books the collection holds (they were five a book)."""
+    from dagster import AssetCheckEvaluation, AssetMaterialization
+
+    from rag_pipeline.defs.assets import qdrant_points
+    from rag_pipeline.defs.collection import BOOK_CHECKS, collection_page
+
+    resources = PipelineResources.from_settings(settings)
+    bound = fixed_resources(resources)
+    run = materialize(ingestion_assets, partition_key=BOOKS[0], instance=instance, resources=bound)
+
+    def add_books(first, last):  # books materialized earlier, every check passed
+        for n in range(first, last):
+            book = f"extra-{n:02d}"
+            (sample_books / book).mkdir()
+            (sample_books / book / "index.md").write_text(f"# Extra {n}\n\nSome text.\n")
+            instance.report_runless_asset_event(
+                AssetMaterialization(asset_key=qdrant_points.key, partition=book)
+            )
+            for check in BOOK_CHECKS:
+                instance.report_runless_asset_event(
+                    AssetCheckEvaluation(
+                        asset_key=check.asset_key,
+                        check_name=check.name,
+                        passed=True,
+                        partition=book,
+                    )
+                )
+
+    def refresh():
+        calls = count_storage_calls(instance, monkeypatch)
+        page = collection_page(instance, resources.books, resources.qdrant)
+        monkeypatch.undo()
+        return sum(calls.values()), {r["book"]: r for r in table_rows(page.metadata["book_table"])}
+
+    add_books(0, 1)  # 3 books: the two samples and one more
+    at_3, rows = refresh()
+    assert len(rows) == 3 and rows[BOOKS[0]]["last_run"] == run.run_id
+    add_books(1, 28)
+    at_30, rows = refresh()
+    assert len(rows) == 30
+    assert at_30 == at_3
+    # the rows are still each book's own: the run, the checks recorded for it
+    assert rows[BOOKS[0]]["last_run"] == run.run_id
+    assert rows[BOOKS[1]]["last_run"] == "" and rows[BOOKS[1]]["health"] == "failed"
+    extra = rows["extra-27"]
+    assert extra["last_run"] == "" and extra["why"] == "not indexed yet"
+
+
+def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died(
+    settings, resources, instance, monkeypatch
+):
+    """A run that failed before its later checks ran leaves them planned: the page still shows
+    their last completed result and the book's last materializing run."""
+    from rag_pipeline.defs import assets as assets_module
+    from rag_pipeline.defs._dagster_private import AssetCheckExecutionRecordStatus
+    from rag_pipeline.defs.collection import BOOK_CHECKS, collection_page
+
+    book = BOOKS[0]
+    good = materialize(ingestion_assets, partition_key=book, instance=instance, resources=resources)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("embedder gone")
+
+    monkeypatch.setattr(assets_module, "embed_book", fail)
+    failed = materialize(
+        ingestion_assets,
+        partition_key=book,
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
+    monkeypatch.undo()
+    assert good.success and not failed.success
+    latest = {
+        info.check_key.name: info.latest_execution_status
+        for info in instance.event_log_storage.get_asset_check_partition_info(list(BOOK_CHECKS))
+        if info.partition_key == book
+    }
+    assert latest["vector_dimension"] == AssetCheckExecutionRecordStatus.PLANNED
+    pipeline = PipelineResources.from_settings(settings)
+    page = collection_page(instance, pipeline.books, pipeline.qdrant)
+    row = next(r for r in table_rows(page.metadata["book_table"]) if r["book"] == book)
+    assert row["last_run"] == good.run_id
+    assert row["health"] == "ok" and row["why"] == ""
+    assert page.checks["book_checks_pass"][0]

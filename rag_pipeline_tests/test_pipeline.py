@@ -523,3 +523,30 @@ def test_a_plan_hashes_each_file_once_and_reads_only_what_runs(env, store, monke
     books = plan_ingest(env.source, store, env.recipe, [BOOK]).books  # as `ingest` plans
     assert books[BOOK].action == "run" and books[BOOK].preview is None
     assert hashed == {"a.md": 1, "sub/b.md": 1, "c.md": 1} and not read
+
+
+def test_a_plan_reads_points_per_file_only_for_a_book_whose_count_is_off(env, store, monkeypatch):
+    """A facet by file looks at every file name of the collection: the plan `ingest` makes
+    asks for it only for a book whose chunk points are not what its records promise, and still
+    names the file that lost points."""
+    from rag_pipeline.schema import SOURCE_FILE
+
+    env.run()
+    faceted = []
+    real_counts_by = store.counts_by
+
+    def counting(where, key):
+        faceted.append(key)
+        return real_counts_by(where, key)
+
+    monkeypatch.setattr(store, "counts_by", counting)
+    book = plan_ingest(env.source, store, env.recipe, [BOOK]).books[BOOK]
+    assert book.action == "unchanged" and book.points == book.chunks > 0
+    assert SOURCE_FILE not in faceted
+    lost = sorted(
+        p for p, payload in env.chunk_points().items() if payload["source_file"] == "a.md"
+    )
+    store.delete_ids(book_filter(BOOK), lost[:1])
+    book = plan_ingest(env.source, store, env.recipe, [BOOK]).books[BOOK]
+    assert book.action == "run" and book.changes.modified == ("a.md",)
+    assert any("chunk points" in r for r in book.reasons) and SOURCE_FILE in faceted

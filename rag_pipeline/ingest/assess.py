@@ -106,20 +106,35 @@ def read_book_index(
 ) -> BookIndex:
     """Read the book's index state once and probe a few of its stored vectors.
 
-    Without ``chunk_payloads`` only the document records and per-file point counts are read
-    (a fraction of a second for a whole corpus): enough to decide, not to run (a run needs
+    Without ``chunk_payloads`` only the document records and the book's point count are read
+    (per file only when that count is not what the records promise: a fraction of a second
+    for a whole corpus): enough to decide, not to run (a run needs
     the chunk ids it replaces and the content hashes whose vectors it reuses)."""
     if chunk_payloads:
         state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
         points = state.chunk_counts()
     else:
         state = read_index_state(store, book_id, documents_only=True)
-        points = store.counts_by(chunks_of(book_id), SOURCE_FILE)
+        points = _points_per_file(store, state)
         state.chunk_points = sum(points.values())  # the book's total, as the full read has it
     probe = store.scroll(chunks_of(book_id), fields=[], page_size=DAMAGE_SAMPLE)
     sample = [record.id for record in islice(probe, DAMAGE_SAMPLE)]
     damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
     return BookIndex(state, points, damaged)
+
+
+def _points_per_file(store: VectorStore, state: IndexState) -> dict[str, int]:
+    """source_file -> chunk points the index holds for it, read without a per-file facet when
+    the book's chunk points are exactly what its document records promise.
+
+    A facet by file costs a look at every file name of the whole collection, for each book:
+    a plan of every book would cost the square of the collection. A book whose total matches
+    is taken to hold each file's promised points; a book whose total does not is read per
+    file, so the plan names the files at fault."""
+    held = store.count(chunks_of(state.book_id))
+    if held != state.promised_chunks:
+        return store.counts_by(chunks_of(state.book_id), SOURCE_FILE)
+    return {name: d.total_chunks for name, d in state.documents.items() if d.total_chunks > 0}
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,12 @@ One function decides, for ``rag-pipeline plan``, ``rag-pipeline ingest`` and (it
 the books sensor, so what ``plan`` prints is what ``ingest`` then does: a book's run or
 unchanged is a view of its assessment (:mod:`rag_pipeline.ingest.assess`), the one the run's
 first step makes. The decision reads the files on disk and only the index's document records
-and per-file point counts (never chunk payloads; a few vectors are probed for damage), so
-planning every book of a corpus takes a fraction of a second. With ``detail``, the assessment
-also reads the chunk payloads a run reads (no text), and books that will run are parsed and
-chunked from it (nothing is embedded or written) to count the chunks to embed, the tokens and
-the points to delete. Either way each file is hashed once, and only the files that run are read."""
+and point counts (per book; per file where a book's count is off; never chunk payloads; a
+few vectors are probed for damage), so planning every book of a corpus takes a fraction of a
+second. With ``detail``, the assessment also reads the chunk payloads a run reads (no text),
+and books that will run are parsed and chunked from it (nothing is embedded or written) to
+count the chunks to embed, the tokens and the points to delete. Either way each file is
+hashed once, and only the files that run are read."""
 
 from __future__ import annotations
 
