@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,13 @@ class InProcessCli(Cli):
 
     def start(self, *args: str, point: str | None = None) -> Any:
         raise TypeError("an in-process command cannot be started in the background: use Cli")
+
+
+#: what a traceback leaves in text: Python's header, Dagster's serialized error, a frame
+TRACE_MARKS = re.compile(r'Traceback \(most recent call last\)|Stack Trace:|File "[^"]*", line \d+')
+
+
+def assert_no_trace(text: str) -> None:
+    """No Python traceback, no Dagster ``Stack Trace:`` block, no ``File "...", line N`` frame."""
+    found = TRACE_MARKS.search(text)
+    assert found is None, f"{found.group(0)!r} in:\n{text}"

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.helpers import Cli, InProcessCli, index_sample_books
+from rag_pipeline_tests.helpers import Cli, InProcessCli, assert_no_trace, index_sample_books
 
 INGEST_KEYS = {
     "files",
@@ -314,7 +314,7 @@ def test_busy_embedded_store_is_a_clear_error(ingested):
         )
         assert proc.returncode == 2
         assert "is in use by" in proc.stderr and f"pid {os.getpid()}" in proc.stderr
-        assert "Traceback" not in proc.stderr
+        assert_no_trace(proc.stderr)
     finally:
         holder.close()
 

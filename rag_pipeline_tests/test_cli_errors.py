@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,17 +18,9 @@ from click.testing import CliRunner
 
 from rag_pipeline.cli import main
 from rag_pipeline_tests.fakes import FakeOpenAI
-from rag_pipeline_tests.helpers import index_books
+from rag_pipeline_tests.helpers import assert_no_trace, index_books
 
 GOOD_ID = str(uuid.uuid4())
-#: what a traceback leaves in text: Python's header, Dagster's serialized error, a frame
-TRACE_MARKS = re.compile(r'Traceback \(most recent call last\)|Stack Trace:|File "[^"]*", line \d+')
-
-
-def assert_no_trace(text: str) -> None:
-    """No Python traceback, no Dagster ``Stack Trace:`` block, no ``File "...", line N`` frame."""
-    found = TRACE_MARKS.search(text)
-    assert found is None, f"{found.group(0)!r} in:\n{text}"
 
 
 @pytest.fixture

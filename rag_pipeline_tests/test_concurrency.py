@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.helpers import Cli
+from rag_pipeline_tests.helpers import Cli, assert_no_trace
 from rag_pipeline_tests.test_crash import point_set
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -33,7 +33,7 @@ def start_ingest(cli: Cli):  # type: ignore[no-untyped-def]
 def finish(proc) -> dict:  # type: ignore[no-untyped-def]
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    assert "Traceback" not in err
+    assert_no_trace(err)
     return json.loads(out)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.helpers import Cli
+from rag_pipeline_tests.helpers import Cli, assert_no_trace
 
 pytestmark = pytest.mark.integration
 BOOK = "ros2-fundamentals"
@@ -41,7 +41,7 @@ def folder(cli) -> Path:
 
 
 def no_traceback(proc) -> None:
-    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert_no_trace(proc.stderr + proc.stdout)
 
 
 def search(cli, mode: str = "hybrid"):

@@ -26,7 +26,7 @@ from rag_pipeline.store import CollectionSpec, StoreUnavailableError
 from rag_pipeline.store.qdrant import QdrantStore
 from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.fakes import BAD_ANSWERS, FakeOpenAI, FakeQdrant, _vector
-from rag_pipeline_tests.test_cli_errors import assert_no_trace
+from rag_pipeline_tests.helpers import assert_no_trace
 
 
 @pytest.fixture

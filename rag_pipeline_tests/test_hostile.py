@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_pipeline_tests.helpers import Cli
+from rag_pipeline_tests.helpers import Cli, assert_no_trace
 from rag_pipeline_tests.hostile import MAX_FILE_BYTES, build_hostile_books
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ def hostile(tmp_path):
 
 
 def no_traceback(proc) -> None:
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    assert_no_trace(proc.stderr + proc.stdout)
 
 
 def test_hostile_corpus_plan_equals_ingest_and_every_file_is_accounted_for(hostile):
