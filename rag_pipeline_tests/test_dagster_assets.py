@@ -661,7 +661,8 @@ def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died
     def fail(*args, **kwargs):
         raise RuntimeError("embedder gone")
 
-    monkeypatch.setattr(assets_module, "embed_book", fail)
+    # the chunking step has no retry policy: the run fails at once (embedding would retry twice)
+    monkeypatch.setattr(assets_module, "chunk_book", fail)
     failed = materialize(
         ingestion_assets,
         partition_key=book,
