@@ -29,6 +29,15 @@ from rag_pipeline_tests.fakes import BAD_ANSWERS, FakeOpenAI, FakeQdrant, _vecto
 from rag_pipeline_tests.helpers import assert_no_trace
 
 
+@pytest.fixture(autouse=True)
+def quick_backoff(monkeypatch):
+    """The OpenAI client's exponential backoff, 50x shorter: these tests count retries and read
+    errors, none of them times the backoff (Retry-After, which some do time, is unchanged)."""
+    from rag_pipeline.embed import openai as openai_module
+
+    monkeypatch.setattr(openai_module, "INITIAL_RETRY_DELAY_S", 0.01)
+
+
 @pytest.fixture
 def openai_server():
     with FakeOpenAI() as server:
