@@ -65,6 +65,7 @@ def int8_embedder(local_embedder):
     return LocalEmbedder(cache_dir=local_embedder._cache_dir, precision="int8")
 
 
+@pytest.mark.slow  # quantizes the model's graph (seconds of ONNX Runtime work)
 def test_int8_model_stays_close_to_fp32(local_embedder, int8_embedder):
     """ONNX Runtime's dynamic quantization (per-channel int8 MatMul weights) moves vectors a
     little: measured mean cosine 0.9928, min 0.9888 on these texts (0.9943 / 0.9878 on 320
@@ -77,6 +78,7 @@ def test_int8_model_stays_close_to_fp32(local_embedder, int8_embedder):
     assert not np.allclose(int8, fp32, atol=1e-4)  # it really is another graph
 
 
+@pytest.mark.slow  # quantizes the model's graph (seconds of ONNX Runtime work)
 def test_int8_has_its_own_model_name(local_embedder, int8_embedder):
     """Points record model_name: int8 and fp32 vectors must never mix in one index."""
     assert local_embedder.model_name == "sentence-transformers/all-MiniLM-L6-v2"
@@ -85,6 +87,7 @@ def test_int8_has_its_own_model_name(local_embedder, int8_embedder):
     assert int8_embedder.tokenizer.max_input_tokens == 256
 
 
+@pytest.mark.slow  # quantizes the model's graph (seconds of ONNX Runtime work)
 def test_int8_graph_is_cached_beside_fp32_and_reused(tmp_path, monkeypatch):
     import onnxruntime.quantization
 
@@ -102,6 +105,7 @@ def test_int8_graph_is_cached_beside_fp32_and_reused(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == names  # nothing new, no temp file left
 
 
+@pytest.mark.slow  # quantizes the model's graph (seconds of ONNX Runtime work)
 def test_int8_without_a_cache_folder(int8_embedder):
     vectors = LocalEmbedder(precision="int8").embed(REFERENCE["texts"][:2])
     np.testing.assert_allclose(vectors, int8_embedder.embed(REFERENCE["texts"][:2]), atol=1e-5)
