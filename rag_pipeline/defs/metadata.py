@@ -47,7 +47,6 @@ def table(
     rows: Sequence[Mapping[str, Any]],
     limit: int = 25,
     columns: Sequence[str] | None = None,
-    descriptions: Mapping[str, str] | None = None,
 ) -> TableMetadataValue:
     """The first ``limit`` rows as table metadata; the columns are ``columns`` (else those of
     the rows, in order of appearance), typed by their values. A missing value is an empty
@@ -56,15 +55,9 @@ def table(
     names = (
         list(columns) if columns is not None else list(dict.fromkeys(k for r in kept for k in r))
     )
-    described = descriptions or {}
     schema = TableSchema(
         columns=[
-            TableColumn(
-                name=name,
-                type=_column_type(r.get(name) for r in kept),
-                description=described.get(name),
-            )
-            for name in names
+            TableColumn(name=name, type=_column_type(r.get(name) for r in kept)) for name in names
         ]
     )
     records = [TableRecord(data={n: _cell(r.get(n)) for n in names}) for r in kept]
