@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from rag_pipeline.ingest.plan import IngestPlan
     from rag_pipeline.ingest.recipe import IndexRecipe
     from rag_pipeline.ingest.report import IngestReport
+    from rag_pipeline.resources import LazyRecipe
+    from rag_pipeline.retrieve.evaluate import EvalReport
     from rag_pipeline.retrieve.search import GroupBy, Hit, HitGroup, SearchMode
     from rag_pipeline.store import FusionMethod, VectorStore
 
@@ -140,11 +142,12 @@ def opened_store(settings: Settings) -> Iterator[VectorStore]:
         yield store
 
 
-def build_recipe(settings: Settings) -> IndexRecipe:
-    from rag_pipeline.embed import create_embedder
-    from rag_pipeline.ingest.recipe import IndexRecipe
+def book_recipes(settings: Settings) -> LazyRecipe:
+    """The recipes of the configured settings, one per book as its record decides
+    (:func:`rag_pipeline.ingest.choice.choose_book_model`), each model loaded on first use."""
+    from rag_pipeline.resources import LazyRecipe
 
-    return IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
+    return LazyRecipe(settings.embedding(), settings.chunking())
 
 
 _LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -222,7 +225,7 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
 
         moved = set_aside(settings.store())
         err.print(f"[yellow]set aside[/] {moved}", highlight=False)
-    recipe = build_recipe(settings)
+    recipe = book_recipes(settings)
     with opened_store(settings) as store:  # released before any run: runs open it per step
         plan = plan_ingest(settings.source(), store, recipe, list(books) or None, force=force)
     known = read_partitions_marker(home)
@@ -239,7 +242,7 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
         sys.exit(1)
 
 
-def _execute(plan: IngestPlan, settings: Settings, recipe: IndexRecipe, home: Path) -> IngestReport:
+def _execute(plan: IngestPlan, settings: Settings, recipe: LazyRecipe, home: Path) -> IngestReport:
     from rag_pipeline.orchestration.runner import execute_plan
     from rag_pipeline.resources import PipelineResources
 
@@ -301,32 +304,35 @@ def plan(books: tuple[str, ...], as_json: bool, force: bool) -> None:
 
     The same code decides both: each book is run, unchanged, purged or missing, with the
     reason; books that will run are also read and chunked to count the work."""
+    from rag_pipeline.embed import usd_per_million_tokens
     from rag_pipeline.ingest.plan import plan_ingest
 
     settings = _settings()
-    recipe = build_recipe(settings)
+    recipe = book_recipes(settings)
     with opened_store(settings) as store:
         the_plan = plan_ingest(
             settings.source(), store, recipe, list(books) or None, force=force, detail=True
         )
-    price = recipe.embedder.usd_per_million_tokens
+    price = usd_per_million_tokens(settings.embedding())
+    model = recipe.choose(None).embedding_model  # what a new book gets
     if as_json:
         emit_json(
             {
                 "books": {k: p.as_dict(price) for k, p in the_plan.books.items()},
-                "embedding_model": recipe.embedding_model,
+                "embedding_model": model,
                 "rejected_folders": the_plan.rejected,
                 "warnings": the_plan.warnings,
+                "recipe_change": the_plan.recipe_change(price),
             }
         )
     else:
-        _print_plan(the_plan, recipe, price)
+        _print_plan(the_plan, model, price)
     if the_plan.with_action("missing"):
         sys.exit(1)
 
 
-def _print_plan(the_plan: IngestPlan, recipe: IndexRecipe, price: float) -> None:
-    table = Table(title=f"Plan ({recipe.embedding_model})", title_justify="left")
+def _print_plan(the_plan: IngestPlan, model: str, price: float) -> None:
+    table = Table(title=f"Plan ({model} for new books)", title_justify="left")
     columns = ("book", "action", "new", "modified", "deleted", "unreadable", "unchanged")
     more = ("chunks", "to embed", "reused", "tokens", "cost $", "to delete")
     for column in (*columns, *more):
@@ -349,6 +355,7 @@ def _print_plan(the_plan: IngestPlan, recipe: IndexRecipe, price: float) -> None
             str(d["points_to_delete"]),
         )
     out.print(table)
+    _print_recipe_change(the_plan, price)
     for book_id, p in the_plan.books.items():
         for reason in p.reasons if p.action != "unchanged" else ():
             err.print(f"[cyan]{book_id}[/]: {reason}", highlight=False)
@@ -358,6 +365,29 @@ def _print_plan(the_plan: IngestPlan, recipe: IndexRecipe, price: float) -> None
         err.print(f"[yellow]skipped folder[/] {rejected}", highlight=False)
     for warning in the_plan.warnings:
         err.print(f"[yellow]warning[/] {warning}", highlight=False)
+
+
+def _print_recipe_change(the_plan: IngestPlan, price: float) -> None:
+    """Per book and in total, what embedding books again with another recipe costs."""
+    total = the_plan.recipe_change(price)
+    if not total["books_affected"]:
+        out.print("recipe change: none (every indexed book keeps its recipe)")
+        return
+    for book_id, p in the_plan.books.items():
+        cost = p.recipe_change_cost(price)
+        if cost is not None:
+            out.print(
+                f"recipe change [cyan]{book_id}[/]: {cost['from']} -> {cost['to']}: "
+                f"{cost['chunks_to_embed']} chunks, {cost['tokens_to_embed']} tokens to embed, "
+                f"${cost['cost_usd']:.4f}",
+                highlight=False,
+            )
+    out.print(
+        f"recipe change in total: {total['books_affected']} books, "
+        f"{total['chunks_to_embed']} chunks, {total['tokens_to_embed']} tokens to embed, "
+        f"${total['cost_usd']:.4f}",
+        highlight=False,
+    )
 
 
 @main.command()
@@ -549,8 +579,13 @@ def search(
         )
     except ValueError as exc:
         fail(str(exc))
-    recipe = build_recipe(settings) if request.needs_embedder else None
     with opened_store(settings) as store:
+        # the query is embedded by the model the book records, never compared across models
+        recipe = (
+            book_recipes(settings).for_book(store, book, purpose="search").recipe
+            if request.needs_embedder
+            else None
+        )
         try:
             results = request.run(
                 store,
@@ -773,6 +808,24 @@ def serve(
     default=None,
     help="collection for the evaluation index [default: RAG_COLLECTION + '_eval']",
 )
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="evaluate the current recipe and a candidate (the --candidate-* options) side by "
+    "side, each indexed once in the evaluation collection",
+)
+@click.option(
+    "--candidate-precision",
+    type=click.Choice(["fp32", "int8"]),
+    default=None,
+    help="with --compare: the candidate's local model precision [default: the current one]",
+)
+@click.option(
+    "--candidate-target-tokens",
+    type=click.IntRange(16, 100_000),
+    default=None,
+    help="with --compare: the candidate's chunk target tokens [default: RAG_CHUNK_TARGET_TOKENS]",
+)
 @click.option("--json", "as_json", is_flag=True)
 def eval_command(
     dataset_dir: Path,
@@ -781,16 +834,33 @@ def eval_command(
     fusion: tuple[str, ...],
     rrf_k: int,
     collection: str | None,
+    compare: bool,
+    candidate_precision: str | None,
+    candidate_target_tokens: int | None,
     as_json: bool,
 ) -> None:
     """nDCG@10, recall@10/100 and MRR@10 on a BEIR dataset (indexed as one book).
 
     The dataset goes into its own collection, apart from the books: an ingest purges books
-    without a folder, and an evaluation corpus has none."""
+    without a folder, and an evaluation corpus has none. The current recipe is the one a book
+    gets (the recorded precision wins over auto); --compare also evaluates a candidate recipe,
+    indexed as a book of its own beside it, so a team sees what a change does before making
+    it."""
     from rich.progress import Progress
 
-    from rag_pipeline.retrieve.evaluate import EvalRun, eval_runs, load_beir, run_evaluation
+    from rag_pipeline.retrieve.evaluate import (
+        EvalRun,
+        candidate_book_id,
+        eval_book_id,
+        eval_runs,
+        load_beir,
+        run_evaluation,
+    )
 
+    if not compare and (candidate_precision or candidate_target_tokens):
+        fail("--candidate-precision and --candidate-target-tokens need --compare")
+    if compare and not (candidate_precision or candidate_target_tokens):
+        fail("--compare needs a candidate: --candidate-precision and/or --candidate-target-tokens")
     base = _settings()
     settings = load_settings(collection=collection or f"{base.collection}_eval")
     try:
@@ -801,22 +871,39 @@ def eval_command(
         cast("list[SearchMode]", list(modes)), cast("list[FusionMethod]", list(fusion))
     )
     with opened_store(settings) as store, Progress(console=err, transient=True) as progress:
-        task = progress.add_task(f"indexing {dataset.name}", total=len(dataset.corpus))
 
-        def querying(run: EvalRun) -> Callable[[int, int], None]:
-            label = run[0] + (f", {run[1]}" if run[1] else "")
-            return _advance(progress, progress.add_task(f"queries ({label})", total=None))
+        def evaluate_as(recipe: IndexRecipe, book_id: str) -> tuple[IndexRecipe, list[EvalReport]]:
+            task = progress.add_task(f"indexing {dataset.name}", total=len(dataset.corpus))
 
-        recipe, reports = run_evaluation(
-            store,
-            build_recipe(settings),
-            dataset,
-            runs,
-            split=split,
-            rrf_k=rrf_k,
-            indexing=lambda done, total: progress.update(task, completed=done, total=total),
-            querying=querying,
+            def querying(run: EvalRun) -> Callable[[int, int], None]:
+                label = run[0] + (f", {run[1]}" if run[1] else "")
+                return _advance(progress, progress.add_task(f"queries ({label})", total=None))
+
+            return run_evaluation(
+                store,
+                recipe,
+                dataset,
+                runs,
+                split=split,
+                rrf_k=rrf_k,
+                indexing=lambda done, total: progress.update(task, completed=done, total=total),
+                querying=querying,
+                book_id=book_id,
+            )
+
+        current = book_recipes(settings).for_book(store, eval_book_id(dataset)).recipe
+        candidate = (
+            _candidate_recipe(settings, current, candidate_precision, candidate_target_tokens)
+            if compare
+            else None
         )
+        recipe, reports = evaluate_as(current, eval_book_id(dataset))
+        compared = (
+            evaluate_as(candidate, candidate_book_id(dataset, candidate)) if candidate else None
+        )
+    if compared is not None:
+        _print_comparison(dataset.name, split, (recipe, reports), compared, as_json)
+        return
     if as_json:
         emit_json(
             reports[0].as_dict() if len(reports) == 1 else {"runs": [r.as_dict() for r in reports]}
@@ -837,6 +924,95 @@ def eval_command(
             str(r.queries),
             f"{r.seconds:.1f}",
         )
+    out.print(table)
+
+
+def _candidate_recipe(
+    settings: Settings,
+    current: IndexRecipe,
+    precision: str | None,
+    target_tokens: int | None,
+) -> IndexRecipe:
+    """The current recipe with the candidate's precision and chunk target (exit 2 for a
+    candidate that cannot be built, or that is the current recipe)."""
+    from dataclasses import replace
+
+    from rag_pipeline.embed import model_names
+    from rag_pipeline.ingest.recipe import IndexRecipe
+    from rag_pipeline.resources import LazyRecipe
+
+    embedding, chunking = settings.embedding(), settings.chunking()
+    if target_tokens is not None:
+        if target_tokens > chunking.max_tokens:
+            fail(
+                f"--candidate-target-tokens {target_tokens} is above RAG_CHUNK_MAX_TOKENS "
+                f"({chunking.max_tokens})"
+            )
+        if target_tokens < chunking.min_tokens:
+            fail(
+                f"--candidate-target-tokens {target_tokens} is below RAG_CHUNK_MIN_TOKENS "
+                f"({chunking.min_tokens})"
+            )
+        chunking = replace(chunking, target_tokens=target_tokens)
+    names = model_names(embedding)
+    if precision is None or names.get(current.embedding_model) == precision:
+        candidate = IndexRecipe.build(current.embedder, chunking)  # the same model, loaded once
+    elif embedding.provider != "local":
+        fail(f"--candidate-precision is the local model's; RAG_EMBEDDER is {embedding.provider}")
+    else:
+        model = next(name for name, p in names.items() if p == precision)
+        candidate = LazyRecipe(embedding, chunking).for_model(model)
+    if candidate.signature == current.signature:
+        fail(
+            f"the candidate is the current recipe ({current.embedding_model}, chunk target "
+            f"{current.budget.target} tokens): name a different one"
+        )
+    return candidate
+
+
+def _recipe_json(recipe: IndexRecipe, reports: Sequence[EvalReport]) -> dict[str, Any]:
+    return {
+        "embedding_model": recipe.embedding_model,
+        "chunk_target_tokens": recipe.budget.target,
+        "signature": recipe.signature,
+        "runs": [r.as_dict() for r in reports],
+    }
+
+
+def _print_comparison(
+    name: str,
+    split: str,
+    current: tuple[IndexRecipe, list[EvalReport]],
+    candidate: tuple[IndexRecipe, list[EvalReport]],
+    as_json: bool,
+) -> None:
+    """The current and the candidate recipe's metrics side by side, with the difference."""
+    from rag_pipeline.retrieve.evaluate import METRICS, compare_reports
+
+    deltas = compare_reports(current[1], candidate[1])
+    if as_json:
+        emit_json(
+            {
+                "dataset": name,
+                "split": split,
+                "current": _recipe_json(*current),
+                "candidate": _recipe_json(*candidate),
+                "delta": deltas,
+            }
+        )
+        return
+    title = (
+        f"{name} ({split}): current {current[0].embedding_model} "
+        f"(chunk target {current[0].budget.target}) -> candidate "
+        f"{candidate[0].embedding_model} (chunk target {candidate[0].budget.target})"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("mode", "fusion", *METRICS):
+        table.add_column(column, justify="right")
+    for now, then, delta in zip(current[1], candidate[1], deltas, strict=True):
+        a, b = now.as_dict(), then.as_dict()
+        cells = [f"{a[m]:.4f} -> {b[m]:.4f} ({delta[m]:+.4f})" for m in METRICS]
+        table.add_row(now.mode, now.fusion or "", *cells)
     out.print(table)
 
 

@@ -178,10 +178,11 @@ class Settings(BaseSettings):
     # where `lineage` points its run links (the Dagster webserver)
     dagster_url: str = "http://127.0.0.1:3000"
     # Local model precision: fp32, int8 (ONNX Runtime dynamic quantization, its own
-    # embedding_model name) or auto (int8 on CPUs with VNNI/AMX int8 instructions, fp32
-    # elsewhere). fp32 is the default: int8 is 2x faster there but lowered the default mode's
-    # SciFact nDCG@10 by 0.0051, over the 0.005 the project accepts (docs/benchmarks.md).
-    local_precision: Literal["fp32", "int8", "auto"] = "fp32"
+    # embedding_model name) or auto, the default: int8 on CPUs with VNNI/AMX int8 instructions
+    # (2x faster there; the default mode's SciFact nDCG@10 -0.0051, within the 0.01 issue 21
+    # accepts, docs/benchmarks.md), fp32 elsewhere. Under auto a book already indexed keeps its
+    # recorded precision (ingest/choice.py): an upgrade re-embeds nothing.
+    local_precision: Literal["fp32", "int8", "auto"] = "auto"
     # OpenAI: requests in flight at once within one embed call, and optional client-side
     # limits (none when unset) that no request goes over, in any 60-second window.
     openai_concurrency: int = Field(4, ge=1, le=64)

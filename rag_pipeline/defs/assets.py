@@ -145,8 +145,9 @@ def source_files(
 ) -> Output[BookInventory]:
     tag_run(context, context.partition_key)
     with qdrant.open() as store:
+        book_recipe = recipe.for_book(store, context.partition_key).recipe
         inventory = take_inventory(
-            books, context.partition_key, store, recipe.get(), force=config.force
+            books, context.partition_key, store, book_recipe, force=config.force
         )
     changes = inventory.changes
     status = changes.statuses()
@@ -281,7 +282,7 @@ def documents(
 def chunks(
     context: AssetExecutionContext, recipe: ResourceParam[LazyRecipe], documents: ParsedBook
 ) -> Iterator[Output[ChunkedBook] | AssetCheckResult]:
-    index_recipe = recipe.get()
+    index_recipe = recipe.for_model(documents.inventory.embedding_model)  # the book's recipe
     chunked = chunk_book(documents, index_recipe)
     stats = chunked.token_stats()
     rows = [
@@ -349,7 +350,7 @@ def chunk_embeddings(
     qdrant: ResourceParam[StoreOpener],
     chunks: ChunkedBook,
 ) -> Iterator[Output[EmbeddedBook] | AssetCheckResult]:
-    index_recipe = recipe.get()
+    index_recipe = recipe.for_model(chunks.inventory.embedding_model)
     with qdrant.open() as store:
         reuse = vectors_to_reuse(chunks, index_recipe, store)
         collection_dim = store.dense_dimension()
@@ -415,7 +416,7 @@ def qdrant_points(
     chunks: ChunkedBook,
     chunk_embeddings: EmbeddedBook,
 ) -> Iterator[Output[BookResult] | AssetCheckResult]:
-    index_recipe = recipe.get()
+    index_recipe = recipe.for_model(chunks.inventory.embedding_model)
     lineage = index_recipe.lineage(context.run.run_id, chunk_embeddings.sparse_model)
     with qdrant.open() as store:
         if path_is_gone(books.data_dir, context.partition_key):

@@ -7,7 +7,25 @@ from rag_pipeline.embed import base as _base
 from rag_pipeline.embed.base import *  # noqa: F403 - re-exported: its __all__ is the API
 from rag_pipeline.embed.base import Embedder
 
-__all__ = [*_base.__all__, "create_embedder"]
+__all__ = [*_base.__all__, "create_embedder", "model_names", "usd_per_million_tokens"]
+
+#: the precisions the local model is produced at (``auto`` picks one of them)
+LOCAL_PRECISIONS = ("fp32", "int8")
+
+
+def model_names(config: EmbedderConfig) -> dict[str, str | None]:
+    """Every ``embedding_model`` name the configured provider can embed with, each with the
+    local precision that produces it (None for the other providers), without loading a
+    model: the local model at both precisions, else the one configured model."""
+    if config.provider == "hash":
+        from rag_pipeline.embed.hashing import HashEmbedder
+
+        return {HashEmbedder().model_name: None}
+    if config.provider == "openai":
+        return {config.openai_model: None}
+    from rag_pipeline.embed.local import local_model_name
+
+    return {local_model_name(config.local_model_dir, p): p for p in LOCAL_PRECISIONS}
 
 
 def create_embedder(config: EmbedderConfig) -> Embedder:
@@ -37,3 +55,14 @@ def create_embedder(config: EmbedderConfig) -> Embedder:
         cache_dir=config.cache_dir / "models",
         precision=config.local_precision,
     )
+
+
+def usd_per_million_tokens(config: EmbedderConfig) -> float:
+    """What the configured provider charges per 1M input tokens (OpenAI's price list in
+    :data:`rag_pipeline.embed.openai.OPENAI_MODELS`; 0 for the local and hash embedders)."""
+    if config.provider != "openai":
+        return 0.0
+    from rag_pipeline.embed.openai import OPENAI_MODELS
+
+    known = OPENAI_MODELS.get(config.openai_model)
+    return known[1] if known else 0.0

@@ -39,6 +39,7 @@ __all__ = [
     "LocalEmbedder",
     "cpu_has_fast_int8",
     "find_model_dir",
+    "local_model_name",
     "resolve_precision",
 ]
 
@@ -80,6 +81,14 @@ def resolve_precision(precision: str) -> str:
     if precision == "auto":
         return "int8" if cpu_has_fast_int8() else "fp32"
     return precision
+
+
+def local_model_name(model_dir: Path | str | None, precision: str) -> str:
+    """The ``embedding_model`` name of the local model of ``model_dir`` (None: the bundled
+    one) at ``precision`` (fp32 or int8), known without loading it: int8 vectors are close to
+    fp32 ones but not equal, so their name carries ``#int8`` and an index never mixes them."""
+    base = DEFAULT_LOCAL_MODEL if model_dir is None else Path(model_dir).name
+    return base if precision == "fp32" else f"{base}#{precision}"
 
 
 def find_model_dir(explicit: Path | str | None = None) -> Path:
@@ -147,9 +156,9 @@ class LocalEmbedder(Embedder):
         )
         self.dimension = int(config["hidden_size"])
         self.pooling = "cls" if pooling_config.get("pooling_mode_cls_token") else "mean"
-        base_name = DEFAULT_LOCAL_MODEL if model_dir is None else self.model_dir.name
-        # int8 vectors are close to fp32 ones but not equal: never mix them in one index.
-        self.model_name = base_name if self.precision == "fp32" else f"{base_name}#int8"
+        self.model_name = local_model_name(
+            None if model_dir is None else self.model_dir, self.precision
+        )
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
         self._config = config

@@ -154,6 +154,16 @@ class BookAssessment:
     #: every vector is embedded again (forced, or the stored vectors are damaged)
     reembed: bool = False
     damaged: bool = False  # the probed stored vectors are damaged: the book is rebuilt
+    #: the model the run embeds with: every step of the run uses this book's recipe
+    embedding_model: str = ""
+
+    @property
+    def recipe_change(self) -> bool:
+        """Files of the book are indexed with another recipe (model, precision, chunker,
+        budget): the run embeds them again."""
+        return any(
+            d.signature and d.signature != self.signature for d in self.state.documents.values()
+        )
 
     @property
     def changed_files(self) -> tuple[SourceFile, ...]:
@@ -219,6 +229,7 @@ def assess(
         recipe.signature,
         reembed=reembed,
         damaged=index.damaged,
+        embedding_model=recipe.embedding_model,
     )
 
 

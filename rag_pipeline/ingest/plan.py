@@ -22,6 +22,7 @@ from typing import Any, Literal
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
 from rag_pipeline.ingest.changes import FileChanges
+from rag_pipeline.ingest.choice import FixedRecipe, RecipeSource
 from rag_pipeline.ingest.crawl import book_folder_problem, discover_books, path_is_gone
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult, IngestReport
@@ -57,6 +58,11 @@ class BookPlan:
     points: int = 0  # chunk points the index holds (for a purge: every point of the book)
     preview: WritePreview | None = None
     seconds: float = 0.0
+    #: the model the book is built with, and the one its index records (None: nothing yet)
+    embedding_model: str = ""
+    recorded_model: str | None = None
+    #: files of the book are indexed with another recipe: the run embeds them again
+    recipe_change: bool = False
 
     def result(self) -> BookResult:
         """The report of a book that starts no run (unchanged or missing)."""
@@ -90,6 +96,24 @@ class BookPlan:
             "cost_usd": round(tokens * usd_per_million_tokens / 1_000_000, 6),
             "points_to_delete": p.points_to_delete if p else (self.points if purge else 0),
             "errors": self.errors,
+            "embedding_model": self.embedding_model or None,
+            "recorded_embedding_model": self.recorded_model,
+            "recipe_change": self.recipe_change_cost(usd_per_million_tokens),
+        }
+
+    def recipe_change_cost(self, usd_per_million_tokens: float) -> dict[str, Any] | None:
+        """What the book's recipe change costs (its whole run: every file is embedded
+        again), or None when its recipe does not change."""
+        if not self.recipe_change:
+            return None
+        chunks = self.preview.to_embed if self.preview else self.chunks
+        tokens = self.preview.tokens if self.preview else 0
+        return {
+            "from": self.recorded_model,
+            "to": self.embedding_model,
+            "chunks_to_embed": chunks,
+            "tokens_to_embed": tokens,
+            "cost_usd": round(tokens * usd_per_million_tokens / 1_000_000, 6),
         }
 
 
@@ -109,6 +133,20 @@ class IngestPlan:
     @property
     def needs_runs(self) -> bool:
         return any(p.action in ("run", "purge") for p in self.books.values())
+
+    def recipe_change(self, usd_per_million_tokens: float) -> dict[str, Any]:
+        """What the recipe changes of the plan cost in total: the books whose index was
+        built with another recipe, their chunks and tokens to embed, and US dollars."""
+        costs = {b: p.recipe_change_cost(usd_per_million_tokens) for b, p in self.books.items()}
+        changed = {b: c for b, c in costs.items() if c is not None}
+        tokens = sum(c["tokens_to_embed"] for c in changed.values())
+        return {
+            "books": list(changed),
+            "books_affected": len(changed),
+            "chunks_to_embed": sum(c["chunks_to_embed"] for c in changed.values()),
+            "tokens_to_embed": tokens,
+            "cost_usd": round(tokens * usd_per_million_tokens / 1_000_000, 6),
+        }
 
     def report(self) -> IngestReport:
         """The report of an ingest that starts no run."""
@@ -189,16 +227,18 @@ def decide_purges(
 def plan_ingest(
     source: SourceConfig,
     store: VectorStore,
-    recipe: IndexRecipe,
+    recipe: IndexRecipe | RecipeSource,
     book_ids: Sequence[str] | None = None,
     *,
     force: bool = False,
     detail: bool = False,
 ) -> IngestPlan:
-    """Decide what an ingest of ``book_ids`` (default: every book folder) does.
+    """Decide what an ingest of ``book_ids`` (default: every book folder) does; each book
+    is assessed with its own recipe (``recipe.for_book``; a plain recipe is every book's).
 
     Raises :class:`~rag_pipeline.ingest.crawl.DataDirError` when the data folder is missing."""
     started = time.perf_counter()
+    recipes = FixedRecipe(recipe) if isinstance(recipe, IndexRecipe) else recipe
     targets = [validate_book_id(b) for b in book_ids] if book_ids else None
     scan = discover_books(source.data_dir)
     on_disk = set(scan.book_ids)
@@ -221,9 +261,11 @@ def plan_ingest(
                 or [f"no book folder {book_id!r} under {source.data_dir}"],
             )
         else:
-            plan.books[book_id] = assess_book(
-                source, store, recipe, book_id, force=force, detail=detail
+            chosen = recipes.for_book(store, book_id)
+            plan.books[book_id] = book = assess_book(
+                source, store, chosen.recipe, book_id, force=force, detail=detail
             )
+            book.recorded_model = chosen.choice.recorded_model
         plan.books[book_id].seconds = time.perf_counter() - t0
     if targets is None:
         for book_id in decision.purge:
@@ -276,6 +318,8 @@ def plan_of(assessment: BookAssessment) -> BookPlan:
         errors=[str(e) for e in (*assessment.crawl_errors, *standing)],
         chunks=assessment.state.promised_chunks,
         points=assessment.state.chunk_points,
+        embedding_model=assessment.embedding_model,
+        recipe_change=assessment.recipe_change and changes.has_work,
     )
 
 

@@ -30,11 +30,10 @@ class PipelineResources:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, recipe: IndexRecipe | None = None
+        cls, settings: Settings, recipe: IndexRecipe | LazyRecipe | None = None
     ) -> PipelineResources:
-        """The resources for ``settings``; ``recipe`` is one already built from them."""
-        return cls(
-            books=settings.source(),
-            qdrant=StoreOpener(settings.store()),
-            recipe=LazyRecipe(settings.embedding(), settings.chunking(), recipe),
-        )
+        """The resources for ``settings``; ``recipe`` is every book's recipe, or the recipes
+        already in use (their models loaded) of the same settings."""
+        if not isinstance(recipe, LazyRecipe):
+            recipe = LazyRecipe(settings.embedding(), settings.chunking(), recipe)
+        return cls(books=settings.source(), qdrant=StoreOpener(settings.store()), recipe=recipe)

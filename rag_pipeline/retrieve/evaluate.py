@@ -40,9 +40,12 @@ from rag_pipeline.sparse import Bm25Encoder, measure_avg_len
 from rag_pipeline.store import FusionMethod, VectorStore
 
 __all__ = [
+    "METRICS",
     "BeirDataset",
     "EvalReport",
     "EvalRun",
+    "candidate_book_id",
+    "compare_reports",
     "eval_book_id",
     "eval_runs",
     "evaluate",
@@ -281,6 +284,24 @@ class EvalReport:
         }
 
 
+#: the metrics of a report (its ``as_dict`` keys), in the order they are shown
+METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
+
+
+def compare_reports(
+    current: Sequence[EvalReport], candidate: Sequence[EvalReport]
+) -> list[dict[str, object]]:
+    """Candidate minus current, per run (the same runs in the same order) and metric."""
+    deltas: list[dict[str, object]] = []
+    for now, then in zip(current, candidate, strict=True):
+        a, b = now.as_dict(), then.as_dict()
+        delta: dict[str, object] = {"mode": now.mode, "fusion": now.fusion}
+        for metric in METRICS:
+            delta[metric] = round(float(b[metric]) - float(a[metric]), 5)  # type: ignore[arg-type]
+        deltas.append(delta)
+    return deltas
+
+
 def rank_documents(hits: Iterable[Hit], depth: int = 100) -> list[str]:
     """Document ids in the order of their best chunk."""
     ranked: list[str] = []
@@ -360,6 +381,12 @@ def eval_book_id(dataset: BeirDataset) -> str:
     return ("eval-" + name)[:128]
 
 
+def candidate_book_id(dataset: BeirDataset, recipe: IndexRecipe) -> str:
+    """The book a candidate recipe's index of the dataset is built as, beside the current
+    one (same collection, its own book): each recipe is indexed once, re-runs embed nothing."""
+    return f"{eval_book_id(dataset)[:100]}-candidate-{recipe.signature[:12]}"
+
+
 def eval_runs(modes: Sequence[SearchMode], fusions: Sequence[FusionMethod]) -> list[EvalRun]:
     """The (mode, fusion) runs asked for: hybrid once per fusion, every other mode once;
     the defaults when none is named."""
@@ -381,11 +408,13 @@ def run_evaluation(
     rrf_k: int = DEFAULT_RRF_K,
     indexing: Callable[[int, int], None] | None = None,
     querying: Callable[[EvalRun], Callable[[int, int], None] | None] = lambda run: None,
+    book_id: str | None = None,
 ) -> tuple[IndexRecipe, list[EvalReport]]:
     """Index ``dataset`` as one book (its BM25 average length measured first, so nothing is
     encoded before it is known) and evaluate each run on it: the recipe it measured and one
-    report per run. ``indexing`` and ``querying(run)`` report progress."""
-    book_id = eval_book_id(dataset)
+    report per run. ``indexing`` and ``querying(run)`` report progress; ``book_id`` (default
+    :func:`eval_book_id`) is the book it is indexed as."""
+    book_id = book_id or eval_book_id(dataset)
     recipe = measured_recipe(store, recipe, book_id, dataset.corpus)
     index_corpus(store, book_id, dataset.corpus, recipe, progress=indexing)
     reports = [

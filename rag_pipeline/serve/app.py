@@ -5,7 +5,8 @@ prints with ``--json`` (the same request objects build it); errors are ``{"detai
 400 for bad input (a request without ``book`` included: no book, no answer), 404 for an id the
 book does not hold, 422 for a parameter of the wrong type, 502 for a bad answer of the
 embedder (a NaN or zero vector, a malformed body), 503 while the store stays busy past its busy
-wait or the embedder is unavailable (timeout, 429 after retries, no connection). An embedded
+wait or the embedder is unavailable (timeout, 429 after retries, no connection, or a book
+indexed with a model this process cannot embed queries with). An embedded
 store is shared with ingestion runs through :class:`StoreHolder`.
 """
 
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -35,22 +37,22 @@ from fastapi.routing import APIRoute
 from starlette.datastructures import QueryParams
 
 from rag_pipeline import __version__
-from rag_pipeline.config import Settings
+from rag_pipeline.config import EmbedderConfig, Settings
 from rag_pipeline.embed import (
     Embedder,
     EmbedderUnavailableError,
     EmbedError,
     EmbedServiceError,
     check_query_vector,
-    create_embedder,
 )
 from rag_pipeline.embed.base import embedder_source
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.models import validate_book_id
+from rag_pipeline.resources.recipe import LazyRecipe
 from rag_pipeline.retrieve import SearchFilters, expand_context, get_document, parse_equals
 from rag_pipeline.retrieve.lineage import trace_point
 from rag_pipeline.retrieve.request import SearchRequest, results_json
-from rag_pipeline.retrieve.search import QueryEmbedder
+from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
 from rag_pipeline.store import (
@@ -124,9 +126,10 @@ class CachedQueryEmbedder:
         return vector
 
 
-def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[IndexRecipe, int]:
-    """The recipe the service embeds queries with, and how many inferences may run at once:
-    one per ``model_threads`` cores (default: every core on one inference at a time).
+def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[LazyRecipe, int]:
+    """The recipes the service embeds queries with (each book's recorded model, each loaded
+    once), and how many inferences may run at once: one per ``model_threads`` cores (default:
+    every core on one inference at a time).
 
     Measured on 2 busy cores, MiniLM, 58k chunks, hybrid search over HTTP: 2 threads answer
     one client sooner (p50 11 ms against 14-15 ms with 1 thread), 1 thread with 2 inferences
@@ -134,30 +137,57 @@ def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[
     config = settings.embedding()
     cores = os.cpu_count() or 1
     threads = min(model_threads or cores, cores)
-    if config.provider == "local":
+    if config.provider != "local":  # a remote API or the hash stand-in
+        return LazyRecipe(config, settings.chunking()), 4
+
+    def local_embedder(config: EmbedderConfig) -> Embedder:
         from rag_pipeline.embed.local import LocalEmbedder
 
-        embedder: Embedder = LocalEmbedder(
+        return LocalEmbedder(
             config.local_model_dir,
             batch_size=config.batch_size,
             cache_dir=config.cache_dir / "models",
             threads=threads,
+            precision=config.local_precision,
         )
-        parallel = max(cores // threads, 1)
-    else:
-        embedder, parallel = create_embedder(config), 4  # a remote API or the hash stand-in
-    return IndexRecipe.build(embedder, settings.chunking()), parallel
+
+    recipes = LazyRecipe(config, settings.chunking(), make_embedder=local_embedder)
+    return recipes, max(cores // threads, 1)
+
+
+#: how long the service trusts what it read of a book's recorded model; a reopened store
+#: (after an ingest run on the embedded folder) is read again at once
+BOOK_MODEL_TTL_S = 30.0
 
 
 class Service:
-    """What the endpoints share: settings, the recipe (model loaded once), the held store."""
+    """What the endpoints share: settings, the recipes (each model loaded once), the held
+    store, and which model each book's queries are embedded with."""
 
     def __init__(
-        self, settings: Settings, recipe: IndexRecipe, *, cache_size: int = 1024, parallel: int = 1
+        self,
+        settings: Settings,
+        recipe: IndexRecipe | LazyRecipe,
+        *,
+        cache_size: int = 1024,
+        parallel: int = 1,
+        book_ttl_s: float = BOOK_MODEL_TTL_S,
     ):
         self.settings = settings
-        self.recipe = recipe
-        self.embedder = CachedQueryEmbedder(recipe.embedder, cache_size, parallel)
+        self.recipes = (
+            recipe
+            if isinstance(recipe, LazyRecipe)
+            else LazyRecipe(settings.embedding(), settings.chunking(), recipe)
+        )
+        #: the recipe of a book with nothing indexed yet (the configured one)
+        self.recipe = self.recipes.get()
+        self._lock = threading.Lock()
+        self._cache_size, self._parallel = cache_size, parallel
+        self._embedders: dict[str, CachedQueryEmbedder] = {}
+        self.embedder = self._embedder_of(self.recipe)
+        self._book_ttl_s = book_ttl_s
+        #: book -> (its recorded model's recipe, when read, the store opening it was read in)
+        self._books: dict[str, tuple[IndexRecipe, float, int]] = {}
         config = settings.store()
         self.store_target = config.target
 
@@ -176,6 +206,38 @@ class Service:
     def read(self, fn: Callable[[VectorStore], T]) -> T:
         with self.holder.store() as store:
             return fn(store)
+
+    def _embedder_of(self, recipe: IndexRecipe) -> CachedQueryEmbedder:
+        with self._lock:
+            cached = self._embedders.get(recipe.embedding_model)
+            if cached is None:
+                cached = CachedQueryEmbedder(recipe.embedder, self._cache_size, self._parallel)
+                self._embedders[recipe.embedding_model] = cached
+            return cached
+
+    @property
+    def query_cache(self) -> dict[str, int]:
+        with self._lock:
+            embedders = list(self._embedders.values())
+        return {"hits": sum(e.hits for e in embedders), "misses": sum(e.misses for e in embedders)}
+
+    def book_recipe(self, store: VectorStore, book_id: str) -> IndexRecipe:
+        """The recipe of the model ``book_id`` records (read again after ``book_ttl_s`` or
+        once the store was reopened); :class:`RecordedModelUnavailableError` (503) when this
+        process cannot embed with it."""
+        opening, now = self.holder.stats.opens, time.monotonic()
+        with self._lock:
+            known = self._books.get(book_id)
+        if known is not None and known[2] == opening and now - known[1] < self._book_ttl_s:
+            return known[0]
+        recipe = self.recipes.for_book(store, book_id, purpose="search").recipe
+        with self._lock:
+            self._books[book_id] = (recipe, now, opening)
+        return recipe
+
+    def query_embedder(self, store: VectorStore, book_id: str) -> CachedQueryEmbedder:
+        """Embeds the queries of ``book_id``: with the model its vectors were made by."""
+        return self._embedder_of(self.book_recipe(store, book_id))
 
 
 NO_BOOK = "the book query parameter is required: every answer is scoped to one book"
@@ -253,11 +315,17 @@ BookParam = Annotated[
 
 
 def create_app(
-    settings: Settings, recipe: IndexRecipe, *, cache_size: int = 1024, parallel: int = 1
+    settings: Settings,
+    recipe: IndexRecipe | LazyRecipe,
+    *,
+    cache_size: int = 1024,
+    parallel: int = 1,
 ) -> FastAPI:
     """The application; the store is opened on the first request and held while useful.
-    ``parallel``: query inferences at once (see :func:`query_recipe`)."""
+    ``recipe``: every book's, or the recipes of the settings (see :func:`query_recipe`, which
+    also says ``parallel``: query inferences at once)."""
     service = Service(settings, recipe, cache_size=cache_size, parallel=parallel)
+    recipe = service.recipe
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -320,7 +388,7 @@ def create_app(
             "store_step_asides": stats.step_asides,
             "embedding_model": recipe.embedding_model,
             "sparse_model": recipe.sparse.name,
-            "query_cache": {"hits": service.embedder.hits, "misses": service.embedder.misses},
+            "query_cache": service.query_cache,
         }
         return CliJSONResponse(body)
 
@@ -377,9 +445,14 @@ def create_app(
             )
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
-        embedder = service.embedder if request.needs_embedder else None
+
+        def run(store: VectorStore) -> list[Hit] | list[HitGroup]:
+            # the book's queries are embedded by the model its vectors were made by
+            embedder = service.query_embedder(store, book_id) if request.needs_embedder else None
+            return request.run(store, embedder, recipe.sparse)
+
         try:
-            results = service.read(lambda store: request.run(store, embedder, recipe.sparse))
+            results = service.read(run)
         except ValueError as exc:  # a filter the engine refuses
             raise HTTPException(400, str(exc)) from None
         return CliJSONResponse(results_json(results))
