@@ -58,10 +58,10 @@ DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
 COLLECTION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 _PATH_GROUPS = {"module", "chapter", "lesson"}
 #: Seconds between books_sensor ticks (RAG_SENSOR_INTERVAL_S). Dagster's sensor daemon looks at
-#: its sensors once every 5 s and skips one whose last tick started less than its interval ago;
-#: that tick started a few ms into the previous pass, so 4 ticks on every pass (5 s) where 5
-#: would tick on every other one (10 s). A warm tick at 200 books costs 0.08 CPU s
-#: (docs/benchmarks.md, sections 13b and 14).
+#: its sensors once every 5 s and skips one whose last tick started less than its interval ago,
+#: measured from a moment a few ms into the previous pass: 4 ticks on every pass (5 s), while at
+#: 5 whether a pass ticks is a matter of milliseconds (5 or 10 s). A warm tick at 200 books
+#: costs 0.08 CPU s; freshness and idle CPU are measured in docs/benchmarks.md (section 14).
 DEFAULT_SENSOR_INTERVAL_S = 4
 
 
