@@ -15,8 +15,9 @@ is searchable and no run is in flight:
    anywhere in the sensor's cycle), a unique word appended to one file, then ``/search`` for
    that word (sparse, every 0.2 s) until a hit's text holds it. Each edit's seconds are split
    by the ingest run's own events: to the run's creation (sensor interval and tick), queued
-   (the daemon's dequeue pass), launch (run worker start and code load), the run, and what is
-   left (serve; negative when the point was found before the run ended).
+   (to ``RunStartingEvent``: the daemon's dequeue pass), launch (to ``RunStartEvent``: run
+   worker start and code load), the run, and what is left (serve; negative when the point was
+   found before the run's last events).
 
 Configurations: ``current`` is the code's defaults (``RAG_SENSOR_INTERVAL_S`` unset, the
 repository's ``dagster.yaml``); ``old`` the defaults before issue 17 (a 30 s sensor interval,
