@@ -29,6 +29,7 @@ from pydantic_settings import SettingsError as EnvParseError
 __all__ = [
     "COLLECTION_PATTERN",
     "DEFAULT_PATH_PATTERNS",
+    "DEFAULT_SENSOR_INTERVAL_S",
     "ChunkingConfig",
     "DagsterStateError",
     "EmbedderConfig",
@@ -56,6 +57,12 @@ DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
 #: a collection name is also a folder name of the embedded stores: no separators, no dots
 COLLECTION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 _PATH_GROUPS = {"module", "chapter", "lesson"}
+#: Seconds between books_sensor ticks (RAG_SENSOR_INTERVAL_S). Dagster's sensor daemon looks at
+#: its sensors once every 5 s and skips one whose last tick started less than its interval ago,
+#: measured from a moment a few ms into the previous pass: 4 ticks on every pass (5 s), while at
+#: 5 whether a pass ticks is a matter of milliseconds (5 or 10 s). A warm tick at 200 books
+#: costs 0.08 CPU s; freshness and idle CPU are measured in docs/benchmarks.md (section 14).
+DEFAULT_SENSOR_INTERVAL_S = 4
 
 
 class SettingsError(ValueError):
@@ -174,7 +181,7 @@ class Settings(BaseSettings):
     chunk_max_tokens: int = Field(_CHUNKING.max_tokens, ge=16, le=100_000)
     chunk_min_tokens: int = Field(_CHUNKING.min_tokens, ge=0, le=100_000)
     chunk_overlap: float = Field(_CHUNKING.overlap, ge=0.0, lt=0.5)
-    sensor_interval_s: int = Field(30, ge=1, le=86400)
+    sensor_interval_s: int = Field(DEFAULT_SENSOR_INTERVAL_S, ge=1, le=86400)
     # where `lineage` points its run links (the Dagster webserver)
     dagster_url: str = "http://127.0.0.1:3000"
     # Local model precision: fp32, int8 (ONNX Runtime dynamic quantization, its own

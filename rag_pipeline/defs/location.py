@@ -13,6 +13,7 @@ from typing import Any
 
 from dagster import BetaWarning, Definitions, ResourceDefinition, in_process_executor
 
+from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S
 from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_assets
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
@@ -66,7 +67,7 @@ def build_defs(
     *,
     embedder: str = "local",
     data_dir: Path | None = None,
-    sensor_interval_s: int = 30,
+    sensor_interval_s: int = DEFAULT_SENSOR_INTERVAL_S,
 ) -> Definitions:
     """The code location's definitions; the sensors run when ``data_dir`` is given."""
     from rag_pipeline.defs.sensors import build_books_sensor

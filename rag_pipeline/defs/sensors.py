@@ -51,6 +51,7 @@ from dagster import (
     sensor,
 )
 
+from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG, TRIGGER_TAG, books_with_runs_in_flight
@@ -263,7 +264,7 @@ def write_cursor(
 
 
 def build_books_sensor(
-    data_dir: str | Path, *, interval_s: int = 30, name: str = "books_sensor"
+    data_dir: str | Path, *, interval_s: int = DEFAULT_SENSOR_INTERVAL_S, name: str = "books_sensor"
 ) -> Any:
     """The sensor for books under ``data_dir`` (on by default under the daemon)."""
     root = Path(data_dir)
