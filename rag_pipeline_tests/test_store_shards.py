@@ -1,0 +1,166 @@
+"""The Qdrant Edge store as one shard per book (issue 17): its layout, lazy per-book locks,
+whole-collection looks that open no shard, purge and set aside; summaries; the migration of the
+single-shard layout; generations built beside and switched atomically (issue 21)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import qdrant_edge as qe
+
+from rag_pipeline.schema import COLLECTION_SCHEMA
+from rag_pipeline.schema import book_filter as tenant_filter
+from rag_pipeline.store import CollectionSpec, StoreBusyError, StoreDamagedError
+from rag_pipeline.store.edge import EdgeStore
+from rag_pipeline_tests.test_store import DIM, fill, vec
+
+COLLECTION = "c"
+
+
+def open_edge(root: Path, busy_wait_s: float = 0.0) -> EdgeStore:
+    return EdgeStore(COLLECTION, root, COLLECTION_SCHEMA, busy_wait_s=busy_wait_s)
+
+
+def book_folder(root: Path, book: str) -> Path:
+    return root / COLLECTION / "books" / book
+
+
+def generation(root: Path, book: str) -> str:
+    return str(json.loads((book_folder(root, book) / "current.json").read_text())["generation"])
+
+
+@pytest.fixture
+def loads(monkeypatch) -> Counter[str]:
+    """Every ``EdgeShard.load``, counted by the book folder it opened."""
+    opened: Counter[str] = Counter()
+    original = qe.EdgeShard.load
+
+    def counting(path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened[Path(path).parent.name] += 1
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(counting))
+    return opened
+
+
+@pytest.fixture
+def filled(tmp_path: Path) -> Path:
+    with open_edge(tmp_path) as store:
+        fill(store, books=("a", "b", "c"))
+    return tmp_path
+
+
+def test_each_book_is_its_own_shard_folder(filled):
+    root = filled / COLLECTION
+    assert json.loads((root / "layout.json").read_text())["layout"] == "book-shards"
+    for book in "abc":
+        assert (book_folder(filled, book) / generation(filled, book) / "edge_config.json").is_file()
+    assert not (root / "edge_config.json").exists()
+
+
+def test_whole_collection_looks_open_no_shard(filled, loads):
+    with open_edge(filled) as store:
+        assert store.tenants() == ["a", "b", "c"]
+        assert store.collection_exists() and store.dense_dimension() == DIM
+        assert "Keyword" in store.payload_indexes()["book_id"]
+        assert not store.folder_lock.held  # no book touched, no book locked
+        assert store.count(tenant_filter("b")) == 10
+    assert loads == Counter({"b": 1})
+
+
+def test_a_handle_locks_only_the_books_it_touches(filled):
+    reader = open_edge(filled)
+    try:
+        assert reader.count(tenant_filter("a")) == 10
+        with open_edge(filled) as writer:  # another book: no wait
+            writer.delete_where(tenant_filter("b"))
+            assert writer.count(tenant_filter("b")) == 0
+        with open_edge(filled) as other, pytest.raises(StoreBusyError, match="book 'a'"):
+            other.count(tenant_filter("a"))
+    finally:
+        reader.close()
+    with open_edge(filled) as store:
+        assert store.count(tenant_filter("a")) == 10
+
+
+def test_the_lock_group_sees_a_waiter_on_any_book_it_holds(filled):
+    holder = open_edge(filled)
+    holder.count(tenant_filter("a"))
+    holder.count(tenant_filter("c"))
+    group = holder.folder_lock
+    assert not group.others_waiting()
+    waiter = open_edge(filled, busy_wait_s=30)
+    thread = threading.Thread(target=lambda: waiter.count(tenant_filter("c")))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not group.others_waiting():
+            assert time.monotonic() < deadline, "the waiter on book c was not seen"
+            time.sleep(0.02)
+        probe = group.probe()
+        holder.close()
+        thread.join(timeout=10)
+        assert not probe.others_waiting()  # it got the lock: no one waits any more
+    finally:
+        waiter.close()
+        holder.close()
+
+
+def test_a_purge_removes_the_books_folder_only(filled):
+    with open_edge(filled) as store:
+        assert store.purge(tenant_filter("b")) == 10
+        assert store.tenants() == ["a", "c"]
+        assert store.count(tenant_filter("b")) == 0
+    assert not book_folder(filled, "b").exists()
+    assert not list((filled / COLLECTION / "books").glob(".trash-*"))
+    with open_edge(filled) as store:
+        assert store.tenants() == ["a", "c"] and store.count(tenant_filter("a")) == 10
+        store.upsert([])  # nothing written: no folder comes back
+    assert not book_folder(filled, "b").exists()
+
+
+def test_a_book_emptied_by_deletes_is_no_tenant(filled):
+    with open_edge(filled) as store:
+        store.delete_where(tenant_filter("c"))
+        assert store.tenants() == ["a", "b"]
+    with open_edge(filled) as store:
+        assert store.tenants() == ["a", "b"]
+
+
+def test_set_aside_renames_the_layout_and_waits_for_book_locks(filled):
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.store import set_aside
+
+    config = load_settings(qdrant_path=str(filled), collection=COLLECTION, busy_wait_s=0).store()
+    busy = open_edge(filled)
+    busy.count(tenant_filter("a"))
+    with pytest.raises(StoreBusyError, match="book 'a'"):
+        set_aside(config)
+    busy.close()
+    assert "moved" in set_aside(config)
+    assert not (filled / COLLECTION).exists()
+    assert list(filled.glob(f"{COLLECTION}.set-aside-*"))
+    with open_edge(filled) as store:
+        assert not store.collection_exists() and store.tenants() == []
+
+
+def test_a_generation_named_but_missing_is_damage_not_an_empty_book(filled):
+    import shutil
+
+    shutil.rmtree(book_folder(filled, "a") / generation(filled, "a"))
+    with open_edge(filled) as store, pytest.raises(StoreDamagedError, match="ingest --rebuild"):
+        store.count(tenant_filter("a"))
+
+
+def test_a_point_without_a_book_is_refused(tmp_path):
+    from rag_pipeline.store import PointRecord
+
+    with open_edge(tmp_path) as store:
+        store.ensure_collection(CollectionSpec(COLLECTION, DIM))
+        with pytest.raises(ValueError, match="every point belongs to a book"):
+            store.upsert([PointRecord("00000000-0000-0000-0000-000000000001", {}, vec(1))])
