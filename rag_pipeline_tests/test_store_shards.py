@@ -164,3 +164,80 @@ def test_a_point_without_a_book_is_refused(tmp_path):
         store.ensure_collection(CollectionSpec(COLLECTION, DIM))
         with pytest.raises(ValueError, match="every point belongs to a book"):
             store.upsert([PointRecord("00000000-0000-0000-0000-000000000001", {}, vec(1))])
+
+
+# -- summaries --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def indexed(tmp_path: Path) -> Path:
+    """The sample books indexed by the pipeline (hash embedder) into ``tmp_path/qdrant``."""
+    from rag_pipeline_tests.helpers import index_sample_books
+
+    index_sample_books(tmp_path)
+    return tmp_path / "qdrant"
+
+
+def describe(qdrant: Path, books: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    from rag_pipeline.ingest.collection import describe_collection
+
+    with EdgeStore("rag_chunks", qdrant, COLLECTION_SCHEMA) as store:
+        return describe_collection(store, books)
+
+
+def test_the_collection_look_reads_summaries_and_opens_no_shard(indexed, loads):
+    books = sorted(p.name for p in (indexed / "rag_chunks" / "books").iterdir())
+    assert len(books) == 2
+    for book in books:
+        assert (indexed / "rag_chunks" / "books" / book / "summary.json").is_file()
+    from_summaries = describe(indexed, tuple(books))
+    assert loads == Counter()
+    for book in books:
+        (indexed / "rag_chunks" / "books" / book / "summary.json").unlink()
+    from_shards = describe(indexed, tuple(books))
+    assert loads == Counter({book: 1 for book in books})
+    assert from_summaries == from_shards
+    assert all(b.points == b.chunks > 0 and b.state == "ok" for b in from_summaries.books)
+
+
+def test_a_write_drops_the_books_summary_before_it_writes(indexed, loads):
+    from rag_pipeline.schema import documents_of
+
+    book = sorted(p.name for p in (indexed / "rag_chunks" / "books").iterdir())[0]
+    summary = indexed / "rag_chunks" / "books" / book / "summary.json"
+    before = next(b.files for b in describe(indexed).books if b.book_id == book)
+    store = EdgeStore("rag_chunks", indexed, COLLECTION_SCHEMA)
+    try:
+        assert book in store.summaries()
+        first = next(iter(store.scroll(documents_of(book))))
+        store.delete_ids(tenant_filter(book), [first.id])
+        assert not summary.exists()  # gone before the write: a kill leaves no stale summary
+        assert book not in store.summaries()
+    finally:
+        store.close()
+    loads.clear()
+    state = describe(indexed)
+    assert loads == Counter({book: 1})  # only the book without a summary is read
+    assert next(b.files for b in state.books if b.book_id == book) == before - 1
+
+
+def test_a_purge_takes_the_summary_with_the_folder(indexed):
+    book = sorted(p.name for p in (indexed / "rag_chunks" / "books").iterdir())[0]
+    with EdgeStore("rag_chunks", indexed, COLLECTION_SCHEMA) as store:
+        assert store.purge(tenant_filter(book)) > 0
+        assert book not in store.summaries()
+    assert not (indexed / "rag_chunks" / "books" / book).exists()
+
+
+def test_stores_without_summaries_keep_none():
+    from rag_pipeline.store.qdrant import QdrantStore
+
+    store = QdrantStore("m", COLLECTION_SCHEMA, path=":memory:")
+    try:
+        fill(store)
+        store.save_summary("a", {"documents": 1})
+        assert store.summaries() == {} and not store.keeps_summaries
+        assert store.switch("a") is False
+        assert store.pending_recipe("a") is None and store.current_recipe("a") is None
+    finally:
+        store.close()

@@ -199,6 +199,8 @@ class VectorStore(ABC):
     schema: CollectionSchema
     #: what a user should read in the README and error messages, e.g. "Qdrant server URL".
     description: str
+    #: whether :meth:`save_summary` keeps anything (else callers need not compute one)
+    keeps_summaries: bool = False
 
     # -- collection -------------------------------------------------------------------------
 

@@ -98,6 +98,8 @@ class _Layout:
 class EdgeStore(base.VectorStore):
     """A collection as one Qdrant Edge shard per book under ``<path>/<collection>``."""
 
+    keeps_summaries = True
+
     def __init__(
         self,
         collection: str,
