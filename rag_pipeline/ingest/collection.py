@@ -110,9 +110,8 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
     saved = store.summaries()
     books = []
     for book_id in sorted(indexed | set(books_on_disk)):
-        summary = saved.get(book_id)
-        if not _usable(summary):
-            summary = book_summary(store, book_id)
+        kept = saved.get(book_id)
+        summary = kept if kept is not None and _usable(kept) else book_summary(store, book_id)
         models = {str(k): int(v) for k, v in dict(summary["points_by_model"]).items()}
         books.append(
             BookHealth(
