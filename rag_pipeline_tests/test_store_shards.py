@@ -241,3 +241,95 @@ def test_stores_without_summaries_keep_none():
         assert store.pending_recipe("a") is None and store.current_recipe("a") is None
     finally:
         store.close()
+
+
+# -- the single-shard layout of earlier versions ----------------------------------------------
+
+
+def write_single_shard(folder: Path, points) -> None:  # type: ignore[no-untyped-def]
+    """A collection folder as the single-shard EdgeStore wrote it: one Edge shard in
+    ``<path>/<collection>`` holding every book, with the same vectors and payload indexes."""
+    from rag_pipeline.schema import PAYLOAD_INDEXES
+    from rag_pipeline.store.edge import EDGE
+    from rag_pipeline.store.native import native_point
+
+    folder.mkdir(parents=True)
+    config = qe.EdgeConfig(
+        vectors={"dense": qe.EdgeVectorParams(size=DIM, distance=qe.Distance.Cosine)},
+        sparse_vectors={"sparse": qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+    )
+    shard = qe.EdgeShard.create(str(folder), config)
+    try:
+        indexes = {"book_id": qe.KeywordIndexParams(is_tenant=True)}
+        for name, kind in PAYLOAD_INDEXES.items():
+            indexes[name] = (
+                qe.IntegerIndexParams(lookup=True, range=True)
+                if kind == "integer"
+                else qe.KeywordIndexParams()
+            )
+        for name, params in indexes.items():
+            shard.update(qe.UpdateOperation.create_field_index(name, params))
+        shard.update(qe.UpdateOperation.upsert_points([native_point(EDGE, p) for p in points]))
+        shard.flush()
+    finally:
+        shard.close()
+
+
+def answers(store, books=("a", "b", "c")):  # type: ignore[no-untyped-def]
+    """Dense, sparse and hybrid answers of a few queries in every book, whole (every point of a book is a
+    candidate), ids and scores (equal
+    scores ordered by id: the engine returns ties in any order)."""
+    from rag_pipeline.sparse import Bm25Encoder
+
+    query = Bm25Encoder().encode_query("shared words number 3")
+    out = {}
+    for book in books:
+        where = tenant_filter(book)
+        for mode, hits in (
+            ("dense", store.query_dense(where, vec(3), limit=20)),
+            ("sparse", store.query_sparse(where, query, limit=20)),
+            ("hybrid", store.query_hybrid(where, vec(3), query, limit=20, prefetch_limit=20)),
+        ):
+            found = [(round(h.score, 5), h.id, h.payload) for h in hits]
+            out[book, mode] = sorted(found, key=lambda f: (-f[0], f[1]))
+        out[book, "count"] = store.count(where)
+    return out
+
+
+def test_a_single_shard_folder_is_migrated_to_book_shards_and_answers_the_same(tmp_path, caplog):
+    with open_edge(tmp_path / "fresh") as fresh:
+        points = fill(fresh, books=("a", "b", "c"))
+        expected = answers(fresh)
+    write_single_shard(tmp_path / "old" / COLLECTION, points)
+    with caplog.at_level("WARNING"), open_edge(tmp_path / "old") as store:
+        assert store.tenants() == ["a", "b", "c"] and store.dense_dimension() == DIM
+        assert answers(store) == expected  # dense, sparse (both vectors copied) and payloads
+        assert set(store.payload_indexes()) == set(fresh.payload_indexes())
+    kept = list((tmp_path / "old").glob(f"{COLLECTION}.single-shard-*"))
+    assert len(kept) == 1 and (kept[0] / "edge_config.json").is_file()
+    message = [r.getMessage() for r in caplog.records if "migrated" in r.getMessage()]
+    assert len(message) == 1 and "30 points of 3 books" in message[0] and str(kept[0]) in message[0]
+    with open_edge(tmp_path / "old") as again:  # once only
+        assert again.count(tenant_filter("b")) == 10
+    assert len(list((tmp_path / "old").glob(f"{COLLECTION}.single-shard-*"))) == 1
+
+
+def test_a_single_shard_folder_that_cannot_be_migrated_is_damage_naming_the_rebuild(tmp_path):
+    folder = tmp_path / COLLECTION
+    write_single_shard(folder, [])
+    (folder / "edge_config.json").write_text("{not json")
+    with pytest.raises(StoreDamagedError, match=r"rag-pipeline ingest --rebuild") as caught:
+        open_edge(tmp_path)
+    assert str(folder) in str(caught.value)
+    assert (folder / "edge_config.json").exists()  # left as it was, never read as empty
+
+
+def test_a_migration_killed_between_its_renames_is_finished_at_the_next_open(tmp_path):
+    with open_edge(tmp_path / "fresh") as fresh:
+        points = fill(fresh, books=("a",))
+    write_single_shard(tmp_path / COLLECTION, points)
+    with open_edge(tmp_path):
+        pass
+    (tmp_path / COLLECTION).rename(tmp_path / f".{COLLECTION}.migrating")  # as if killed
+    with open_edge(tmp_path) as store:
+        assert store.count(tenant_filter("a")) == 10
