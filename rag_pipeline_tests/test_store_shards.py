@@ -276,9 +276,8 @@ def write_single_shard(folder: Path, points) -> None:  # type: ignore[no-untyped
 
 
 def answers(store, books=("a", "b", "c")):  # type: ignore[no-untyped-def]
-    """Dense, sparse and hybrid answers of a few queries in every book, whole (every point of a book is a
-    candidate), ids and scores (equal
-    scores ordered by id: the engine returns ties in any order)."""
+    """Dense, sparse and hybrid answers in every book, whole (every point of a book comes
+    back), ids and scores; equal scores ordered by id (the engine returns ties in any order)."""
     from rag_pipeline.sparse import Bm25Encoder
 
     query = Bm25Encoder().encode_query("shared words number 3")
