@@ -332,3 +332,118 @@ def test_a_migration_killed_between_its_renames_is_finished_at_the_next_open(tmp
     (tmp_path / COLLECTION).rename(tmp_path / f".{COLLECTION}.migrating")  # as if killed
     with open_edge(tmp_path) as store:
         assert store.count(tenant_filter("a")) == 10
+
+
+# -- generations: a new recipe built beside, switched atomically ----------------------------
+
+
+R1 = {"signature": "r1", "embedding_model": "m1"}
+R2 = {"signature": "r2", "embedding_model": "m2"}
+
+
+def points_of(book: str, n: int, dim: int, tag: str):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from rag_pipeline.store import PointRecord
+    from rag_pipeline_tests.test_store import pid
+
+    out = []
+    for i in range(n):
+        v = np.random.default_rng(i).standard_normal(dim).astype(np.float32)
+        payload = {"book_id": book, "record_type": "chunk", "recipe": tag}
+        out.append(PointRecord(pid(book, tag, i), payload, v / np.linalg.norm(v)))
+    return out
+
+
+def builder(root: Path, recipe, dim: int) -> EdgeStore:  # type: ignore[no-untyped-def]
+    store = open_edge(root)
+    store.ensure_collection(CollectionSpec(COLLECTION, dim, recipe=recipe))
+    return store
+
+
+def recipes_seen(store: EdgeStore, book: str = "a") -> set[str]:
+    return {r.payload["recipe"] for r in store.scroll(tenant_filter(book))}
+
+
+@pytest.fixture
+def built_r1(tmp_path: Path) -> Path:
+    with builder(tmp_path, R1, DIM) as store:
+        store.upsert(points_of("a", 6, DIM, "r1") + points_of("b", 3, DIM, "r1"))
+    return tmp_path
+
+
+def test_a_new_recipe_is_built_beside_and_readers_see_the_old_until_the_switch(built_r1):
+    with builder(built_r1, R2, 16) as store:  # another model: another dimension too
+        assert recipes_seen(store) == set()  # the builder reads the pending generation
+        store.upsert(points_of("a", 4, 16, "r2"))
+        assert recipes_seen(store) == {"r2"} and store.count(tenant_filter("a")) == 4
+        assert store.pending_recipe("a") == R2 and store.current_recipe("a") == R1
+    with open_edge(built_r1) as reader:  # never a mix
+        assert recipes_seen(reader) == {"r1"} and reader.count(tenant_filter("a")) == 6
+        assert reader.query_dense(tenant_filter("a"), vec(1), limit=3)
+    with builder(built_r1, R2, 16) as store:  # a later run resumes the same pending build
+        assert store.count(tenant_filter("a")) == 4
+        store.upsert(points_of("a", 5, 16, "r2"))
+        old = generation(built_r1, "a")
+        assert store.switch("a") is True
+        assert store.pending_recipe("a") is None and store.current_recipe("a") == R2
+        assert recipes_seen(store) == {"r2"}
+    with open_edge(built_r1) as reader:
+        assert recipes_seen(reader) == {"r2"} and reader.count(tenant_filter("a")) == 5
+        assert recipes_seen(reader, "b") == {"r1"}  # another book keeps its generation
+        assert reader.dense_dimension() == 16
+    assert not (book_folder(built_r1, "a") / old).exists()
+    assert not list(book_folder(built_r1, "a").glob(".trash-*"))
+
+
+def test_a_builder_of_the_current_recipe_writes_in_place(built_r1):
+    with builder(built_r1, R1, DIM) as store:
+        store.upsert(points_of("a", 8, DIM, "r1"))
+        assert store.pending_recipe("a") is None and store.switch("a") is False
+    with open_edge(built_r1) as reader:
+        assert reader.count(tenant_filter("a")) == 8
+
+
+def test_a_book_written_before_recipes_were_tagged_is_adopted_in_place(tmp_path):
+    with open_edge(tmp_path) as store:
+        store.ensure_collection(CollectionSpec(COLLECTION, DIM))
+        store.upsert(points_of("a", 3, DIM, "untagged"))
+    assert open_edge(tmp_path).current_recipe("a") is None
+    with builder(tmp_path, R1, DIM) as store:
+        store.upsert(points_of("a", 1, DIM, "r1"))
+        assert store.count(tenant_filter("a")) == 3 + 1
+    assert open_edge(tmp_path).current_recipe("a") == R1
+
+
+def test_keep_old_keeps_the_old_generation_folder(built_r1):
+    old = generation(built_r1, "a")
+    with builder(built_r1, R2, DIM) as store:
+        store.upsert(points_of("a", 2, DIM, "r2"))
+        assert store.switch("a", keep_old=True)
+    assert (book_folder(built_r1, "a") / f"old-{old}" / "edge_config.json").is_file()
+    with open_edge(built_r1) as reader:
+        assert recipes_seen(reader) == {"r2"}
+
+
+def test_a_switch_killed_anywhere_leaves_one_generation_searched(built_r1):
+    with builder(built_r1, R2, DIM) as store:
+        store.upsert(points_of("a", 2, DIM, "r2"))
+    folder = book_folder(built_r1, "a")
+    # killed while writing current.json: its tmp file is left; current.json is the old one
+    (folder / ".current.json.dead.tmp").write_text('{"generation": "nonsense"')
+    with open_edge(built_r1) as reader:
+        assert recipes_seen(reader) == {"r1"}
+    # killed after the replace, before pending.json was removed: the switch is done
+    pending = json.loads((folder / "pending.json").read_text())
+    (folder / "current.json").write_text(json.dumps(pending))
+    with open_edge(built_r1) as reader:
+        assert recipes_seen(reader) == {"r2"} and reader.pending_recipe("a") is None
+    with builder(built_r1, R2, DIM) as store:
+        assert store.count(tenant_filter("a")) == 2  # routed to it as the current one
+        assert store.switch("a") is False
+    assert not (folder / "pending.json").exists()
+
+
+def test_a_recipe_tag_needs_a_signature():
+    with pytest.raises(ValueError, match="signature"):
+        CollectionSpec(COLLECTION, DIM, recipe={"embedding_model": "m"})

@@ -338,6 +338,7 @@ class EdgeStore(base.VectorStore):
             _unlink(folder / _SUMMARY)  # it described the old generation
             _write_json(folder / _CURRENT, pending[1])  # the switch: one atomic replace
             _unlink(folder / _PENDING)
+            self._follow_dimension(pending[1].get("dense_dim"))
             if current is not None:
                 old = folder / current[0]
                 if keep_old:
@@ -346,6 +347,18 @@ class EdgeStore(base.VectorStore):
                     _remove_folder(old)
             log.info("book %s now searches generation %s", tenant, pending[0])
             return True
+
+    def _follow_dimension(self, dim: Any) -> None:
+        """layout.json's dimension follows the generations switched in (a new model's)."""
+        if not isinstance(dim, int) or self._layout is None or dim == self._layout.dense_dim:
+            return
+        self._layout_lock.acquire(self._busy_wait_s)
+        try:
+            layout = _read_layout(self.folder) or self._layout
+            self._layout = _Layout(dim, layout.payload_indexes)
+            _write_layout(self.folder, self._layout)
+        finally:
+            self._layout_lock.release()
 
     def purge(self, where: TenantFilter) -> int:
         """The book's folder removed under its lock (every generation, its summary)."""
