@@ -447,3 +447,45 @@ def test_a_switch_killed_anywhere_leaves_one_generation_searched(built_r1):
 def test_a_recipe_tag_needs_a_signature():
     with pytest.raises(ValueError, match="signature"):
         CollectionSpec(COLLECTION, DIM, recipe={"embedding_model": "m"})
+
+
+# -- issue 17: what an edit run opens ---------------------------------------------------------
+
+
+def edit_run_loads(tmp_path: Path, books: int, loads: Counter[str]) -> Counter[str]:
+    """Shard loads of a one-file edit run (planned for its book, executed through Dagster,
+    hash embedder) in a collection of ``books`` books."""
+    from dagster import DagsterInstance
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline_tests.conftest import section
+    from rag_pipeline_tests.test_runner import ingest_books
+
+    data = tmp_path / f"books{books}"
+    for i in range(books):
+        (data / f"book-{i:02d}").mkdir(parents=True)
+        for f in range(3):
+            text = f"# Book {i} file {f}\n\n" + section("One", seed=f"b{i}f{f}")
+            (data / f"book-{i:02d}" / f"{f}.md").write_text(text)
+    settings = load_settings(
+        data_dir=data,
+        qdrant_path=str(tmp_path / f"qdrant{books}"),
+        embedder="hash",
+        cache_dir=tmp_path / "cache",
+    )
+    with DagsterInstance.ephemeral() as instance:
+        ingest_books(settings, instance)
+        edited = data / "book-01" / "1.md"
+        edited.write_text(edited.read_text() + "\n" + section("Edit", seed="edit"))
+        loads.clear()
+        report = ingest_books(settings, instance, ["book-01"])
+    assert report.books["book-01"].status == "ingested"
+    return Counter(loads)
+
+
+def test_a_one_file_edit_run_opens_only_its_books_shard_whatever_the_collection(tmp_path, loads):
+    small = edit_run_loads(tmp_path, 3, loads)
+    large = edit_run_loads(tmp_path, 12, loads)
+    assert set(small) == set(large) == {"book-01"}  # no other book's shard is opened
+    assert small == large and large["book-01"] <= 6  # as many loads at 12 books as at 3
+    print(f"shard loads of a one-file edit run: {dict(large)}")
