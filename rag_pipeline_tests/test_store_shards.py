@@ -489,3 +489,20 @@ def test_a_one_file_edit_run_opens_only_its_books_shard_whatever_the_collection(
     assert set(small) == set(large) == {"book-01"}  # no other book's shard is opened
     assert small == large and large["book-01"] <= 6  # as many loads at 12 books as at 3
     print(f"shard loads of a one-file edit run: {dict(large)}")
+
+
+def test_an_index_the_schema_gained_reaches_existing_book_shards_at_their_next_write(tmp_path):
+    from rag_pipeline.store import CollectionSchema
+
+    with EdgeStore(COLLECTION, tmp_path, CollectionSchema("book_id")) as bare:
+        bare.ensure_collection(CollectionSpec(COLLECTION, DIM))
+        bare.upsert(points_of("a", 2, DIM, "r"))
+    with open_edge(tmp_path) as store:
+        store.ensure_collection(CollectionSpec(COLLECTION, DIM))
+        assert "chapter" in store.payload_indexes()
+        store.upsert(points_of("a", 1, DIM, "r"))
+    shard = qe.EdgeShard.load(str(book_folder(tmp_path, "a") / generation(tmp_path, "a")))
+    try:
+        assert "chapter" in shard.info().payload_schema
+    finally:
+        shard.close()

@@ -87,6 +87,7 @@ class _Book:
     #: the summary is dropped before this handle's first write since it was (re)saved
     summary_dropped: bool = False
     written: bool = False
+    dirty: bool = False  # written since the last flush
 
 
 @dataclass
@@ -199,12 +200,26 @@ class EdgeStore(base.VectorStore):
             state.summary_dropped = True
         if state.generation is None:
             self._create_generation(book, state)
-        elif not state.written and not state.pending:
-            self._stamp_recipe(state)
-        state.written = True
+        elif not state.written:
+            if not state.pending:
+                self._stamp_recipe(state)
+            self._add_missing_indexes(book)
+        state.written = state.dirty = True
         shard = self._reader(book)
         assert shard is not None
         return shard
+
+    def _add_missing_indexes(self, book: str) -> None:
+        """A payload index the schema gained since the book's shard was made is added to it
+        before the handle's first write (reads work without it, only slower)."""
+        shard = self._reader(book)
+        if shard is None or self._layout is None:
+            return
+        present = set(self._call("info", shard.info).payload_schema)
+        for name, params in _index_params(self.schema, self._layout).items():
+            if name not in present:
+                operation = qe.UpdateOperation.create_field_index(name, params)
+                self._call("index creation", shard.update, operation)
 
     def _create_generation(self, book: str, state: _Book) -> None:
         assert self._layout is not None
@@ -399,8 +414,9 @@ class EdgeStore(base.VectorStore):
     def _flush(self) -> None:
         with self._lock:
             for state in self._books.values():
-                if state.shard is not None and state.written:
+                if state.shard is not None and state.dirty:
                     self._call("flush", state.shard.flush)
+                    state.dirty = False
 
     def _delete(self, where: TenantFilter) -> None:
         with self._lock:
@@ -662,16 +678,22 @@ def _create_shard(
         sparse_vectors={base.SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
     )
     shard = qe.EdgeShard.create(str(folder), config)
-    for field_name, kind in layout.payload_indexes.items():
-        params: Any
-        if field_name == schema.tenant_field:
-            params = qe.KeywordIndexParams(is_tenant=True)
-        elif kind.endswith("Integer"):
-            params = qe.IntegerIndexParams(lookup=True, range=True)
-        else:
-            params = qe.KeywordIndexParams()
+    for field_name, params in _index_params(schema, layout).items():
         shard.update(qe.UpdateOperation.create_field_index(field_name, params))
     return name, shard
+
+
+def _index_params(schema: base.CollectionSchema, layout: _Layout) -> dict[str, Any]:
+    """The engine's parameters of every payload index the layout names."""
+    params: dict[str, Any] = {}
+    for field_name, kind in layout.payload_indexes.items():
+        if field_name == schema.tenant_field:
+            params[field_name] = qe.KeywordIndexParams(is_tenant=True)
+        elif kind.endswith("Integer"):
+            params[field_name] = qe.IntegerIndexParams(lookup=True, range=True)
+        else:
+            params[field_name] = qe.KeywordIndexParams()
+    return params
 
 
 def _load(folder: Path, description: str) -> qe.EdgeShard:
