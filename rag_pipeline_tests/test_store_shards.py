@@ -506,3 +506,19 @@ def test_an_index_the_schema_gained_reaches_existing_book_shards_at_their_next_w
         assert "chapter" in shard.info().payload_schema
     finally:
         shard.close()
+
+
+def test_a_handle_walking_every_book_keeps_only_a_few_shards_loaded(tmp_path, loads):
+    from rag_pipeline.store.edge import MAX_OPEN_SHARDS
+
+    books = tuple(f"b{i}" for i in range(MAX_OPEN_SHARDS + 3))
+    with open_edge(tmp_path) as store:
+        fill(store, books=books, per_book=3)  # written past the limit: flushed as closed
+        assert len(store._open) == MAX_OPEN_SHARDS
+        store.delete_where(tenant_filter("b0"))  # reloaded, emptied, unloaded again below
+        for book in books[1:]:
+            assert store.count(tenant_filter(book)) == 3
+        assert len(store._open) == MAX_OPEN_SHARDS
+    with open_edge(tmp_path) as store:
+        assert store.tenants() == sorted(books[1:])  # b0 emptied: its folder went at close
+        assert [store.count(tenant_filter(b)) for b in books[1:]] == [3] * (len(books) - 1)
