@@ -78,7 +78,7 @@ _MIGRATE_PAGE = 512
 #: stay held). An Edge load costs a fixed ~4 ms CPU and ~5 MB of mapped pages per payload
 #: index besides its points, so a handle that walks every book (a plan, the collection look,
 #: the query service) must not keep them all.
-MAX_OPEN_SHARDS = 4
+MAX_OPEN_SHARDS = 2
 
 
 @dataclass
