@@ -522,3 +522,12 @@ def test_a_handle_walking_every_book_keeps_only_a_few_shards_loaded(tmp_path, lo
     with open_edge(tmp_path) as store:
         assert store.tenants() == sorted(books[1:])  # b0 emptied: its folder went at close
         assert [store.count(tenant_filter(b)) for b in books[1:]] == [3] * (len(books) - 1)
+
+
+def test_a_purge_killed_after_its_rename_leaves_no_book_and_is_swept_later(filled):
+    books = filled / COLLECTION / "books"
+    (books / "a").rename(books / ".trash-a-dead")  # killed before the rmtree
+    with open_edge(filled) as store:
+        assert store.tenants() == ["b", "c"] and store.count(tenant_filter("a")) == 0
+        store.purge(tenant_filter("b"))
+    assert sorted(p.name for p in books.iterdir()) == ["c"]

@@ -70,6 +70,7 @@ _CONFIG_FILE = "edge_config.json"  # an Edge shard's own config: its presence ma
 _CURRENT = "current.json"
 _PENDING = "pending.json"
 _SUMMARY = "summary.json"
+_TRASH = ".trash-"  # a folder being removed: a dot-name is never a book nor a generation
 _REBUILD = "rag-pipeline ingest --rebuild"
 #: what a book folder may be named: the pipeline's book ids (a dot-free start, no '..')
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -646,9 +647,11 @@ def _remove_folder(folder: Path) -> None:
     """Rename to a trash name first, then delete: a kill leaves no half folder read as data."""
     if not folder.exists():
         return
-    trash = folder.with_name(f".trash-{folder.name}-{secrets.token_hex(4)}")
+    trash = folder.with_name(f"{_TRASH}{folder.name}-{secrets.token_hex(4)}")
     folder.rename(trash)
     shutil.rmtree(trash, ignore_errors=True)
+    for left in folder.parent.glob(f"{_TRASH}*"):  # left by a removal that was killed
+        shutil.rmtree(left, ignore_errors=True)
 
 
 def _read_layout(folder: Path) -> _Layout | None:
