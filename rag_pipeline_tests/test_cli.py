@@ -291,12 +291,13 @@ def test_busy_embedded_store_is_a_clear_error(ingested):
     """Another process holds the embedded store: the command says which, and exits 2."""
     cli = ingested
     from rag_pipeline.config import load_settings
-    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter
     from rag_pipeline.store import open_store
 
     holder = open_store(
         load_settings(qdrant_path=cli.env["RAG_QDRANT_PATH"]).store(), COLLECTION_SCHEMA
     )
+    holder.count(book_filter("ros2-fundamentals"))  # a handle locks a book when it touches it
     try:
         env = {**cli.env, "RAG_BUSY_WAIT_S": "0"}
         proc = subprocess.run(

@@ -1,7 +1,8 @@
 """A damaged store is said so, never served: what is damaged, and the command that rebuilds.
 
-The Qdrant Edge folder is damaged the ways a disk or a careless hand does it (its config file
-deleted, its vectors overwritten, its segment files emptied), then used through the real CLI.
+A book's Qdrant Edge shard (its current generation folder) is damaged the ways a disk or a
+careless hand does it (its config file deleted, its vectors overwritten, its segment files
+emptied), then used through the real CLI.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def folder(cli) -> Path:
     return Path(cli.env["RAG_QDRANT_PATH"]) / "rag_chunks"
 
 
+def shard(cli) -> Path:
+    """The book's current generation: one Edge shard folder."""
+    book = folder(cli) / "books" / BOOK
+    return book / json.loads((book / "current.json").read_text())["generation"]
+
+
 def no_traceback(proc) -> None:
     assert_no_trace(proc.stderr + proc.stdout)
 
@@ -62,7 +69,7 @@ def assert_rebuild_heals(cli) -> None:
 
 
 def test_a_lost_config_file_is_named_and_rebuild_heals_it(cli):
-    (folder(cli) / "edge_config.json").unlink()
+    (shard(cli) / "edge_config.json").unlink()
     for proc in (search(cli), cli("ingest", check=False), cli("plan", check=False)):
         no_traceback(proc)
         assert proc.returncode == 2
@@ -71,7 +78,7 @@ def test_a_lost_config_file_is_named_and_rebuild_heals_it(cli):
 
 
 def test_emptied_segment_files_are_named_and_rebuild_heals_them(cli):
-    for path in (folder(cli) / "segments").rglob("*"):
+    for path in (shard(cli) / "segments").rglob("*"):
         if path.is_file():
             path.write_bytes(b"")
     proc = search(cli)
@@ -81,7 +88,7 @@ def test_emptied_segment_files_are_named_and_rebuild_heals_them(cli):
 
 
 def test_overwritten_vectors_are_never_served_and_the_next_ingest_repairs_them(cli):
-    for path in (folder(cli) / "segments").rglob("vector_storage-dense/vectors/chunk_*.mmap"):
+    for path in (shard(cli) / "segments").rglob("vector_storage-dense/vectors/chunk_*.mmap"):
         path.write_bytes(os.urandom(path.stat().st_size))
     proc = search(cli, "dense")
     no_traceback(proc)

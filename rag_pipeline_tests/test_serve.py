@@ -405,9 +405,10 @@ def test_the_holder_steps_aside_for_a_waiting_writer_then_reopens(tmp_path):
         writing = threading.Event()
 
         def writer() -> None:
-            store = opener(20)  # waits for the holder, which steps aside while idle
-            writing.set()
+            store = opener(20)
+            # its first touch of book b waits for the holder, which steps aside while idle
             store.upsert([point(1)])
+            writing.set()
             time.sleep(0.5)
             store.close()
 
@@ -428,13 +429,15 @@ def test_the_holder_steps_aside_for_a_waiting_writer_then_reopens(tmp_path):
 @pytest.mark.integration
 def test_a_store_busy_past_its_wait_is_503(tmp_path):
     from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.schema import book_filter as tenant_filter
     from rag_pipeline.store.edge import EdgeStore
 
     cli = _indexed_cli(tmp_path)
     cli.env["RAG_BUSY_WAIT_S"] = "1"
     server = Server(cli)
     holder = EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA)
-    try:  # this process holds the folder and never steps aside
+    holder.count(tenant_filter(BOOK))  # a handle locks a book when it first touches it
+    try:  # this process holds the book and never steps aside
         response = server.get("/search", q="nodes", book=BOOK)
         assert response.status_code == 503
         assert "is in use by" in response.json()["detail"]

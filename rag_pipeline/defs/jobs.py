@@ -71,7 +71,8 @@ def purge_book_points(
         if not os.path.isdir(books.data_dir):  # unmounted since: not a decision to delete
             context.log.warning(f"data folder {books.data_dir} is missing: points kept")
             return 0
-        deleted = store.delete_where(book_filter(book_id))
+        # an embedded store removes the book's folder (every generation); a server deletes
+        deleted = store.purge(book_filter(book_id))
     context.log.info(f"purged {deleted} points of removed book {book_id!r}")
     # The book's partition of every ingestion asset is now empty: say so on each of them as an
     # observation (a removal, not a new version of the asset: a materialization would read as

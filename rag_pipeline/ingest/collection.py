@@ -15,7 +15,7 @@ from rag_pipeline.models import InvalidBookIdError, validate_book_id
 from rag_pipeline.schema import COLLECTION_SCHEMA, EMBEDDING_MODEL, STATUS_ERROR, chunks_of
 from rag_pipeline.store import DENSE_VECTOR, SPARSE_VECTOR, VectorStore
 
-__all__ = ["BookHealth", "CollectionState", "describe_collection"]
+__all__ = ["BookHealth", "CollectionState", "book_summary", "describe_collection"]
 
 
 @dataclass(frozen=True)
@@ -78,26 +78,49 @@ class CollectionState:
         }
 
 
+#: what a book's summary holds (see :func:`book_summary`); a summary without them is unread
+_SUMMARY_KEYS = ("points_by_model", "documents", "errors", "promised_chunks")
+
+
+def book_summary(store: VectorStore, book_id: str) -> dict[str, Any]:
+    """What the collection look needs of one book, read from its document records and chunk
+    counts: the store keeps it (:meth:`VectorStore.save_summary`) until the book's next write."""
+    state = read_index_state(store, book_id, documents_only=True)
+    return {
+        "points_by_model": store.counts_by(chunks_of(book_id), EMBEDDING_MODEL),
+        "documents": len(state.documents),
+        "errors": sum(1 for d in state.documents.values() if d.status == STATUS_ERROR),
+        "promised_chunks": state.promised_chunks,
+    }
+
+
+def _usable(summary: Any) -> bool:
+    return isinstance(summary, dict) and all(k in summary for k in _SUMMARY_KEYS)
+
+
 def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> CollectionState:
-    """Every book on disk or in the index, with its counts."""
+    """Every book on disk or in the index, with its counts (from the books' saved summaries;
+    only a book without one is read)."""
     indexed = set()
     for tenant in store.tenants():
         try:
             indexed.add(validate_book_id(tenant))
         except InvalidBookIdError:
             continue  # not a book (nothing this pipeline writes)
+    saved = store.summaries()
     books = []
     for book_id in sorted(indexed | set(books_on_disk)):
-        state = read_index_state(store, book_id, documents_only=True)
-        models = store.counts_by(chunks_of(book_id), EMBEDDING_MODEL)
+        kept = saved.get(book_id)
+        summary = kept if kept is not None and _usable(kept) else book_summary(store, book_id)
+        models = {str(k): int(v) for k, v in dict(summary["points_by_model"]).items()}
         books.append(
             BookHealth(
                 book_id,
                 book_id in books_on_disk,
                 points=sum(models.values()),
-                chunks=state.promised_chunks,
-                files=len(state.documents),
-                errors=sum(1 for d in state.documents.values() if d.status == STATUS_ERROR),
+                chunks=int(summary["promised_chunks"]),
+                files=int(summary["documents"]),
+                errors=int(summary["errors"]),
                 models=tuple(sorted(models)),
             )
         )

@@ -22,6 +22,7 @@ from rag_pipeline.config import SourceConfig
 from rag_pipeline.embed.base import ProgressCallback
 from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
 from rag_pipeline.ingest.changes import UNREADABLE_STAGE
+from rag_pipeline.ingest.collection import book_summary
 from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks
 from rag_pipeline.ingest.crawl import SourceReadError, read_source, unreadable_reason
 from rag_pipeline.ingest.index import (
@@ -357,7 +358,7 @@ def write_book(
         )
     store.ensure_collection(CollectionSpec(store.collection, lineage.embedding_dim))
     inventory = chunked.inventory
-    return write_book_changes(
+    report = write_book_changes(
         store,
         inventory.book_id,
         changes=inventory.changes,
@@ -367,6 +368,9 @@ def write_book(
         outcomes=chunked.outcomes,
         lineage=lineage,
     )
+    if store.keeps_summaries:  # the collection look reads it, not the book, until it changes
+        store.save_summary(inventory.book_id, book_summary(store, inventory.book_id))
+    return report
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rag_pipeline.store import VectorStore
-from rag_pipeline.store.lock import FolderLock
+from rag_pipeline.store.lock import WatchedLock
 
 __all__ = ["HolderStats", "StoreHolder"]
 
@@ -54,8 +54,8 @@ class StoreHolder:
         self._store: VectorStore | None = None
         self._users = 0
         self._closing = False
-        #: the folder's lock file, kept after a close to see waiters before reopening
-        self._probe: FolderLock | None = None
+        #: the lock files the handle held, kept after a close to see waiters before reopening
+        self._probe: WatchedLock | None = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self.stats = HolderStats()
@@ -118,7 +118,7 @@ class StoreHolder:
             store, self._store = self._store, None
             if store is not None:
                 lock = store.folder_lock
-                self._probe = FolderLock(lock.path, lock.what) if lock is not None else None
+                self._probe = lock.probe() if lock is not None else None
                 store.close()
                 self.stats.step_asides += 1
                 log.info("store released for a waiting process")

@@ -65,20 +65,24 @@ def set_aside(config: StoreConfig) -> str:
     from pathlib import Path
 
     if config.embedded == "edge" and not config.url and config.path != ":memory:":
-        from rag_pipeline.store.lock import FolderLock
+        from rag_pipeline.store.edge import book_locks, layout_lock
+        from rag_pipeline.store.lock import LockGroup
 
         root = Path(config.path)
         folder = root / config.collection
-        lock = FolderLock(root / f"{config.collection}.lock", f"the store at {folder}")
-        with _named_path(config):
-            lock.acquire(config.busy_wait_s)
+        held = LockGroup()
         try:
+            # the layout lock, then every book's: no handle reads or writes a book meanwhile
+            for lock in [layout_lock(root, config.collection), *book_locks(folder)]:
+                with _named_path(config):
+                    lock.acquire(config.busy_wait_s)
+                held.add(lock)
             if not folder.exists():
                 return f"nothing to set aside: {folder} does not exist"
             target = folder.with_name(f"{folder.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
             folder.rename(target)
         finally:
-            lock.release()
+            held.release()
         return f"moved {folder} to {target}"
     from rag_pipeline.store.qdrant import QdrantStore
 

@@ -27,7 +27,7 @@ from rag_pipeline.store.errors import (
 from rag_pipeline.store.filters import HasIds, TenantFilter
 
 if TYPE_CHECKING:
-    from rag_pipeline.store.lock import FolderLock
+    from rag_pipeline.store.lock import WatchedLock
 
 __all__ = [
     "DENSE_VECTOR",
@@ -102,10 +102,20 @@ class ScoredRecord:
 
 @dataclass(frozen=True, slots=True)
 class CollectionSpec:
-    """What the collection must look like for the configured embedder."""
+    """What the collection must look like for the configured embedder.
+
+    ``recipe`` (optional) tags the index recipe the caller builds with: small strings, compared
+    by their ``signature`` key only. A store with generations (Qdrant Edge) then builds a
+    book whose current generation has another signature *beside* it (see
+    :meth:`VectorStore.switch`); other stores ignore it (writes in place)."""
 
     name: str
     dense_dim: int
+    recipe: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.recipe is not None and not self.recipe.get("signature"):
+            raise ValueError("a recipe tag needs a 'signature'")
 
 
 FusionMethod = Literal["minmax", "dbsf", "rrf"]
@@ -189,6 +199,8 @@ class VectorStore(ABC):
     schema: CollectionSchema
     #: what a user should read in the README and error messages, e.g. "Qdrant server URL".
     description: str
+    #: whether :meth:`save_summary` keeps anything (else callers need not compute one)
+    keeps_summaries: bool = False
 
     # -- collection -------------------------------------------------------------------------
 
@@ -471,12 +483,42 @@ class VectorStore(ABC):
                     "stored vectors are damaged. Rebuild with `rag-pipeline ingest --rebuild`."
                 )
 
+    def purge(self, where: TenantFilter) -> int:
+        """Every point of the filter's tenant gone (a removed book); returns how many."""
+        if where.conditions:
+            raise ValueError("a purge takes a whole tenant: no further conditions")
+        return self.delete_where(where)
+
+    # -- per-book catalog and generations (defaults: none kept, writes in place) -----------
+
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        """What the caller saved per tenant with :meth:`save_summary`, where still valid (a
+        write to the tenant since drops it). Default: none kept."""
+        return {}
+
+    def save_summary(self, tenant: str, data: Mapping[str, Any]) -> None:  # noqa: B027
+        """Keep ``data`` as the tenant's summary until its next write (default: not kept)."""
+
+    def current_recipe(self, tenant: str) -> dict[str, str] | None:
+        """The recipe tag the tenant's searched index was built with (None: unknown)."""
+        return None
+
+    def pending_recipe(self, tenant: str) -> dict[str, str] | None:
+        """The recipe tag of a generation being built beside the current one (None: none)."""
+        return None
+
+    def switch(self, tenant: str, *, keep_old: bool = False) -> bool:
+        """Make the tenant's pending generation the searched one, atomically; the old one is
+        removed (or kept, with ``keep_old``). False when there is nothing pending (and
+        always on stores without generations: they write in place)."""
+        return False
+
     # -- lifecycle --------------------------------------------------------------------------
 
     @property
-    def folder_lock(self) -> FolderLock | None:
-        """The inter-process lock this handle holds on an embedded folder (None for a server
-        or memory): a long-lived holder watches it for waiting processes."""
+    def folder_lock(self) -> WatchedLock | None:
+        """The inter-process lock(s) this handle holds on an embedded folder (None for a
+        server or memory): a long-lived holder watches them for waiting processes."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -18,14 +18,15 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rag_pipeline.store.errors import StoreBusyError, StorePathError
 
-__all__ = ["FolderLock", "describe_holder", "prepare_folder"]
+__all__ = ["FolderLock", "LockGroup", "WatchedLock", "describe_holder", "prepare_folder"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.05
@@ -39,6 +40,14 @@ def describe_holder(info: dict[str, Any] | None) -> str:
     since = info.get("since")
     when = time.strftime("%H:%M:%S", time.localtime(since)) if isinstance(since, float) else "?"
     return f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')}), since {when}"
+
+
+class WatchedLock(Protocol):
+    """What a long-lived holder watches: a :class:`FolderLock` or a :class:`LockGroup`."""
+
+    def others_waiting(self) -> bool: ...
+
+    def probe(self) -> WatchedLock: ...
 
 
 class FolderLock:
@@ -61,6 +70,15 @@ class FolderLock:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+    def prepare(self) -> None:
+        """Create the lock file (and its folder) without taking the lock: a store that cannot
+        hold it is said so when opened, not at its first use."""
+        prepare_folder(self.path.parent)
+        try:
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644))
+        except OSError as exc:
+            raise StorePathError(f"cannot create {self.path}: {_reason(exc, self.path)}") from None
 
     def acquire(self, wait_s: float, notify: Callable[[str], None] | None = None) -> None:
         """Take the lock, waiting up to ``wait_s`` seconds for its holder; then
@@ -130,6 +148,20 @@ class FolderLock:
         finally:
             os.close(fd)  # closing drops the probe's lock, if it got it
 
+    def still_named(self) -> bool:
+        """Whether the held lock file is still the one at its path (a folder renamed away
+        while we waited for it, by a set aside, leaves us holding a lock nobody else takes)."""
+        if self._fd is None:
+            return False
+        try:
+            return os.fstat(self._fd).st_ino == os.stat(self.path).st_ino
+        except OSError:
+            return False
+
+    def probe(self) -> FolderLock:
+        """The same lock file, not held: to see waiters after the holder let go."""
+        return FolderLock(self.path, self.what)
+
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -171,3 +203,38 @@ def _me() -> dict[str, Any]:
         "command": command or "python",
         "since": time.time(),
     }
+
+
+class LockGroup:
+    """The book locks one store handle holds, watched as one by a long-lived holder (the
+    query service steps aside when another process waits for any of them)."""
+
+    def __init__(self, locks: Iterable[FolderLock] = ()) -> None:
+        self._locks: list[FolderLock] = list(locks)
+        self._guard = threading.Lock()
+
+    def add(self, lock: FolderLock) -> None:
+        with self._guard:
+            self._locks.append(lock)
+
+    def members(self) -> tuple[FolderLock, ...]:
+        with self._guard:
+            return tuple(self._locks)
+
+    @property
+    def held(self) -> bool:
+        return any(lock.held for lock in self.members())
+
+    def others_waiting(self) -> bool:
+        """True when another process waits for any lock of the group."""
+        return any(lock.others_waiting() for lock in self.members())
+
+    def probe(self) -> LockGroup:
+        """The same lock files, not held: to see waiters after the handle is closed."""
+        return LockGroup(lock.probe() for lock in self.members())
+
+    def release(self) -> None:
+        with self._guard:
+            locks, self._locks = self._locks, []
+        for lock in locks:
+            lock.release()
