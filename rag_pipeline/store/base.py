@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DENSE_VECTOR",
+    "RECIPE_SIGNATURE",
     "SPARSE_VECTOR",
     "UPSERT_BATCH",
     "CollectionSchema",
@@ -56,6 +57,8 @@ __all__ = [
 DENSE_VECTOR = "dense"
 SPARSE_VECTOR = "sparse"
 UPSERT_BATCH = 128
+#: the key of a recipe tag (CollectionSpec.recipe) that tells two recipes apart
+RECIPE_SIGNATURE = "signature"
 #: cosine scores are at most 1; anything well above says the stored vectors are not ours
 _MAX_COSINE = 1.0 + 1e-3
 
@@ -114,7 +117,7 @@ class CollectionSpec:
     recipe: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
-        if self.recipe is not None and not self.recipe.get("signature"):
+        if self.recipe is not None and not self.recipe.get(RECIPE_SIGNATURE):
             raise ValueError("a recipe tag needs a 'signature'")
 
 

@@ -175,7 +175,10 @@ class EdgeStore(base.VectorStore):
             pending = None  # a switch died after replacing current.json: done already
         state = _Book(folder, current[0] if current else None, pending=False)
         if self._recipe is not None and current is not None and self._builds_beside(current):
-            ours = pending is not None and _signature(pending[1]) == self._recipe["signature"]
+            ours = (
+                pending is not None
+                and _signature(pending[1]) == self._recipe[base.RECIPE_SIGNATURE]
+            )
             state = _Book(folder, pending[0] if ours and pending else None, pending=True)
         self._books[book] = state
         return state
@@ -187,7 +190,7 @@ class EdgeStore(base.VectorStore):
         if signature is None:  # built before recipes were tagged: adopted in place
             dim = current[1].get("dense_dim")
             return dim is not None and self._dense_dim is not None and dim != self._dense_dim
-        return signature != self._recipe["signature"]
+        return signature != self._recipe[base.RECIPE_SIGNATURE]
 
     def _reader(self, book: str) -> qe.EdgeShard | None:
         """The shard this handle reads for ``book`` (None: the book holds nothing)."""
@@ -591,7 +594,7 @@ def _listed_books(books: Path) -> list[str]:
 
 def _signature(pointer: Mapping[str, Any]) -> str | None:
     recipe = pointer.get("recipe")
-    return recipe.get("signature") if isinstance(recipe, dict) else None
+    return recipe.get(base.RECIPE_SIGNATURE) if isinstance(recipe, dict) else None
 
 
 def _read_json(path: Path) -> Any:
