@@ -5,6 +5,7 @@ index is gone (or kept with ``RAG_KEEP_OLD_RECIPE=1``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -250,3 +251,35 @@ def test_a_precision_change_of_a_book_indexed_before_tags_is_built_beside(
     assert tags == dict.fromkeys(books, f"{FP32} -> {INT8}")
     hits = cli.json("search", "publishers and subscribers", "--book", books[0], "--mode", "dense")
     assert hits and all(h["embedding_model"] == INT8 for h in hits)
+
+
+def test_a_migration_killed_mid_write_leaves_the_old_index_searched_and_resumes(
+    sample_books: Path, tmp_path: Path
+) -> None:
+    """kill -9 between a book's chunk writes and its document records: the book is still
+    searched on its old recipe; the next ingest resumes the pending build (the chunks it had
+    written are reused, not embedded again) and switches."""
+    import signal
+
+    from rag_pipeline_tests.helpers import Cli
+
+    cli = Cli(tmp_path, sample_books)
+    cli("ingest")
+    books = sorted(p.name for p in sample_books.iterdir() if p.is_dir())
+    before = InProcessCli(tmp_path, sample_books)
+    old = {b: _signatures(_settings(before), b) for b in books}
+    cli.env["RAG_CHUNK_TARGET_TOKENS"] = "150"
+    crashed = cli("ingest", "--json", point="commit", check=False, timeout=300)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    settings = _settings(before)
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        killed = [b for b in books if store.pending_recipe(b) is not None]
+    assert killed, "the kill left no pending build"
+    assert {b: _signatures(settings, b) for b in books} == old  # searches: the old index
+    recovered = json.loads(cli("ingest", "--json").stdout)
+    assert all(recovered["books"][b]["reused"] > 0 for b in killed), recovered
+    after = _settings(before, chunk_target_tokens=150)
+    for book in books:
+        new = _signatures(after, book)
+        assert len(new) == 1 and set(new) != set(old[book])
+        assert len(_generations(cli.env["RAG_QDRANT_PATH"], book)) == 1
