@@ -127,6 +127,9 @@ class StoreConfig:
     retries: int
     shards: int | None = None
     replication_factor: int | None = None
+    #: after a book's switch to a new recipe, keep its old generation (``old-<name>``) for
+    #: comparison instead of removing it (embedded Edge store only)
+    keep_old_recipe: bool = False
 
     @property
     def target(self) -> str:
@@ -174,6 +177,8 @@ class Settings(BaseSettings):
     max_file_bytes: int = Field(10 * 1024 * 1024, ge=1, le=1 << 30)
     # how long a command waits for an embedded store that another process holds
     busy_wait_s: float = Field(30.0, ge=0, le=86400)
+    # after a book switches to a new recipe (built beside the old one), keep the old index
+    keep_old_recipe: bool = False
     # read as raw text, so that malformed JSON is reported by the validator below
     path_patterns: Annotated[tuple[str, ...], NoDecode] = DEFAULT_PATH_PATTERNS
     default_hardware_tier: int = Field(1, ge=0, le=1000)
@@ -241,6 +246,7 @@ class Settings(BaseSettings):
             retries=self.qdrant_retries,
             shards=self.qdrant_shards,
             replication_factor=self.qdrant_replication_factor,
+            keep_old_recipe=self.keep_old_recipe,
         )
 
     @field_validator("path_patterns", mode="before")

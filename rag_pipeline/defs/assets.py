@@ -32,10 +32,11 @@ from rag_pipeline.chunk import CHUNKER_VERSION
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
-from rag_pipeline.defs.runs import tag_checks, tag_run
+from rag_pipeline.defs.runs import tag_checks, tag_migration, tag_run
 from rag_pipeline.ingest.consistency import check_chunks, check_index, check_vectors
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.index import WriteReport
+from rag_pipeline.ingest.migration import SwitchOutcome, finish_build, start_build
 from rag_pipeline.ingest.progress import ProgressLog
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.ingest.stages import (
@@ -144,8 +145,17 @@ def source_files(
     recipe: ResourceParam[LazyRecipe],
 ) -> Output[BookInventory]:
     tag_run(context, context.partition_key)
-    with qdrant.open() as store:
+    with qdrant.open() as store:  # a reader: the recipe the book is searched with now
         book_recipe = recipe.for_book(store, context.partition_key).recipe
+        build = start_build(store, context.partition_key, book_recipe)
+    if build.label is not None:
+        tag_migration(context, build.label)
+        context.log.info(
+            f"recipe change {build.label}: the book is built beside its searched index"
+            + (" (resuming the pending build)" if build.resumed else "")
+        )
+    # the run's handles build its recipe: a recipe change reads its pending build
+    with qdrant.open(recipe=book_recipe) as store:
         inventory = take_inventory(
             books, context.partition_key, store, book_recipe, force=config.force
         )
@@ -179,6 +189,10 @@ def source_files(
             "bytes": sum(f.size for f in inventory.files),
             "indexed_chunk_points": inventory.state.chunk_points,
             "forced": inventory.reembed,
+            "recipe": book_recipe.embedding_model,
+            "signature": book_recipe.signature,
+            "migration": build.label or "none",
+            "migration_resumed": build.resumed,
             "files_table": table(rows, limit=40),
             "errors": error_table(inventory.crawl_errors),
         },
@@ -351,7 +365,7 @@ def chunk_embeddings(
     chunks: ChunkedBook,
 ) -> Iterator[Output[EmbeddedBook] | AssetCheckResult]:
     index_recipe = recipe.for_model(chunks.inventory.embedding_model)
-    with qdrant.open() as store:
+    with qdrant.open(recipe=index_recipe) as store:
         reuse = vectors_to_reuse(chunks, index_recipe, store)
         collection_dim = store.dense_dimension()
     todo = len(chunks.chunks) - sum(1 for c in chunks.chunks if c.content_hash in reuse)
@@ -418,7 +432,7 @@ def qdrant_points(
 ) -> Iterator[Output[BookResult] | AssetCheckResult]:
     index_recipe = recipe.for_model(chunks.inventory.embedding_model)
     lineage = index_recipe.lineage(context.run.run_id, chunk_embeddings.sparse_model)
-    with qdrant.open() as store:
+    with qdrant.open(recipe=index_recipe) as store:
         if path_is_gone(books.data_dir, context.partition_key):
             # removed while this run read and embedded it: writing now would bring back points
             # its purge deletes (or already deleted); the run ends cleanly instead of retrying
@@ -430,6 +444,19 @@ def qdrant_points(
     problems = consistency.problems()
     if problems:
         tag_checks(context, "failed")
+    with qdrant.open() as store:  # the builders are closed: a pending build is complete
+        before = store.current_recipe(context.partition_key)
+        switch = finish_build(
+            store,
+            context.partition_key,
+            failed_files=_failed_files(chunks),
+            checks_passed=consistency.passed,
+            keep_old=qdrant.config.keep_old_recipe,
+        )
+    for reason in switch.held_back:
+        message = f"{context.partition_key}: the new recipe's build stays pending: {reason}"
+        context.log.warning(message)
+        result.warnings.append(message)
     yield Output(
         result,
         metadata={
@@ -447,6 +474,7 @@ def qdrant_points(
             "store": qdrant.description,
             "embedding_model": lineage.embedding_model,
             "signature": lineage.signature,
+            **_recipe_metadata(before, switch),
         },
     )
     yield AssetCheckResult(
@@ -460,6 +488,25 @@ def qdrant_points(
             "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
         },
     )
+
+
+def _failed_files(chunked: ChunkedBook) -> set[str]:
+    """Files that failed in this run (read, parse, chunk, crawl): a new build lacks their
+    chunks, which the old index may still serve."""
+    failed = {o.source_file for o in chunked.outcomes if o.status == "error"}
+    return failed | {e.source_file for e in chunked.inventory.crawl_errors}
+
+
+def _recipe_metadata(before: dict[str, str] | None, switch: SwitchOutcome) -> dict[str, Any]:
+    """The recipe change of the run: the recipe searched before, what became of the build."""
+    return {
+        "recipe_before": (before or {}).get("embedding_model", "untagged"),
+        "signature_before": (before or {}).get("signature", ""),
+        "recipe_build": switch.state,
+        "recipe_held_back": MetadataValue.md(
+            "\n".join(f"- {r}" for r in switch.held_back) or "(none)"
+        ),
+    }
 
 
 #: how many written or deleted points a run lists in its metadata (the totals are exact)

@@ -153,9 +153,19 @@ class CollectionPage:
 
 #: a book's health on the collection's page, worst first: the order of the table's rows
 HEALTH_ORDER = ("failed", "warned", "ok")
-#: the collection table's columns: the book, its health and why, counts, last run, checks
+#: the collection table's columns: the book, its health and why, counts, recipe, last run, checks
 #: (narrow enough for a 1,600 px window: the checks that did not pass are named in "why")
-BOOK_COLUMNS = ("book", "health", "why", "points", "chunks", "files", "errors", "last_run")
+BOOK_COLUMNS = (
+    "book",
+    "health",
+    "why",
+    "points",
+    "chunks",
+    "files",
+    "errors",
+    "recipe",
+    "last_run",
+)
 #: rows of the per-book table (books with a problem come first, so they are always shown)
 BOOK_ROWS = 200
 
@@ -281,6 +291,7 @@ def _row(book: BookHealth, run_id: str | None, checks: dict[str, str]) -> dict[s
         "chunks": book.chunks,
         "files": book.files,
         "errors": book.errors,
+        "recipe": book.recipe,
         "last_run": run_id or "",
     }
 

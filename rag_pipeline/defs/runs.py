@@ -4,7 +4,8 @@ Dagster tags every partitioned run with ``dagster/partition`` (the one filter th
 runs of a book: sensor, backfill, asset graph, Launchpad, CLI). The first step of each run adds
 ``rag/book`` and ``rag/trigger`` (books_sensor, backfill, ui, cli, ...) when whoever launched
 it did not, and the retry strategy ``dagster/retry_strategy=ALL_STEPS``; steps whose checks
-did not pass tag the run ``rag/checks``.
+did not pass tag the run ``rag/checks``; a run that builds its book with another recipe (a
+migration, built beside the searched index) is tagged ``rag/migration`` with what changes.
 """
 
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ __all__ = [
     "BOOK_RUN_TAGS",
     "BOOK_TAG",
     "CHECKS_TAG",
+    "MIGRATION_TAG",
     "PARTITION_TAG",
     "RETRY_ALL_STEPS",
     "RETRY_STRATEGY_TAG",
@@ -28,6 +30,7 @@ __all__ = [
     "TRIGGER_TAG",
     "books_with_runs_in_flight",
     "tag_checks",
+    "tag_migration",
     "tag_run",
     "trigger_of",
 ]
@@ -37,6 +40,9 @@ BOOK_TAG = "rag/book"
 PARTITION_TAG = "dagster/partition"
 TRIGGER_TAG = "rag/trigger"
 CHECKS_TAG = "rag/checks"
+#: a run that builds its book with another recipe; the value says what changes
+#: (``old-model -> new-model``, or ``recipe <old signature> -> <new signature>``)
+MIGRATION_TAG = "rag/migration"
 #: the run retry strategy tag, as Dagster's run retry docs spell it and its values (a public
 #: contract, as ``dagster/partition`` is, though only a private constant names it)
 RETRY_STRATEGY_TAG = "dagster/retry_strategy"
@@ -77,6 +83,13 @@ def tag_checks(context: AssetExecutionContext, outcome: str) -> None:
     """Mark the run in the run list: ``warned`` (a warning check) or ``failed``."""
     if context.run.tags.get(CHECKS_TAG) != "failed":
         context.instance.add_run_tags(context.run.run_id, {CHECKS_TAG: outcome})
+
+
+def tag_migration(context: AssetExecutionContext, label: str) -> None:
+    """Mark a run that builds its book with another recipe (however it was started: the
+    sensor and the UI cannot know before the run looks at the store)."""
+    if context.run.tags.get(MIGRATION_TAG) != label:
+        context.instance.add_run_tags(context.run.run_id, {MIGRATION_TAG: label})
 
 
 #: the states of a run that is queued or running: a book with such a run must keep its partition

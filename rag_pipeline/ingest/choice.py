@@ -14,7 +14,9 @@ and the CPU:
   this process cannot produce is :class:`RecordedModelUnavailableError`.
 
 What a book records is read by :func:`recorded_recipe` alone (the one function to switch to
-the store's own record of a book's recipe when it has one).
+the store's own record of a book's recipe when it has one). A search reads it through
+:func:`searched_record`: the model of the very index the store handle searches (on a store
+with generations, a book's recipe change is built beside and switched atomically).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ __all__ = [
     "RecordedModelUnavailableError",
     "RecordedRecipe",
     "choose_book_model",
+    "record_for",
     "recorded_recipe",
+    "searched_record",
 ]
 
 #: what a recipe is chosen for: writing a book's index, or embedding a query of the book
@@ -75,6 +79,24 @@ def recorded_recipe(store: VectorStore, book_id: str) -> RecordedRecipe | None:
     # most chunks first; ties by name, so every process reads the same model
     chosen = min(models, key=lambda name: (-models[name], name))
     return RecordedRecipe(chosen, dict(models))
+
+
+def searched_record(store: VectorStore, book_id: str) -> RecordedRecipe | None:
+    """What a search of the book embeds its query with: the model of the generation this
+    handle reads (:meth:`VectorStore.searched_recipe`, pinned for the handle's life, so the
+    query is never embedded for one index and compared with another), else the record."""
+    tag = store.searched_recipe(book_id)
+    model = tag.get("embedding_model") if tag else None
+    if model:
+        return RecordedRecipe(model, {model: 0})
+    return recorded_recipe(store, book_id)
+
+
+def record_for(store: VectorStore, book_id: str, purpose: Purpose) -> RecordedRecipe | None:
+    """The record a choice for ``purpose`` reads (see :func:`searched_record`)."""
+    return (
+        searched_record(store, book_id) if purpose == "search" else recorded_recipe(store, book_id)
+    )
 
 
 @dataclass(frozen=True)
@@ -181,7 +203,7 @@ class FixedRecipe:
     def for_book(
         self, store: VectorStore, book_id: str, *, purpose: Purpose = "build"
     ) -> BookRecipe:
-        recorded = recorded_recipe(store, book_id)
+        recorded = record_for(store, book_id, purpose)
         model = self.recipe.embedding_model
         recorded_model = recorded.embedding_model if recorded else None
         if purpose == "search" and recorded_model not in (None, model):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rag_pipeline.ingest.index import read_index_state
+from rag_pipeline.ingest.migration import describe_recipes
 from rag_pipeline.models import InvalidBookIdError, validate_book_id
 from rag_pipeline.schema import COLLECTION_SCHEMA, EMBEDDING_MODEL, STATUS_ERROR, chunks_of
 from rag_pipeline.store import DENSE_VECTOR, SPARSE_VECTOR, VectorStore
@@ -29,6 +30,9 @@ class BookHealth:
     files: int  # document records
     errors: int  # files whose record says they failed
     models: tuple[str, ...] = ()
+    #: the recipe it is searched with (its embedding model), plus ``→ X pending`` while a
+    #: new recipe is built beside it
+    recipe: str = ""
 
     @property
     def consistent(self) -> bool:
@@ -122,6 +126,11 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
                 files=int(summary["documents"]),
                 errors=int(summary["errors"]),
                 models=tuple(sorted(models)),
+                recipe=describe_recipes(
+                    store.current_recipe(book_id),
+                    store.pending_recipe(book_id),
+                    ", ".join(sorted(models)),
+                ),
             )
         )
     return CollectionState(

@@ -24,6 +24,7 @@ from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
 from rag_pipeline.ingest.changes import FileChanges
 from rag_pipeline.ingest.choice import FixedRecipe, RecipeSource
 from rag_pipeline.ingest.crawl import book_folder_problem, discover_books, path_is_gone
+from rag_pipeline.ingest.migration import migration_label
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.ingest.stages import WritePreview, chunk_book, parse_book, preview_writes
@@ -63,6 +64,22 @@ class BookPlan:
     recorded_model: str | None = None
     #: files of the book are indexed with another recipe: the run embeds them again
     recipe_change: bool = False
+    #: the recipe signature the book is built with, and the one its files record
+    signature: str = ""
+    recorded_signature: str | None = None
+
+    @property
+    def migration(self) -> str | None:
+        """What the book's recipe change is (the ``rag/migration`` run tag), or None."""
+        if not self.recipe_change:
+            return None
+        return migration_label(
+            {
+                "embedding_model": self.recorded_model or "",
+                "signature": self.recorded_signature or "?",
+            },
+            {"embedding_model": self.embedding_model, "signature": self.signature},
+        )
 
     def result(self) -> BookResult:
         """The report of a book that starts no run (unchanged or missing)."""
@@ -320,6 +337,8 @@ def plan_of(assessment: BookAssessment) -> BookPlan:
         points=assessment.state.chunk_points,
         embedding_model=assessment.embedding_model,
         recipe_change=assessment.recipe_change and changes.has_work,
+        signature=assessment.signature,
+        recorded_signature=assessment.recorded_signature,
     )
 
 

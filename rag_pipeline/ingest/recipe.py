@@ -71,6 +71,18 @@ class IndexRecipe:
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
+    def tag(self) -> dict[str, str]:
+        """The recipe as the store records it per book generation (small strings; the store
+        compares ``signature`` only, the rest says what the generation was built with)."""
+        return {
+            "signature": self.signature,
+            "embedding_model": self.embedder.model_name,
+            "dimension": str(self.embedder.dimension),
+            "chunker_version": CHUNKER_VERSION,
+            "budget": str(self.budget),
+            "sparse_family": self.sparse.family,
+        }
+
     def sparse_for(self, recorded: str | None, texts: Callable[[], Iterable[str]]) -> Bm25Encoder:
         """The sparse encoder of one book: the one its chunks already record (same family),
         else one whose average is measured over ``texts()``, the book's chunk texts (a book

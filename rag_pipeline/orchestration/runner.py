@@ -38,7 +38,13 @@ from rag_pipeline.defs.jobs import (
 )
 from rag_pipeline.defs.location import build_defs, fixed_resources
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.defs.runs import BOOK_RUN_TAGS, BOOK_TAG, RUNS_IN_FLIGHT, TRIGGER_TAG
+from rag_pipeline.defs.runs import (
+    BOOK_RUN_TAGS,
+    BOOK_TAG,
+    MIGRATION_TAG,
+    RUNS_IN_FLIGHT,
+    TRIGGER_TAG,
+)
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
@@ -110,8 +116,11 @@ def execute_plan(
         run_id = str(uuid.uuid4())
         with PoolWatch(instance, run_id, [STORE_POOL, EMBEDDING_POOL], wait_s, say):
             if book.action == "run":
+                run_tags = {**tags, BOOK_TAG: book_id}
+                if book.migration is not None:  # its first step would tag it too, later
+                    run_tags[MIGRATION_TAG] = book.migration
                 report.books[book_id] = _run_book(
-                    ingest_job, instance, run_id, book_id, plan.force, {**tags, BOOK_TAG: book_id}
+                    ingest_job, instance, run_id, book_id, plan.force, run_tags
                 )
             else:
                 report.books[book_id] = _purge_book(

@@ -20,7 +20,7 @@ from rag_pipeline.ingest.choice import (
     ModelChoice,
     Purpose,
     choose_book_model,
-    recorded_recipe,
+    record_for,
 )
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.store import VectorStore
@@ -100,7 +100,7 @@ class LazyRecipe:
         """The recipe ``book_id`` is built or searched with, as its record decides."""
         if self._fixed is not None:
             return self._fixed.for_book(store, book_id, purpose=purpose)
-        recorded = recorded_recipe(store, book_id)
+        recorded = record_for(store, book_id, purpose)
         choice = self.choose(
             recorded.embedding_model if recorded else None, purpose=purpose, book_id=book_id
         )

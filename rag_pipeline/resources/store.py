@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from rag_pipeline.config import StoreConfig
+from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.schema import COLLECTION_SCHEMA
-from rag_pipeline.store import VectorStore, open_store
+from rag_pipeline.store import CollectionSpec, VectorStore, open_store
 from rag_pipeline.store.sharing import shared_store, store_key
 
 __all__ = ["StoreOpener"]
@@ -35,13 +36,42 @@ class StoreOpener:
         return f"collection {self.collection!r} on {self.config.target}"
 
     @contextmanager
-    def open(self, busy_wait_s: float | None = None) -> Iterator[VectorStore]:
+    def open(
+        self, busy_wait_s: float | None = None, *, recipe: IndexRecipe | None = None
+    ) -> Iterator[VectorStore]:
         """The store, for one step's work; ``busy_wait_s`` overrides how long to wait for an
-        embedded folder another process holds (a sensor tick waits less than a run)."""
+        embedded folder another process holds (a sensor tick waits less than a run).
+
+        ``recipe``: the book's recipe, for the steps of a run. The handle is then a *builder*
+        of it (:meth:`VectorStore.ensure_collection` with its tag): a book indexed with
+        another recipe is read and written in a generation beside the searched one, until the
+        run switches it. A builder is its own handle, never the readers' shared one: a search
+        in the same process keeps reading the searched generation."""
         config = self.config
         if busy_wait_s is not None:
             config = replace(config, busy_wait_s=busy_wait_s)
-        with shared_store(
-            store_key(config), lambda: open_store(config, COLLECTION_SCHEMA)
-        ) as store:
+        if recipe is None:
+            key, factory = store_key(config), lambda: open_store(config, COLLECTION_SCHEMA)
+        else:
+            key, factory = (
+                (store_key(config), "builder", recipe.signature),
+                _builder(config, recipe),
+            )
+        with shared_store(key, factory) as store:
             yield store
+
+
+def _builder(config: StoreConfig, recipe: IndexRecipe) -> Callable[[], VectorStore]:
+    def open_builder() -> VectorStore:
+        store = open_store(config, COLLECTION_SCHEMA)
+        if store.keeps_generations:  # other stores write in place: nothing to build beside
+            try:
+                store.ensure_collection(
+                    CollectionSpec(config.collection, recipe.dimension, recipe=recipe.tag())
+                )
+            except BaseException:
+                store.close()
+                raise
+        return store
+
+    return open_builder

@@ -204,6 +204,9 @@ class VectorStore(ABC):
     description: str
     #: whether :meth:`save_summary` keeps anything (else callers need not compute one)
     keeps_summaries: bool = False
+    #: whether a handle made a builder by :meth:`ensure_collection` with a recipe tag builds a
+    #: book of another recipe beside its searched index (else writes go in place)
+    keeps_generations: bool = False
 
     # -- collection -------------------------------------------------------------------------
 
@@ -505,6 +508,18 @@ class VectorStore(ABC):
     def current_recipe(self, tenant: str) -> dict[str, str] | None:
         """The recipe tag the tenant's searched index was built with (None: unknown)."""
         return None
+
+    def searched_recipe(self, tenant: str) -> dict[str, str] | None:
+        """The recipe tag of the index this handle reads for ``tenant``, fixed for the
+        handle's life where the store has generations (a search embeds its query with that
+        generation's model, never one read from another). Default: :meth:`current_recipe`."""
+        return self.current_recipe(tenant)
+
+    def adopt_recipe(self, tenant: str, recipe: Mapping[str, str]) -> bool:
+        """Record ``recipe`` as the tag of a tenant's searched index that has none (built
+        before indexes were tagged), so that a builder of another recipe builds beside it.
+        False when there is nothing to tag (and on stores without generations)."""
+        return False
 
     def pending_recipe(self, tenant: str) -> dict[str, str] | None:
         """The recipe tag of a generation being built beside the current one (None: none)."""

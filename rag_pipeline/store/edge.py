@@ -107,6 +107,7 @@ class EdgeStore(base.VectorStore):
     """A collection as one Qdrant Edge shard per book under ``<path>/<collection>``."""
 
     keeps_summaries = True
+    keeps_generations = True
 
     def __init__(
         self,
@@ -362,6 +363,30 @@ class EdgeStore(base.VectorStore):
         current = _read_pointer(self.books_folder / tenant / _CURRENT)
         recipe = None if current is None else current[1].get("recipe")
         return dict(recipe) if isinstance(recipe, dict) else None
+
+    def searched_recipe(self, tenant: str) -> dict[str, str] | None:
+        """The tag of the generation this handle routed ``tenant`` to (routing takes the
+        book's lock, so no switch can come between this answer and the handle's reads)."""
+        with self._lock:
+            if not _readable(tenant):
+                return None
+            state = self._route(tenant)
+            if state.generation is None:
+                return None
+            pointer = _read_pointer(state.folder / (_PENDING if state.pending else _CURRENT))
+            recipe = None if pointer is None else pointer[1].get("recipe")
+            return dict(recipe) if isinstance(recipe, dict) else None
+
+    def adopt_recipe(self, tenant: str, recipe: Mapping[str, str]) -> bool:
+        with self._lock:
+            _check_book_name(tenant)
+            state = self._route(tenant)
+            current = _read_pointer(state.folder / _CURRENT)
+            if current is None or _signature(current[1]) is not None:
+                return False
+            _write_json(state.folder / _CURRENT, {**current[1], "recipe": dict(recipe)})
+            self._forget(tenant)  # a builder routes it again, now against the tag
+            return True
 
     def pending_recipe(self, tenant: str) -> dict[str, str] | None:
         folder = self.books_folder / tenant
