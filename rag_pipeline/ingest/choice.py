@@ -86,7 +86,7 @@ def searched_record(store: VectorStore, book_id: str) -> RecordedRecipe | None:
     handle reads (:meth:`VectorStore.searched_recipe`, pinned for the handle's life, so the
     query is never embedded for one index and compared with another), else the record."""
     tag = store.searched_recipe(book_id)
-    model = tag.get("embedding_model") if tag else None
+    model = tag.get(EMBEDDING_MODEL) if tag else None
     if model:
         return RecordedRecipe(model, {model: 0})
     return recorded_recipe(store, book_id)

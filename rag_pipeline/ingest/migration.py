@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from rag_pipeline.ingest.index import read_index_state
 from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.schema import EMBEDDING_MODEL, SOURCE_FILE, chunks_of
+from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, SOURCE_FILE, chunks_of
 from rag_pipeline.store import VectorStore
 
 __all__ = [
@@ -37,10 +37,10 @@ def migration_label(old: RecipeTag, new: RecipeTag) -> str:
     """What a recipe change is, as the ``rag/migration`` run tag says it: the models when
     they differ (``fp32-model -> int8-model``), else the signatures (a chunker or budget
     change)."""
-    old_model, new_model = old.get("embedding_model", ""), new.get("embedding_model", "")
+    old_model, new_model = old.get(EMBEDDING_MODEL, ""), new.get(EMBEDDING_MODEL, "")
     if old_model and new_model and old_model != new_model:
         return f"{old_model} -> {new_model}"
-    return f"recipe {old.get('signature', '?')} -> {new.get('signature', '?')}"
+    return f"recipe {old.get(SIGNATURE, '?')} -> {new.get(SIGNATURE, '?')}"
 
 
 def describe_recipes(
@@ -49,12 +49,12 @@ def describe_recipes(
     """A book's recipe as the collection look shows it: the searched model (``fallback``,
     e.g. its chunks' models, for an index without a tag), and the one being built beside
     while a build is pending (``model → other pending``)."""
-    label = (current or {}).get("embedding_model") or fallback
+    label = (current or {}).get(EMBEDDING_MODEL) or fallback
     if pending is None:
         return label
-    model = pending.get("embedding_model", "")
+    model = pending.get(EMBEDDING_MODEL, "")
     if model == label or not model:
-        model = f"recipe {pending.get('signature', '?')}"
+        model = f"recipe {pending.get(SIGNATURE, '?')}"
     return f"{label} → {model} pending"
 
 
@@ -69,7 +69,7 @@ class BuildStart:
 
     @property
     def migration(self) -> bool:
-        return self.old is not None and self.old.get("signature") != self.new["signature"]
+        return self.old is not None and self.old.get(SIGNATURE) != self.new[SIGNATURE]
 
     @property
     def label(self) -> str | None:
@@ -89,7 +89,7 @@ def start_build(store: VectorStore, book_id: str, recipe: IndexRecipe) -> BuildS
         if old is not None:
             store.adopt_recipe(book_id, old)
     pending = store.pending_recipe(book_id)
-    resumed = pending is not None and pending.get("signature") == new["signature"]
+    resumed = pending is not None and pending.get(SIGNATURE) == new[SIGNATURE]
     return BuildStart(old, new, resumed)
 
 
@@ -104,9 +104,9 @@ def _recorded_tag(store: VectorStore, book_id: str) -> dict[str, str] | None:
     if not signatures:
         return None
     models = store.counts_by(chunks_of(book_id), EMBEDDING_MODEL)
-    tag = {"signature": min(signatures, key=lambda s: (-signatures[s], s))}
+    tag = {SIGNATURE: min(signatures, key=lambda s: (-signatures[s], s))}
     if models:
-        tag["embedding_model"] = min(models, key=lambda m: (-models[m], m))
+        tag[EMBEDDING_MODEL] = min(models, key=lambda m: (-models[m], m))
     return tag
 
 

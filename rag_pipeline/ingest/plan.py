@@ -29,7 +29,7 @@ from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.ingest.stages import WritePreview, chunk_book, parse_book, preview_writes
 from rag_pipeline.models import FileError, validate_book_id
-from rag_pipeline.schema import book_filter
+from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, book_filter
 from rag_pipeline.store import VectorStore
 
 __all__ = [
@@ -75,10 +75,10 @@ class BookPlan:
             return None
         return migration_label(
             {
-                "embedding_model": self.recorded_model or "",
-                "signature": self.recorded_signature or "?",
+                EMBEDDING_MODEL: self.recorded_model or "",
+                SIGNATURE: self.recorded_signature or "?",
             },
-            {"embedding_model": self.embedding_model, "signature": self.signature},
+            {EMBEDDING_MODEL: self.embedding_model, SIGNATURE: self.signature},
         )
 
     def result(self) -> BookResult:

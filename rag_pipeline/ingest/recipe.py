@@ -15,6 +15,7 @@ from rag_pipeline import __version__
 from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.base import Embedder
+from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE
 from rag_pipeline.sparse import Bm25Encoder, fallback_avg_len, measure_avg_len
 
 __all__ = ["IndexRecipe", "LineageInfo"]
@@ -75,8 +76,8 @@ class IndexRecipe:
         """The recipe as the store records it per book generation (small strings; the store
         compares ``signature`` only, the rest says what the generation was built with)."""
         return {
-            "signature": self.signature,
-            "embedding_model": self.embedder.model_name,
+            SIGNATURE: self.signature,
+            EMBEDDING_MODEL: self.embedder.model_name,
             "dimension": str(self.embedder.dimension),
             "chunker_version": CHUNKER_VERSION,
             "budget": str(self.budget),
