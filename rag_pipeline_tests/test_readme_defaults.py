@@ -55,7 +55,8 @@ def test_the_configuration_table_states_the_settings_defaults() -> None:
         default = Settings.model_fields[field].default
         actual = float(default) if isinstance(stated, float) else default
         if isinstance(stated, str):
-            actual = str(default)
+            # a flag is written as the value to set: `0` / `1`
+            actual = str(int(default)) if isinstance(default, bool) else str(default)
         assert actual == stated, f"README says {variable} defaults to {cell}, the code {default}"
         checked.append(variable)
     assert "RAG_SENSOR_INTERVAL_S" in checked and len(checked) >= 20, checked
