@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import qdrant_edge as qe
 
+from rag_pipeline.ingest.collection import book_summary
 from rag_pipeline.ingest.plan import plan_ingest
 from rag_pipeline.ingest.stages import ingest_book
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
@@ -56,9 +57,10 @@ class Books:
     def open(self) -> EdgeStore:
         return EdgeStore(COLLECTION, self.qdrant, COLLECTION_SCHEMA)
 
-    def plan(self):  # type: ignore[no-untyped-def]
+    def plan(self, *, detail: bool = False):  # type: ignore[no-untyped-def]
+        """The plan ``ingest`` makes (``detail``: the one ``rag-pipeline plan`` shows)."""
         with self.open() as store:
-            return plan_ingest(self.source, store, self.recipe)
+            return plan_ingest(self.source, store, self.recipe, detail=detail)
 
     def folder(self, book: str) -> Path:
         return self.qdrant / COLLECTION / "books" / book
@@ -80,6 +82,8 @@ def test_a_plan_of_unchanged_books_opens_no_shard_whatever_the_collection(
         kept = plan.books["book-00"]
         assert kept.errors and "bad.md" in kept.errors[0]  # a recorded error still shown
         assert all(b.points == b.chunks > 0 for b in plan.books.values())
+        shown = books.plan(detail=True)  # `rag-pipeline plan`: no preview of unchanged books
+        assert {b.action for b in shown.books.values()} == {"unchanged"} and loads == Counter()
 
 
 def test_the_plan_from_summaries_is_the_plan_from_the_shards(tmp_path, hash_embedder, loads):
@@ -104,6 +108,13 @@ def test_the_plan_from_summaries_is_the_plan_from_the_shards(tmp_path, hash_embe
         )
         assert a.recorded_model == b.recorded_model == books.recipe.embedding_model
     assert from_summaries.books["book-01"].action == from_summaries.books["book-02"].action == "run"
+    for book in books.ids:  # summaries again (a write through the store, nothing changed)
+        with books.open() as store:
+            store.save_summary(book, book_summary(store, book))
+    loads.clear()
+    shown = books.plan(detail=True)
+    assert loads == Counter({"book-01": 1, "book-02": 1})  # only the books that run: previews
+    assert shown.books["book-01"].preview is not None and shown.books["book-00"].preview is None
 
 
 def test_a_shard_written_behind_its_summary_is_read(tmp_path, hash_embedder, loads):
@@ -156,8 +167,6 @@ def test_a_summary_is_written_after_the_shard_is_closed_and_survives_reads(tmp_p
     """Saved in memory, written with its fingerprint once the shard is flushed and closed;
     searches, counts and scrolls by other handles (which rewrite some shard files) leave it
     valid: the fingerprint rule holds for this qdrant-edge."""
-    from rag_pipeline.ingest.collection import book_summary
-
     books = Books(tmp_path, 1, hash_embedder)
     summary = books.folder("book-00") / "summary.json"
     summary.unlink()
