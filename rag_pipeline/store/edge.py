@@ -405,7 +405,10 @@ class EdgeStore(base.VectorStore):
         data, state.summary = state.summary, None
         if data is None or state.generation is None or not state.folder.is_dir():
             return
-        _write_summary(state.folder, state.generation, data)
+        try:
+            _write_summary(state.folder, state.generation, data)
+        except OSError as exc:  # no summary is safe (the book is read): never fail a close
+            log.warning("summary of book %s not saved: %s", state.folder.name, exc)
 
     def current_recipe(self, tenant: str) -> dict[str, str] | None:
         current = _read_pointer(self.books_folder / tenant / _CURRENT)
