@@ -243,3 +243,19 @@ def test_the_recorded_recipe_comes_from_the_summary(tmp_path, hash_embedder, loa
     with books.open() as store:
         assert recorded_recipe(store, "book-00") == from_summary is not None
     assert from_summary.embedding_model == books.recipe.embedding_model
+
+
+def test_a_plan_checks_each_books_fingerprint_once(tmp_path, hash_embedder, monkeypatch):
+    from rag_pipeline.store import edge
+
+    books = Books(tmp_path, 3, hash_embedder)
+    checked: Counter[str] = Counter()
+    original = edge._fingerprint
+
+    def counting(generation: Path):  # type: ignore[no-untyped-def]
+        checked[generation.parent.name] += 1
+        return original(generation)
+
+    monkeypatch.setattr(edge, "_fingerprint", counting)
+    assert {b.action for b in books.plan().books.values()} == {"unchanged"}
+    assert checked == Counter({book: 1 for book in books.ids})  # the recipe, then the index

@@ -90,6 +90,9 @@ _REWRITTEN_BY_READS = frozenset(
 #: not past the newest file it vouches for: a change in the same clock tick would go unseen
 _RACY_PAUSE_S = 0.01
 _RACY_TRIES = 3
+#: a summary checked (fingerprint and all) is taken again unchecked by the same handle for
+#: this long while its file is the same: the plan asks for it twice per book (recipe, index)
+_RECHECK_AFTER_S = 1.0
 _TRASH = ".trash-"  # a folder being removed: a dot-name is never a book nor a generation
 _REBUILD = "rag-pipeline ingest --rebuild"
 #: what a book folder may be named: the pipeline's book ids (a dot-free start, no '..')
@@ -149,6 +152,8 @@ class EdgeStore(base.VectorStore):
         self._locks = LockGroup()
         self._books: dict[str, _Book] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # books with a loaded shard, LRU first
+        #: book -> (summary file and generation seen, until when, its data): see summary()
+        self._checked: dict[str, tuple[tuple[str, int, int, int], float, dict[str, Any]]] = {}
         #: the recipe tag of a builder handle (see the module's docstring)
         self._recipe: dict[str, str] | None = None
         self._dense_dim: int | None = None
@@ -251,6 +256,7 @@ class EdgeStore(base.VectorStore):
             _unlink(state.folder / _SUMMARY)
             state.summary_dropped = True
         state.summary = None  # one saved before this write no longer describes the book
+        self._checked.pop(book, None)
         if state.generation is None:
             self._create_generation(book, state)
         elif not state.written:
@@ -387,7 +393,18 @@ class EdgeStore(base.VectorStore):
             return None  # the full read says so
         if current is None or (self._recipe is not None and self._builds_beside(current)):
             return None
-        return _read_summary(folder, current[0])
+        try:
+            st = os.stat(folder / _SUMMARY)
+        except OSError:
+            return None
+        seen = (current[0], st.st_ino, st.st_mtime_ns, st.st_size)
+        checked = self._checked.get(tenant)
+        if checked is not None and checked[0] == seen and time.monotonic() < checked[1]:
+            return dict(checked[2])  # the same file, checked a moment ago (a plan asks twice)
+        data = _read_summary(folder, current[0])
+        if data is not None:
+            self._checked[tenant] = (seen, time.monotonic() + _RECHECK_AFTER_S, data)
+        return data
 
     def save_summary(self, tenant: str, data: Mapping[str, Any]) -> None:
         """Kept in memory until the book's shard is flushed and closed (unload or close),
