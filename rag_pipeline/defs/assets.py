@@ -33,6 +33,7 @@ from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.defs.runs import tag_checks, tag_migration, tag_run
+from rag_pipeline.ingest.collection import book_summary
 from rag_pipeline.ingest.consistency import check_chunks, check_index, check_vectors
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.index import WriteReport
@@ -453,6 +454,8 @@ def qdrant_points(
             checks_passed=consistency.passed,
             keep_old=qdrant.config.keep_old_recipe,
         )
+        if switch.switched:  # the new generation's catalog entry: plans need not open it
+            store.save_summary(context.partition_key, book_summary(store, context.partition_key))
     for reason in switch.held_back:
         message = f"{context.partition_key}: the new recipe's build stays pending: {reason}"
         context.log.warning(message)

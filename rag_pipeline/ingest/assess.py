@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
+from rag_pipeline.ingest.collection import index_from_summary
 from rag_pipeline.ingest.crawl import (
     hash_file,
     path_is_gone,
@@ -39,6 +40,7 @@ __all__ = [
     "assess_book_folder",
     "read_book_files",
     "read_book_index",
+    "saved_book_index",
 ]
 
 #: how many of a book's stored chunk vectors are probed for damage (read, not scored)
@@ -109,10 +111,15 @@ def read_book_index(
     Without ``chunk_payloads`` only the document records and the book's point count are read
     (per file only when that count is not what the records promise: a fraction of a second
     for a whole corpus): enough to decide, not to run (a run needs
-    the chunk ids it replaces and the content hashes whose vectors it reuses)."""
+    the chunk ids it replaces and the content hashes whose vectors it reuses). They are taken
+    from the book's saved summary while the store vouches for it (written by the last run
+    after its writes, its shard's files unchanged since: no shard is opened, and nothing can
+    have damaged the vectors the last run wrote); else read from the book."""
     if chunk_payloads:
         state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
         points = state.chunk_counts()
+    elif (saved := saved_book_index(store, book_id)) is not None:
+        return saved
     else:
         state = read_index_state(store, book_id, documents_only=True)
         points = _points_per_file(store, state)
@@ -121,6 +128,14 @@ def read_book_index(
     sample = [record.id for record in islice(probe, DAMAGE_SAMPLE)]
     damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
     return BookIndex(state, points, damaged)
+
+
+def saved_book_index(store: VectorStore, book_id: str) -> BookIndex | None:
+    """The book's document records and chunk points from its saved summary, while the store
+    vouches for it (None: read the book). Its vectors are those the last run wrote and checked,
+    untouched since: not probed."""
+    saved = index_from_summary(store.summary(book_id), book_id)
+    return None if saved is None else BookIndex(saved[0], saved[1], damaged=False)
 
 
 def _points_per_file(store: VectorStore, state: IndexState) -> dict[str, int]:

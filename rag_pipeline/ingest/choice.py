@@ -27,6 +27,7 @@ from typing import Literal, Protocol
 
 from rag_pipeline.config import EmbedderConfig
 from rag_pipeline.embed import EmbedderUnavailableError, model_names
+from rag_pipeline.ingest.collection import recorded_models
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, chunks_of
 from rag_pipeline.store import VectorStore
@@ -71,9 +72,12 @@ class RecordedRecipe:
 
 def recorded_recipe(store: VectorStore, book_id: str) -> RecordedRecipe | None:
     """The recipe the book's index records (None: nothing indexed). Read here and nowhere
-    else: today from the chunks' ``embedding_model`` (one facet on an indexed keyword field,
-    a handful of values per book); the per-book store layout will record it itself."""
-    models = store.counts_by(chunks_of(book_id), EMBEDDING_MODEL)
+    else: from the book's saved summary while the store vouches for it (no shard opened),
+    else from the chunks' ``embedding_model`` (one facet on an indexed keyword field, a
+    handful of values per book)."""
+    models = recorded_models(store.summary(book_id))
+    if models is None:
+        models = store.counts_by(chunks_of(book_id), EMBEDDING_MODEL)
     if not models:
         return None
     # most chunks first; ties by name, so every process reads the same model

@@ -6,17 +6,32 @@ stays cheap for many books. The Dagster layer adds each book's last run and chec
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag_pipeline.ingest.index import read_index_state
+from rag_pipeline.ingest.changes import IndexedDocument
+from rag_pipeline.ingest.index import IndexState, read_index_state
 from rag_pipeline.ingest.migration import describe_recipes
 from rag_pipeline.models import InvalidBookIdError, validate_book_id
-from rag_pipeline.schema import COLLECTION_SCHEMA, EMBEDDING_MODEL, STATUS_ERROR, chunks_of
+from rag_pipeline.schema import (
+    COLLECTION_SCHEMA,
+    EMBEDDING_MODEL,
+    SOURCE_FILE,
+    STATUS_ERROR,
+    STATUS_OK,
+    chunks_of,
+)
 from rag_pipeline.store import DENSE_VECTOR, SPARSE_VECTOR, VectorStore
 
-__all__ = ["BookHealth", "CollectionState", "book_summary", "describe_collection"]
+__all__ = [
+    "BookHealth",
+    "CollectionState",
+    "book_summary",
+    "describe_collection",
+    "index_from_summary",
+    "recorded_models",
+]
 
 
 @dataclass(frozen=True)
@@ -84,18 +99,82 @@ class CollectionState:
 
 #: what a book's summary holds (see :func:`book_summary`); a summary without them is unread
 _SUMMARY_KEYS = ("points_by_model", "documents", "errors", "promised_chunks")
+#: what a plan reads of it instead of the book (see :func:`index_from_summary`)
+_INDEX_KEYS = ("records", "signatures", "chunk_points")
 
 
 def book_summary(store: VectorStore, book_id: str) -> dict[str, Any]:
-    """What the collection look needs of one book, read from its document records and chunk
-    counts: the store keeps it (:meth:`VectorStore.save_summary`) until the book's next write."""
+    """What the collection look and the plan need of one book, read from its document records
+    and chunk counts: the store keeps it (:meth:`VectorStore.save_summary`) until the book's
+    next write.
+
+    Compact whatever the book's size (no chunk ids): per file ``[sha256, total_chunks,
+    signature]`` with the signature as an index into ``signatures`` (one per recipe), and
+    ``status, error, error_stage`` after them only for a file that is not plainly ok; the
+    chunk points per file only for a book whose total is not what its records promise."""
     state = read_index_state(store, book_id, documents_only=True)
-    return {
+    held = store.count(chunks_of(book_id))
+    signatures = sorted({d.signature for d in state.documents.values()})
+    summary: dict[str, Any] = {
         "points_by_model": store.counts_by(chunks_of(book_id), EMBEDDING_MODEL),
         "documents": len(state.documents),
         "errors": sum(1 for d in state.documents.values() if d.status == STATUS_ERROR),
         "promised_chunks": state.promised_chunks,
+        "chunk_points": held,
+        "signatures": signatures,
+        "records": {
+            name: _record(d, signatures.index(d.signature))
+            for name, d in sorted(state.documents.items())
+        },
     }
+    if held != state.promised_chunks:
+        summary["points_by_file"] = store.counts_by(chunks_of(book_id), SOURCE_FILE)
+    return summary
+
+
+def _record(document: IndexedDocument, signature: int) -> list[Any]:
+    record: list[Any] = [document.source_file_hash, document.total_chunks, signature]
+    if (document.status, document.error, document.error_stage) != (STATUS_OK, None, None):
+        record += [document.status, document.error, document.error_stage]
+    return record
+
+
+def index_from_summary(
+    summary: Mapping[str, Any] | None, book_id: str
+) -> tuple[IndexState, dict[str, int]] | None:
+    """The book's document records and chunk points per file as :func:`book_summary` saved
+    them (what ``read_book_index`` reads without chunk payloads); None for a summary that
+    lacks them (saved by an older version): the caller reads the book."""
+    if summary is None or not all(k in summary for k in _INDEX_KEYS):
+        return None
+    signatures = list(summary["signatures"])
+    state = IndexState(book_id)
+    for name, record in dict(summary["records"]).items():
+        status, error, stage = record[3:6] if len(record) >= 6 else (STATUS_OK, None, None)
+        state.documents[name] = IndexedDocument(
+            name,
+            str(record[0]),
+            str(status),
+            signatures[int(record[2])],
+            int(record[1]),
+            error,
+            stage,
+        )
+    if "points_by_file" in summary:
+        points = {str(k): int(v) for k, v in dict(summary["points_by_file"]).items()}
+    elif int(summary["chunk_points"]) == state.promised_chunks:
+        points = {n: d.total_chunks for n, d in state.documents.items() if d.total_chunks > 0}
+    else:
+        return None  # not what book_summary writes: read the book
+    state.chunk_points = sum(points.values())  # as read_book_index counts it from the book
+    return state, points
+
+
+def recorded_models(summary: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """Chunk points per embedding model, as the book's summary saved them (None: no summary)."""
+    if summary is None or "points_by_model" not in summary:
+        return None
+    return {str(k): int(v) for k, v in dict(summary["points_by_model"]).items()}
 
 
 def _usable(summary: Any) -> bool:

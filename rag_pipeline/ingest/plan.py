@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
+from rag_pipeline.ingest.assess import (
+    BookAssessment,
+    assess,
+    read_book_files,
+    read_book_index,
+    saved_book_index,
+)
 from rag_pipeline.ingest.changes import FileChanges
 from rag_pipeline.ingest.choice import FixedRecipe, RecipeSource
 from rag_pipeline.ingest.crawl import book_folder_problem, discover_books, path_is_gone
@@ -311,10 +317,14 @@ def assess_book(
     detail: bool = False,
 ) -> BookPlan:
     """Run or unchanged, as the book's assessment says (see :mod:`rag_pipeline.ingest.assess`);
-    with ``detail``, a book that runs gets the preview of its run, from the same assessment."""
-    assessment = assess_book_folder(
-        source, book_id, store, recipe, force=force, chunk_payloads=detail
-    )
+    with ``detail``, a book that runs gets the preview of its run, from the same assessment.
+    A book its saved summary shows unchanged needs no preview: decided without its shard."""
+    found = read_book_files(source, book_id)
+    saved = None if force or not detail else saved_book_index(store, book_id)
+    assessment = None if saved is None else assess(found, saved, recipe)
+    if assessment is None or assessment.changes.has_work:
+        index = read_book_index(store, book_id, recipe, chunk_payloads=detail)
+        assessment = assess(found, index, recipe, force=force)
     book = plan_of(assessment)
     if detail and book.action == "run":
         _add_preview(book, assessment, source, recipe)

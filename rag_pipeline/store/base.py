@@ -499,8 +499,14 @@ class VectorStore(ABC):
 
     def summaries(self) -> dict[str, dict[str, Any]]:
         """What the caller saved per tenant with :meth:`save_summary`, where still valid (a
-        write to the tenant since drops it). Default: none kept."""
+        write to the tenant since drops it; a store that can tell also drops one whose data
+        was changed by other hands). Default: none kept."""
         return {}
+
+    def summary(self, tenant: str) -> dict[str, Any] | None:
+        """The tenant's saved summary where still valid (see :meth:`summaries`), read without
+        opening the tenant's data. Default: none kept."""
+        return None
 
     def save_summary(self, tenant: str, data: Mapping[str, Any]) -> None:  # noqa: B027
         """Keep ``data`` as the tenant's summary until its next write (default: not kept)."""

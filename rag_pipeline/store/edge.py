@@ -16,6 +16,7 @@ Layout of ``<path>/<collection>/`` (the *layout root*)::
     books/<book>/current.json       {"generation": <folder>, "recipe": {...}|null, "dense_dim": N}
     books/<book>/pending.json       (while a new recipe is built beside) the same shape
     books/<book>/summary.json       the pipeline's catalog entry (see :meth:`save_summary`)
+                                    with the fingerprint of the generation it describes
     books/<book>/<generation>/      one EdgeShard folder
 
 ``<path>/<collection>.lock`` is the layout lock, held briefly (create, migrate, set aside).
@@ -33,6 +34,7 @@ Every other handle reads the current generation.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -70,6 +72,27 @@ _CONFIG_FILE = "edge_config.json"  # an Edge shard's own config: its presence ma
 _CURRENT = "current.json"
 _PENDING = "pending.json"
 _SUMMARY = "summary.json"
+#: files of an Edge shard that a read-only load, search, count, scroll or facet rewrites (their
+#: times, and edge_config.json's size at the first load; tracker_journal.dat is deleted), as
+#: measured on qdrant-edge-py 0.9: left out of a generation's fingerprint. Every other file
+#: (vectors, payload pages, sparse store, id tracker, WAL) is written only by writes.
+_REWRITTEN_BY_READS = frozenset(
+    {
+        _CONFIG_FILE,
+        "segment.json",
+        "tracker.dat",
+        "tracker_journal.dat",
+        "flags_a.dat",
+        "flags_b.dat",
+    }
+)
+#: a summary is written again after this pause (a few times at most) while its file's time is
+#: not past the newest file it vouches for: a change in the same clock tick would go unseen
+_RACY_PAUSE_S = 0.01
+_RACY_TRIES = 3
+#: a summary checked (fingerprint and all) is taken again unchecked by the same handle for
+#: this long while its file is the same: the plan asks for it twice per book (recipe, index)
+_RECHECK_AFTER_S = 1.0
 _TRASH = ".trash-"  # a folder being removed: a dot-name is never a book nor a generation
 _REBUILD = "rag-pipeline ingest --rebuild"
 #: what a book folder may be named: the pipeline's book ids (a dot-free start, no '..')
@@ -92,6 +115,8 @@ class _Book:
     shard: qe.EdgeShard | None = None
     #: the summary is dropped before this handle's first write since it was (re)saved
     summary_dropped: bool = False
+    #: a summary saved by this handle, written with its fingerprint once the shard is closed
+    summary: dict[str, Any] | None = None
     written: bool = False
     dirty: bool = False  # written since the last flush
     emptied: bool = False  # written and left without points when its shard was last closed
@@ -128,6 +153,8 @@ class EdgeStore(base.VectorStore):
         self._locks = LockGroup()
         self._books: dict[str, _Book] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # books with a loaded shard, LRU first
+        #: book -> (summary file and generation seen, until when, its data): see summary()
+        self._checked: dict[str, tuple[tuple[str, int, int, int], float, dict[str, Any]]] = {}
         #: the recipe tag of a builder handle (see the module's docstring)
         self._recipe: dict[str, str] | None = None
         self._dense_dim: int | None = None
@@ -219,6 +246,8 @@ class EdgeStore(base.VectorStore):
         state.emptied = state.written and not state.pending and _is_empty(shard)
         _close_shard(shard, flush=state.dirty)
         state.dirty = False
+        if state.summary is not None:  # flushed and closed: what the fingerprint must see
+            self._write_summary(state)
 
     def _writer(self, book: str) -> qe.EdgeShard:
         """The shard this handle writes for ``book``, created on the first write."""
@@ -230,6 +259,8 @@ class EdgeStore(base.VectorStore):
             # before the first write: a kill from here on leaves no summary to trust
             _unlink(state.folder / _SUMMARY)
             state.summary_dropped = True
+        state.summary = None  # one saved before this write no longer describes the book
+        self._checked.pop(book, None)
         if state.generation is None:
             self._create_generation(book, state)
         elif not state.written:
@@ -343,21 +374,62 @@ class EdgeStore(base.VectorStore):
     def summaries(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for book in _listed_books(self.books_folder):
-            state = self._books.get(book)
-            if state is not None and state.summary_dropped:
-                continue  # this handle wrote the book since
-            data = _read_json(self.books_folder / book / _SUMMARY)
-            if isinstance(data, dict):
+            data = self.summary(book)
+            if data is not None:
                 out[book] = data
         return out
 
+    def summary(self, tenant: str) -> dict[str, Any] | None:
+        """The book's saved summary while it still describes the generation this handle
+        reads: same generation, and that folder's fingerprint unchanged (no shard opened).
+        None when absent, stale, damaged, or when this handle builds the book beside."""
+        if not _readable(tenant):
+            return None
+        state = self._books.get(tenant)
+        if state is not None and state.summary is not None:
+            return dict(state.summary)  # saved by this handle, no write since
+        if state is not None and (state.summary_dropped or state.pending):
+            return None
+        folder = self.books_folder / tenant
+        try:
+            current = _read_pointer(folder / _CURRENT)
+        except base.StoreDamagedError:
+            return None  # the full read says so
+        if current is None or (self._recipe is not None and self._builds_beside(current)):
+            return None
+        try:
+            st = os.stat(folder / _SUMMARY)
+        except OSError:
+            return None
+        seen = (current[0], st.st_ino, st.st_mtime_ns, st.st_size)
+        checked = self._checked.get(tenant)
+        if checked is not None and checked[0] == seen and time.monotonic() < checked[1]:
+            return dict(checked[2])  # the same file, checked a moment ago (a plan asks twice)
+        data = _read_summary(folder, current[0])
+        if data is not None:
+            self._checked[tenant] = (seen, time.monotonic() + _RECHECK_AFTER_S, data)
+        return data
+
     def save_summary(self, tenant: str, data: Mapping[str, Any]) -> None:
+        """Kept in memory until the book's shard is flushed and closed (unload or close),
+        then written with the fingerprint of its generation's files."""
         with self._lock:
             state = self._route(tenant)
             if state.pending or state.generation is None:
                 return  # a summary describes the current generation only
-            _write_json(state.folder / _SUMMARY, dict(data))
+            state.summary = dict(data)
             state.summary_dropped = False  # the next write drops it again
+            if state.shard is None:
+                self._write_summary(state)
+
+    def _write_summary(self, state: _Book) -> None:
+        data, state.summary = state.summary, None
+        if data is None or state.generation is None or not state.folder.is_dir():
+            return
+        try:
+            _write_summary(state.folder, state.generation, data)
+        except OSError as exc:  # no summary is safe (the book is read): never fail a close
+            log.warning("summary of book %s not saved: %s", state.folder.name, exc)
 
     def current_recipe(self, tenant: str) -> dict[str, str] | None:
         current = _read_pointer(self.books_folder / tenant / _CURRENT)
@@ -680,6 +752,75 @@ def _remove_folder(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
     for left in folder.parent.glob(f"{_TRASH}*"):  # left by a removal that was killed
         shutil.rmtree(left, ignore_errors=True)
+
+
+def _fingerprint(generation: Path) -> dict[str, Any]:
+    """What a summary vouches for: (path, size, mtime_ns) of every file of the generation
+    folder but those a read rewrites (:data:`_REWRITTEN_BY_READS`), the presence of its config
+    file and segments folder, as one digest; and the newest of those times."""
+    entries: list[tuple[str, int, int]] = []
+    pending = [(str(generation), "")]  # (folder, its path inside the generation)
+    while pending:
+        folder, rel = pending.pop()
+        in_vectors = rel.endswith("/vectors/") or rel == "vectors/"
+        with os.scandir(folder) as listing:
+            for entry in listing:
+                name = entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, f"{rel}{name}/"))
+                elif name not in _REWRITTEN_BY_READS and not (in_vectors and name == "status.dat"):
+                    st = entry.stat(follow_symlinks=False)
+                    entries.append((rel + name, st.st_size, st.st_mtime_ns))
+    entries.sort()
+    marks = ((generation / _CONFIG_FILE).is_file(), (generation / "segments").is_dir())
+    digest = hashlib.sha256(json.dumps([marks, entries]).encode()).hexdigest()
+    return {
+        "fingerprint": digest,
+        "files": len(entries),
+        "newest_ns": max((m for _, _, m in entries), default=0),
+    }
+
+
+def _write_summary(folder: Path, generation: str, data: Mapping[str, Any]) -> None:
+    """``folder/summary.json``: the pipeline's ``data`` and the fingerprint of the (flushed,
+    closed) generation. Written again after a short pause while its own time is not past the
+    newest file it vouches for (a later change in the same tick would keep that time)."""
+    path = folder / _SUMMARY
+    try:
+        stamp = {"generation": generation, **_fingerprint(folder / generation)}
+    except FileNotFoundError:
+        return  # the generation went (purged, emptied): nothing to describe
+    for _ in range(_RACY_TRIES):
+        _write_json(path, {"store": stamp, "data": dict(data)})
+        if path.stat().st_mtime_ns > stamp["newest_ns"]:
+            return
+        time.sleep(_RACY_PAUSE_S)
+    log.debug("summary of %s left racy: it is read as absent", folder.name)
+
+
+def _read_summary(folder: Path, generation: str) -> dict[str, Any] | None:
+    """The pipeline's data of ``folder/summary.json`` if it vouches for ``generation`` as its
+    files are now; None otherwise (the caller reads the shard)."""
+    try:
+        with open(folder / _SUMMARY, "rb") as fh:
+            written_ns = os.fstat(fh.fileno()).st_mtime_ns  # the time of what is read
+            saved = json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    stamp = saved.get("store") if isinstance(saved, dict) else None
+    data = saved.get("data") if isinstance(saved, dict) else None
+    if not isinstance(stamp, dict) or not isinstance(data, dict):
+        return None  # half written cannot happen (tmp + rename); an old format can
+    newest = stamp.get("newest_ns")
+    if stamp.get("generation") != generation or not isinstance(newest, int):
+        return None
+    if newest >= written_ns:
+        return None  # racy: a change in the tick the summary was written would be unseen
+    try:
+        now = _fingerprint(folder / generation)
+    except FileNotFoundError:
+        return None
+    return data if now == {k: stamp.get(k) for k in now} else None
 
 
 def _read_layout(folder: Path) -> _Layout | None:

@@ -1,0 +1,261 @@
+"""A plan decides an unchanged book from its saved summary, without opening its Qdrant Edge
+shard (issue 17), and never trusts a summary whose shard changed behind it: written through
+another handle, damaged by other hands, or a summary half written."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import qdrant_edge as qe
+
+from rag_pipeline.ingest.collection import book_summary
+from rag_pipeline.ingest.plan import plan_ingest
+from rag_pipeline.ingest.stages import ingest_book
+from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
+from rag_pipeline.store.edge import EdgeStore
+from rag_pipeline_tests.conftest import make_recipe, make_source, section
+
+COLLECTION = "rag_chunks"
+
+
+@pytest.fixture
+def loads(monkeypatch) -> Counter[str]:
+    """Every ``EdgeShard.load``, counted by the book folder it opened."""
+    opened: Counter[str] = Counter()
+    original = qe.EdgeShard.load
+
+    def counting(path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened[Path(path).parent.name] += 1
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(counting))
+    return opened
+
+
+class Books:
+    """``count`` books of three files indexed in-process (hash embedder) into one Edge store."""
+
+    def __init__(self, root: Path, count: int, embedder) -> None:  # type: ignore[no-untyped-def]
+        self.data = root / f"books{count}"
+        self.qdrant = root / f"qdrant{count}"
+        self.ids = [f"book-{i:02d}" for i in range(count)]
+        for i, book in enumerate(self.ids):
+            (self.data / book).mkdir(parents=True)
+            for f in range(3):
+                text = f"# Book {i} file {f}\n\n" + section("One", seed=f"b{i}f{f}")
+                (self.data / book / f"{f}.md").write_text(text)
+        (self.data / self.ids[0] / "bad.md").write_bytes(b"---\ntitle: [unclosed\n---\nbody")
+        self.source = make_source(self.data)
+        self.recipe = make_recipe(embedder)
+        with self.open() as store:
+            for book in self.ids:
+                ingest_book(self.source, book, store, self.recipe, "first")
+
+    def open(self) -> EdgeStore:
+        return EdgeStore(COLLECTION, self.qdrant, COLLECTION_SCHEMA)
+
+    def plan(self, *, detail: bool = False):  # type: ignore[no-untyped-def]
+        """The plan ``ingest`` makes (``detail``: the one ``rag-pipeline plan`` shows)."""
+        with self.open() as store:
+            return plan_ingest(self.source, store, self.recipe, detail=detail)
+
+    def folder(self, book: str) -> Path:
+        return self.qdrant / COLLECTION / "books" / book
+
+    def generation(self, book: str) -> Path:
+        current = json.loads((self.folder(book) / "current.json").read_text())
+        return self.folder(book) / current["generation"]
+
+
+def test_a_plan_of_unchanged_books_opens_no_shard_whatever_the_collection(
+    tmp_path, hash_embedder, loads
+):
+    for count in (3, 12):
+        books = Books(tmp_path, count, hash_embedder)
+        loads.clear()
+        plan = books.plan()
+        assert {b.action for b in plan.books.values()} == {"unchanged"}
+        assert loads == Counter(), f"{count} books: shards opened {dict(loads)}"
+        kept = plan.books["book-00"]
+        assert kept.errors and "bad.md" in kept.errors[0]  # a recorded error still shown
+        assert all(b.points == b.chunks > 0 for b in plan.books.values())
+        shown = books.plan(detail=True)  # `rag-pipeline plan`: no preview of unchanged books
+        assert {b.action for b in shown.books.values()} == {"unchanged"} and loads == Counter()
+
+
+def test_the_plan_from_summaries_is_the_plan_from_the_shards(tmp_path, hash_embedder, loads):
+    books = Books(tmp_path, 3, hash_embedder)
+    (books.data / "book-01" / "0.md").write_text("# Edited\n\n" + section("New", seed="e"))
+    (books.data / "book-02" / "2.md").unlink()
+    from_summaries = books.plan()
+    assert loads == Counter()
+    for book in books.ids:
+        (books.folder(book) / "summary.json").unlink()
+    from_shards = books.plan()
+    assert loads == Counter({book: 1 for book in books.ids})
+    for book in books.ids:
+        a, b = from_summaries.books[book], from_shards.books[book]
+        assert (a.action, a.reasons, a.changes, a.errors, a.points, a.chunks) == (
+            b.action,
+            b.reasons,
+            b.changes,
+            b.errors,
+            b.points,
+            b.chunks,
+        )
+        assert a.recorded_model == b.recorded_model == books.recipe.embedding_model
+    assert from_summaries.books["book-01"].action == from_summaries.books["book-02"].action == "run"
+    for book in books.ids:  # summaries again (a write through the store, nothing changed)
+        with books.open() as store:
+            store.save_summary(book, book_summary(store, book))
+    loads.clear()
+    shown = books.plan(detail=True)
+    assert loads == Counter({"book-01": 1, "book-02": 1})  # only the books that run: previews
+    assert shown.books["book-01"].preview is not None and shown.books["book-00"].preview is None
+
+
+def test_a_shard_written_behind_its_summary_is_read(tmp_path, hash_embedder, loads):
+    books = Books(tmp_path, 2, hash_embedder)
+    with books.open() as store:
+        lost = next(iter(store.scroll(chunks_of("book-01")))).id
+    raw = qe.EdgeShard.load(str(books.generation("book-01")))  # other hands: no store, no lock
+    try:
+        raw.update(qe.UpdateOperation.delete_points([lost]))
+        raw.flush()
+    finally:
+        raw.close()
+    loads.clear()
+    plan = books.plan()
+    assert loads == Counter({"book-01": 1})
+    book = plan.books["book-01"]
+    assert book.action == "run" and any("chunk points" in r for r in book.reasons)
+    assert plan.books["book-00"].action == "unchanged"
+
+
+@pytest.mark.parametrize("damage", ["vectors overwritten", "segments emptied", "config lost"])
+def test_a_shard_damaged_behind_its_summary_is_read(tmp_path, hash_embedder, loads, damage):
+    from rag_pipeline.store import StoreDamagedError
+
+    books = Books(tmp_path, 2, hash_embedder)
+    shard = books.generation("book-01")
+    if damage == "vectors overwritten":  # same size, other bytes
+        for path in (shard / "segments").rglob("vector_storage-dense/vectors/chunk_*.mmap"):
+            # not random bytes (test_damage's, in a process): huge floats warn in-process
+            path.write_bytes(b"\x01" * path.stat().st_size)
+    elif damage == "segments emptied":
+        for path in (shard / "segments").rglob("*"):
+            if path.is_file():
+                path.write_bytes(b"")
+    else:
+        (shard / "edge_config.json").unlink()
+    with books.open() as store:
+        assert store.summary("book-01") is None and store.summary("book-00") is not None
+    loads.clear()
+    if damage == "vectors overwritten":
+        book = books.plan().books["book-01"]
+        assert book.action == "run" and "damaged" in book.reasons[0]
+        assert loads["book-01"] >= 1 and loads["book-00"] == 0
+    else:
+        with pytest.raises(StoreDamagedError):
+            books.plan()
+
+
+def test_a_summary_is_written_after_the_shard_is_closed_and_survives_reads(tmp_path, hash_embedder):
+    """Saved in memory, written with its fingerprint once the shard is flushed and closed;
+    searches, counts and scrolls by other handles (which rewrite some shard files) leave it
+    valid: the fingerprint rule holds for this qdrant-edge."""
+    books = Books(tmp_path, 1, hash_embedder)
+    summary = books.folder("book-00") / "summary.json"
+    summary.unlink()
+    store = books.open()
+    try:
+        store.count(chunks_of("book-00"))  # loaded
+        store.save_summary("book-00", book_summary(store, "book-00"))
+        assert not summary.exists() and store.summary("book-00") is not None
+    finally:
+        store.close()
+    assert summary.is_file()
+    for _ in range(2):
+        with books.open() as reader:
+            vector = next(iter(reader.scroll(chunks_of("book-00"), with_vectors=True))).dense
+            assert reader.query_dense(chunks_of("book-00"), vector, limit=3)
+            assert reader.count(chunks_of("book-00")) > 0
+            assert len(reader.counts_by(chunks_of("book-00"), "source_file")) == 3
+    with books.open() as store:
+        assert store.summary("book-00") is not None
+
+
+def test_a_summary_killed_before_it_is_complete_is_never_read(
+    tmp_path, hash_embedder, monkeypatch, loads
+):
+    from rag_pipeline.store import edge
+
+    books = Books(tmp_path, 1, hash_embedder)
+    folder = books.folder("book-00")
+    (folder / "summary.json").unlink()
+
+    class Killed(BaseException):
+        """The process killed between the summary's tmp file and its rename."""
+
+    def killed(src, dst):  # type: ignore[no-untyped-def]
+        raise Killed
+
+    with monkeypatch.context() as patched, pytest.raises(Killed), books.open() as store:
+        patched.setattr(edge.os, "replace", killed)
+        store.count(chunks_of("book-00"))
+        store.save_summary("book-00", {"records": {}, "signatures": [], "chunk_points": 0})
+    assert not (folder / "summary.json").exists() and list(folder.glob(".summary.json.*.tmp"))
+    (folder / "summary.json").write_text('{"store": {"generation": ')  # torn by other hands
+    loads.clear()
+    with books.open() as store:
+        assert store.summary("book-00") is None
+    assert books.plan().books["book-00"].action == "unchanged"
+    assert loads == Counter({"book-00": 1})  # read from the shard
+
+
+def test_a_builder_of_another_recipe_reads_no_summary_of_the_current_generation(
+    tmp_path, hash_embedder
+):
+    from rag_pipeline.store import CollectionSpec
+
+    books = Books(tmp_path, 1, hash_embedder)
+    with books.open() as store:
+        assert store.summary("book-00") is not None
+        other = CollectionSpec(COLLECTION, hash_embedder.dimension * 2, recipe={"signature": "x"})
+        store.ensure_collection(other)  # another dimension: the book is built beside
+        assert store.summary("book-00") is None  # it reads and writes a pending generation
+    with books.open() as reader:
+        assert reader.summary("book-00") is not None  # readers still read the current one
+
+
+def test_the_recorded_recipe_comes_from_the_summary(tmp_path, hash_embedder, loads):
+    from rag_pipeline.ingest.choice import recorded_recipe
+
+    books = Books(tmp_path, 1, hash_embedder)
+    loads.clear()
+    with books.open() as store:
+        from_summary = recorded_recipe(store, "book-00")
+    assert loads == Counter()
+    (books.folder("book-00") / "summary.json").unlink()
+    with books.open() as store:
+        assert recorded_recipe(store, "book-00") == from_summary is not None
+    assert from_summary.embedding_model == books.recipe.embedding_model
+
+
+def test_a_plan_checks_each_books_fingerprint_once(tmp_path, hash_embedder, monkeypatch):
+    from rag_pipeline.store import edge
+
+    books = Books(tmp_path, 3, hash_embedder)
+    checked: Counter[str] = Counter()
+    original = edge._fingerprint
+
+    def counting(generation: Path):  # type: ignore[no-untyped-def]
+        checked[generation.parent.name] += 1
+        return original(generation)
+
+    monkeypatch.setattr(edge, "_fingerprint", counting)
+    assert {b.action for b in books.plan().books.values()} == {"unchanged"}
+    assert checked == Counter({book: 1 for book in books.ids})  # the recipe, then the index
