@@ -6,11 +6,13 @@ import os
 import platform
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import qdrant_edge as qe
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
@@ -173,3 +175,17 @@ def section(title: str, paragraphs: int = 3, words: int = 40, seed: str = "") ->
             " ".join(f"{seed}{title.lower().replace(' ', '')}w{p}x{i}" for i in range(words)) + "."
         )
     return f"## {title}\n\n" + "\n\n".join(body) + "\n"
+
+
+@pytest.fixture
+def loads(monkeypatch) -> Counter[str]:
+    """Every ``EdgeShard.load``, counted by the book folder it opened."""
+    opened: Counter[str] = Counter()
+    original = qe.EdgeShard.load
+
+    def counting(path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened[Path(path).parent.name] += 1
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(counting))
+    return opened

@@ -21,20 +21,6 @@ from rag_pipeline_tests.conftest import make_recipe, make_source, section
 COLLECTION = "rag_chunks"
 
 
-@pytest.fixture
-def loads(monkeypatch) -> Counter[str]:
-    """Every ``EdgeShard.load``, counted by the book folder it opened."""
-    opened: Counter[str] = Counter()
-    original = qe.EdgeShard.load
-
-    def counting(path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
-        opened[Path(path).parent.name] += 1
-        return original(path, *args, **kwargs)
-
-    monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(counting))
-    return opened
-
-
 class Books:
     """``count`` books of three files indexed in-process (hash embedder) into one Edge store."""
 

@@ -35,20 +35,6 @@ def generation(root: Path, book: str) -> str:
 
 
 @pytest.fixture
-def loads(monkeypatch) -> Counter[str]:
-    """Every ``EdgeShard.load``, counted by the book folder it opened."""
-    opened: Counter[str] = Counter()
-    original = qe.EdgeShard.load
-
-    def counting(path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
-        opened[Path(path).parent.name] += 1
-        return original(path, *args, **kwargs)
-
-    monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(counting))
-    return opened
-
-
-@pytest.fixture
 def filled(tmp_path: Path) -> Path:
     with open_edge(tmp_path) as store:
         fill(store, books=("a", "b", "c"))
