@@ -111,6 +111,8 @@ class EmbedderConfig:
     openai_concurrency: int
     openai_requests_per_minute: int | None
     openai_tokens_per_minute: int | None
+    #: the dimension of the ``hash`` test embedder (its model is ``hash-<dimension>``)
+    hash_dimension: int = 384
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,9 @@ class Settings(BaseSettings):
     openai_concurrency: int = Field(4, ge=1, le=64)
     openai_requests_per_minute: int | None = Field(None, ge=1)
     openai_tokens_per_minute: int | None = Field(None, ge=1)
+    # The hash test embedder's dimension: its model name is hash-<dimension>, so a change is
+    # a recipe change (a change of model and dimension, built beside and switched per book).
+    hash_dimension: int = Field(384, ge=8, le=4096)
 
     def source(self) -> SourceConfig:
         return SourceConfig(
@@ -232,6 +237,7 @@ class Settings(BaseSettings):
             openai_concurrency=self.openai_concurrency,
             openai_requests_per_minute=self.openai_requests_per_minute,
             openai_tokens_per_minute=self.openai_tokens_per_minute,
+            hash_dimension=self.hash_dimension,
         )
 
     def store(self) -> StoreConfig:

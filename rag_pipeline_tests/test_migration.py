@@ -285,3 +285,34 @@ def test_a_migration_killed_mid_write_leaves_the_old_index_searched_and_resumes(
         new = _signatures(after, book)
         assert len(new) == 1 and set(new) != set(old[book])
         assert len(_generations(cli.env["RAG_QDRANT_PATH"], book)) == 1
+
+
+def test_a_model_of_another_dimension_is_built_beside_while_searches_run(
+    sample_books: Path, tmp_path: Path
+) -> None:
+    """hash-384 -> hash-256: a change of model *and* dimension. The searches run with the
+    new settings from the start (a service restarted with them): books not switched yet are
+    searched with the model they record, which this process still produces."""
+    cli = InProcessCli(tmp_path, sample_books)
+    cli("ingest")
+    books = sorted(p.name for p in sample_books.iterdir() if p.is_dir())
+    cli.env["RAG_HASH_DIMENSION"] = "256"
+    after = _settings(cli, hash_dimension=256)
+    with Searches(after, books) as searches:
+        searches.wait_until_seen({b: next(iter(_signatures(after, b))) for b in books})
+        report = cli.json("ingest", "--json")
+        new = {b: next(iter(_signatures(after, b))) for b in books}
+        searches.wait_until_seen(new)
+    assert searches.failures == []
+    assert all(b["status"] == "ingested" for b in report["books"].values()), report
+    with open_store(after.store(), COLLECTION_SCHEMA) as store:
+        for book in books:
+            assert store.dimension_of(book) == 256
+            assert (store.current_recipe(book) or {}).get("embedding_model") == "hash-256"
+            points = list(store.scroll(chunks_of(book), with_vectors=True))
+            assert points and {len(p.dense) for p in points if p.dense is not None} == {256}
+            assert searches.seen[book][-1] == new[book] != searches.seen[book][0]
+        assert {b.recipe for b in describe_collection(store, books).books} == {"hash-256"}
+    assert set(_migration_tags(cli).values()) == {"hash-384 -> hash-256"}
+    searched = cli.json("search", "nodes and topics", "--book", books[0], "--json")
+    assert searched and all(h["book_id"] == books[0] for h in searched)

@@ -62,6 +62,18 @@ def _config(**settings: Any):  # type: ignore[no-untyped-def]
         ({"local_model_dir": "/models/bge-small"}, FP32, False, "build", "bge-small", True),
         ({"embedder": "hash"}, "hash-384", True, "build", "hash-384", False),
         ({"embedder": "hash"}, FP32, True, "build", "hash-384", True),
+        # a search uses the recorded model wherever this process can produce it: the local
+        # model offline, a hash embedder of any dimension, OpenAI with a key
+        ({"embedder": "hash"}, FP32, True, "search", FP32, False),
+        ({}, "hash-256", True, "search", "hash-256", False),
+        (
+            {"embedder": "hash", "openai_api_key": "k"},
+            "text-embedding-3-small",
+            True,
+            "search",
+            "text-embedding-3-small",
+            False,
+        ),
     ],
 )
 def test_the_book_model_decision(settings, recorded, fast_int8, purpose, model, migration):
@@ -73,9 +85,9 @@ def test_the_book_model_decision(settings, recorded, fast_int8, purpose, model, 
 @pytest.mark.parametrize(
     ("settings", "recorded"),
     [
-        ({}, "text-embedding-3-small"),
-        ({"embedder": "hash"}, FP32),
-        ({"local_model_dir": "/models/bge-small"}, FP32),
+        ({}, "text-embedding-3-small"),  # no OpenAI key
+        ({"local_model_dir": "/models/bge-small"}, FP32),  # another local model folder
+        ({}, "some-other-model"),
     ],
 )
 def test_a_search_of_a_book_of_a_model_this_process_cannot_produce_is_refused(settings, recorded):
@@ -219,12 +231,26 @@ def test_an_explicit_precision_is_a_migration_and_the_plan_prices_it(
     assert hits and all(h["embedding_model"] == FP32 for h in hits)
 
 
-def test_a_search_of_a_book_of_another_model_exits_1_naming_it(fp32_books, monkeypatch):
+def test_a_search_of_a_book_of_another_providers_model_embeds_with_that_model(
+    fp32_books, fake_local
+):
     cli = fp32_books
-    cli.env["RAG_EMBEDDER"] = "hash"
+    cli.env["RAG_EMBEDDER"] = "hash"  # a change of provider not migrated yet
+    assert cli.json("search", "topics", "--book", BOOK, "--json")
+    assert fake_local == ["fp32"]  # the query was embedded by the book's model
+
+
+def test_a_search_of_a_book_of_a_model_this_process_cannot_make_exits_1_naming_it(
+    sample_books, tmp_path
+):
+    cli = InProcessCli(tmp_path, sample_books)  # the hash embedder, no OpenAI key
+    openai_like = HashEmbedder(1536)
+    openai_like.model_name = "text-embedding-3-small"
+    index_books(sample_books, cli.env["RAG_QDRANT_PATH"], openai_like)
     done = cli("search", "topics", "--book", BOOK, check=False)
     assert done.returncode == 1
-    assert BOOK in done.stderr and FP32 in done.stderr and "Traceback" not in done.stderr
+    assert BOOK in done.stderr and "text-embedding-3-small" in done.stderr
+    assert "Traceback" not in done.stderr
     assert cli("search", "topics", "--book", BOOK, "--mode", "sparse").returncode == 0
 
 

@@ -368,7 +368,7 @@ def chunk_embeddings(
     index_recipe = recipe.for_model(chunks.inventory.embedding_model)
     with qdrant.open(recipe=index_recipe) as store:
         reuse = vectors_to_reuse(chunks, index_recipe, store)
-        collection_dim = store.dense_dimension()
+        collection_dim = store.dimension_of(context.partition_key)
     todo = len(chunks.chunks) - sum(1 for c in chunks.chunks if c.content_hash in reuse)
     context.log.info(
         f"{len(chunks.chunks)} chunks: {len(chunks.chunks) - todo} already indexed, "

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 from rag_pipeline.config import EmbedderConfig
 from rag_pipeline.embed import base as _base
 from rag_pipeline.embed.base import *  # noqa: F403 - re-exported: its __all__ is the API
 from rag_pipeline.embed.base import Embedder
 
-__all__ = [*_base.__all__, "create_embedder", "model_names", "usd_per_million_tokens"]
+__all__ = [
+    *_base.__all__,
+    "config_for_model",
+    "create_embedder",
+    "model_names",
+    "usd_per_million_tokens",
+]
 
 #: the precisions the local model is produced at (``auto`` picks one of them)
 LOCAL_PRECISIONS = ("fp32", "int8")
@@ -20,7 +29,7 @@ def model_names(config: EmbedderConfig) -> dict[str, str | None]:
     if config.provider == "hash":
         from rag_pipeline.embed.hashing import HashEmbedder
 
-        return {HashEmbedder().model_name: None}
+        return {HashEmbedder(config.hash_dimension).model_name: None}
     if config.provider == "openai":
         return {config.openai_model: None}
     from rag_pipeline.embed.local import local_model_name
@@ -28,12 +37,36 @@ def model_names(config: EmbedderConfig) -> dict[str, str | None]:
     return {local_model_name(config.local_model_dir, p): p for p in LOCAL_PRECISIONS}
 
 
+def config_for_model(config: EmbedderConfig, embedding_model: str) -> EmbedderConfig | None:
+    """The configuration that embeds with ``embedding_model``, or None when this process
+    cannot: the configured provider's models, else any other it can produce with what it
+    has (the local model at either precision, offline; the hash embedder of any dimension;
+    an OpenAI model when an API key is set). A book indexed with another provider's model
+    keeps being searched with it while a change of provider is built beside it."""
+    names = model_names(config)
+    if embedding_model in names:
+        precision = names[embedding_model]
+        return config if precision is None else replace(config, local_precision=precision)  # type: ignore[arg-type]
+    from rag_pipeline.embed.local import local_model_name
+
+    for precision in LOCAL_PRECISIONS:
+        if embedding_model == local_model_name(config.local_model_dir, precision):
+            return replace(config, provider="local", local_precision=precision)  # type: ignore[arg-type]
+    if hashed := re.fullmatch(r"hash-(\d+)", embedding_model):
+        return replace(config, provider="hash", hash_dimension=int(hashed.group(1)))
+    from rag_pipeline.embed.openai import OPENAI_MODELS
+
+    if config.openai_api_key and embedding_model in OPENAI_MODELS:
+        return replace(config, provider="openai", openai_model=embedding_model)
+    return None
+
+
 def create_embedder(config: EmbedderConfig) -> Embedder:
     """The provider ``config.provider`` names, configured from it."""
     if config.provider == "hash":
         from rag_pipeline.embed.hashing import HashEmbedder
 
-        return HashEmbedder()
+        return HashEmbedder(config.hash_dimension)
     if config.provider == "openai":
         from rag_pipeline.embed.openai import OpenAIEmbedder
 

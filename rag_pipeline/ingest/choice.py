@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from rag_pipeline.config import EmbedderConfig
-from rag_pipeline.embed import EmbedderUnavailableError, model_names
+from rag_pipeline.embed import EmbedderUnavailableError, config_for_model, model_names
 from rag_pipeline.ingest.collection import recorded_models
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, chunks_of
@@ -151,10 +151,11 @@ def choose_book_model(
     if recorded_model == configured:
         return ModelChoice(configured, names[configured], recorded_model, "as configured")
     if purpose == "search":
-        if recorded_model in names:
+        producing = config_for_model(config, recorded_model)
+        if producing is not None:  # another precision, or another provider's model
             return ModelChoice(
                 recorded_model,
-                names[recorded_model],
+                producing.local_precision if producing.provider == "local" else None,
                 recorded_model,
                 "queries are embedded by the model the book records",
             )

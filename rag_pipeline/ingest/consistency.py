@@ -134,10 +134,10 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None) 
                     report.broken_links.append(f"{source}: {link} of {point_id} -> {target}")
         _check_chain(report, source, dict(members))
     if dimension is not None:
-        stored = store.dense_dimension()
+        stored = store.dimension_of(book_id)
         if stored is not None and stored != dimension:
             report.dimension_errors.append(
-                f"collection vectors have {stored} dimensions, the model makes {dimension}"
+                f"the book's vectors have {stored} dimensions, the model makes {dimension}"
             )
     return report
 

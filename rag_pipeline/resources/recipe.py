@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 
 from rag_pipeline import embed
 from rag_pipeline.config import ChunkingConfig, EmbedderConfig
-from rag_pipeline.embed import Embedder, EmbedError, model_names
+from rag_pipeline.embed import Embedder, EmbedError, config_for_model, model_names
 from rag_pipeline.ingest.choice import (
     BookRecipe,
     FixedRecipe,
@@ -119,16 +118,13 @@ class LazyRecipe:
             return recipe
 
     def _build(self, embedding_model: str) -> IndexRecipe:
-        names = model_names(self.embedding)
-        if embedding_model not in names:
+        config = config_for_model(self.embedding, embedding_model)
+        if config is None:
+            names = model_names(self.embedding)
             raise EmbedError(
                 f"RAG_EMBEDDER={self.provider} cannot embed with {embedding_model!r} "
                 f"(it embeds with {' or '.join(map(repr, names))})"
             )
-        precision = names[embedding_model]
-        config = self.embedding
-        if precision is not None:
-            config = replace(config, local_precision=precision)  # type: ignore[arg-type]
         make = self._make_embedder or embed.create_embedder  # looked up now: tests swap it
         recipe = IndexRecipe.build(make(config), self.chunking)
         if recipe.embedding_model != embedding_model:  # a model folder renamed meanwhile

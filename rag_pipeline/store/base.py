@@ -515,6 +515,12 @@ class VectorStore(ABC):
         """The recipe tag the tenant's searched index was built with (None: unknown)."""
         return None
 
+    def dimension_of(self, tenant: str) -> int | None:
+        """The dense dimension of the index this handle reads and writes for ``tenant``
+        (None: it holds none yet). One collection has one: a store with generations has one
+        per tenant's generation, so a new model of another dimension is built beside."""
+        return self.dense_dimension()
+
     def searched_recipe(self, tenant: str) -> dict[str, str] | None:
         """The recipe tag of the index this handle reads for ``tenant``, fixed for the
         handle's life where the store has generations (a search embeds its query with that

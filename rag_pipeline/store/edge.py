@@ -332,12 +332,12 @@ class EdgeStore(base.VectorStore):
 
     def ensure_collection(self, spec: base.CollectionSpec) -> None:
         with self._lock:
-            if spec.recipe is None:
-                self._check_dimension(self.dense_dimension(), spec)
-            else:  # a new recipe may change the dimension: its books are built beside
-                self._recipe = dict(spec.recipe)
+            if spec.recipe is not None:  # a new recipe may change the dimension: its books
+                self._recipe = dict(spec.recipe)  # are built beside
                 for book in [b for b, s in self._books.items() if not s.written]:
                     self._forget(book)  # routed before this handle became a builder
+            elif self._recipe is None:  # a builder checks per generation (dimension_of)
+                self._check_dimension(self.dense_dimension(), spec)
             self._dense_dim = spec.dense_dim
             wanted = _index_kinds(self.schema)
             if self._layout is not None and wanted.items() <= self._layout.payload_indexes.items():
@@ -351,6 +351,17 @@ class EdgeStore(base.VectorStore):
                 self._layout = _Layout(dim, indexes)
             finally:
                 self._layout_lock.release()
+
+    def dimension_of(self, tenant: str) -> int | None:
+        with self._lock:
+            state = self._route(tenant)
+            if state.generation is None:
+                return None
+            pointer = _read_pointer(state.folder / (_PENDING if state.pending else _CURRENT))
+            if pointer is None or pointer[0] != state.generation:
+                return self.dense_dimension()
+            dim = pointer[1].get("dense_dim")
+            return dim if isinstance(dim, int) else self.dense_dimension()
 
     def _forget(self, book: str) -> None:
         """Drop the routing of a book (its lock stays held until close)."""
