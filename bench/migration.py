@@ -34,9 +34,8 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from powershell_queries import QUERIES  # bench/, the script's own folder
 from scale import run_cli
@@ -136,8 +135,7 @@ class Service:
         self.proc.wait(timeout=30)
 
 
-@dataclass
-class Answer:
+class Answer(NamedTuple):
     book: str
     started: float  # time.time(): comparable with file mtimes
     ended: float
@@ -146,17 +144,17 @@ class Answer:
     error: str = ""
 
 
-@dataclass
 class Searchers:
     """``clients`` closed-loop clients, each over every book in turn, until stopped."""
 
-    port: int
-    books: list[str]
-    clients: int
-    answers: list[Answer] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    threads: list[threading.Thread] = field(default_factory=list)
+    # (a plain class: the bench-script test loads this file without registering it as a
+    # module, which dataclasses need)
+    def __init__(self, port: int, books: list[str], clients: int) -> None:
+        self.port, self.books, self.clients = port, books, clients
+        self.answers: list[Answer] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
         self.threads = [threading.Thread(target=self._run, args=(k,)) for k in range(self.clients)]
