@@ -10,6 +10,14 @@ also re-embeds every indexed chunk in a fresh process with nothing else running,
 as the embedder does now (batches sorted by token count) and as the pipeline did before
 (sorted by characters, batches of 32), and reports the ingest's wall time as a ratio to each,
 so that the noise of a shared machine cancels.
+
+    nice -n 5 python bench/ingest.py --precision-rounds 2 [--book community]
+
+instead runs full ingests of the corpus (or of one book of it) with RAG_LOCAL_PRECISION=fp32
+and with the default (unset: ``auto``, int8 on CPUs with VNNI/AMX), interleaved (fp32, auto,
+auto, fp32, ...), each into a fresh store and DAGSTER_HOME (the ONNX graphs are cached once,
+beforehand), and prints each ingest process's CPU seconds and wall, and the ratio of the
+medians auto / fp32 (also against the fp32 runs' own embedding time, the pure-pass analogue).
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -27,19 +37,31 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books"
 
 
-def run_ingest(corpus: Path, workdir: Path, engine: str) -> tuple[dict, float, float]:
+def run_ingest(
+    corpus: Path,
+    workdir: Path,
+    engine: str,
+    cache: Path | None = None,
+    precision: str | None = None,
+) -> tuple[dict, float, float, float]:
+    """One timed ingest: its report, wall, peak RSS (MB) and CPU seconds (user + sys).
+
+    ``precision`` sets RAG_LOCAL_PRECISION (None: whatever this shell has, else the default)."""
+    cache = cache or workdir / "cache"
     env = {
         **os.environ,
         "RAG_DATA_DIR": str(corpus),
         "RAG_QDRANT_PATH": str(workdir / "qdrant"),
         "RAG_QDRANT_EMBEDDED": engine,
-        "RAG_CACHE_DIR": str(workdir / "cache"),
+        "RAG_CACHE_DIR": str(cache),
         "DAGSTER_HOME": str(workdir / "dagster_home"),
         "RAG_EMBEDDER": "local",
         "DO_NOT_TRACK": "1",
         "PYTHONWARNINGS": "ignore",
     }
     env.pop("RAG_QDRANT_URL", None)
+    if precision is not None:
+        env["RAG_LOCAL_PRECISION"] = precision
     (workdir / "dagster_home").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "dagster.yaml", workdir / "dagster_home" / "dagster.yaml")
     # warm the ONNX graph cache so the timed run measures ingestion, not a one-off build
@@ -48,8 +70,9 @@ def run_ingest(corpus: Path, workdir: Path, engine: str) -> tuple[dict, float, f
             sys.executable,
             "-c",
             "import os; from rag_pipeline.embed.local import LocalEmbedder;"
-            f"LocalEmbedder(cache_dir={str(workdir / 'cache' / 'models')!r}, "
-            "precision=os.environ.get('RAG_LOCAL_PRECISION', 'fp32')).embed(['warm'])",
+            f"LocalEmbedder(cache_dir={str(cache / 'models')!r}, "
+            # the settings' default: with `auto`, int8 is quantized here, not in the timed run
+            "precision=os.environ.get('RAG_LOCAL_PRECISION', 'auto')).embed(['warm'])",
         ],
         env=env,
         check=True,
@@ -77,14 +100,15 @@ def run_ingest(corpus: Path, workdir: Path, engine: str) -> tuple[dict, float, f
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
         raise SystemExit(f"ingest failed with exit {proc.returncode}")
-    peak_mb = float(proc.stderr.rstrip().rsplit("\n", 1)[-1].split("peak_kb=")[1]) / 1024
-    return json.loads(proc.stdout), wall, peak_mb
+    usage = dict(kv.split("=") for kv in proc.stderr.rstrip().rsplit("\n", 1)[-1].split())
+    return json.loads(proc.stdout), wall, float(usage["peak_kb"]) / 1024, float(usage["cpu_s"])
 
 
 PEAK_OF = """
 import resource, subprocess, sys
 code = subprocess.call(sys.argv[1:])
-print(f"peak_kb={resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}", file=sys.stderr)
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"peak_kb={u.ru_maxrss} cpu_s={u.ru_utime + u.ru_stime:.2f}", file=sys.stderr)
 sys.exit(code)
 """
 
@@ -143,12 +167,80 @@ def scan_index(workdir: Path, engine: str, embed: bool) -> dict:
     return json.loads(proc.stdout)
 
 
+def cpu_description() -> dict[str, object]:
+    """The CPU's model name and its int8 dot-product flags (what `auto` looks at)."""
+    model = platform.processor()
+    flags: set[str] = set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    return {
+        "model": model,
+        "int8_flags": sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"}),
+    }
+
+
+def compare_precisions(args: argparse.Namespace, workdir: Path) -> None:
+    """Interleaved full ingests, fp32 vs the default precision, fresh store each time."""
+    corpus = args.corpus
+    if args.book:
+        corpus = workdir / "corpus"
+        shutil.copytree(args.corpus / args.book, corpus / args.book)
+    cache = workdir / "cache"  # the ONNX graphs, shared: not part of the index
+    os.environ.pop("RAG_LOCAL_PRECISION", None)  # "auto" is the settings' default, unset
+    order = [("fp32", "auto")[(i + i // 2) % 2] for i in range(2 * args.precision_rounds)]
+    runs: list[dict[str, object]] = []
+    for i, label in enumerate(order):
+        here = workdir / f"run-{i}-{label}"
+        precision = "fp32" if label == "fp32" else None  # None: unset, the default
+        report, wall, peak_mb, cpu_s = run_ingest(corpus, here, args.engine, cache, precision)
+        books = report["books"].values()
+        run = {
+            "precision": label,
+            "wall_s": round(wall, 1),
+            "cpu_s": round(cpu_s, 1),
+            "embed_s_in_run": round(sum(b["embed_seconds"] for b in books), 1),
+            "chunks": sum(b["chunks"] for b in books),
+            "peak_rss_mb": round(peak_mb),
+        }
+        print(json.dumps(run), flush=True)
+        runs.append(run)
+        shutil.rmtree(here, ignore_errors=True)
+
+    def median(label: str, key: str) -> float:
+        return float(statistics.median(float(str(r[key])) for r in runs if r["precision"] == label))
+
+    figures = {
+        "corpus": str(corpus),
+        "cpu": cpu_description(),
+        "runs": runs,
+        "ratio_auto_to_fp32_wall": round(median("auto", "wall_s") / median("fp32", "wall_s"), 3),
+        "ratio_auto_to_fp32_cpu": round(median("auto", "cpu_s") / median("fp32", "cpu_s"), 3),
+        # the fp32 runs' embedding time: the pure fp32 pass of the same chunks, in-run
+        "ratio_auto_wall_to_fp32_embed": round(
+            median("auto", "wall_s") / median("fp32", "embed_s_in_run"), 3
+        ),
+    }
+    print(json.dumps(figures, indent=2))
+    (REPO / "bench" / "results").mkdir(exist_ok=True)
+    (REPO / "bench" / "results" / "ingest-precision.json").write_text(json.dumps(figures, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--engine", choices=["client", "edge"], default="client")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--pure-pass", action="store_true")
+    parser.add_argument(
+        "--precision-rounds", type=int, default=0, help="fp32 vs auto ingests, N of each"
+    )
+    parser.add_argument("--book", default=None, help="with --precision-rounds: one book only")
     args = parser.parse_args()
     if not args.corpus.is_dir():
         raise SystemExit(f"{args.corpus} is missing (the shared corpora sit beside the repo)")
@@ -156,7 +248,10 @@ def main() -> None:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
 
-    report, wall, peak_mb = run_ingest(args.corpus, workdir, args.engine)
+    if args.precision_rounds:
+        compare_precisions(args, workdir)
+        return
+    report, wall, peak_mb, cpu_s = run_ingest(args.corpus, workdir, args.engine)
     books = report["books"]
     chunks = sum(b["chunks"] for b in books.values())
     embedded = sum(b["embedded"] for b in books.values())
@@ -173,6 +268,7 @@ def main() -> None:
         "embedded": embedded,
         "tokens_embedded": tokens,
         "wall_s": round(wall, 1),
+        "cpu_s": round(cpu_s, 1),
         "chunks_per_s": round(chunks / wall, 1),
         "embed_s_in_run": round(embed_s, 1),
         "ratio_wall_to_embed_in_run": round(wall / embed_s, 3) if embed_s else None,
