@@ -103,6 +103,28 @@ def test_the_plan_from_summaries_is_the_plan_from_the_shards(tmp_path, hash_embe
     assert shown.books["book-01"].preview is not None and shown.books["book-00"].preview is None
 
 
+def test_a_book_read_for_want_of_a_summary_is_summarized_once(tmp_path, hash_embedder, loads):
+    """A book without a summary (a store migrated from the single-shard layout, a summary
+    found stale) is read once by a plan or a collection look, which leaves it one."""
+    from rag_pipeline.ingest.collection import describe_collection
+
+    books = Books(tmp_path, 3, hash_embedder)
+    for book in books.ids:
+        (books.folder(book) / "summary.json").unlink()
+    first = books.plan()
+    assert loads == Counter({book: 1 for book in books.ids})
+    loads.clear()
+    assert books.plan().books.keys() == first.books.keys() and loads == Counter()
+    (books.folder("book-01") / "summary.json").unlink()
+    with books.open() as store:
+        describe_collection(store, books.ids)
+    assert loads == Counter({"book-01": 1})
+    loads.clear()
+    with books.open() as store:
+        describe_collection(store, books.ids)
+    assert books.plan() and loads == Counter()
+
+
 def test_a_shard_written_behind_its_summary_is_read(tmp_path, hash_embedder, loads):
     books = Books(tmp_path, 2, hash_embedder)
     with books.open() as store:

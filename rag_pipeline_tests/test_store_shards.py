@@ -382,6 +382,38 @@ def test_a_new_recipe_is_built_beside_and_readers_see_the_old_until_the_switch(b
     assert not list(book_folder(built_r1, "a").glob(".trash-*"))
 
 
+def test_a_run_of_the_searched_recipe_drops_a_pending_build_of_another_never_switches_to_it(
+    built_r1,
+):
+    """A build of R2 killed half way, then the setting changed back: the next run (of R1,
+    written in place) must not switch the book to the partial R2 build."""
+    from rag_pipeline.ingest.migration import finish_build
+
+    with builder(built_r1, R2, 16) as store:
+        store.upsert(points_of("a", 1, 16, "r2"))  # the partial build
+    pending = generation(built_r1, "a")  # still the current one's name: read the pointer
+    with builder(built_r1, R1, DIM) as store:
+        store.upsert(points_of("a", 7, DIM, "r1"))  # the run of the searched recipe
+    with open_edge(built_r1) as reader:
+        assert reader.pending_recipe("a") == R2
+        outcome = finish_build(reader, "a", failed_files=(), checks_passed=True, recipe=R1)
+        assert not outcome.switched and outcome.state == "in place"
+        assert reader.pending_recipe("a") is None and reader.current_recipe("a") == R1
+    with open_edge(built_r1) as reader:
+        assert recipes_seen(reader) == {"r1"} and reader.count(tenant_filter("a")) == 7
+    assert generation(built_r1, "a") == pending
+    assert [p.name for p in book_folder(built_r1, "a").iterdir() if p.name.startswith("g")] == [
+        pending
+    ]
+
+
+def test_a_tenant_that_names_no_book_folder_has_no_recipe(built_r1):
+    with open_edge(built_r1) as reader:
+        for tenant in ("../a", "/etc", "a/../../x", ".."):
+            assert reader.current_recipe(tenant) is None
+            assert reader.pending_recipe(tenant) is None
+
+
 def test_a_builder_of_the_current_recipe_writes_in_place(built_r1):
     with builder(built_r1, R1, DIM) as store:
         store.upsert(points_of("a", 8, DIM, "r1"))
@@ -517,3 +549,24 @@ def test_a_purge_killed_after_its_rename_leaves_no_book_and_is_swept_later(fille
         assert store.tenants() == ["b", "c"] and store.count(tenant_filter("a")) == 0
         store.purge(tenant_filter("b"))
     assert sorted(p.name for p in books.iterdir()) == ["c"]
+
+
+def test_a_store_lets_the_process_hold_a_lock_file_per_book(tmp_path):
+    """One open lock file per book a handle touched: opening a store raises the soft limit of
+    open files (often 1,024) to the hard limit, so a walk over a thousand books never ends
+    with EMFILE."""
+    import resource
+
+    from rag_pipeline.store.lock import allow_open_files
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft <= 64:
+        pytest.skip(f"the soft limit of open files is {soft} already")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    allow_open_files.cache_clear()
+    try:
+        open_edge(tmp_path).close()
+        raised, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert raised == (min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, raised), hard))

@@ -445,13 +445,14 @@ def qdrant_points(
     problems = consistency.problems()
     if problems:
         tag_checks(context, "failed")
-    with qdrant.open() as store:  # the builders are closed: a pending build is complete
+    with qdrant.open() as store:  # a reader: the switch decision is finish_build's
         before = store.current_recipe(context.partition_key)
         switch = finish_build(
             store,
             context.partition_key,
             failed_files=_failed_files(chunks),
             checks_passed=consistency.passed,
+            recipe=index_recipe.tag(),
             keep_old=qdrant.config.keep_old_recipe,
         )
         if switch.switched:  # the new generation's catalog entry: plans need not open it

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
-from rag_pipeline.ingest.collection import index_from_summary
+from rag_pipeline.ingest.collection import book_summary, index_from_summary
 from rag_pipeline.ingest.crawl import (
     hash_file,
     path_is_gone,
@@ -127,6 +127,9 @@ def read_book_index(
     probe = store.scroll(chunks_of(book_id), fields=[], page_size=DAMAGE_SAMPLE)
     sample = [record.id for record in islice(probe, DAMAGE_SAMPLE)]
     damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
+    if not chunk_payloads and not damaged and store.keeps_summaries:
+        # read once, then kept: the next plan of the unchanged book opens no shard
+        store.save_summary(book_id, book_summary(store, book_id))
     return BookIndex(state, points, damaged)
 
 

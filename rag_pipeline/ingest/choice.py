@@ -8,7 +8,8 @@ and the CPU:
   index of the same local model. An upgrade that makes ``auto`` the default re-embeds no
   book, and machines with different CPUs never give one book two precisions: the recorded
   recipe wins over ``auto``. An explicit ``fp32`` or ``int8`` that differs from the record is
-  a migration: the book is embedded again (today in place).
+  a migration: the book is embedded again, built beside its searched index and switched
+  (see :mod:`rag_pipeline.ingest.migration`).
 - searching: a query is embedded by the model the book records, whatever the settings say,
   so that a query vector is never compared with vectors of another model; a recorded model
   this process cannot produce is :class:`RecordedModelUnavailableError`.

@@ -194,7 +194,12 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
     books = []
     for book_id in sorted(indexed | set(books_on_disk)):
         kept = saved.get(book_id)
-        summary = kept if kept is not None and _usable(kept) else book_summary(store, book_id)
+        if kept is not None and _usable(kept):
+            summary = kept
+        else:  # read once, then kept for the next look (and plan)
+            summary = book_summary(store, book_id)
+            if summary["documents"] and store.keeps_summaries:
+                store.save_summary(book_id, summary)
         models = {str(k): int(v) for k, v in dict(summary["points_by_model"]).items()}
         books.append(
             BookHealth(

@@ -133,12 +133,20 @@ def finish_build(
     *,
     failed_files: Collection[str],
     checks_passed: bool,
+    recipe: RecipeTag,
     keep_old: bool = False,
 ) -> SwitchOutcome:
-    """Switch the book to its pending build (``store``: a reader handle, opened after the
-    run's builders closed), if the run's checks passed and no file whose chunks the old index
-    serves failed in the build (``failed_files``: read, parse, chunk and crawl errors)."""
-    if store.pending_recipe(book_id) is None:
+    """Switch the book to its pending build of ``recipe`` (the run's; ``store``: a reader
+    handle, opened after the run's builders closed), if the run's checks passed and no file
+    whose chunks the old index serves failed in the build (``failed_files``: read, parse,
+    chunk and crawl errors). A pending build of *another* recipe (one given up, e.g. a
+    setting changed back while it was unfinished) is never switched to: it is dropped, since
+    this run wrote the book's searched index in place."""
+    pending = store.pending_recipe(book_id)
+    if pending is None:
+        return SwitchOutcome(pending=False)
+    if pending.get(SIGNATURE) != recipe[SIGNATURE]:
+        store.drop_pending(book_id)
         return SwitchOutcome(pending=False)
     held_back = []
     if not checks_passed:

@@ -543,6 +543,11 @@ class VectorStore(ABC):
         always on stores without generations: they write in place)."""
         return False
 
+    def drop_pending(self, tenant: str) -> bool:
+        """Remove the tenant's pending generation (an unfinished build of a recipe no longer
+        wanted); the searched one stays. False when none was pending."""
+        return False
+
     # -- lifecycle --------------------------------------------------------------------------
 
     @property

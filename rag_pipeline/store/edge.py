@@ -53,7 +53,7 @@ import qdrant_edge as qe
 
 from rag_pipeline.store import base, native
 from rag_pipeline.store.filters import TenantFilter
-from rag_pipeline.store.lock import FolderLock, LockGroup
+from rag_pipeline.store.lock import FolderLock, LockGroup, allow_open_files
 
 __all__ = ["EDGE", "LAYOUT_FILE", "EdgeStore"]
 
@@ -150,7 +150,8 @@ class EdgeStore(base.VectorStore):
         self.description = f"Qdrant Edge folder {self.folder}"
         self._busy_wait_s = busy_wait_s
         self._lock = threading.RLock()
-        self._locks = LockGroup()
+        self._locks = LockGroup()  # one lock file per book touched: see allow_open_files
+        allow_open_files()
         self._books: dict[str, _Book] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # books with a loaded shard, LRU first
         #: book -> (summary file and generation seen, until when, its data): see summary()
@@ -443,6 +444,8 @@ class EdgeStore(base.VectorStore):
             log.warning("summary of book %s not saved: %s", state.folder.name, exc)
 
     def current_recipe(self, tenant: str) -> dict[str, str] | None:
+        if not _readable(tenant):
+            return None
         current = _read_pointer(self.books_folder / tenant / _CURRENT)
         recipe = None if current is None else current[1].get("recipe")
         return dict(recipe) if isinstance(recipe, dict) else None
@@ -472,12 +475,28 @@ class EdgeStore(base.VectorStore):
             return True
 
     def pending_recipe(self, tenant: str) -> dict[str, str] | None:
+        if not _readable(tenant):
+            return None
         folder = self.books_folder / tenant
         pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
         if pending is None or (current is not None and current[0] == pending[0]):
             return None
         recipe = pending[1].get("recipe")
         return dict(recipe) if isinstance(recipe, dict) else None
+
+    def drop_pending(self, tenant: str) -> bool:
+        with self._lock:
+            _check_book_name(tenant)
+            self._hold(tenant)
+            self._forget(tenant)
+            folder = self.books_folder / tenant
+            pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
+            _unlink(folder / _PENDING)  # first: a kill from here on leaves no pending named
+            if pending is None or (current is not None and current[0] == pending[0]):
+                return False
+            _remove_folder(folder / pending[0])
+            log.info("book %s: the pending generation %s was dropped", tenant, pending[0])
+            return True
 
     def switch(self, tenant: str, *, keep_old: bool = False) -> bool:
         with self._lock:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
+import resource
 import socket
 import sys
 import threading
@@ -26,7 +28,14 @@ from typing import Any, Protocol
 
 from rag_pipeline.store.errors import StoreBusyError, StorePathError
 
-__all__ = ["FolderLock", "LockGroup", "WatchedLock", "describe_holder", "prepare_folder"]
+__all__ = [
+    "FolderLock",
+    "LockGroup",
+    "WatchedLock",
+    "allow_open_files",
+    "describe_holder",
+    "prepare_folder",
+]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.05
@@ -48,6 +57,28 @@ class WatchedLock(Protocol):
     def others_waiting(self) -> bool: ...
 
     def probe(self) -> WatchedLock: ...
+
+
+#: far above what a store needs; the most asked of the kernel when the hard limit is unlimited
+_MAX_OPEN_FILES = 1 << 20
+
+
+@functools.cache
+def allow_open_files() -> int:
+    """Raise this process's soft limit of open files to its hard limit, once, and return it.
+
+    A Qdrant Edge handle holds one lock file per book it has touched (the query service, a
+    plan of every book): the usual soft limit of 1,024 would end a walk over a thousand books
+    with EMFILE, while the hard limit is usually far higher."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = _MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, _MAX_OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            log.debug("cannot raise the open-file limit above %s", soft)
+    return soft
 
 
 class FolderLock:
