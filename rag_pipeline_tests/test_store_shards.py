@@ -570,3 +570,23 @@ def test_a_store_lets_the_process_hold_a_lock_file_per_book(tmp_path):
         assert raised == (min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, raised), hard))
+
+
+def test_a_generation_folder_no_pointer_names_is_swept_at_the_next_write(built_r1):
+    """A kill between a generation's creation and its pointer (or between a switch and the
+    old folder's removal) leaves a folder nothing reads: the book's next write removes it."""
+    orphan = book_folder(built_r1, "a") / "g20200101000000-abcdef"
+    kept = book_folder(built_r1, "a") / "old-g20200101000000-fedcba"
+    for folder in (orphan, kept):
+        folder.mkdir()
+        (folder / "edge_config.json").write_text("{}")
+    searched = generation(built_r1, "a")
+    with open_edge(built_r1) as reader:  # a reader removes nothing
+        assert reader.count(tenant_filter("a")) == 6
+    assert orphan.exists()
+    with builder(built_r1, R1, DIM) as store:
+        store.upsert(points_of("a", 1, DIM, "r1"))
+    assert not orphan.exists() and kept.exists()
+    assert (
+        generation(built_r1, "a") == searched and (book_folder(built_r1, "a") / searched).is_dir()
+    )

@@ -94,6 +94,8 @@ _RACY_TRIES = 3
 #: this long while its file is the same: the plan asks for it twice per book (recipe, index)
 _RECHECK_AFTER_S = 1.0
 _TRASH = ".trash-"  # a folder being removed: a dot-name is never a book nor a generation
+#: a generation folder's name (see _create_shard)
+_GENERATION = re.compile(r"g\d{14}-[0-9a-f]{6}")
 _REBUILD = "rag-pipeline ingest --rebuild"
 #: what a book folder may be named: the pipeline's book ids (a dot-free start, no '..')
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -262,6 +264,8 @@ class EdgeStore(base.VectorStore):
             state.summary_dropped = True
         state.summary = None  # one saved before this write no longer describes the book
         self._checked.pop(book, None)
+        if not state.written:
+            _sweep_unnamed_generations(state.folder)
         if state.generation is None:
             self._create_generation(book, state)
         elif not state.written:
@@ -771,6 +775,27 @@ def _fsync_folder(folder: Path) -> None:
 def _unlink(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+def _sweep_unnamed_generations(book_folder: Path) -> None:
+    """Remove the book's generation folders that neither pointer names (left by a kill
+    between a folder's creation and its pointer, or between a switch or a drop and the
+    removal): nothing reads them. Called under the book's lock, before a handle's first
+    write; kept ``old-*`` folders are not generations any more and stay."""
+    if not book_folder.is_dir():
+        return
+    named = {
+        pointer[0]
+        for pointer in (
+            _read_pointer(book_folder / _CURRENT),
+            _read_pointer(book_folder / _PENDING),
+        )
+        if pointer is not None
+    }
+    for child in book_folder.iterdir():
+        if _GENERATION.fullmatch(child.name) and child.name not in named and child.is_dir():
+            log.info("removing %s: a generation no pointer names", child)
+            _remove_folder(child)
 
 
 def _remove_folder(folder: Path) -> None:
