@@ -186,11 +186,7 @@ class BookAssessment:
     @property
     def recorded_signature(self) -> str | None:
         """The recipe signature most of the book's files are indexed with (None: none)."""
-        counts: dict[str, int] = {}
-        for d in self.state.documents.values():
-            if d.signature:
-                counts[d.signature] = counts.get(d.signature, 0) + 1
-        return min(counts, key=lambda s: (-counts[s], s)) if counts else None
+        return self.state.recorded_signature
 
     @property
     def changed_files(self) -> tuple[SourceFile, ...]:

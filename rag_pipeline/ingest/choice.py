@@ -29,6 +29,7 @@ from typing import Literal, Protocol
 from rag_pipeline.config import EmbedderConfig
 from rag_pipeline.embed import EmbedderUnavailableError, config_for_model, model_names
 from rag_pipeline.ingest.collection import recorded_models
+from rag_pipeline.ingest.index import most_common
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, chunks_of
 from rag_pipeline.store import VectorStore
@@ -79,11 +80,8 @@ def recorded_recipe(store: VectorStore, book_id: str) -> RecordedRecipe | None:
     models = recorded_models(store.summary(book_id))
     if models is None:
         models = store.counts_by(chunks_of(book_id), EMBEDDING_MODEL)
-    if not models:
-        return None
-    # most chunks first; ties by name, so every process reads the same model
-    chosen = min(models, key=lambda name: (-models[name], name))
-    return RecordedRecipe(chosen, dict(models))
+    chosen = most_common(models)  # the model of most chunks
+    return None if chosen is None else RecordedRecipe(chosen, dict(models))
 
 
 def searched_record(store: VectorStore, book_id: str) -> RecordedRecipe | None:

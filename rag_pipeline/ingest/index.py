@@ -9,8 +9,8 @@ run redoes it and converges, reusing every vector already written.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +51,7 @@ __all__ = [
     "chunk_payload",
     "damaged_vectors",
     "document_payload",
+    "most_common",
     "read_index_state",
     "reusable_vectors",
     "write_book_changes",
@@ -96,6 +97,17 @@ class IndexState:
     @property
     def promised_chunks(self) -> int:
         return sum(d.total_chunks for d in self.documents.values())
+
+    @property
+    def recorded_signature(self) -> str | None:
+        """The recipe signature most of the book's document records carry (None: none)."""
+        return most_common(Counter(d.signature for d in self.documents.values() if d.signature))
+
+
+def most_common(counts: Mapping[str, int]) -> str | None:
+    """The value counted most, ties to the first by name (so every process reads the same
+    one); None without counts."""
+    return min(counts, key=lambda value: (-counts[value], value)) if counts else None
 
 
 def read_index_state(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from rag_pipeline.ingest.index import read_index_state
+from rag_pipeline.ingest.index import most_common, read_index_state
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, SOURCE_FILE, chunks_of
 from rag_pipeline.store import VectorStore
@@ -96,17 +96,13 @@ def start_build(store: VectorStore, book_id: str, recipe: IndexRecipe) -> BuildS
 def _recorded_tag(store: VectorStore, book_id: str) -> dict[str, str] | None:
     """The tag of an untagged book, from its document records (their most common signature)
     and its chunks' model; None when the book holds nothing."""
-    state = read_index_state(store, book_id, documents_only=True)
-    signatures: dict[str, int] = {}
-    for document in state.documents.values():
-        if document.signature:
-            signatures[document.signature] = signatures.get(document.signature, 0) + 1
-    if not signatures:
+    signature = read_index_state(store, book_id, documents_only=True).recorded_signature
+    if signature is None:
         return None
-    models = store.counts_by(chunks_of(book_id), EMBEDDING_MODEL)
-    tag = {SIGNATURE: min(signatures, key=lambda s: (-signatures[s], s))}
-    if models:
-        tag[EMBEDDING_MODEL] = min(models, key=lambda m: (-models[m], m))
+    tag = {SIGNATURE: signature}
+    model = most_common(store.counts_by(chunks_of(book_id), EMBEDDING_MODEL))
+    if model:
+        tag[EMBEDDING_MODEL] = model
     return tag
 
 

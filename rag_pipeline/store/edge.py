@@ -93,6 +93,8 @@ _RACY_TRIES = 3
 #: a summary checked (fingerprint and all) is taken again unchecked by the same handle for
 #: this long while its file is the same: the plan asks for it twice per book (recipe, index)
 _RECHECK_AFTER_S = 1.0
+#: a generation pointer as read: (its folder name, the whole pointer)
+_Pointer = tuple[str, dict[str, Any]]
 _TRASH = ".trash-"  # a folder being removed: a dot-name is never a book nor a generation
 #: a generation folder's name (see _create_shard)
 _GENERATION = re.compile(r"g\d{14}-[0-9a-f]{6}")
@@ -488,15 +490,24 @@ class EdgeStore(base.VectorStore):
         recipe = pending[1].get("recipe")
         return dict(recipe) if isinstance(recipe, dict) else None
 
+    def _pointers(self, tenant: str) -> tuple[Path, _Pointer | None, _Pointer | None]:
+        """The book's folder and its pending and current pointers, read under the book's
+        lock with the handle's routing of it dropped; a pending pointer naming the current
+        generation (a switch killed after its replace) is no pending build: None."""
+        _check_book_name(tenant)
+        self._hold(tenant)
+        self._forget(tenant)
+        folder = self.books_folder / tenant
+        pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
+        if pending is not None and current is not None and current[0] == pending[0]:
+            pending = None
+        return folder, pending, current
+
     def drop_pending(self, tenant: str) -> bool:
         with self._lock:
-            _check_book_name(tenant)
-            self._hold(tenant)
-            self._forget(tenant)
-            folder = self.books_folder / tenant
-            pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
+            folder, pending, _ = self._pointers(tenant)
             _unlink(folder / _PENDING)  # first: a kill from here on leaves no pending named
-            if pending is None or (current is not None and current[0] == pending[0]):
+            if pending is None:
                 return False
             _remove_folder(folder / pending[0])
             log.info("book %s: the pending generation %s was dropped", tenant, pending[0])
@@ -504,12 +515,8 @@ class EdgeStore(base.VectorStore):
 
     def switch(self, tenant: str, *, keep_old: bool = False) -> bool:
         with self._lock:
-            _check_book_name(tenant)
-            self._hold(tenant)
-            self._forget(tenant)
-            folder = self.books_folder / tenant
-            pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
-            if pending is None or (current is not None and current[0] == pending[0]):
+            folder, pending, current = self._pointers(tenant)
+            if pending is None:
                 _unlink(folder / _PENDING)
                 return False
             _unlink(folder / _SUMMARY)  # it described the old generation
@@ -737,7 +744,7 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _read_pointer(path: Path) -> tuple[str, dict[str, Any]] | None:
+def _read_pointer(path: Path) -> _Pointer | None:
     """(generation folder, the whole pointer) of current.json / pending.json, or None."""
     if not path.exists():
         return None
