@@ -413,3 +413,14 @@ def test_eval_compare_of_fp32_and_int8_with_the_real_local_model(tiny_beir, tmp_
     assert compared["candidate"]["embedding_model"] == INT8
     assert all(r["ndcg@10"] > 0.5 for r in compared["candidate"]["runs"])
     assert abs(compared["delta"][0]["ndcg@10"]) < 0.5
+
+
+def test_the_service_embeds_a_book_of_another_provider_with_that_providers_model(tmp_path):
+    """A service on the local model searching a book still recorded with the hash embedder
+    (a change of provider not migrated yet) embeds its queries with the hash model, not
+    with a local model built from the hash settings."""
+    from rag_pipeline.serve.app import query_recipe
+
+    settings = load_settings(embedder="local", qdrant_path=str(tmp_path / "q"))
+    recipes, _ = query_recipe(settings)
+    assert recipes.for_model("hash-256").embedding_model == "hash-256"

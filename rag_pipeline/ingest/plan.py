@@ -51,6 +51,11 @@ __all__ = [
 Action = Literal["run", "unchanged", "purge", "missing"]
 
 
+def cost_usd(tokens: int, usd_per_million_tokens: float) -> float:
+    """What embedding ``tokens`` costs at the embedder's price, to the micro-dollar."""
+    return round(tokens * usd_per_million_tokens / 1_000_000, 6)
+
+
 @dataclass
 class BookPlan:
     """What the next ingest does with one book, and why."""
@@ -116,7 +121,7 @@ class BookPlan:
             "chunks_to_embed": to_embed,
             "chunks_reused": p.reused if p else (0 if purge else self.chunks),
             "tokens_to_embed": tokens,
-            "cost_usd": round(tokens * usd_per_million_tokens / 1_000_000, 6),
+            "cost_usd": cost_usd(tokens, usd_per_million_tokens),
             "points_to_delete": p.points_to_delete if p else (self.points if purge else 0),
             "errors": self.errors,
             "embedding_model": self.embedding_model or None,
@@ -136,7 +141,7 @@ class BookPlan:
             "to": self.embedding_model,
             "chunks_to_embed": chunks,
             "tokens_to_embed": tokens,
-            "cost_usd": round(tokens * usd_per_million_tokens / 1_000_000, 6),
+            "cost_usd": cost_usd(tokens, usd_per_million_tokens),
         }
 
 
@@ -168,7 +173,7 @@ class IngestPlan:
             "books_affected": len(changed),
             "chunks_to_embed": sum(c["chunks_to_embed"] for c in changed.values()),
             "tokens_to_embed": tokens,
-            "cost_usd": round(tokens * usd_per_million_tokens / 1_000_000, 6),
+            "cost_usd": cost_usd(tokens, usd_per_million_tokens),
         }
 
     def report(self) -> IngestReport:

@@ -44,6 +44,7 @@ from rag_pipeline.embed import (
     EmbedError,
     EmbedServiceError,
     check_query_vector,
+    create_embedder,
 )
 from rag_pipeline.embed.base import embedder_source
 from rag_pipeline.ingest.recipe import IndexRecipe
@@ -141,6 +142,10 @@ def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[
         return LazyRecipe(config, settings.chunking()), 4
 
     def local_embedder(config: EmbedderConfig) -> Embedder:
+        """The local model with the service's threads; a book recorded with another
+        provider's model (a change of provider not migrated yet) gets that provider's."""
+        if config.provider != "local":
+            return create_embedder(config)
         from rag_pipeline.embed.local import LocalEmbedder
 
         return LocalEmbedder(
