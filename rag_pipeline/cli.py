@@ -251,6 +251,7 @@ def _execute(plan: IngestPlan, settings: Settings, recipe: LazyRecipe, home: Pat
         PipelineResources.from_settings(settings, recipe),
         dagster_home=home,
         notify=lambda m: err.print(f"[yellow]note[/] {m}", highlight=False),
+        batching=settings.batching(),
     )
 
 

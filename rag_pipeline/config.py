@@ -30,6 +30,7 @@ __all__ = [
     "COLLECTION_PATTERN",
     "DEFAULT_PATH_PATTERNS",
     "DEFAULT_SENSOR_INTERVAL_S",
+    "BatchConfig",
     "ChunkingConfig",
     "DagsterStateError",
     "EmbedderConfig",
@@ -82,6 +83,16 @@ class SourceConfig:
     path_patterns: tuple[str, ...]
     max_file_bytes: int
     default_hardware_tier: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchConfig:
+    """How many books (``RAG_BATCH_BOOKS``) and files to read (``RAG_BATCH_FILES``) one run
+    takes at most (see :mod:`rag_pipeline.ingest.batches`); ``max_books=1`` runs every book
+    alone."""
+
+    max_books: int = 50
+    max_files: int = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +200,11 @@ class Settings(BaseSettings):
     chunk_min_tokens: int = Field(_CHUNKING.min_tokens, ge=0, le=100_000)
     chunk_overlap: float = Field(_CHUNKING.overlap, ge=0.0, lt=0.5)
     sensor_interval_s: int = Field(DEFAULT_SENSOR_INTERVAL_S, ge=1, le=86400)
+    # Books that change together share a run (a partition range): at most this many books,
+    # and this many files to read (a kill mid-run costs at most that much work to redo).
+    # RAG_BATCH_BOOKS=1 gives every book a run of its own (rag_pipeline/ingest/batches.py).
+    batch_books: int = Field(50, ge=1, le=10_000)
+    batch_files: int = Field(500, ge=1, le=10_000_000)
     # where `lineage` points its run links (the Dagster webserver)
     dagster_url: str = "http://127.0.0.1:3000"
     # Local model precision: fp32, int8 (ONNX Runtime dynamic quantization, its own
@@ -213,6 +229,9 @@ class Settings(BaseSettings):
             self.max_file_bytes,
             self.default_hardware_tier,
         )
+
+    def batching(self) -> BatchConfig:
+        return BatchConfig(self.batch_books, self.batch_files)
 
     def chunking(self) -> ChunkingConfig:
         return ChunkingConfig(

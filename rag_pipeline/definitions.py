@@ -23,6 +23,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         embedder=settings.embedder,
         data_dir=settings.data_dir,
         sensor_interval_s=settings.sensor_interval_s,
+        batching=settings.batching(),
     )
 
 

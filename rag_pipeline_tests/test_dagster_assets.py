@@ -197,7 +197,7 @@ def test_materialize_two_books_on_an_ephemeral_instance(settings, resources, ins
         assert table_rows(meta["source_files"]["files_table"])[0]["file"]  # a table
         assert meta["chunk_embeddings"]["chunks_embedded"].value > 0
         assert chunk_count(settings, book) == meta["chunks"]["chunks"].value
-        assert result.output_for_node("qdrant_points").book_id == book
+        assert list(result.output_for_node("qdrant_points")) == [book]  # one result per book
 
 
 def test_rematerializing_is_idempotent(settings, resources, instance):
@@ -358,20 +358,20 @@ def test_a_book_removed_during_its_run_is_not_written_and_a_late_purge_spares_it
     from rag_pipeline.defs.jobs import purge_book_job, purge_run_config
 
     book = BOOKS[0]
-    real_embed_book = assets_module.embed_book
+    real_embed_books = assets_module.embed_books
 
     def embed_then_remove_the_folder(*args, **kwargs):
-        embedded = real_embed_book(*args, **kwargs)
+        embedded = real_embed_books(*args, **kwargs)
         shutil.move(sample_books / book, tmp_path / "aside")
         return embedded
 
-    monkeypatch.setattr(assets_module, "embed_book", embed_then_remove_the_folder)
+    monkeypatch.setattr(assets_module, "embed_books", embed_then_remove_the_folder)
     write = materialize(
         ingestion_assets, partition_key=book, instance=instance, resources=resources
     )
     monkeypatch.undo()
     assert write.success
-    assert write.output_for_node("qdrant_points").status == "missing"
+    assert write.output_for_node("qdrant_points")[book].status == "missing"
     assert chunk_count(settings, book) == 0
     shutil.move(tmp_path / "aside", sample_books / book)
     assert materialize(
@@ -680,3 +680,80 @@ def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died
     assert row["last_run"] == good.run_id
     assert row["health"] == "ok" and row["why"] == ""
     assert page.checks["book_checks_pass"][0]
+
+
+def test_a_run_of_two_books_records_each_on_its_own_partition(settings, resources, instance):
+    """A batch is one run of a partition range: each book still gets its own materialization
+    of every asset, with its own metadata, and its own evaluation of every check, evaluated
+    against that materialization."""
+    from rag_pipeline.defs.runs import batch_tags
+
+    result = materialize(
+        ingestion_assets, instance=instance, resources=resources, tags=batch_tags(list(BOOKS))
+    )
+    assert result.success
+    by_asset: dict[str, dict[str, object]] = {}
+    for event in result.get_asset_materialization_events():
+        m = event.materialization
+        by_asset.setdefault(m.asset_key.to_user_string(), {})[m.partition] = m.metadata
+    assert set(by_asset) == {a.key.to_user_string() for a in ingestion_assets}
+    assert all(set(parts) == set(BOOKS) for parts in by_asset.values())
+    for book in BOOKS:  # each book's metadata is its own, not the batch's
+        meta = by_asset["qdrant_points"][book]
+        assert meta["points_in_book"].value == chunk_count(settings, book)
+    assert by_asset["chunks"][BOOKS[0]]["chunks"] != by_asset["chunks"][BOOKS[1]]["chunks"]
+    checks = result.get_asset_check_evaluations()
+    assert len(checks) == 4 * len(BOOKS) and all(c.passed for c in checks)
+    assert {(c.check_name, c.partition) for c in checks} == {
+        (name, book)
+        for name in ("parse_errors", "chunks_valid", "vector_dimension", "index_consistency")
+        for book in BOOKS
+    }
+    assert all(c.target_materialization_data.run_id == result.run_id for c in checks)
+    latest = instance.event_log_storage.get_asset_check_partition_info(
+        list({c.asset_check_key for c in checks})
+    )
+    assert len(latest) == len(checks) and all(info.is_current for info in latest)
+    outputs = result.output_for_node("qdrant_points")
+    assert set(outputs) == set(BOOKS)
+    assert {r.status for r in outputs.values()} == {"ingested"}
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert tags["rag/batch"] == "2 books" and "rag/book" not in tags
+
+
+def test_a_blocking_check_failing_for_one_book_of_a_batch_publishes_none_of_it(
+    settings, resources, instance, monkeypatch
+):
+    """Dagster's blocking checks stop the step for the whole run: no book of the batch is
+    embedded or written (the runner then runs each alone: test_runner)."""
+    from rag_pipeline.defs import assets as assets_module
+    from rag_pipeline.defs.runs import batch_tags
+
+    real = assets_module.check_chunks
+
+    def broken_for_one(chunks, limit):
+        if chunks and chunks[0].book_id == BOOKS[1]:
+            return ["chunk 3: broken chain (injected)"]
+        return real(chunks, limit)
+
+    monkeypatch.setattr(assets_module, "check_chunks", broken_for_one)
+    result = materialize(
+        ingestion_assets,
+        instance=instance,
+        resources=resources,
+        tags=batch_tags(list(BOOKS)),
+        raise_on_error=False,
+    )
+    assert not result.success
+    done = {
+        e.materialization.asset_key.to_user_string()
+        for e in result.get_asset_materialization_events()
+    }
+    assert "chunk_embeddings" not in done and "qdrant_points" not in done
+    checks = {
+        c.partition: c.passed
+        for c in result.get_asset_check_evaluations()
+        if c.check_name == "chunks_valid"
+    }
+    assert checks == {BOOKS[0]: True, BOOKS[1]: False}
+    assert all(chunk_count(settings, book) == 0 for book in BOOKS)

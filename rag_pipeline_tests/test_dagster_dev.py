@@ -133,14 +133,25 @@ class DagsterDev:
         return data["runsOrError"]["results"]
 
     def book_runs(self, book: str, status: str = "SUCCESS") -> list[dict]:
-        return [
-            r
-            for r in self.runs()
-            if r["status"] == status and {"key": "dagster/partition", "value": book} in r["tags"]
-        ]
+        """Runs of the book: alone (its partition), or in a batch (a range of partitions;
+        the tests' books are the range's two ends)."""
+        return [r for r in self.runs() if r["status"] == status and covers(r, book)]
 
     def failed_runs(self) -> list[dict]:
         return [r for r in self.runs() if r["status"] == "FAILURE"]
+
+
+def covers(run: dict, book: str) -> bool:
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    ends = (
+        tags.get("dagster/asset_partition_range_start"),
+        tags.get("dagster/asset_partition_range_end"),
+    )
+    return tags.get("dagster/partition") == book or book in ends
+
+
+def trigger(run: dict) -> str | None:
+    return next((t["value"] for t in run["tags"] if t["key"] == "rag/trigger"), None)
 
 
 LAUNCH = """
@@ -254,10 +265,14 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     collection's health and check) after another book runs; a purge is an observation;
     lineage gives the full run URL of the run that wrote a point."""
     books = ["humanoid-robotics-ros2", "ros2-fundamentals"]
-    # 1. the sensor (on by default) adds both partitions and ingests both books
+    # 1. the sensor (on by default) adds both partitions and ingests both books: new together,
+    # they share one run (a batch: a range of partitions)
     for book in books:
         dev.wait_for(lambda b=book: dev.book_runs(b), 300, f"the sensor's run for {book}")
     assert not dev.failed_runs()
+    (first,) = dev.book_runs(books[0])
+    assert dev.book_runs(books[1]) == [first] and trigger(first) == "books_sensor"
+    assert {"key": "rag/batch", "value": "2 books"} in first["tags"]
 
     # 2. an edit is picked up by the next tick, and only that book runs again
     edited = sample_books / "ros2-fundamentals" / "00-intro.md"
@@ -313,7 +328,8 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
         "the graph-launched run on the collection's page",
     )
 
-    # 4. a backfill of both books from the asset graph
+    # 4. a backfill of both books from the asset graph: its backfill policy runs them as one
+    # batch (up to RAG_BATCH_BOOKS books a run)
     backfill = dev.graphql(
         BACKFILL,
         params={"partitionNames": books, "assetSelection": [{"path": [a]} for a in ASSETS]},
@@ -321,22 +337,15 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     assert backfill["__typename"] == "LaunchBackfillSuccess", backfill
     for book in books:
         dev.wait_for(
-            lambda b=book: [
-                r
-                for r in dev.book_runs(b)
-                if {"key": "rag/trigger", "value": "backfill"} in r["tags"]
-            ],
+            lambda b=book: [r for r in dev.book_runs(b) if trigger(r) == "backfill"],
             300,
             f"the backfill's run of {book}",
         )
     backfill_runs = {
-        book: next(
-            r["runId"]
-            for r in dev.book_runs(book)
-            if {"key": "rag/trigger", "value": "backfill"} in r["tags"]
-        )
+        book: next(r["runId"] for r in dev.book_runs(book) if trigger(r) == "backfill")
         for book in books
     }
+    assert len(set(backfill_runs.values())) == 1
     dev.wait_for(
         lambda: collection_rows(lambda r: all(r[b]["last_run"] == backfill_runs[b] for b in books)),
         refresh_s,
@@ -384,17 +393,16 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     cli_run = cli.json("ingest", "--book", "ros2-fundamentals", "--force", "--json")
     cli_run_id = cli_run["books"]["ros2-fundamentals"]["run_id"]
 
-    # 5. one filter, rag/book=X, finds every run of a book, whoever started it, and says who
+    # 5. every run says who started it; runs of one book alone carry rag/book=X (the one
+    # filter), runs of several the range of their partitions
     def runs_of(book: str) -> list[dict]:
         return dev.graphql(RUNS_OF_BOOK, filter={"tags": [{"key": "rag/book", "value": book}]})[
             "runsOrError"
         ]["results"]
 
     for book in books:
-        triggers = {
-            t["value"] for r in runs_of(book) for t in r["tags"] if t["key"] == "rag/trigger"
-        }
-        assert {"books_sensor", "backfill", "ui"} <= triggers, triggers
+        assert {"books_sensor", "backfill", "ui"} <= {trigger(r) for r in dev.book_runs(book)}
+    assert {trigger(r) for r in runs_of("ros2-fundamentals")} >= {"books_sensor", "ui", "cli"}
     ros2 = {r["runId"]: r for r in runs_of("ros2-fundamentals")}
     assert launchpad_run in ros2 and cli_run_id in ros2
     assert {"key": "rag/trigger", "value": "cli"} in ros2[cli_run_id]["tags"]

@@ -54,6 +54,7 @@ def test_pure_modules_never_import_dagster():
 DEFINITION_MODULES = {
     "__init__.py",
     "assets.py",
+    "batch.py",
     "collection.py",
     "io.py",
     "jobs.py",

@@ -173,10 +173,6 @@ NOT_PAYLOAD_KEYS = {
     # Dagster metadata: column names of the UI's tables and entry names of a materialization
     # (what a person reads on the asset's page, not payload reads)
     ("rag_pipeline/defs/assets.py", "status"),
-    ("rag_pipeline/defs/assets.py", "module"),
-    ("rag_pipeline/defs/assets.py", "chapter"),
-    ("rag_pipeline/defs/assets.py", "lesson"),
-    ("rag_pipeline/defs/assets.py", "title"),
     ("rag_pipeline/defs/assets.py", "warnings"),
     ("rag_pipeline/defs/assets.py", "embedding_model"),
     ("rag_pipeline/defs/assets.py", "signature"),

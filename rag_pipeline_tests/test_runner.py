@@ -3,7 +3,7 @@
 import uuid
 
 import pytest
-from dagster import DagsterInstance
+from dagster import AssetRecordsFilter, DagsterInstance, RunsFilter
 
 from rag_pipeline.config import load_settings
 from rag_pipeline.defs.metadata import table_rows
@@ -19,12 +19,13 @@ from rag_pipeline.store import PointRecord, open_store
 from rag_pipeline_tests.conftest import section
 
 
-def ingest_books(settings, instance, book_ids=None, force=False):
+def ingest_books(settings, instance, book_ids=None, force=False, batching=None):
     """What `rag-pipeline ingest` does: plan, then execute the plan through Dagster."""
     recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
     with open_store(settings.store(), COLLECTION_SCHEMA) as store:
         plan = plan_ingest(settings.source(), store, recipe, book_ids, force=force)
-    return execute_plan(plan, PipelineResources.from_settings(settings, recipe), instance)
+    resources = PipelineResources.from_settings(settings, recipe)
+    return execute_plan(plan, resources, instance, batching=batching)
 
 
 @pytest.fixture
@@ -337,3 +338,98 @@ def test_the_run_launcher_loads_from_its_module_and_from_the_old_one(config):
         assert "rag_pipeline.orchestration.launcher.LocalRunLauncher" in text
     old = importlib.import_module("rag_pipeline.defs.launcher")
     assert old.LocalRunLauncher is LocalRunLauncher
+
+
+def ingest_runs(instance):
+    return instance.get_runs(RunsFilter(job_name="ingest_books"))
+
+
+def add_books(write_book, names):
+    for name in names:
+        write_book(name, {f"{name}.md": f"# {name.title()}\n\n" + section("Body", seed=name)})
+
+
+def test_many_changed_books_go_through_fewer_runs_than_books_each_point_naming_its_run(
+    settings, instance, write_book
+):
+    """Books that change together share runs (a range of partitions each, at most
+    RAG_BATCH_BOOKS books); every point still names the run that wrote it, and that run
+    recorded the book's own materialization."""
+    from rag_pipeline.config import BatchConfig
+    from rag_pipeline.defs.assets import qdrant_points
+    from rag_pipeline.schema import RUN_ID
+
+    add_books(write_book, ["gamma", "delta", "epsilon", "zeta"])  # 6 books with alpha, beta
+    report = ingest_books(settings, instance, batching=BatchConfig(max_books=4))
+    assert {r.status for r in report.books.values()} == {"ingested"}
+    runs = ingest_runs(instance)
+    assert len(runs) == 2 < len(report.books)
+    assert sorted(r.tags.get("rag/batch", "") for r in runs) == ["2 books", "4 books"]
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        for book, result in report.books.items():
+            written = {p.payload[RUN_ID] for p in store.scroll(chunks_of(book), fields=[RUN_ID])}
+            assert written == {result.run_id}, book
+            latest = instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=qdrant_points.key, asset_partitions=[book]), limit=1
+            ).records
+            assert latest and latest[0].run_id == result.run_id
+    # a later edit of one book runs it alone, with its own tags
+    write_book("delta", {"delta.md": "# Delta\n\n" + section("Changed", seed="d2")})
+    again = ingest_books(settings, instance, batching=BatchConfig(max_books=4))
+    assert [b for b, r in again.books.items() if r.status == "ingested"] == ["delta"]
+    latest_run = instance.get_run_by_id(again.books["delta"].run_id)
+    assert (
+        latest_run.tags["rag/book"] == "delta" and latest_run.tags["dagster/partition"] == "delta"
+    )
+
+
+def test_a_batch_that_fails_for_one_book_is_run_again_book_by_book(
+    settings, instance, write_book, monkeypatch
+):
+    """A step fails for a whole batch; its books are then run alone, so one broken book
+    fails alone and the others are ingested."""
+    from rag_pipeline.defs import assets as assets_module
+
+    add_books(write_book, ["gamma"])
+    real = assets_module.chunk_book
+
+    def broken_for_beta(parsed, recipe):
+        if parsed.book_id == "beta":
+            raise RuntimeError("chunker bug on beta (injected)")
+        return real(parsed, recipe)
+
+    monkeypatch.setattr(assets_module, "chunk_book", broken_for_beta)
+    notes = []
+    recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        plan = plan_ingest(settings.source(), store, recipe)
+    report = execute_plan(
+        plan, PipelineResources.from_settings(settings, recipe), instance, notify=notes.append
+    )
+    assert {b: r.status for b, r in report.books.items()} == {
+        "alpha": "ingested",
+        "beta": "failed",
+        "gamma": "ingested",
+    }
+    assert "chunker bug on beta" in report.books["beta"].error_messages[0]
+    assert any("running them one by one" in n for n in notes)
+    assert len(ingest_runs(instance)) == 4  # the batch, then one run per book
+    assert chunk_points(settings, "beta") == 0 and chunk_points(settings, "gamma") > 0
+
+
+def test_a_batch_that_fails_for_the_whole_run_is_not_run_again_book_by_book(
+    settings, instance, monkeypatch
+):
+    """When the store or the embedding service cannot be used, every book would fail alike:
+    the batch's books are reported failed with the reason, and no run is started per book."""
+    from rag_pipeline.defs import assets as assets_module
+    from rag_pipeline.store import StoreBusyError
+
+    def busy(*args, **kwargs):
+        raise StoreBusyError("the store is busy (injected)")
+
+    monkeypatch.setattr(assets_module, "take_inventory", busy)
+    report = ingest_books(settings, instance)
+    assert {r.status for r in report.books.values()} == {"failed"}
+    assert all("busy (injected)" in r.error_messages[0] for r in report.books.values())
+    assert len(ingest_runs(instance)) == 1

@@ -22,8 +22,8 @@ from rag_pipeline.defs.sensors import build_books_sensor, read_cursor
 class Harness:
     """Ticks the sensor and applies what the daemon would (partition requests, cursor)."""
 
-    def __init__(self, data_dir):
-        self.sensor = build_books_sensor(data_dir, interval_s=1)
+    def __init__(self, data_dir, batching=None):
+        self.sensor = build_books_sensor(data_dir, interval_s=1, batching=batching)
         self.instance = DagsterInstance.ephemeral()
         self.cursor = None
 
@@ -59,23 +59,37 @@ def ingest_requests(result):
     return [r for r in result.run_requests if r.job_name == "ingest_books"]
 
 
+def requested_books(result, instance):
+    """The books of each ingest run requested: one partition, or a batch's range."""
+    from rag_pipeline.defs.runs import books_of_run
+
+    order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+    return [
+        [r.partition_key] if r.partition_key else books_of_run(r.tags, order)
+        for r in ingest_requests(result)
+    ]
+
+
 def bump_mtime(path):
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
 
 
-def test_new_books_get_partitions_and_one_run_each(harness, write_book):
+def test_new_books_get_partitions_and_share_one_run(harness, write_book):
     write_book("alpha", {"a.md": "# A"})
     write_book("beta", {"b.md": "# B"})
     result = harness.tick()
     assert isinstance(result, SensorResult)
-    assert [r.partition_key for r in ingest_requests(result)] == ["alpha", "beta"]
-    assert all(r.run_key.startswith(f"ingest:{r.partition_key}:") for r in result.run_requests)
     assert harness.partitions == ["alpha", "beta"]
+    assert requested_books(result, harness.instance) == [["alpha", "beta"]]
+    (request,) = ingest_requests(result)
+    assert request.partition_key is None and request.run_key.startswith("ingest:alpha..beta:")
+    assert request.tags["rag/batch"] == "2 books"
+    assert request.tags["dagster/max_retries"] == "0"  # a failed batch is split, not retried
     books, seq = read_cursor(harness.cursor)
     assert set(books) == {"alpha", "beta"}
     assert all(len(v) == 2 for v in books.values())  # compact: two digests per book
-    assert seq == 2
+    assert seq == 1
 
 
 def test_unchanged_books_skip(harness, write_book):
@@ -92,9 +106,9 @@ def test_editing_a_file_requests_a_run_for_that_book_only(harness, write_book, d
     bump_mtime(data_dir / "alpha" / "a.md")
     result = harness.tick()
     requests = ingest_requests(result)
-    assert [r.partition_key for r in requests] == ["alpha"]
-    old_key = next(r.run_key for r in first.run_requests if r.partition_key == "alpha")
-    assert requests[0].run_key != old_key  # new content, new run key
+    assert [r.partition_key for r in requests] == ["alpha"]  # a run of its own
+    assert requests[0].tags["rag/book"] == "alpha"
+    assert requests[0].run_key not in {r.run_key for r in first.run_requests}
 
 
 def test_touch_without_changing_bytes_starts_no_run(harness, write_book, data_dir):
@@ -496,3 +510,125 @@ def test_a_long_run_history_is_read_over_ticks_and_retries_nothing_until_read(
     assert sensors_module.read_failed_books(harness.cursor).books["alpha"][1] == 2
     assert isinstance(harness.tick(), SkipReason)
     assert sensors_module.read_failed_books(harness.cursor).books == {}
+
+
+def batch_run(instance, books, *, failed_with=None, status=None):
+    """An ingest run of a batch (``books``, adjacent partitions): failed (its step with an
+    error of class ``failed_with``, if given), or in the given status."""
+    from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus
+    from dagster._core.execution.plan.objects import StepFailureData
+    from dagster._core.test_utils import create_run_for_test
+    from dagster._utils.error import SerializableErrorInfo
+
+    from rag_pipeline.defs.runs import batch_tags
+
+    run = create_run_for_test(
+        instance,
+        job_name="ingest_books",
+        tags=batch_tags(books),
+        status=status or DagsterRunStatus.STARTED,
+    )
+    if status is None:
+        if failed_with is not None:
+            error = SerializableErrorInfo(
+                "it broke",
+                [],
+                "DagsterExecutionStepExecutionError",
+                cause=SerializableErrorInfo("down", [], failed_with),
+            )
+            failure = DagsterEvent(
+                DagsterEventType.STEP_FAILURE.value,
+                job_name=run.job_name,
+                step_key="chunk_embeddings",
+                event_specific_data=StepFailureData(error=error, user_failure_data=None),
+            )
+            instance.report_dagster_event(failure, run_id=run.run_id)
+        instance.report_run_failed(run)
+    return run
+
+
+def test_books_changed_together_share_runs_of_adjacent_books(write_book, data_dir):
+    """A run covers a range of partitions: books that changed in the same tick and are
+    adjacent in partition order share one, up to the batch's size; a book that changed alone
+    gets its own run."""
+    from rag_pipeline.config import BatchConfig
+
+    sensors_module._stat_cache.clear()
+    harness = Harness(data_dir, batching=BatchConfig(max_books=2))
+    for book in ("alpha", "beta", "gamma"):
+        write_book(book, {"a.md": f"# {book}"})
+    assert requested_books(harness.tick(), harness.instance) == [["alpha", "beta"], ["gamma"]]
+
+    def edit(*books):
+        for book in books:
+            (data_dir / book / "a.md").write_text(f"# {book} edited {time.time()}")
+            bump_mtime(data_dir / book / "a.md")
+        return requested_books(harness.tick(), harness.instance)
+
+    assert edit("alpha", "gamma") == [["alpha"], ["gamma"]]  # not adjacent: beta unchanged
+    assert edit("beta", "gamma") == [["beta", "gamma"]]
+    assert edit("alpha", "beta", "gamma") == [["alpha", "beta"], ["gamma"]]
+
+
+def test_a_batch_that_failed_is_run_again_book_by_book_at_the_next_tick(harness, write_book):
+    """A batch fails as a whole; unless the failure was the run's (the embedding service, the
+    store), each of its books is run alone at once, and only a book that fails alone backs
+    off."""
+    for book in ("alpha", "beta", "gamma"):
+        write_book(book, {"a.md": f"# {book}"})
+    harness.tick()
+    batch_run(harness.instance, ["alpha", "beta", "gamma"], failed_with="StoreDamagedError")
+    result = harness.tick()
+    assert requested_books(result, harness.instance) == [["alpha"], ["beta"], ["gamma"]]
+    assert {r.tags["rag/trigger"] for r in ingest_requests(result)} == {"books_sensor_retry"}
+    assert {r.tags.get("rag/book") for r in ingest_requests(result)} == {"alpha", "beta", "gamma"}
+
+
+def test_a_batch_that_failed_for_the_whole_run_backs_off_like_a_book(
+    harness, write_book, monkeypatch
+):
+    for book in ("alpha", "beta"):
+        write_book(book, {"a.md": f"# {book}"})
+    harness.tick()
+    batch_run(harness.instance, ["alpha", "beta"], failed_with="EmbedderUnavailableError")
+    assert isinstance(harness.tick(), SkipReason)  # the service is down: no run at once
+    later(monkeypatch, sensors_module.RETRY_AFTER_S + 1)
+    assert requested_books(harness.tick(), harness.instance) == [["alpha"], ["beta"]]
+
+
+def test_a_batch_that_succeeded_ends_the_failures_of_its_books(harness, write_book, monkeypatch):
+    from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus
+
+    for book in ("alpha", "beta"):
+        write_book(book, {"a.md": f"# {book}"})
+    harness.tick()
+    fail_run(harness.instance, "alpha")
+    run = batch_run(harness.instance, ["alpha", "beta"], status=DagsterRunStatus.STARTED)
+    harness.instance.report_dagster_event(
+        DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name=run.job_name), run_id=run.run_id
+    )
+    later(monkeypatch, sensors_module.RETRY_AFTER_MAX_S + 1)
+    assert isinstance(harness.tick(), SkipReason)
+    assert sensors_module.read_failed_books(harness.cursor).books == {}
+
+
+def test_a_removed_book_keeps_its_partition_while_a_batch_with_it_is_in_flight(
+    harness, write_book, data_dir
+):
+    import shutil
+
+    from dagster import DagsterRunStatus
+
+    for book in ("alpha", "beta", "gamma"):
+        write_book(book, {"a.md": f"# {book}"})
+    harness.tick()
+    running = batch_run(
+        harness.instance, ["alpha", "beta", "gamma"], status=DagsterRunStatus.STARTED
+    )
+    shutil.rmtree(data_dir / "beta")
+    for _ in range(2):
+        harness.tick()
+        assert harness.partitions == ["alpha", "beta", "gamma"]
+    harness.instance.report_run_failed(running)
+    harness.tick()
+    assert harness.partitions == ["alpha", "gamma"]

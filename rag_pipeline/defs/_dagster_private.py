@@ -5,6 +5,12 @@ release); a Dagster upgrade that moves one breaks this module alone. A test fail
 ``dagster._`` import in ``rag_pipeline/``.
 """
 
+# the materialization a check evaluated: AssetCheckEvaluation takes it (a run of several
+# partitions records each book's check as an evaluation of its own partition)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+
 # the latest check result of one partition: get_asset_check_execution_history filters by it
 from dagster._core.event_api import PartitionKeyFilter
 
@@ -22,6 +28,7 @@ from dagster._core.storage.asset_check_execution_record import (
 
 __all__ = [
     "COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES",
+    "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "CheckRunHealthResult",
     "PartitionKeyFilter",

@@ -2,8 +2,11 @@
 
 source_files -> documents -> chunks -> chunk_embeddings -> qdrant_points
 
-Each step opens the store only for its own reads or writes, so a search or another process
-gets in while a step parses or embeds.
+A run materializes one book or a batch of them (a range of partitions, see
+:mod:`rag_pipeline.ingest.batches`): each step hands the next its stage's output per book, and
+records each book's metadata and checks on the book's own partition (:mod:`.batch`). Each step
+opens the store only for its own reads or writes, one book at a time, so a search or another
+process gets in while a step parses or embeds.
 """
 
 import warnings
@@ -11,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any, TypedDict
 
 from dagster import (
-    AssetCheckResult,
+    AssetCheckEvaluation,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
@@ -30,15 +33,17 @@ from pydantic import Field
 
 from rag_pipeline.chunk import CHUNKER_VERSION
 from rag_pipeline.config import SourceConfig
+from rag_pipeline.defs.batch import BookCheck, check_books, record_book, run_books
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
-from rag_pipeline.defs.runs import tag_checks, tag_migration, tag_run
+from rag_pipeline.defs.runs import one_label, tag_checks, tag_migration, tag_run
 from rag_pipeline.ingest.collection import book_summary
 from rag_pipeline.ingest.consistency import check_chunks, check_index, check_vectors
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.index import WriteReport
-from rag_pipeline.ingest.migration import SwitchOutcome, finish_build, start_build
+from rag_pipeline.ingest.migration import BuildStart, SwitchOutcome, finish_build, start_build
 from rag_pipeline.ingest.progress import ProgressLog
+from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.ingest.stages import (
     BookInventory,
@@ -47,7 +52,7 @@ from rag_pipeline.ingest.stages import (
     ParsedBook,
     book_result,
     chunk_book,
-    embed_book,
+    embed_books,
     parse_book,
     take_inventory,
     vectors_to_reuse,
@@ -128,6 +133,10 @@ class IngestRunConfig(Config):
     )
 
 
+#: what one step hands the next: its stage's output for each book of the run, in partition order
+Books = dict[str, Any]
+
+
 @asset(
     **BOOK_ASSET,
     kinds={"markdown", "qdrant"},
@@ -144,60 +153,65 @@ def source_files(
     books: ResourceParam[SourceConfig],
     qdrant: ResourceParam[StoreOpener],
     recipe: ResourceParam[LazyRecipe],
-) -> Output[BookInventory]:
-    tag_run(context, context.partition_key)
-    with qdrant.open() as store:  # a reader: the recipe the book is searched with now
-        book_recipe = recipe.for_book(store, context.partition_key).recipe
-        build = start_build(store, context.partition_key, book_recipe)
-    if build.label is not None:
-        tag_migration(context, build.label)
-        context.log.info(
-            f"recipe change {build.label}: the book is built beside its searched index"
-            + (" (resuming the pending build)" if build.resumed else "")
-        )
-    # the run's handles build its recipe: a recipe change reads its pending build
-    with qdrant.open(recipe=book_recipe) as store:
-        inventory = take_inventory(
-            books, context.partition_key, store, book_recipe, force=config.force
-        )
+) -> Output[dict[str, BookInventory]]:
+    book_ids = run_books(context)
+    tag_run(context, book_ids)
+    inventories: dict[str, BookInventory] = {}
+    migrations: list[str] = []
+    for book_id in book_ids:
+        with qdrant.open() as store:  # a reader: the recipe the book is searched with now
+            book_recipe = recipe.for_book(store, book_id).recipe
+            build = start_build(store, book_id, book_recipe)
+        if build.label is not None:
+            migrations.append(build.label)
+            context.log.info(
+                f"{book_id}: recipe change {build.label}: the book is built beside its searched "
+                "index" + (" (resuming the pending build)" if build.resumed else "")
+            )
+        # the run's handles build its recipe: a recipe change reads its pending build
+        with qdrant.open(recipe=book_recipe) as store:
+            inventory = take_inventory(books, book_id, store, book_recipe, force=config.force)
+        for error in inventory.crawl_errors:
+            context.log.warning(str(error))
+        record_book(context, book_id, _inventory_metadata(inventory, book_recipe, build))
+        inventories[book_id] = inventory
+    if migrations:
+        tag_migration(context, one_label(migrations))
+    return Output(inventories)
+
+
+def _inventory_metadata(
+    inventory: BookInventory, book_recipe: IndexRecipe, build: BuildStart
+) -> dict[str, Any]:
     changes = inventory.changes
     status = changes.statuses()
+    changed = [name for name, st in status.items() if st != "unchanged"]
     rows = [
-        {
-            "file": f.source_file,
-            "status": status[f.source_file],
-            "why": changes.reasons.get(f.source_file, ""),
-            "bytes": f.size,
-            "module": f.path_meta.module or "",
-            "chapter": "" if f.path_meta.chapter is None else f.path_meta.chapter,
-            "lesson": "" if f.path_meta.lesson is None else f.path_meta.lesson,
-        }
-        for f in inventory.files
-    ]
-    rows += [
         {"file": name, "status": status[name], "why": changes.reasons.get(name, "")}
-        for name in (*changes.deleted, *changes.unreadable)
+        for name in sorted(changed)
     ]
-    rows.sort(key=lambda row: row["status"] == "unchanged")  # what changed comes first
-    for error in inventory.crawl_errors:
-        context.log.warning(str(error))
-    return Output(
-        inventory,
-        metadata={
-            "files": len(inventory.files),
-            **changes.counts(),
-            "crawl_errors": len(inventory.crawl_errors),
-            "bytes": sum(f.size for f in inventory.files),
-            "indexed_chunk_points": inventory.state.chunk_points,
-            "forced": inventory.reembed,
-            "recipe": book_recipe.embedding_model,
-            "signature": book_recipe.signature,
-            "migration": build.label or "none",
-            "migration_resumed": build.resumed,
-            "files_table": table(rows, limit=40),
-            "errors": error_table(inventory.crawl_errors),
-        },
-    )
+    return {
+        "files": len(inventory.files),
+        **{k: v for k, v in changes.counts().items() if k != "files_unchanged"},
+        "indexed_chunk_points": inventory.state.chunk_points,
+        "recipe": book_recipe.embedding_model,
+        "files_table": table(rows, limit=TABLE_ROWS),
+        **when(
+            inventory.reembed,
+            forced=True,
+        ),
+        **when(
+            build.label is not None,
+            migration=build.label or "",
+            migration_resumed=build.resumed,
+            signature=book_recipe.signature,
+        ),
+        **when(
+            bool(inventory.crawl_errors),
+            crawl_errors=len(inventory.crawl_errors),
+            errors=error_table(inventory.crawl_errors),
+        ),
+    }
 
 
 @asset(
@@ -218,61 +232,60 @@ def source_files(
     ],
 )
 def documents(
-    context: AssetExecutionContext, books: ResourceParam[SourceConfig], source_files: BookInventory
-) -> Iterator[Output[ParsedBook] | AssetCheckResult]:
-    parsed = parse_book(source_files, books)
-    rows = [
-        {
-            "file": d.source_file,
-            "title": shorten(d.meta.title, 60),
-            "proficiency": d.meta.proficiency_level or "",
-            "tier": "" if d.meta.hardware_tier is None else d.meta.hardware_tier,
-            "chars": len(d.body),
-            "warnings": len(d.warnings),
-        }
-        for d in parsed.documents
-    ]
-    for error in parsed.errors:
-        context.log.warning(str(error))
-    for warning in parsed.warnings:
-        context.log.warning(f"{parsed.book_id}/{warning}")
+    context: AssetExecutionContext,
+    books: ResourceParam[SourceConfig],
+    source_files: dict[str, BookInventory],
+) -> Iterator[Output[dict[str, ParsedBook]] | Output[None] | AssetCheckEvaluation]:
+    parsed_books: dict[str, ParsedBook] = {}
+    checks: dict[str, BookCheck] = {}
+    for book_id, inventory in source_files.items():
+        parsed = parse_book(inventory, books)
+        for error in parsed.errors:
+            context.log.warning(str(error))
+        for warning in parsed.warnings:
+            context.log.warning(f"{parsed.book_id}/{warning}")
+        metadata, checks[book_id] = _parsed_metadata(parsed)
+        if not checks[book_id].passed:
+            tag_checks(context, "warned")
+        record_book(context, book_id, metadata)
+        parsed_books[book_id] = parsed
+    yield Output(parsed_books)
+    yield from check_books(context, "parse_errors", checks)
+
+
+def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
     # the check covers the whole book: files that stay broken or empty are reported every run
     all_errors = parsed.errors + parsed.standing_errors
     all_empty = parsed.empty_documents + parsed.standing_empty_documents
     files = len(parsed.inventory.files)
     error_rate = round(len(all_errors) / files, 4) if files else 0.0
-    empty_list = MetadataValue.md("\n".join(f"- {n}" for n in all_empty) or "(none)")
-    if all_errors or all_empty:
-        tag_checks(context, "warned")
-    warnings = MetadataValue.md("\n".join(f"- {w}" for w in parsed.warnings[:50]) or "(none)")
-    yield Output(
-        parsed,
-        metadata={
-            "parsed": len(parsed.documents),
-            "errors": len(parsed.errors),
-            "book_errors": len(all_errors),
-            "error_rate": error_rate,
-            "empty_documents": len(all_empty),
-            "warnings": len(parsed.warnings),
-            "empty_files": empty_list,
-            "warning_list": warnings,
-            "error_table": error_table(all_errors),
-            "documents": table(rows),
-        },
-    )
-    yield AssetCheckResult(
-        check_name="parse_errors",
+    empty_list = MetadataValue.md("\n".join(f"- {n}" for n in all_empty))
+    errors = {"error_rate": error_rate, "error_table": error_table(all_errors)}
+    metadata = {
+        "parsed": len(parsed.documents),
+        "errors": len(parsed.errors),
+        "book_errors": len(all_errors),
+        "empty_documents": len(all_empty),
+        "warnings": len(parsed.warnings),
+        **when(bool(all_errors), **errors),
+        **when(bool(all_empty), empty_files=empty_list),
+        **when(
+            bool(parsed.warnings),
+            warning_list=MetadataValue.md("\n".join(f"- {w}" for w in parsed.warnings[:50])),
+        ),
+    }
+    check = BookCheck(
         passed=not all_errors and not all_empty,
         severity=AssetCheckSeverity.WARN,
         metadata={
-            "error_rate": error_rate,
             "errors": len(all_errors),
             "new_errors": len(parsed.errors),
             "empty_documents": len(all_empty),
-            "files": error_table(all_errors),
-            "empty_files": empty_list,
+            **when(bool(all_errors), error_rate=error_rate, files=error_table(all_errors)),
+            **when(bool(all_empty), empty_files=empty_list),
         },
     )
+    return metadata, check
 
 
 @asset(
@@ -295,48 +308,38 @@ def documents(
     ],
 )
 def chunks(
-    context: AssetExecutionContext, recipe: ResourceParam[LazyRecipe], documents: ParsedBook
-) -> Iterator[Output[ChunkedBook] | AssetCheckResult]:
-    index_recipe = recipe.for_model(documents.inventory.embedding_model)  # the book's recipe
-    chunked = chunk_book(documents, index_recipe)
-    stats = chunked.token_stats()
-    rows = [
-        {
-            "#": c.chunk_index,
-            "file": c.source_file,
-            "section": shorten(c.section_title or "", 40),
-            "tokens": c.token_count,
-            # its size, not its text: chunk text lives in Qdrant only, never in the
-            # instance's event log (search or `rag-pipeline document` shows it)
-            "chars": len(c.text),
-        }
-        for c in chunked.chunks[:20]
-    ]
-    yield Output(
-        chunked,
-        metadata={
-            "chunks": len(chunked.chunks),
-            "documents": len({c.parent_doc_id for c in chunked.chunks}),
-            "tokens_total": stats["total"],
-            "tokens_mean": stats["mean"],
-            "tokens_p95": stats["p95"],
-            "tokens_max": stats["max"],
-            "token_limit": index_recipe.budget.limit,
-            "target_tokens": index_recipe.budget.target,
-            "chunk_errors": error_table([e for e in chunked.errors if e.stage == "chunk"]),
-            "seconds": round(chunked.seconds, 3),
-            "preview": table(rows),
-        },
-    )
-    problems = check_chunks(chunked.chunks, index_recipe.budget.limit)
-    yield AssetCheckResult(
-        check_name="chunks_valid",
-        passed=not problems,
-        metadata={
-            "problems": len(problems),
-            "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
-        },
-    )
+    context: AssetExecutionContext,
+    recipe: ResourceParam[LazyRecipe],
+    documents: dict[str, ParsedBook],
+) -> Iterator[Output[dict[str, ChunkedBook]] | Output[None] | AssetCheckEvaluation]:
+    chunked_books: dict[str, ChunkedBook] = {}
+    checks: dict[str, BookCheck] = {}
+    for book_id, parsed in documents.items():
+        index_recipe = recipe.for_model(parsed.inventory.embedding_model)  # the book's recipe
+        chunked = chunk_book(parsed, index_recipe)
+        stats = chunked.token_stats()
+        chunk_errors = [e for e in chunked.errors if e.stage == "chunk"]
+        record_book(
+            context,
+            book_id,
+            {
+                "chunks": len(chunked.chunks),
+                "tokens_total": stats["total"],
+                "tokens_mean": stats["mean"],
+                "tokens_max": stats["max"],
+                "token_limit": index_recipe.budget.limit,
+                "seconds": round(chunked.seconds, 3),
+                **when(bool(chunk_errors), chunk_errors=error_table(chunk_errors)),
+            },
+        )
+        problems = check_chunks(chunked.chunks, index_recipe.budget.limit)
+        checks[book_id] = BookCheck(
+            passed=not problems,
+            metadata={"problems": len(problems), **details(problems)},
+        )
+        chunked_books[book_id] = chunked
+    yield Output(chunked_books)
+    yield from check_books(context, "chunks_valid", checks)
 
 
 @asset(
@@ -348,7 +351,8 @@ def chunks(
     retry_policy=STEP_RETRY,
     description="Dense vectors (the configured embedder) and BM25 sparse vectors for every "
     "chunk. Text already in the index with the same model is not embedded again: its vector "
-    "is reused, so only new text reaches the embedder.",
+    "is reused, so only new text reaches the embedder. The books of one run are embedded in "
+    "one pass (sorted by length together).",
     check_specs=[
         book_check(
             "vector_dimension",
@@ -363,44 +367,68 @@ def chunk_embeddings(
     context: AssetExecutionContext,
     recipe: ResourceParam[LazyRecipe],
     qdrant: ResourceParam[StoreOpener],
-    chunks: ChunkedBook,
-) -> Iterator[Output[EmbeddedBook] | AssetCheckResult]:
-    index_recipe = recipe.for_model(chunks.inventory.embedding_model)
-    with qdrant.open(recipe=index_recipe) as store:
-        reuse = vectors_to_reuse(chunks, index_recipe, store)
-        collection_dim = store.dimension_of(context.partition_key)
-    todo = len(chunks.chunks) - sum(1 for c in chunks.chunks if c.content_hash in reuse)
-    context.log.info(
-        f"{len(chunks.chunks)} chunks: {len(chunks.chunks) - todo} already indexed, "
-        f"{todo} to embed with {index_recipe.embedding_model}"
-    )
-    progress = ProgressLog("embedding", context.log.info)
-    embedded = embed_book(chunks, index_recipe, reuse, progress)
-    rate = embedded.embedded / embedded.embed_seconds if embedded.embed_seconds > 0 else 0.0
-    yield Output(
-        embedded,
-        metadata={
-            "model": embedded.model,
-            "dimension": int(embedded.dense.shape[1]),
-            "chunks_embedded": embedded.embedded,
-            "chunks_reused": embedded.reused,
-            "embedder_tokens": embedded.tokens,
-            "cost_usd_estimate": round(embedded.cost_usd, 6),
-            "seconds": round(embedded.seconds, 3),
-            "embed_seconds": round(embedded.embed_seconds, 3),
-            "chunks_per_second": round(rate, 1),
-        },
-    )
-    problems = check_vectors(embedded.dense, index_recipe.dimension, collection_dim)
-    yield AssetCheckResult(
-        check_name="vector_dimension",
-        passed=not problems,
-        metadata={
-            "model_dimension": index_recipe.dimension,
-            "collection_dimension": collection_dim if collection_dim is not None else -1,
-            "details": MetadataValue.md("\n".join(f"- {p}" for p in problems) or "(none)"),
-        },
-    )
+    chunks: dict[str, ChunkedBook],
+) -> Iterator[Output[dict[str, EmbeddedBook]] | Output[None] | AssetCheckEvaluation]:
+    # books are grouped by recipe (a batch may hold an fp32 book beside int8 ones): one
+    # embedding pass per model
+    by_model: dict[str, list[str]] = {}
+    for book_id, chunked in chunks.items():
+        by_model.setdefault(chunked.inventory.embedding_model, []).append(book_id)
+    embedded_books: dict[str, EmbeddedBook] = {}
+    dimensions: dict[str, int | None] = {}
+    for model, book_ids in by_model.items():
+        index_recipe = recipe.for_model(model)
+        work = []
+        for book_id in book_ids:
+            with qdrant.open(recipe=index_recipe) as store:
+                reuse = vectors_to_reuse(chunks[book_id], index_recipe, store)
+                dimensions[book_id] = store.dimension_of(book_id)
+            work.append((chunks[book_id], reuse))
+        total = sum(len(c.chunks) for c, _ in work)
+        todo = total - sum(
+            sum(1 for chunk in c.chunks if chunk.content_hash in reuse) for c, reuse in work
+        )
+        context.log.info(
+            f"{_books_label(book_ids)}: {total} chunks: {total - todo} already indexed, "
+            f"{todo} to embed with {index_recipe.embedding_model}"
+        )
+        progress = ProgressLog("embedding", context.log.info)
+        for embedded in embed_books(work, index_recipe, progress):
+            embedded_books[embedded.book_id] = embedded
+    checks: dict[str, BookCheck] = {}
+    for book_id in chunks:
+        embedded = embedded_books[book_id]
+        index_recipe = recipe.for_model(chunks[book_id].inventory.embedding_model)
+        rate = embedded.embedded / embedded.embed_seconds if embedded.embed_seconds > 0 else 0.0
+        record_book(
+            context,
+            book_id,
+            {
+                "model": embedded.model,
+                "chunks_embedded": embedded.embedded,
+                "chunks_reused": embedded.reused,
+                "embedder_tokens": embedded.tokens,
+                "cost_usd_estimate": round(embedded.cost_usd, 6),
+                "embed_seconds": round(embedded.embed_seconds, 3),
+                "chunks_per_second": round(rate, 1),
+            },
+        )
+        collection_dim = dimensions[book_id]
+        problems = check_vectors(embedded.dense, index_recipe.dimension, collection_dim)
+        checks[book_id] = BookCheck(
+            passed=not problems,
+            metadata={
+                "model_dimension": index_recipe.dimension,
+                "collection_dimension": collection_dim if collection_dim is not None else -1,
+                **details(problems),
+            },
+        )
+    yield Output(embedded_books)
+    yield from check_books(context, "vector_dimension", checks)
+
+
+def _books_label(book_ids: list[str]) -> str:
+    return book_ids[0] if len(book_ids) == 1 else f"{len(book_ids)} books"
 
 
 @asset(
@@ -428,70 +456,85 @@ def qdrant_points(
     recipe: ResourceParam[LazyRecipe],
     qdrant: ResourceParam[StoreOpener],
     books: ResourceParam[SourceConfig],
-    chunks: ChunkedBook,
-    chunk_embeddings: EmbeddedBook,
-) -> Iterator[Output[BookResult] | AssetCheckResult]:
-    index_recipe = recipe.for_model(chunks.inventory.embedding_model)
-    lineage = index_recipe.lineage(context.run.run_id, chunk_embeddings.sparse_model)
+    chunks: dict[str, ChunkedBook],
+    chunk_embeddings: dict[str, EmbeddedBook],
+) -> Iterator[Output[dict[str, BookResult]] | Output[None] | AssetCheckEvaluation]:
+    results: dict[str, BookResult] = {}
+    checks: dict[str, BookCheck] = {}
+    for book_id, chunked in chunks.items():
+        results[book_id], checks[book_id] = _write_book(
+            context, recipe, qdrant, books, chunked, chunk_embeddings[book_id]
+        )
+    yield Output(results)
+    yield from check_books(context, "index_consistency", checks)
+
+
+def _write_book(
+    context: AssetExecutionContext,
+    recipe: LazyRecipe,
+    qdrant: StoreOpener,
+    books: SourceConfig,
+    chunked: ChunkedBook,
+    embedded: EmbeddedBook,
+) -> tuple[BookResult, BookCheck]:
+    """Write one book's points, check its index, switch a finished recipe build."""
+    book_id = chunked.book_id
+    index_recipe = recipe.for_model(chunked.inventory.embedding_model)
+    lineage = index_recipe.lineage(context.run.run_id, embedded.sparse_model)
     with qdrant.open(recipe=index_recipe) as store:
-        if path_is_gone(books.data_dir, context.partition_key):
+        if path_is_gone(books.data_dir, book_id):
             # removed while this run read and embedded it: writing now would bring back points
             # its purge deletes (or already deleted); the run ends cleanly instead of retrying
-            yield from _book_removed_during_run(context)
-            return
-        written = write_book(store, chunks, chunk_embeddings, lineage)
-        consistency = check_index(store, context.partition_key, index_recipe.dimension)
-    result = book_result(chunks, chunk_embeddings, written, consistency)
+            return _book_removed_during_run(context, book_id)
+        written = write_book(store, chunked, embedded, lineage)
+        consistency = check_index(store, book_id, index_recipe.dimension)
+    result = book_result(chunked, embedded, written, consistency)
     problems = consistency.problems()
     if problems:
         tag_checks(context, "failed")
     with qdrant.open() as store:  # a reader: the switch decision is finish_build's
-        before = store.current_recipe(context.partition_key)
+        before = store.current_recipe(book_id)
         switch = finish_build(
             store,
-            context.partition_key,
-            failed_files=_failed_files(chunks),
+            book_id,
+            failed_files=_failed_files(chunked),
             checks_passed=consistency.passed,
             recipe=index_recipe.tag(),
             keep_old=qdrant.config.keep_old_recipe,
         )
         if switch.switched:  # the new generation's catalog entry: plans need not open it
-            store.save_summary(context.partition_key, book_summary(store, context.partition_key))
+            store.save_summary(book_id, book_summary(store, book_id))
     for reason in switch.held_back:
-        message = f"{context.partition_key}: the new recipe's build stays pending: {reason}"
+        message = f"{book_id}: the new recipe's build stays pending: {reason}"
         context.log.warning(message)
         result.warnings.append(message)
-    yield Output(
-        result,
-        metadata={
-            "summary": _summary(chunks, chunk_embeddings, written, consistency.points),
-            "points_written": _written_table(chunks, written),
-            "points_deleted_list": table(
-                [{"point id": i, "file": f} for i, f in written.deleted_points],
-                limit=LINEAGE_ROWS,
-            ),
+    deleted_rows = [{"point id": i, "file": f} for i, f in written.deleted_points]
+    record_book(
+        context,
+        book_id,
+        {
+            "summary": _summary(chunked, embedded, written, consistency.points),
+            "points_written": _written_table(chunked, written),
             "points_upserted": written.upserted,
             "points_deleted": written.deleted,
             "document_records": written.documents,
             "points_in_book": consistency.points,
-            "collection": qdrant.collection,
-            "store": qdrant.description,
             "embedding_model": lineage.embedding_model,
-            "signature": lineage.signature,
+            **when(bool(deleted_rows), points_deleted_list=table(deleted_rows, TABLE_ROWS)),
             **_recipe_metadata(before, switch),
         },
     )
-    yield AssetCheckResult(
-        check_name="index_consistency",
+    check = BookCheck(
         passed=consistency.passed,
         metadata={
             "points": consistency.points,
             "expected": consistency.expected,
             "documents": consistency.documents,
             "problems": len(problems),
-            "details": MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]) or "(none)"),
+            **details(problems),
         },
     )
+    return result, check
 
 
 def _failed_files(chunked: ChunkedBook) -> set[str]:
@@ -502,33 +545,44 @@ def _failed_files(chunked: ChunkedBook) -> set[str]:
 
 
 def _recipe_metadata(before: dict[str, str] | None, switch: SwitchOutcome) -> dict[str, Any]:
-    """The recipe change of the run: the recipe searched before, what became of the build."""
-    return {
-        "recipe_before": (before or {}).get("embedding_model", "untagged"),
-        "signature_before": (before or {}).get("signature", ""),
-        "recipe_build": switch.state,
-        "recipe_held_back": MetadataValue.md(
-            "\n".join(f"- {r}" for r in switch.held_back) or "(none)"
+    """The recipe change of the run, if it changed it: the recipe searched before, what became
+    of the build (in place for a run that kept the book's recipe: nothing recorded)."""
+    return when(
+        switch.pending,
+        recipe_before=(before or {}).get("embedding_model", "untagged"),
+        signature_before=(before or {}).get("signature", ""),
+        recipe_build=switch.state,
+        **when(
+            bool(switch.held_back),
+            recipe_held_back=MetadataValue.md("\n".join(f"- {r}" for r in switch.held_back)),
         ),
-    }
+    )
 
 
-#: how many written or deleted points a run lists in its metadata (the totals are exact)
-LINEAGE_ROWS = 100
+#: rows a table of a book's materialization shows at most (its totals are beside it): what a
+#: person reads on the page, and the instance keeps for every book of every run
+TABLE_ROWS = 10
+
+
+def when(condition: bool, **entries: Any) -> dict[str, Any]:
+    """``entries`` if ``condition``, else none: an entry that would only say "nothing" (an
+    empty error table, no migration) costs the instance space in every book of every run."""
+    return dict(entries) if condition else {}
+
+
+def details(problems: list[str]) -> dict[str, Any]:
+    """A check's problems, listed (when there are any)."""
+    listed = MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]))
+    return when(bool(problems), details=listed)
 
 
 def _book_removed_during_run(
-    context: AssetExecutionContext,
-) -> Iterator[Output[BookResult] | AssetCheckResult]:
-    book_id = context.partition_key
+    context: AssetExecutionContext, book_id: str
+) -> tuple[BookResult, BookCheck]:
     message = f"book folder {book_id!r} was removed during this run: nothing written"
     context.log.warning(message)
-    yield Output(
-        BookResult(book_id, "missing", error_messages=[message]),
-        metadata={"summary": message, "points_upserted": 0, "points_deleted": 0},
-    )
-    yield AssetCheckResult(
-        check_name="index_consistency",
+    record_book(context, book_id, {"summary": message, "points_upserted": 0, "points_deleted": 0})
+    return BookResult(book_id, "missing", error_messages=[message]), BookCheck(
         passed=True,
         metadata={"skipped": "the book folder was removed; its purge empties the book"},
     )
@@ -547,7 +601,14 @@ def _summary(
 
 
 def _written_table(chunked: ChunkedBook, written: WriteReport) -> TableMetadataValue:
-    """Which points this run wrote: search a point id here to find the run that wrote it."""
+    """Which points this run wrote, those of new text first: search a point id here to find
+    the run that wrote it (``rag-pipeline lineage`` names it for any point)."""
+    inventory = chunked.inventory
+    written_ids = set(written.written_ids)
+    points = [c for c in chunked.chunks if c.id in written_ids]
+    points.sort(
+        key=lambda c: not inventory.reembed and c.content_hash in inventory.state.by_content
+    )
     rows = [
         {
             "point id": c.id,
@@ -555,9 +616,9 @@ def _written_table(chunked: ChunkedBook, written: WriteReport) -> TableMetadataV
             "section": shorten(c.section_title or "", 40),
             "content hash": c.content_hash[:12],
         }
-        for c in chunked.chunks
+        for c in points
     ]
-    return table(rows, limit=LINEAGE_ROWS)
+    return table(rows, limit=TABLE_ROWS)
 
 
 ingestion_assets = [source_files, documents, chunks, chunk_embeddings, qdrant_points]

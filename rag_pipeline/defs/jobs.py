@@ -61,7 +61,7 @@ def purge_book_points(
     books: ResourceParam[SourceConfig],
 ) -> int:
     book_id = validate_book_id(config.book_id)
-    tag_run(context, book_id)
+    tag_run(context, [book_id])
     with qdrant.open() as store:
         # Decided when the folder was gone, run later (queued, waiting for the store): if the
         # folder is back by now, its points are what the next ingest run builds on.

@@ -11,9 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster import BetaWarning, Definitions, ResourceDefinition, in_process_executor
+from dagster import (
+    BackfillPolicy,
+    BetaWarning,
+    Definitions,
+    ResourceDefinition,
+    in_process_executor,
+)
 
-from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S
+from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S, BatchConfig
 from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_assets
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
@@ -68,20 +74,31 @@ def build_defs(
     embedder: str = "local",
     data_dir: Path | None = None,
     sensor_interval_s: int = DEFAULT_SENSOR_INTERVAL_S,
+    batching: BatchConfig | None = None,
 ) -> Definitions:
-    """The code location's definitions; the sensors run when ``data_dir`` is given."""
+    """The code location's definitions; the sensors run when ``data_dir`` is given.
+    ``batching``: how many books one run takes, for the sensor and for backfills."""
     from rag_pipeline.defs.sensors import build_books_sensor
 
+    batching = batching or BatchConfig()
     sensors = (
         []
         if data_dir is None
-        else [build_books_sensor(data_dir, interval_s=sensor_interval_s), collection_sensor]
+        else [
+            build_books_sensor(data_dir, interval_s=sensor_interval_s, batching=batching),
+            collection_sensor,
+        ]
     )
     kind = EMBEDDER_KINDS.get(embedder, "python")
+    # a backfill of many books runs them in batches (one range of partitions per run), as the
+    # sensor and the CLI do
+    policy = BackfillPolicy.multi_run(batching.max_books)
     assets = [
-        a.map_asset_specs(lambda spec: spec.replace_attributes(kinds={kind}))
-        if a.key == chunk_embeddings.key
-        else a
+        (
+            a.map_asset_specs(lambda spec: spec.replace_attributes(kinds={kind}))
+            if a.key == chunk_embeddings.key
+            else a
+        ).with_attributes(backfill_policy=policy)
         for a in ingestion_assets
     ]
     return Definitions(

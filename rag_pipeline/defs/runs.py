@@ -1,14 +1,16 @@
 """Run tags that make every run of a book findable and say who started it, however it started.
 
-Dagster tags every partitioned run with ``dagster/partition`` (the one filter that finds all
-runs of a book: sensor, backfill, asset graph, Launchpad, CLI). The first step of each run adds
-``rag/book`` and ``rag/trigger`` (books_sensor, backfill, ui, cli, ...) when whoever launched
-it did not, and the retry strategy ``dagster/retry_strategy=ALL_STEPS``; steps whose checks
-did not pass tag the run ``rag/checks``; a run that builds its book with another recipe (a
+Dagster tags every run of one partition with ``dagster/partition`` (the one filter that finds
+all runs of a book: sensor, backfill, asset graph, Launchpad, CLI), and a run of several (a
+batch: a range of partitions) with ``dagster/asset_partition_range_start`` and ``_end``. The
+first step of each run adds ``rag/book`` (one book) or ``rag/batch`` (the number of books of
+a batch) and ``rag/trigger`` (books_sensor, backfill, ui, cli, ...) when whoever launched it
+did not, and the retry strategy ``dagster/retry_strategy=ALL_STEPS``; steps whose checks did
+not pass tag the run ``rag/checks``; a run that builds its books with another recipe (a
 migration, built beside the searched index) is tagged ``rag/migration`` with what changes.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dagster import (
     AssetExecutionContext,
@@ -19,16 +21,23 @@ from dagster import (
 )
 
 __all__ = [
+    "BATCH_TAG",
     "BOOK_RUN_TAGS",
     "BOOK_TAG",
     "CHECKS_TAG",
+    "MAX_RETRIES_TAG",
     "MIGRATION_TAG",
     "PARTITION_TAG",
+    "RANGE_END_TAG",
+    "RANGE_START_TAG",
     "RETRY_ALL_STEPS",
     "RETRY_STRATEGY_TAG",
     "RUNS_IN_FLIGHT",
     "TRIGGER_TAG",
+    "batch_tags",
+    "books_of_run",
     "books_with_runs_in_flight",
+    "one_label",
     "tag_checks",
     "tag_migration",
     "tag_run",
@@ -36,8 +45,17 @@ __all__ = [
 ]
 
 BOOK_TAG = "rag/book"
+#: a run of several books (a batch): how many
+BATCH_TAG = "rag/batch"
 #: the tag Dagster gives every run of one partition (no public constant names it)
 PARTITION_TAG = "dagster/partition"
+#: how often the daemon retries a failed run (``run_retries``); a batch the sensor requests
+#: sets 0: the sensor runs a failed batch's books one by one instead
+MAX_RETRIES_TAG = "dagster/max_retries"
+#: the tags of a run of a range of partitions, first and last key (in the order they were
+#: added), as Dagster's backfills write them and its run creation reads them
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
 TRIGGER_TAG = "rag/trigger"
 CHECKS_TAG = "rag/checks"
 #: a run that builds its book with another recipe; the value says what changes
@@ -69,20 +87,56 @@ def trigger_of(tags: Mapping[str, str]) -> str:
     return "ui"
 
 
-def tag_run(context: AssetExecutionContext | OpExecutionContext, book_id: str) -> None:
-    """Tag the run with its book, its trigger and the retry strategy: runs launched outside the
-    jobs (the asset graph, a backfill of selected assets) do not carry the jobs' tags."""
+def tag_run(context: AssetExecutionContext | OpExecutionContext, books: list[str]) -> None:
+    """Tag the run with its book (or the size of its batch), its trigger and the retry
+    strategy: runs launched outside the jobs (the asset graph, a backfill of selected assets)
+    do not carry the jobs' tags."""
     tags = context.run.tags
-    wanted = {BOOK_TAG: book_id, TRIGGER_TAG: trigger_of(tags), **RETRY_ALL_STEPS}
+    which = {BOOK_TAG: books[0]} if len(books) == 1 else {BATCH_TAG: f"{len(books)} books"}
+    wanted = {**which, TRIGGER_TAG: trigger_of(tags), **RETRY_ALL_STEPS}
     missing = {k: v for k, v in wanted.items() if tags.get(k) != v}
     if missing:
         context.instance.add_run_tags(context.run.run_id, missing)
+
+
+def batch_tags(books: Sequence[str]) -> dict[str, str]:
+    """The tags that make a run materialize ``books`` (two or more, adjacent keys in partition
+    order): the range from the first to the last, and the size of the batch. A run of one
+    book is asked for by its partition key instead."""
+    if len(books) < 2:
+        raise ValueError("a batch holds two books or more; ask for one by its partition key")
+    return {
+        RANGE_START_TAG: books[0],
+        RANGE_END_TAG: books[-1],
+        BATCH_TAG: f"{len(books)} books",
+    }
+
+
+def books_of_run(tags: Mapping[str, str], order: Sequence[str]) -> list[str]:
+    """The books a run is about, from its tags: its partition, the range of a batch (resolved
+    in ``order``, the partition keys in the order they were added; a key no longer there
+    resolves to nothing), or the book of a purge."""
+    start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
+    if start is not None and end is not None:
+        try:
+            first, last = order.index(start), order.index(end)
+        except ValueError:
+            return [b for b in (start, end) if b in order]
+        return list(order[first : last + 1])
+    return [tags[tag] for tag in BOOK_RUN_TAGS if tag in tags][:1]
 
 
 def tag_checks(context: AssetExecutionContext, outcome: str) -> None:
     """Mark the run in the run list: ``warned`` (a warning check) or ``failed``."""
     if context.run.tags.get(CHECKS_TAG) != "failed":
         context.instance.add_run_tags(context.run.run_id, {CHECKS_TAG: outcome})
+
+
+def one_label(labels: Sequence[str]) -> str:
+    """The ``rag/migration`` tag of a run whose books change recipe: what changes, once (the
+    books of a batch usually share it)."""
+    distinct = sorted(set(labels))
+    return distinct[0] if len(distinct) == 1 else f"{len(distinct)} changes: {distinct[0]}, ..."
 
 
 def tag_migration(context: AssetExecutionContext, label: str) -> None:
@@ -103,10 +157,11 @@ RUNS_IN_FLIGHT = [
 #: the tags that name a run's book: its partition (an ingest, however started), or the book tag
 #: (a purge, which has no partition)
 BOOK_RUN_TAGS = (PARTITION_TAG, BOOK_TAG)
+RUNS_IN_FLIGHT_FILTER = RunsFilter(statuses=RUNS_IN_FLIGHT)
 
 
-def books_with_runs_in_flight(instance: DagsterInstance) -> set[str]:
+def books_with_runs_in_flight(instance: DagsterInstance, order: Sequence[str]) -> set[str]:
     """Every book with a run queued or running, in one query (what a sensor tick asks, whatever
-    the number of books)."""
-    runs = instance.get_runs(RunsFilter(statuses=RUNS_IN_FLIGHT))
-    return {run.tags[tag] for run in runs for tag in BOOK_RUN_TAGS if tag in run.tags}
+    the number of books); a batch's books are resolved in ``order`` (the partition keys)."""
+    runs = instance.get_runs(RUNS_IN_FLIGHT_FILTER)
+    return {book for run in runs for book in books_of_run(run.tags, order)}

@@ -31,13 +31,14 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from dagster import (
     AddDynamicPartitionsRequest,
+    DagsterEventType,
     DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
@@ -51,10 +52,20 @@ from dagster import (
     sensor,
 )
 
-from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S
+from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S, BatchConfig
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG, TRIGGER_TAG, books_with_runs_in_flight
+from rag_pipeline.defs.runs import (
+    BOOK_TAG,
+    MAX_RETRIES_TAG,
+    PARTITION_TAG,
+    RANGE_START_TAG,
+    TRIGGER_TAG,
+    batch_tags,
+    books_of_run,
+    books_with_runs_in_flight,
+)
+from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.changes import fingerprint_book
 from rag_pipeline.ingest.crawl import DataDirError, discover_books, scan_book
 from rag_pipeline.ingest.plan import decide_purges
@@ -143,7 +154,8 @@ class FailedBooks:
     """Books whose latest finished ingest run failed, followed from one run query per tick.
 
     ``books`` maps a book to ``[storage id of its latest failed run, consecutive failures,
-    end time]``; ``since`` is where the next tick's query starts (a run update timestamp).
+    end time]`` (0 failures: its batch failed for one of its books, so it is retried alone at
+    once); ``since`` is where the next tick's query starts (a run update timestamp).
     The state lives in the sensor's cursor, so a tick reads only the runs that finished since
     the previous one instead of every book's run history.
     """
@@ -157,9 +169,11 @@ class FailedBooks:
     def to_json(self) -> dict[str, Any]:
         return {"failed": dict(sorted(self.books.items())), "since": self.since}
 
-    def follow(self, instance: DagsterInstance) -> bool:
-        """Apply the ingest runs that finished since the previous tick (one query). False
-        while a long history is still being caught up (its latest runs are not read yet)."""
+    def follow(self, instance: DagsterInstance, order: Sequence[str]) -> bool:
+        """Apply the ingest runs that finished since the previous tick (one query; a failed
+        batch costs one more, for its error). False while a long history is still being
+        caught up (its latest runs are not read yet). ``order``: the partition keys, which
+        resolve a batch's range to its books."""
         records = instance.get_run_records(
             RunsFilter(
                 job_name=ingest_books_job.name,
@@ -173,7 +187,7 @@ class FailedBooks:
         # in the order the runs were created (the latest run of a book is the one created
         # last), whatever order their ends were stamped in
         for record in sorted(records, key=lambda r: r.storage_id):
-            self._apply(record)
+            self._apply(instance, record, order)
         if not records:
             return True
         stamps = [r.update_timestamp.timestamp() for r in records]
@@ -185,30 +199,51 @@ class FailedBooks:
         self.since = max(self.since, stamps[-1] - RUNS_OVERLAP_S)
         return True
 
-    def _apply(self, record: RunRecord) -> None:
-        book_id = record.dagster_run.tags.get(PARTITION_TAG)
-        if book_id is None:
-            return
-        entry = self.books.get(book_id)
-        if entry is not None and entry[0] >= record.storage_id:
-            return  # this run, or one created before the failure already counted
-        if record.dagster_run.status == DagsterRunStatus.FAILURE:
-            failures = min(int(entry[1]) + 1 if entry else 1, MAX_FAILURES)
-            ended = record.end_time or record.update_timestamp.timestamp()
-            self.books[book_id] = [record.storage_id, failures, float(ended)]
-        else:  # succeeded, or canceled by a person: not retried
-            self.books.pop(book_id, None)
+    def _apply(self, instance: DagsterInstance, record: RunRecord, order: Sequence[str]) -> None:
+        run = record.dagster_run
+        if PARTITION_TAG not in run.tags and RANGE_START_TAG not in run.tags:
+            return  # not a run of book partitions
+        books = books_of_run(run.tags, order)
+        failed = run.status == DagsterRunStatus.FAILURE
+        # a batch that failed for one of its books: its books are run one by one at once
+        split = failed and len(books) > 1 and split_after(_failure_classes(instance, run.run_id))
+        for book_id in books:
+            entry = self.books.get(book_id)
+            if entry is not None and entry[0] >= record.storage_id:
+                continue  # this run, or one created before the failure already counted
+            if not failed:  # succeeded, or canceled by a person: not retried
+                self.books.pop(book_id, None)
+                continue
+            ended = float(record.end_time or record.update_timestamp.timestamp())
+            failures = 0 if split else min(int(entry[1]) + 1 if entry else 1, MAX_FAILURES)
+            self.books[book_id] = [record.storage_id, failures, ended]
 
     def due(self, now: float) -> set[str]:
-        """Books whose back-off since their latest failure has passed."""
+        """Books whose back-off since their latest failure has passed (at once for the books
+        of a batch that failed for one of them: 0 failures of their own yet)."""
         return {
             book_id
             for book_id, (_, failures, ended) in self.books.items()
-            if now - ended >= min(RETRY_AFTER_S * 2.0 ** (failures - 1), RETRY_AFTER_MAX_S)
+            if failures == 0
+            or now - ended >= min(RETRY_AFTER_S * 2.0 ** (failures - 1), RETRY_AFTER_MAX_S)
         }
 
     def keep_only(self, book_ids: set[str]) -> None:
         self.books = {b: v for b, v in self.books.items() if b in book_ids}
+
+
+def _failure_classes(instance: DagsterInstance, run_id: str) -> list[str]:
+    """The class names of the errors of the run's failed steps and their causes (none for a
+    run that failed without a step failing, e.g. a worker that died)."""
+    classes = []
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        data = entry.dagster_event.step_failure_data if entry.dagster_event else None
+        error = data.error if data is not None else None
+        while error is not None:
+            if error.cls_name:
+                classes.append(error.cls_name)
+            error = error.cause
+    return classes
 
 
 #: the trigger tag of the runs the sensor requests (deploy/dagster.postgres.yaml limits them),
@@ -264,10 +299,16 @@ def write_cursor(
 
 
 def build_books_sensor(
-    data_dir: str | Path, *, interval_s: int = DEFAULT_SENSOR_INTERVAL_S, name: str = "books_sensor"
+    data_dir: str | Path,
+    *,
+    interval_s: int = DEFAULT_SENSOR_INTERVAL_S,
+    name: str = "books_sensor",
+    batching: BatchConfig | None = None,
 ) -> Any:
-    """The sensor for books under ``data_dir`` (on by default under the daemon)."""
+    """The sensor for books under ``data_dir`` (on by default under the daemon); books that
+    change in the same tick share runs as ``batching`` allows."""
     root = Path(data_dir)
+    batching = batching or BatchConfig()
 
     @sensor(
         name=name,
@@ -275,7 +316,8 @@ def build_books_sensor(
         minimum_interval_seconds=interval_s,
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Watches {root} for new, changed and removed books; starts only the runs "
-        "needed (run keys are content digests, so an unchanged book never runs twice).",
+        "needed (run keys are content digests, so an unchanged book never runs twice); books "
+        "that change together share a run.",
     )
     def books_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         started = time.perf_counter()
@@ -286,8 +328,10 @@ def build_books_sensor(
             return SkipReason(str(exc))
         for refused in rejected:
             context.log.warning(f"refused book folder: {refused}")
-        known = set(context.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
+        partitions = list(context.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
+        known = set(partitions)
         new_books = sorted(b for b in states if b not in known)
+        order = partitions + new_books  # the partition order once this tick's are added
         decision = decide_purges(root, set(states), known | set(previous))
         for warning in decision.warnings:
             context.log.warning(warning)
@@ -297,37 +341,36 @@ def build_books_sensor(
         # Run history costs a constant number of queries per tick, whatever the number of
         # books: the runs finished since the last tick, and (only when needed) those in flight.
         failed = read_failed_books(context.cursor)
-        caught_up = failed.follow(context.instance)
+        caught_up = failed.follow(context.instance, partitions)
         failed.keep_only(set(states))
         in_flight: set[str] | None = None
 
         def runs_in_flight() -> set[str]:
             nonlocal in_flight
             if in_flight is None:
-                in_flight = books_with_runs_in_flight(context.instance)
+                in_flight = books_with_runs_in_flight(context.instance, partitions)
             return in_flight
 
         # (no retry from a history read only in part: a later run may have succeeded)
         due = failed.due(time.time()) if caught_up else set()
-        run_requests: list[RunRequest] = []
+        changed: dict[str, int] = {}  # book -> files its run reads (about)
+        retried: list[str] = []
         for book_id, state in sorted(states.items()):
             before = previous.get(book_id)
-            changed = book_id in new_books or before is None or before[1] != state.content_digest
+            if book_id in new_books or before is None:
+                changed[book_id] = state.files
+            elif before[1] != state.content_digest:
+                changed[book_id] = max(state.hashed, 1)
             # a book with a run queued or running is not retried: that run may succeed
-            retry = not changed and book_id in due and book_id not in runs_in_flight()
-            if changed or retry:
-                seq += 1
-                run_requests.append(
-                    RunRequest(
-                        job_name=ingest_books_job.name,
-                        partition_key=book_id,
-                        run_key=f"ingest:{book_id}:{state.content_digest}:{seq}",
-                        tags={
-                            BOOK_TAG: book_id,
-                            TRIGGER_TAG: SENSOR_TRIGGER if changed else SENSOR_RETRY_TRIGGER,
-                        },
-                    )
-                )
+            elif book_id in due and book_id not in runs_in_flight():
+                retried.append(book_id)
+        run_requests: list[RunRequest] = []
+        for batch in batch_books(list(changed), order, batching, changed):
+            seq += 1
+            run_requests.append(_ingest_request(batch, states, seq, SENSOR_TRIGGER))
+        for book_id in retried:  # alone: a retry narrows a failure down to its book
+            seq += 1
+            run_requests.append(_ingest_request([book_id], states, seq, SENSOR_RETRY_TRIGGER))
         for book_id in removed:
             if previous.get(book_id) == PURGING:
                 continue  # its purge was requested by an earlier tick
@@ -381,3 +424,25 @@ def build_books_sensor(
         )
 
     return books_sensor
+
+
+def _ingest_request(
+    books: list[str], states: Mapping[str, BookScanState], seq: int, trigger: str
+) -> RunRequest:
+    """The run of one book, keyed by its content digest, or of a batch of adjacent books
+    (keyed by theirs; never retried by the daemon: the next tick runs its books one by one
+    if it fails for one of them)."""
+    if len(books) == 1:
+        book_id = books[0]
+        return RunRequest(
+            job_name=ingest_books_job.name,
+            partition_key=book_id,
+            run_key=f"ingest:{book_id}:{states[book_id].content_digest}:{seq}",
+            tags={BOOK_TAG: book_id, TRIGGER_TAG: trigger},
+        )
+    digest = hashlib.sha256("".join(states[b].content_digest for b in books).encode())
+    return RunRequest(
+        job_name=ingest_books_job.name,
+        run_key=f"ingest:{books[0]}..{books[-1]}:{digest.hexdigest()[:32]}:{seq}",
+        tags={**batch_tags(books), TRIGGER_TAG: trigger, MAX_RETRIES_TAG: "0"},
+    )

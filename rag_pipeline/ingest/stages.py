@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +48,7 @@ __all__ = [
     "book_result",
     "chunk_book",
     "embed_book",
+    "embed_books",
     "ingest_book",
     "parse_book",
     "preview_writes",
@@ -307,42 +308,74 @@ def embed_book(
 ) -> EmbeddedBook:
     """Vectors for every chunk: ``reuse`` when its text is there, else embedded (the store
     is not needed here, so a step can release it while the model runs)."""
+    return embed_books([(chunked, reuse)], recipe, progress)[0]
+
+
+def embed_books(
+    books: Sequence[tuple[ChunkedBook, Mapping[str, np.ndarray]]],
+    recipe: IndexRecipe,
+    progress: Progress | None = None,
+) -> list[EmbeddedBook]:
+    """:func:`embed_book` for several books of one recipe, in one pass of the embedder: the
+    texts of every book are sorted by tokens together, so batches are fuller than book by
+    book (a small book no longer pads a batch of its own). Dense vectors are checked and
+    handed back per book; each book's BM25 weights are its own (its own average length)."""
     started = time.perf_counter()
-    chunks = chunked.chunks
     embedder = recipe.embedder
-    dense = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
-    todo: list[int] = []
-    for i, c in enumerate(chunks):
-        vector = reuse.get(c.content_hash)
-        if vector is not None:
-            dense[i] = vector
-        else:
-            todo.append(i)
-    tokens = sum(chunks[i].token_count for i in todo)
+    denses: list[np.ndarray] = []
+    todos: list[list[int]] = []
+    texts: list[str] = []
+    for chunked, reuse in books:
+        chunks = chunked.chunks
+        dense = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
+        todo: list[int] = []
+        for i, c in enumerate(chunks):
+            vector = reuse.get(c.content_hash)
+            if vector is not None:
+                dense[i] = vector
+            else:
+                todo.append(i)
+        texts += [chunks[i].embed_text for i in todo]
+        denses.append(dense)
+        todos.append(todo)
     embed_started = time.perf_counter()
-    if todo:
-        texts = [chunks[i].embed_text for i in todo]
-        dense[todo] = embedder.embed(texts, progress=progress)
+    vectors = embedder.embed(texts, progress=progress) if texts else None
     embed_seconds = time.perf_counter() - embed_started
-    inventory = chunked.inventory
-    encoder = recipe.sparse_for(
-        None if inventory.reembed else inventory.state.sparse_model,
-        lambda: (c.embed_text for c in chunks),
-    )
-    sparse = tuple(encoder.encode_documents([c.embed_text for c in chunks]))
-    return EmbeddedBook(
-        chunked.book_id,
-        embedder.model_name,
-        dense,
-        sparse,
-        len(todo),
-        len(chunks) - len(todo),
-        tokens,
-        embedder.cost_usd(tokens),
-        time.perf_counter() - started,
-        embed_seconds,
-        encoder.name,
-    )
+    out: list[EmbeddedBook] = []
+    offset = 0
+    for (chunked, _), dense, todo in zip(books, denses, todos, strict=True):
+        book_started = time.perf_counter()
+        chunks = chunked.chunks
+        if todo:
+            assert vectors is not None
+            dense[todo] = vectors[offset : offset + len(todo)]
+            offset += len(todo)
+        inventory = chunked.inventory
+        book_texts = [c.embed_text for c in chunks]
+        encoder = recipe.sparse_for(
+            None if inventory.reembed else inventory.state.sparse_model,
+            lambda: book_texts,  # noqa: B023 - called here, in this iteration
+        )
+        sparse = tuple(encoder.encode_documents(book_texts))
+        tokens = sum(chunks[i].token_count for i in todo)
+        share = len(todo) / len(texts) if texts else 0.0  # the book's share of the pass
+        out.append(
+            EmbeddedBook(
+                chunked.book_id,
+                embedder.model_name,
+                dense,
+                sparse,
+                len(todo),
+                len(chunks) - len(todo),
+                tokens,
+                embedder.cost_usd(tokens),
+                (time.perf_counter() - book_started)
+                + share * (embed_started - started + embed_seconds),
+                share * embed_seconds,
+                encoder.name,
+            )
+        )
+    return out
 
 
 def write_book(

@@ -22,11 +22,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition, RunsFilter
+from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
+from rag_pipeline.config import BatchConfig
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
 from rag_pipeline.defs.jobs import (
@@ -39,12 +41,14 @@ from rag_pipeline.defs.jobs import (
 from rag_pipeline.defs.location import build_defs, fixed_resources
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.runs import (
-    BOOK_RUN_TAGS,
     BOOK_TAG,
     MIGRATION_TAG,
-    RUNS_IN_FLIGHT,
     TRIGGER_TAG,
+    batch_tags,
+    books_with_runs_in_flight,
+    one_label,
 )
+from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
@@ -77,9 +81,14 @@ def execute_plan(
     dagster_home: Path | None = None,
     trigger: str = "cli",
     notify: Callable[[str], None] | None = None,
+    batching: BatchConfig | None = None,
 ) -> IngestReport:
     """Run and purge the books the plan says; unchanged and missing books are reported as
-    planned. Returns the ingest report. Without ``instance``, the one in ``DAGSTER_HOME``."""
+    planned. Books to run go through runs of several books where they are adjacent in
+    partition order (``batching``, :mod:`rag_pipeline.ingest.batches`); a batch that fails
+    for one of its books is run again book by book. Returns the ingest report. Without
+    ``instance``, the one in ``DAGSTER_HOME``."""
+    batching = batching or BatchConfig()
     if instance is None:
         with open_home_instance() as home_instance:
             return execute_plan(
@@ -89,6 +98,7 @@ def execute_plan(
                 dagster_home=dagster_home,
                 trigger=trigger,
                 notify=notify,
+                batching=batching,
             )
     started = time.perf_counter()
     say = notify or log.warning
@@ -102,32 +112,51 @@ def execute_plan(
 
     for run_id in reap_dead_runs(instance, log=say):
         report.warnings.append(f"run {run_id} had died with its process; marked failed")
-    add_book_partitions(instance, plan.with_action("run"))
+    to_run = plan.with_action("run")
+    add_book_partitions(instance, to_run)
     tags = {TRIGGER_TAG: trigger, **process_tags()}
     wait_s = resources.qdrant.busy_wait_s
+    results: dict[str, BookResult] = {}
+
+    def watched(run_id: str) -> PoolWatch:
+        return PoolWatch(instance, run_id, [STORE_POOL, EMBEDDING_POOL], wait_s, say)
 
     for book_id, book in plan.books.items():
-        t0 = time.perf_counter()
         if book.action in ("unchanged", "missing"):
-            report.books[book_id] = book.result()
+            results[book_id] = book.result()
             if book.action == "missing" and path_is_gone(resources.books.data_dir, book_id):
                 _drop_idle_partition(instance, book_id)  # left by a purge that had to wait
-            continue
+    order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+    files = {b: len(plan.books[b].changes.changed) for b in to_run}
+
+    def run(books: list[str]) -> _Ran:
+        migrations = [m for b in books if (m := plan.books[b].migration) is not None]
+        # (its first step tags it too, but later)
+        migration = {MIGRATION_TAG: one_label(migrations)} if migrations else {}
+        return _run_books(ingest_job, instance, books, plan.force, {**tags, **migration}, watched)
+
+    for batch in batch_books(to_run, order, batching, files):
+        t0 = time.perf_counter()
+        ran = run(batch)
+        if ran.split:  # a batch failed for one of its books: each book alone
+            say(f"a run of {len(batch)} books failed ({ran.message}); running them one by one")
+            ran = _Ran({b: run([b]).results[b] for b in batch})
+        share = (time.perf_counter() - t0) / len(batch)  # a book's part of the batch's time
+        for book_id in batch:
+            results[book_id] = ran.results[book_id]
+            results[book_id].seconds = share
+    for book_id in plan.with_action("purge"):
+        t0 = time.perf_counter()
         run_id = str(uuid.uuid4())
-        with PoolWatch(instance, run_id, [STORE_POOL, EMBEDDING_POOL], wait_s, say):
-            if book.action == "run":
-                run_tags = {**tags, BOOK_TAG: book_id}
-                if book.migration is not None:  # its first step would tag it too, later
-                    run_tags[MIGRATION_TAG] = book.migration
-                report.books[book_id] = _run_book(
-                    ingest_job, instance, run_id, book_id, plan.force, run_tags
-                )
-            else:
-                report.books[book_id] = _purge_book(
-                    purge_job, instance, run_id, book_id, {**tags, BOOK_TAG: book_id}
-                )
-        report.books[book_id].reasons = list(book.reasons)
-        report.books[book_id].seconds = time.perf_counter() - t0
+        with watched(run_id):
+            results[book_id] = _purge_book(
+                purge_job, instance, run_id, book_id, {**tags, BOOK_TAG: book_id}
+            )
+        results[book_id].seconds = time.perf_counter() - t0
+    for book_id, book in plan.books.items():  # in the plan's order
+        report.books[book_id] = results[book_id]
+        if book.action in ("run", "purge"):
+            report.books[book_id].reasons = list(book.reasons)
 
     if plan.needs_runs:  # one refresh of the collection's page for the whole command
         try:
@@ -168,24 +197,42 @@ def console_run_config() -> dict[str, Any]:
     return {"loggers": {"console": {"config": {"log_level": level}}}}
 
 
-def _run_book(
+@dataclass
+class _Ran:
+    """What the runs of a batch did to each book; ``split``: it failed in a way that running
+    its books one by one may narrow down (:func:`~rag_pipeline.ingest.batches.split_after`)."""
+
+    results: dict[str, BookResult]
+    split: bool = False
+    message: str = ""
+
+
+def _run_books(
     job: JobDefinition,
     instance: DagsterInstance,
-    run_id: str,
-    book_id: str,
+    books: list[str],
     force: bool,
     tags: dict[str, str],
-) -> BookResult:
-    outcome = job.execute_in_process(
-        run_config={**console_run_config(), **ingest_run_config(force=force)},
-        partition_key=book_id,
-        **_in_process(instance, run_id, tags),
-    )
+    watched: Callable[[str], PoolWatch],
+) -> _Ran:
+    """One run of ``books`` (one partition, or a range of adjacent ones)."""
+    run_id = str(uuid.uuid4())
+    one = len(books) == 1
+    run_tags = {**tags, **({BOOK_TAG: books[0]} if one else batch_tags(books))}
+    with watched(run_id):
+        outcome = job.execute_in_process(
+            run_config={**console_run_config(), **ingest_run_config(force=force)},
+            partition_key=books[0] if one else None,
+            **_in_process(instance, run_id, run_tags),
+        )
     if not outcome.success:
-        return _failed(book_id, outcome.run_id, _failure_message(outcome))
-    result: BookResult = outcome.output_for_node(qdrant_points.op.name)
-    result.run_id = outcome.run_id
-    return result
+        failure = _failure(outcome)
+        failed = {b: _failed(b, outcome.run_id, failure.message) for b in books}
+        return _Ran(failed, split=not one and split_after(failure.classes), message=failure.message)
+    results: dict[str, BookResult] = outcome.output_for_node(qdrant_points.op.name)
+    for result in results.values():
+        result.run_id = outcome.run_id
+    return _Ran(results)
 
 
 class _InProcess(TypedDict):
@@ -238,32 +285,44 @@ def _drop_idle_partition(instance: DagsterInstance, book_id: str) -> bool:
 
 
 def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
-    """Whether a run of the book (an ingest, found by its partition, or a purge, by its book
-    tag) is queued or running: its partition must not be deleted under it. The same runs the
-    sensor's :func:`~rag_pipeline.defs.runs.books_with_runs_in_flight` finds, by the same tags."""
-    return any(
-        instance.get_run_ids(RunsFilter(tags={tag: book_id}, statuses=RUNS_IN_FLIGHT), limit=1)
-        for tag in BOOK_RUN_TAGS
-    )
+    """Whether a run of the book (an ingest of it alone or in a batch, or a purge) is queued
+    or running: its partition must not be deleted under it. The same runs the sensor's
+    :func:`~rag_pipeline.defs.runs.books_with_runs_in_flight` finds."""
+    order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+    return book_id in books_with_runs_in_flight(instance, order)
 
 
 def _failed(book_id: str, run_id: str | None, message: str) -> BookResult:
     return BookResult(book_id, "failed", run_id=run_id, error_messages=[message])
 
 
-def _failure_message(outcome: ExecuteInProcessResult) -> str:
+@dataclass(frozen=True)
+class _Failure:
+    message: str
+    #: the class names of the error and its causes, outermost first
+    classes: tuple[str, ...] = ()
+
+
+def _failure(outcome: ExecuteInProcessResult) -> _Failure:
     for event in outcome.all_events:
         if event.is_step_failure and event.step_failure_data is not None:
             error = event.step_failure_data.error
             if error is not None:
+                classes = [error.cls_name]
                 cause = error
                 while cause.cause is not None:
                     cause = cause.cause
-                return f"step {event.step_key} failed: {cause.message.strip()}"
+                    classes.append(cause.cls_name)
+                message = f"step {event.step_key} failed: {cause.message.strip()}"
+                return _Failure(message, tuple(c for c in classes if c))
     for event in outcome.all_events:
         if event.is_run_failure and event.message:
-            return event.message
-    return "run failed"
+            return _Failure(event.message)
+    return _Failure("run failed")
+
+
+def _failure_message(outcome: ExecuteInProcessResult) -> str:
+    return _failure(outcome).message
 
 
 class PoolWatch:

@@ -1,0 +1,96 @@
+"""What a step of a run of several books records for each book: its metadata and its checks.
+
+A run materializes one book partition, or a range of them (a batch: see
+:mod:`rag_pipeline.ingest.batches`). Either way every book gets a materialization of its own,
+with its own metadata (``context.add_asset_metadata(..., partition_key=book)``), and each of
+its checks an evaluation of its own partition: ``AssetCheckResult`` cannot name a partition
+(in a run of several it would be recorded for none), so the evaluations are built here, each
+pointing at the book's materialization this run just recorded. A failed blocking check of any
+book still fails the step, as Dagster's blocking checks do: the rest of the run's books are not
+published either, and the run's books are then run one by one (the CLI at once, the sensor on
+its next tick), which gives each its exact outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetRecordsFilter,
+    Output,
+)
+
+from rag_pipeline.defs._dagster_private import AssetCheckEvaluationTargetMaterializationData
+
+__all__ = ["BookCheck", "check_books", "record_book", "run_books"]
+
+
+def run_books(context: AssetExecutionContext) -> list[str]:
+    """The books this run materializes, in partition order (one, or a batch)."""
+    return list(context.partition_keys)
+
+
+def record_book(context: AssetExecutionContext, book_id: str, metadata: Mapping[str, Any]) -> None:
+    """``metadata`` on the book's materialization of the step's asset (and no other book's)."""
+    context.add_asset_metadata(dict(metadata), partition_key=book_id)
+
+
+@dataclass(frozen=True)
+class BookCheck:
+    """One book's result of one check."""
+
+    passed: bool
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
+
+
+def check_books(
+    context: AssetExecutionContext, check_name: str, results: Mapping[str, BookCheck]
+) -> Iterator[Output[None] | AssetCheckEvaluation]:
+    """The check's output, then one evaluation per book, each of the book's partition and
+    of the materialization this run recorded for it. Yield them after the asset's output."""
+    asset_key = context.assets_def.key
+    check_key = AssetCheckKey(asset_key, check_name)
+    spec = context.assets_def.get_spec_for_check_key(check_key)
+    yield Output(
+        None, output_name=context.assets_def.get_output_name_for_asset_check_key(check_key)
+    )
+    targets = _recorded(context, asset_key, list(results))
+    for book_id, result in results.items():
+        yield AssetCheckEvaluation(
+            asset_key=asset_key,
+            check_name=check_name,
+            passed=result.passed,
+            metadata=result.metadata,
+            severity=result.severity,
+            blocking=spec.blocking,
+            partition=book_id,
+            target_materialization_data=targets.get(book_id),
+        )
+
+
+def _recorded(
+    context: AssetExecutionContext, asset_key: AssetKey, books: Sequence[str]
+) -> dict[str, AssetCheckEvaluationTargetMaterializationData]:
+    """book -> the materialization of ``asset_key`` this run recorded for it: one query for
+    the whole batch (the UI marks a check whose target is not the latest materialization as
+    outdated)."""
+    records = context.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=asset_key, asset_partitions=list(books)),
+        limit=len(books),
+    ).records
+    out: dict[str, AssetCheckEvaluationTargetMaterializationData] = {}
+    for record in records:  # newest first: a book's latest is the first seen
+        partition = record.partition_key
+        if record.run_id == context.run.run_id and partition and partition not in out:
+            out[partition] = AssetCheckEvaluationTargetMaterializationData(
+                storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
+            )
+    return out
