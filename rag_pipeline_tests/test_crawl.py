@@ -165,6 +165,25 @@ def test_a_book_folder_linking_into_another_book_is_refused(data_dir, write_book
     assert "into book 'real'" in scan.rejected[0].reason
 
 
+def test_finding_books_compares_only_linked_folders_with_the_others(
+    data_dir, write_book, monkeypatch
+):
+    """Two plain folders under the data folder cannot overlap: a scan of many books costs
+    the books, not every pair of them (the sensor lists them every tick)."""
+    from rag_pipeline.ingest import crawl
+
+    compared = []
+    real = crawl._overlaps
+    monkeypatch.setattr(crawl, "_overlaps", lambda *a: compared.append(a) or real(*a))
+    for n in range(30):
+        write_book(f"book-{n:02d}", {"a.md": "# A"})
+    assert len(discover_books(data_dir).book_ids) == 30 and compared == []
+    os.symlink(data_dir / "book-07", data_dir / "alias")
+    scan = discover_books(data_dir)
+    assert len(scan.book_ids) == 30 and "into book 'book-07'" in scan.rejected[0].reason
+    assert len(compared) <= 30  # the link, against the others
+
+
 def test_an_unlistable_folder_is_an_error_and_its_files_are_not_gone(
     data_dir, write_book, monkeypatch
 ):

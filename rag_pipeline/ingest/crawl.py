@@ -103,13 +103,21 @@ def discover_books(data_dir: Path | str) -> BookScan:
         if book_id is not None:
             found[book_id] = real
     # Two book folders that are the same folder, or one inside the other, would serve one
-    # book's text under another's id: the links among them are refused.
+    # book's text under another's id: the links among them are refused. Only a link can
+    # overlap another book (two plain folders under the data folder are siblings), so only
+    # links are compared with the others: a scan costs the books, not their square.
     books: list[str] = []
+    links = {b for b in found if os.path.islink(root / b)}
     for book_id, real in found.items():
-        other = next(
-            (b for b, r in found.items() if b != book_id and _overlaps(real, r, b, book_id)), None
+        other = (
+            next(
+                (b for b, r in found.items() if b != book_id and _overlaps(real, r, b, book_id)),
+                None,
+            )
+            if book_id in links
+            else None
         )
-        if other is not None and os.path.islink(root / book_id):
+        if other is not None:
             rejected.append(
                 FileError(
                     book_id,
@@ -196,15 +204,14 @@ def scan_book(data_dir: Path | str, book_id: str) -> BookFiles:
 def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
     """Yield (relative path, path, problem or None) for every Markdown file and every entry
     that could not be listed or was refused."""
-    stack = [book_dir]
+    stack = [(book_dir, "")]  # (folder, its path relative to the book folder)
     seen: set[str] = set()
     while stack:
-        current = stack.pop()
+        current, rel_dir = stack.pop()
         real = os.path.realpath(current)
         if real in seen:
             continue
         seen.add(real)
-        rel_dir = _relative(current, book_dir)
         try:
             entries = sorted(os.scandir(current), key=lambda e: e.name)
         except OSError as exc:
@@ -212,10 +219,12 @@ def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
                 continue
             yield rel_dir or ".", current, f"cannot list folder: {exc.strerror}"
             continue
+        prefix = f"{rel_dir}/" if rel_dir else ""
         for entry in entries:
-            if entry.name.startswith("."):
+            name = entry.name
+            if name.startswith("."):
                 continue
-            rel = _relative(entry.path, book_dir)
+            rel = prefix + name
             try:
                 problem, is_dir = _inspect(entry, rel, folder)
             except Exception as exc:  # one odd entry never stops the scan
@@ -223,12 +232,12 @@ def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
                 continue
             if is_dir:
                 if problem is None:
-                    stack.append(entry.path)
+                    stack.append((entry.path, rel))
                 else:
                     yield printable(rel), entry.path, problem
             elif problem is not None:
                 yield printable(rel), entry.path, problem
-            elif entry.name.lower().endswith(MARKDOWN_SUFFIXES):
+            elif name.lower().endswith(MARKDOWN_SUFFIXES):
                 yield rel, entry.path, None
 
 
@@ -259,7 +268,7 @@ def _inspect(entry: os.DirEntry[str], rel: str, folder: str) -> tuple[str | None
                 return why, False
             if not stat.S_ISREG(mode):
                 return f"not a regular file: a symlink to {_file_kind(mode)}", False
-    if not _valid_utf8(rel):
+    if not _valid_utf8(entry.name):  # (the folders above were checked when listed)
         return "file name is not valid UTF-8; rename it to ingest it", is_dir
     if not is_dir and not entry.is_file(follow_symlinks=True):
         return f"not a regular file: {_file_kind(entry.stat().st_mode)}", False
@@ -458,11 +467,6 @@ def _to_int(value: str | None) -> int | None:
         return None
     digits = re.sub(r"\D", "", value)[:18]  # a 64-bit payload integer
     return int(digits) if digits else None
-
-
-def _relative(path: str, book_dir: str) -> str:
-    rel = os.path.relpath(path, book_dir)
-    return "" if rel == "." else Path(rel).as_posix()
 
 
 def _within(path: str, root: str) -> bool:
