@@ -399,8 +399,8 @@ def test_collection_sensor_refreshes_after_any_run_without_starting_one(
     from rag_pipeline.store import StoreBusyError
 
     def tick(cursor):
-        context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-        return collection_sensor(context), context
+        with build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
+            return collection_sensor(context), context
 
     def run(book):
         return materialize(
@@ -560,7 +560,11 @@ def test_the_resources_are_the_objects_built_once_from_the_settings(settings, mo
     assert resources.recipe.get() is resources.recipe.get()
     assert len(built) == 1
     bound = fixed_resources(resources)
-    assert {key: bound[key].resource_fn(None) for key in ("books", "qdrant", "recipe")} == {
+    from dagster import build_resources
+
+    with build_resources({k: bound[k] for k in ("books", "qdrant", "recipe")}) as built_now:
+        values = {key: getattr(built_now, key) for key in ("books", "qdrant", "recipe")}
+    assert values == {
         "books": resources.books,
         "qdrant": resources.qdrant,
         "recipe": resources.recipe,

@@ -505,7 +505,8 @@ def test_a_one_file_edit_run_opens_only_its_books_shard_whatever_the_collection(
     small = edit_run_loads(tmp_path, 3, loads)
     large = edit_run_loads(tmp_path, 12, loads)
     assert set(small) == set(large) == {"book-01"}  # no other book's shard is opened
-    assert small == large and large["book-01"] <= 6  # as many loads at 12 books as at 3
+    # as many loads at 12 books as at 3: one, the run keeps its handle from step to step
+    assert small == large and large["book-01"] == 1
     print(f"shard loads of a one-file edit run: {dict(large)}")
 
 
@@ -590,3 +591,36 @@ def test_a_generation_folder_no_pointer_names_is_swept_at_the_next_write(built_r
     assert (
         generation(built_r1, "a") == searched and (book_folder(built_r1, "a") / searched).is_dir()
     )
+
+
+def test_a_handle_kept_between_a_runs_steps_steps_aside_for_a_waiting_process(filled):
+    """Within kept_open (a run), an idle handle stays open for the next step, until another
+    process waits for a book it holds: then it is closed at once (the waiter gets the book),
+    and the next use opens it again."""
+    import fcntl
+    import os
+    import time
+
+    from rag_pipeline.store import sharing
+
+    key = ("test", str(filled))
+
+    def use() -> EdgeStore:
+        with sharing.shared_store(key, lambda: open_edge(filled)) as store:
+            assert store.count(tenant_filter("a")) > 0  # takes book a's lock
+            return store  # type: ignore[return-value]
+
+    with sharing.kept_open():
+        first = use()
+        assert use() is first  # kept: the same handle, the shard not loaded again
+        waiter = os.open(filled / COLLECTION / "locks" / "a.wait", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(waiter, fcntl.LOCK_SH)  # what another process waiting for book a holds
+            deadline = time.monotonic() + 5
+            while sharing._slots[key].store is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sharing._slots[key].store is None  # stepped aside
+        finally:
+            os.close(waiter)
+        assert use() is not first  # opened again on the next use
+    assert sharing._slots[key].store is None  # closed when the run ends

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
-from rag_pipeline.resources import PipelineResources
+from rag_pipeline.resources import PipelineResources, StoreOpener
+from rag_pipeline.store.sharing import kept_open
 
 __all__ = ["build_defs", "fixed_resources"]
 
@@ -54,12 +55,28 @@ DEPLOYMENT_SETTINGS = (
 )
 
 
+def _kept_for_the_run(opener: StoreOpener) -> ResourceDefinition:
+    """The store opener, whose handles a run keeps open from step to step (a book's shard is
+    loaded once per run, not once per step) until another process waits for them, and closes
+    when the run ends; no run config, as :func:`_fixed`."""
+
+    def for_the_run(_: Any) -> Iterator[StoreOpener]:
+        with kept_open():
+            yield opener
+
+    return ResourceDefinition(
+        resource_fn=for_the_run,
+        config_schema=NO_RUN_CONFIG,
+        description=f"{opener.description}. {DEPLOYMENT_SETTINGS}",
+    )
+
+
 def fixed_resources(resources: PipelineResources) -> dict[str, Any]:
     """The resources, bound so that no run can override them from its run config."""
     return {
         "io_manager": run_memory_io_manager,
         "books": _fixed(resources.books, f"books under {resources.books.data_dir}"),
-        "qdrant": _fixed(resources.qdrant, resources.qdrant.description),
+        "qdrant": _kept_for_the_run(resources.qdrant),
         "recipe": _fixed(resources.recipe, resources.recipe.description),
     }
 

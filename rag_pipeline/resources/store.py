@@ -19,7 +19,8 @@ __all__ = ["StoreOpener"]
 class StoreOpener:
     """Where points live. An embedded folder is locked while a step has it open, so every step
     opens it for its own store work only: searches and other runs get in between (while a step
-    embeds, say)."""
+    embeds, say). A run keeps its handles open from step to step until another process waits
+    for them (:func:`~rag_pipeline.store.sharing.kept_open`, the run's resource)."""
 
     config: StoreConfig
 
@@ -57,7 +58,7 @@ class StoreOpener:
                 (store_key(config), "builder", recipe.signature),
                 _builder(config, recipe),
             )
-        with shared_store(key, factory) as store:
+        with shared_store(key, factory, group=store_key(config)) as store:
             yield store
 
 
