@@ -5,6 +5,8 @@ another handle, damaged by other hands, or a summary half written."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +26,8 @@ COLLECTION = "rag_chunks"
 class Books:
     """``count`` books of three files indexed in-process (hash embedder) into one Edge store."""
 
-    def __init__(self, root: Path, count: int, embedder) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, root: Path, count: int, embedder, age_s: float = 0) -> None:  # type: ignore[no-untyped-def]
+        """``age_s``: the files are dated that long before their run reads them."""
         self.data = root / f"books{count}"
         self.qdrant = root / f"qdrant{count}"
         self.ids = [f"book-{i:02d}" for i in range(count)]
@@ -34,6 +37,10 @@ class Books:
                 text = f"# Book {i} file {f}\n\n" + section("One", seed=f"b{i}f{f}")
                 (self.data / book / f"{f}.md").write_text(text)
         (self.data / self.ids[0] / "bad.md").write_bytes(b"---\ntitle: [unclosed\n---\nbody")
+        if age_s:
+            then = time.time() - age_s
+            for path in self.data.rglob("*.md"):
+                os.utime(path, (then, then))
         self.source = make_source(self.data)
         self.recipe = make_recipe(embedder)
         with self.open() as store:
@@ -267,3 +274,44 @@ def test_a_plan_checks_each_books_fingerprint_once(tmp_path, hash_embedder, monk
     monkeypatch.setattr(edge, "_fingerprint", counting)
     assert {b.action for b in books.plan().books.values()} == {"unchanged"}
     assert checked == Counter({book: 1 for book in books.ids})  # the recipe, then the index
+
+
+def test_a_plan_reads_no_file_its_last_run_read_unless_its_stat_moved(
+    tmp_path, hash_embedder, monkeypatch
+):
+    """A book's summary keeps the size and modification time of each file as its run read it:
+    a plan (every ingest makes one of every book) reads only the files whose stat moved, as
+    the books sensor does, so a no-change ingest of many books reads none."""
+    from rag_pipeline.ingest import assess
+
+    books = Books(tmp_path, 2, hash_embedder, age_s=10)
+    read: list[str] = []
+    real = assess.hash_file
+    monkeypatch.setattr(
+        assess, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+    )
+    assert {b.action for b in books.plan().books.values()} == {"unchanged"} and read == []
+    edited = books.data / "book-01" / "0.md"
+    edited.write_text("# Edited\n\n" + section("New", seed="e"))
+    touched = books.data / "book-00" / "1.md"
+    os.utime(touched, None)  # same bytes, a new time: read, and found unchanged
+    plan = books.plan()
+    assert sorted(read) == ["0.md", "1.md"]
+    assert plan.books["book-01"].action == "run" and plan.books["book-00"].action == "unchanged"
+
+
+def test_files_read_in_the_tick_they_were_written_are_read_again_by_the_next_plan(
+    tmp_path, hash_embedder, monkeypatch
+):
+    """A file modified just before its run read it may change again within the same tick of a
+    coarse clock, keeping its size and time: its stat is not trusted."""
+    from rag_pipeline.ingest import assess
+
+    books = Books(tmp_path, 1, hash_embedder)  # written, then read at once
+    read: list[str] = []
+    real = assess.hash_file
+    monkeypatch.setattr(
+        assess, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+    )
+    books.plan()
+    assert len(read) == 4  # 3 files and bad.md

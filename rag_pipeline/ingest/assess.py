@@ -9,6 +9,7 @@ once, reads the index once, probes the stored vectors once and words the reasons
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -16,7 +17,11 @@ from pathlib import Path
 
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
-from rag_pipeline.ingest.collection import book_summary, index_from_summary
+from rag_pipeline.ingest.collection import (
+    book_summary,
+    file_stats_from_summary,
+    index_from_summary,
+)
 from rag_pipeline.ingest.crawl import (
     hash_file,
     path_is_gone,
@@ -41,6 +46,7 @@ __all__ = [
     "read_book_files",
     "read_book_index",
     "saved_book_index",
+    "saved_file_stats",
 ]
 
 #: how many of a book's stored chunk vectors are probed for damage (read, not scored)
@@ -62,6 +68,8 @@ class BookFilesRead:
     #: the book folder as named under the data folder, where a file not read is looked for;
     #: "" when the book is not a folder (an evaluation corpus): a file not listed is gone
     book_dir: str = ""
+    #: when the scan began (time.time_ns()): a file modified before it was read as it was
+    read_at_ns: int = 0
 
     def is_gone(self, source_file: str) -> bool:
         """The file no longer exists (one that exists but gave no bytes is not gone)."""
@@ -71,15 +79,25 @@ class BookFilesRead:
         return unreadable_reason(self.book_dir, source_file)
 
 
-def read_book_files(source: SourceConfig, book_id: str) -> BookFilesRead:
-    """Scan and hash every Markdown file of the book."""
+def read_book_files(
+    source: SourceConfig, book_id: str, known: Mapping[str, tuple[int, int, str]] | None = None
+) -> BookFilesRead:
+    """Scan and hash every Markdown file of the book; a file whose size and modification time
+    are still those ``known`` records (size, mtime_ns, sha256: as the last run read it) is
+    not read again."""
     book_dir = Path(source.data_dir) / book_id
+    read_at_ns = time.time_ns()
     scan = scan_book(source.data_dir, book_id)
     files: list[SourceFile] = []
     errors = list(scan.errors)
+    known = known or {}
     for st in scan.files:
+        seen = known.get(st.source_file)
         try:
-            digest = hash_file(st.path)
+            if seen is not None and seen[0] == st.size and seen[1] == st.mtime_ns:
+                digest = seen[2]
+            else:
+                digest = hash_file(st.path)
         except OSError as exc:
             if path_is_gone(book_dir, st.source_file):
                 continue
@@ -91,7 +109,9 @@ def read_book_files(source: SourceConfig, book_id: str) -> BookFilesRead:
         files.append(
             SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest, meta)
         )
-    return BookFilesRead(book_id, scan.folder, tuple(files), tuple(errors), str(book_dir))
+    return BookFilesRead(
+        book_id, scan.folder, tuple(files), tuple(errors), str(book_dir), read_at_ns
+    )
 
 
 @dataclass(frozen=True)
@@ -131,6 +151,12 @@ def read_book_index(
         # read once, then kept: the next plan of the unchanged book opens no shard
         store.save_summary(book_id, book_summary(store, book_id))
     return BookIndex(state, points, damaged)
+
+
+def saved_file_stats(store: VectorStore, book_id: str) -> dict[str, tuple[int, int, str]]:
+    """(size, mtime_ns, sha256) of each file as the book's last run read it, from its saved
+    summary while the store vouches for it ({} otherwise): what a plan need not read again."""
+    return file_stats_from_summary(store.summary(book_id))
 
 
 def saved_book_index(store: VectorStore, book_id: str) -> BookIndex | None:
@@ -174,6 +200,8 @@ class BookAssessment:
     damaged: bool = False  # the probed stored vectors are damaged: the book is rebuilt
     #: the model the run embeds with: every step of the run uses this book's recipe
     embedding_model: str = ""
+    #: when its files were read (see :class:`BookFilesRead`)
+    read_at_ns: int = 0
 
     @property
     def recipe_change(self) -> bool:
@@ -253,6 +281,7 @@ def assess(
         reembed=reembed,
         damaged=index.damaged,
         embedding_model=recipe.embedding_model,
+        read_at_ns=found.read_at_ns,
     )
 
 

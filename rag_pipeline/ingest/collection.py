@@ -6,14 +6,14 @@ stays cheap for many books. The Dagster layer adds each book's last run and chec
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rag_pipeline.ingest.changes import IndexedDocument
 from rag_pipeline.ingest.index import IndexState, read_index_state
 from rag_pipeline.ingest.migration import describe_recipes
-from rag_pipeline.models import InvalidBookIdError, validate_book_id
+from rag_pipeline.models import InvalidBookIdError, SourceFile, validate_book_id
 from rag_pipeline.schema import (
     COLLECTION_SCHEMA,
     EMBEDDING_MODEL,
@@ -29,8 +29,10 @@ __all__ = [
     "CollectionState",
     "book_summary",
     "describe_collection",
+    "file_stats_from_summary",
     "index_from_summary",
     "recorded_models",
+    "with_file_stats",
 ]
 
 
@@ -168,6 +170,43 @@ def index_from_summary(
         return None  # not what book_summary writes: read the book
     state.chunk_points = sum(points.values())  # as read_book_index counts it from the book
     return state, points
+
+
+#: a file whose modification time is this close to when its run read it may have changed in
+#: the same tick of a coarse clock (seconds, on some file systems): it is read again
+_RACY_NS = 2_000_000_000
+
+
+def with_file_stats(
+    summary: Mapping[str, Any], files: Iterable[SourceFile], read_at_ns: int
+) -> dict[str, Any]:
+    """``summary`` with the (size, mtime_ns) of each of ``files`` (as a run read them, at
+    ``read_at_ns``) whose hash is the one its document record holds: a later plan trusts
+    them and does not read a file whose stat is unchanged (as the books sensor does)."""
+    records = summary.get("records") or {}
+    stats = {
+        f.source_file: [f.size, f.mtime_ns]
+        for f in files
+        if f.source_file in records
+        and records[f.source_file][0] == f.sha256
+        and f.mtime_ns + _RACY_NS < read_at_ns
+    }
+    return {**summary, "stats": stats}
+
+
+def file_stats_from_summary(summary: Mapping[str, Any] | None) -> dict[str, tuple[int, int, str]]:
+    """source_file -> (size, mtime_ns, sha256) as :func:`with_file_stats` saved them."""
+    if summary is None:
+        return {}
+    records, stats = summary.get("records"), summary.get("stats")
+    if not isinstance(records, dict) or not isinstance(stats, dict):
+        return {}
+    out: dict[str, tuple[int, int, str]] = {}
+    for name, stat in stats.items():
+        record = records.get(name)
+        if isinstance(record, list) and record and isinstance(stat, list) and len(stat) == 2:
+            out[str(name)] = (int(stat[0]), int(stat[1]), str(record[0]))
+    return out
 
 
 def recorded_models(summary: Mapping[str, Any] | None) -> dict[str, int] | None:

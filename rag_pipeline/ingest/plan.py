@@ -26,6 +26,7 @@ from rag_pipeline.ingest.assess import (
     read_book_files,
     read_book_index,
     saved_book_index,
+    saved_file_stats,
 )
 from rag_pipeline.ingest.changes import FileChanges
 from rag_pipeline.ingest.choice import FixedRecipe, RecipeSource
@@ -324,7 +325,7 @@ def assess_book(
     """Run or unchanged, as the book's assessment says (see :mod:`rag_pipeline.ingest.assess`);
     with ``detail``, a book that runs gets the preview of its run, from the same assessment.
     A book its saved summary shows unchanged needs no preview: decided without its shard."""
-    found = read_book_files(source, book_id)
+    found = read_book_files(source, book_id, None if force else saved_file_stats(store, book_id))
     saved = None if force or not detail else saved_book_index(store, book_id)
     assessment = None if saved is None else assess(found, saved, recipe)
     if assessment is None or assessment.changes.has_work:
