@@ -255,12 +255,19 @@ def _execute(plan: IngestPlan, settings: Settings, recipe: LazyRecipe, home: Pat
     )
 
 
+#: unchanged books the ingest summary lists one by one; past it, one line counts them
+LISTED_UNCHANGED = 20
+
+
 def _print_ingest(report: IngestReport) -> None:
     table = Table(title="Ingest summary", title_justify="left")
     columns = ("book", "status", "files", "errors", "chunks", "embedded", "reused", "deleted")
     for column in (*columns, "points", "seconds"):
         table.add_column(column, justify="left" if column in ("book", "status") else "right")
+    unchanged_count = sum(1 for r in report.books.values() if r.status == "unchanged")
     for book_id, r in report.books.items():
+        if r.status == "unchanged" and unchanged_count > LISTED_UNCHANGED:
+            continue  # counted below: a thousand rows of "unchanged" hide what did change
         style = {"failed": "red", "missing": "red", "unchanged": "dim"}.get(r.status, "")
         table.add_row(
             book_id,

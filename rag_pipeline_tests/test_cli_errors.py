@@ -500,3 +500,23 @@ def test_a_missing_api_key_is_still_a_setting_error(env):
     env.setenv("RAG_EMBEDDER", "openai")
     code, text = run("search", "robots", "--book", "ros2-fundamentals")
     assert code == 2 and "OPENAI_API_KEY" in text, text
+
+
+def test_the_ingest_summary_lists_what_changed_and_counts_the_unchanged_books(capsys):
+    """A thousand rows of "unchanged" would hide the book that ran (and cost seconds to draw):
+    past a few, unchanged books are one line."""
+    from rag_pipeline.cli import LISTED_UNCHANGED, _print_ingest
+    from rag_pipeline.ingest.report import BookResult, IngestReport
+
+    many = LISTED_UNCHANGED + 5
+    books = {
+        f"quiet-{i:03d}": BookResult(f"quiet-{i:03d}", "unchanged", chunks=3) for i in range(many)
+    }
+    books["edited"] = BookResult("edited", "ingested", chunks=4, embedded=1)
+    _print_ingest(IngestReport(books=books))
+    shown = capsys.readouterr().out
+    assert "edited" in shown and "quiet-000" not in shown
+    assert f"{many} books unchanged: {3 * many} chunks already indexed" in shown
+    few = {f"quiet-{i}": BookResult(f"quiet-{i}", "unchanged", chunks=3) for i in range(2)}
+    _print_ingest(IngestReport(books=few))
+    assert "quiet-1" in capsys.readouterr().out
