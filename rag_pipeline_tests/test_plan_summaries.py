@@ -315,3 +315,43 @@ def test_files_read_in_the_tick_they_were_written_are_read_again_by_the_next_pla
     )
     books.plan()
     assert len(read) == 4  # 3 files and bad.md
+
+
+def test_a_process_checks_a_summary_once_a_minute_and_a_write_ends_the_trust(
+    tmp_path, hash_embedder, monkeypatch
+):
+    """A CLI ingest looks at every summary up to four times (recipe, files, index, then the
+    collection page after its runs): the fingerprint is checked once per process, and taken
+    on trust for a minute while the summary file and the generation are the same; a write
+    through the pipeline replaces the summary, which ends the trust at once. Damage by other
+    hands is seen once the minute is over."""
+    from rag_pipeline.store import edge
+
+    books = Books(tmp_path, 2, hash_embedder)
+    checked: Counter[str] = Counter()
+    original = edge._fingerprint
+
+    def counting(generation: Path):  # type: ignore[no-untyped-def]
+        checked[generation.parent.name] += 1
+        return original(generation)
+
+    monkeypatch.setattr(edge, "_fingerprint", counting)
+    books.plan()
+    books.plan()
+    with books.open() as store:
+        assert store.summary("book-00") is not None
+    assert checked == Counter({"book-00": 1, "book-01": 1})
+    (books.data / "book-01" / "0.md").write_text("# Edited\n\n" + section("New", seed="e"))
+    with books.open() as store:
+        ingest_book(books.source, "book-01", store, books.recipe, "edit")
+    books.plan()
+    assert checked["book-01"] == 3  # the new summary: fingerprinted to save it, then checked
+    for path in (books.generation("book-00") / "segments").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"")  # other hands, behind a summary checked a moment ago
+    with books.open() as store:
+        assert store.summary("book-00") is not None  # trusted, within the minute
+    later = time.monotonic() + edge._RECHECK_AFTER_S + 1
+    monkeypatch.setattr(edge.time, "monotonic", lambda: later)
+    with books.open() as store:
+        assert store.summary("book-00") is None

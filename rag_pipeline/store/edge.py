@@ -90,9 +90,16 @@ _REWRITTEN_BY_READS = frozenset(
 #: not past the newest file it vouches for: a change in the same clock tick would go unseen
 _RACY_PAUSE_S = 0.01
 _RACY_TRIES = 3
-#: a summary checked (fingerprint and all) is taken again unchecked by the same handle for
-#: this long while its file is the same: the plan asks for it twice per book (recipe, index)
-_RECHECK_AFTER_S = 1.0
+#: a summary checked (fingerprint and all) is taken again unchecked, by any handle of the
+#: process, for this long while its file and the book's generation are the same ones: a plan
+#: asks for it three times per book (recipe, files, index), and a CLI ingest's collection
+#: look after its runs once more. The pipeline's own writers drop or replace the file, which
+#: ends the trust at once; only damage by other hands waits this long to be noticed.
+_RECHECK_AFTER_S = 60.0
+#: (summary file, generation, inode, mtime, size) -> (until when, its data), for the process
+_checked: dict[tuple[str, str, int, int, int], tuple[float, dict[str, Any]]] = {}
+_checked_lock = threading.Lock()
+_CHECKED_MAX = 100_000
 #: a generation pointer as read: (its folder name, the whole pointer)
 _Pointer = tuple[str, dict[str, Any]]
 _TRASH = ".trash-"  # a folder being removed: a dot-name is never a book nor a generation
@@ -159,7 +166,6 @@ class EdgeStore(base.VectorStore):
         self._books: dict[str, _Book] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # books with a loaded shard, LRU first
         #: book -> (summary file and generation seen, until when, its data): see summary()
-        self._checked: dict[str, tuple[tuple[str, int, int, int], float, dict[str, Any]]] = {}
         #: the recipe tag of a builder handle (see the module's docstring)
         self._recipe: dict[str, str] | None = None
         self._dense_dim: int | None = None
@@ -265,7 +271,6 @@ class EdgeStore(base.VectorStore):
             _unlink(state.folder / _SUMMARY)
             state.summary_dropped = True
         state.summary = None  # one saved before this write no longer describes the book
-        self._checked.pop(book, None)
         if not state.written:
             _sweep_unnamed_generations(state.folder)
         if state.generation is None:
@@ -419,13 +424,18 @@ class EdgeStore(base.VectorStore):
             st = os.stat(folder / _SUMMARY)
         except OSError:
             return None
-        seen = (current[0], st.st_ino, st.st_mtime_ns, st.st_size)
-        checked = self._checked.get(tenant)
-        if checked is not None and checked[0] == seen and time.monotonic() < checked[1]:
-            return dict(checked[2])  # the same file, checked a moment ago (a plan asks twice)
+        seen = (str(folder), current[0], st.st_ino, st.st_mtime_ns, st.st_size)
+        with _checked_lock:
+            checked = _checked.get(seen)
+        if checked is not None and time.monotonic() < checked[0]:
+            return dict(checked[1])  # the same file, checked a moment ago (a plan asks twice)
         data = _read_summary(folder, current[0])
         if data is not None:
-            self._checked[tenant] = (seen, time.monotonic() + _RECHECK_AFTER_S, data)
+            with _checked_lock:
+                if len(_checked) > _CHECKED_MAX:  # a long-lived process: forget the oldest
+                    for key in list(_checked)[: len(_checked) // 2]:
+                        del _checked[key]
+                _checked[seen] = (time.monotonic() + _RECHECK_AFTER_S, data)
         return data
 
     def save_summary(self, tenant: str, data: Mapping[str, Any]) -> None:
