@@ -761,3 +761,38 @@ def test_a_blocking_check_failing_for_one_book_of_a_batch_publishes_none_of_it(
     }
     assert checks == {BOOKS[0]: True, BOOKS[1]: False}
     assert all(chunk_count(settings, book) == 0 for book in BOOKS)
+
+
+def test_the_collection_page_takes_each_books_last_run_from_its_summary(
+    settings, resources, instance, monkeypatch
+):
+    """The run that last wrote a book is saved in the book's summary: the page reads no
+    materialization record (they were a second each per thousand books); a book whose
+    summary does not say (written by an older version) is still asked of Dagster."""
+    from rag_pipeline.defs.collection import collection_page
+    from rag_pipeline.defs.runs import batch_tags
+
+    run = materialize(
+        ingestion_assets, instance=instance, resources=resources, tags=batch_tags(list(BOOKS))
+    )
+    pipeline = PipelineResources.from_settings(settings)
+    calls = count_storage_calls(instance, monkeypatch)
+    page = collection_page(instance, pipeline.books, pipeline.qdrant)
+    monkeypatch.undo()
+    rows = {r["book"]: r for r in table_rows(page.metadata["book_table"])}
+    assert {b: rows[b]["last_run"] for b in BOOKS} == dict.fromkeys(BOOKS, run.run_id)
+    assert (
+        "fetch_materializations" not in calls and "get_latest_storage_id_by_partition" not in calls
+    )
+    # a summary written by an older version, without the run: the book is asked of Dagster
+    import json
+    from pathlib import Path
+
+    folder = Path(settings.qdrant_path) / settings.collection / "books"
+    path = folder / BOOKS[0] / "summary.json"
+    saved = json.loads(path.read_text())
+    del saved["data"]["run_id"]
+    path.write_text(json.dumps(saved))  # (a new file: its fingerprint check is done again)
+    page = collection_page(instance, pipeline.books, pipeline.qdrant)
+    rows = {r["book"]: r for r in table_rows(page.metadata["book_table"])}
+    assert rows[BOOKS[0]]["last_run"] == run.run_id

@@ -37,7 +37,7 @@ from rag_pipeline.defs.batch import BookCheck, check_books, record_book, run_boo
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.defs.runs import one_label, tag_checks, tag_migration, tag_run
-from rag_pipeline.ingest.collection import book_summary
+from rag_pipeline.ingest.collection import run_summary
 from rag_pipeline.ingest.consistency import check_chunks, check_index, check_vectors
 from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.index import WriteReport
@@ -503,7 +503,15 @@ def _write_book(
             keep_old=qdrant.config.keep_old_recipe,
         )
         if switch.switched:  # the new generation's catalog entry: plans need not open it
-            store.save_summary(book_id, book_summary(store, book_id))
+            inventory = chunked.inventory
+            summary = run_summary(
+                store,
+                book_id,
+                run_id=context.run.run_id,
+                files=inventory.files,
+                read_at_ns=inventory.read_at_ns,
+            )
+            store.save_summary(book_id, summary)
     for reason in switch.held_back:
         message = f"{book_id}: the new recipe's build stays pending: {reason}"
         context.log.warning(message)

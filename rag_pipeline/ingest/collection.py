@@ -32,7 +32,7 @@ __all__ = [
     "file_stats_from_summary",
     "index_from_summary",
     "recorded_models",
-    "with_file_stats",
+    "run_summary",
 ]
 
 
@@ -50,6 +50,8 @@ class BookHealth:
     #: the recipe it is searched with (its embedding model), plus ``→ X pending`` while a
     #: new recipe is built beside it
     recipe: str = ""
+    #: the run that last wrote the book, as its summary says (None: the summary does not say)
+    last_run: str | None = None
 
     @property
     def consistent(self) -> bool:
@@ -177,21 +179,30 @@ def index_from_summary(
 _RACY_NS = 2_000_000_000
 
 
-def with_file_stats(
-    summary: Mapping[str, Any], files: Iterable[SourceFile], read_at_ns: int
+def run_summary(
+    store: VectorStore,
+    book_id: str,
+    *,
+    run_id: str | None,
+    files: Iterable[SourceFile] = (),
+    read_at_ns: int = 0,
 ) -> dict[str, Any]:
-    """``summary`` with the (size, mtime_ns) of each of ``files`` (as a run read them, at
-    ``read_at_ns``) whose hash is the one its document record holds: a later plan trusts
-    them and does not read a file whose stat is unchanged (as the books sensor does)."""
-    records = summary.get("records") or {}
-    stats = {
+    """:func:`book_summary` as a run leaves the book: with the run (the collection's page
+    names it as the book's last run without asking Dagster) and the (size, mtime_ns) of each
+    of ``files`` (as the run read them, at ``read_at_ns``) whose hash is the one its document
+    record holds: a later plan trusts them and does not read a file whose stat is unchanged
+    (as the books sensor does)."""
+    summary = book_summary(store, book_id)
+    records = summary["records"]
+    summary["stats"] = {
         f.source_file: [f.size, f.mtime_ns]
         for f in files
         if f.source_file in records
         and records[f.source_file][0] == f.sha256
         and f.mtime_ns + _RACY_NS < read_at_ns
     }
-    return {**summary, "stats": stats}
+    summary["run_id"] = run_id
+    return summary
 
 
 def file_stats_from_summary(summary: Mapping[str, Any] | None) -> dict[str, tuple[int, int, str]]:
@@ -254,6 +265,7 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
                     store.pending_recipe(book_id),
                     ", ".join(sorted(models)),
                 ),
+                last_run=summary.get("run_id") or None,
             )
         )
     return CollectionState(

@@ -22,7 +22,7 @@ from rag_pipeline.config import SourceConfig
 from rag_pipeline.embed.base import ProgressCallback
 from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
 from rag_pipeline.ingest.changes import UNREADABLE_STAGE
-from rag_pipeline.ingest.collection import book_summary, with_file_stats
+from rag_pipeline.ingest.collection import run_summary
 from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks
 from rag_pipeline.ingest.crawl import SourceReadError, read_source, unreadable_reason
 from rag_pipeline.ingest.index import (
@@ -402,10 +402,14 @@ def write_book(
         lineage=lineage,
     )
     if store.keeps_summaries:  # the collection look reads it, not the book, until it changes
-        summary = book_summary(store, inventory.book_id)
-        store.save_summary(
-            inventory.book_id, with_file_stats(summary, inventory.files, inventory.read_at_ns)
+        summary = run_summary(
+            store,
+            inventory.book_id,
+            run_id=lineage.run_id,
+            files=inventory.files,
+            read_at_ns=inventory.read_at_ns,
         )
+        store.save_summary(inventory.book_id, summary)
     return report
 
 
