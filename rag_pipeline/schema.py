@@ -30,6 +30,7 @@ __all__ = [
     "CHUNK",
     "CHUNK_FIELDS",
     "COLLECTION_SCHEMA",
+    "CORE_INDEXES",
     "DOCUMENT",
     "DOCUMENT_FIELDS",
     "DOCUMENT_META_FIELDS",
@@ -204,7 +205,13 @@ PAYLOAD_INDEXES: Final[dict[str, Literal["keyword", "integer"]]] = {
     CONTENT_HASH: "keyword",
     EMBEDDING_MODEL: "keyword",
 }
-COLLECTION_SCHEMA: Final = CollectionSchema(tenant_field=BOOK_ID, payload_indexes=PAYLOAD_INDEXES)
+#: the indexes every book's shard has: the record type (every read), the file (writes, facets,
+#: per-file counts), the model (facets), the document (document reads, expansion); the others
+#: serve search filters, and a small book's shard gets them once it grows (store/edge.py)
+CORE_INDEXES: Final = frozenset({RECORD_TYPE, SOURCE_FILE, EMBEDDING_MODEL, PARENT_DOC_ID})
+COLLECTION_SCHEMA: Final = CollectionSchema(
+    tenant_field=BOOK_ID, payload_indexes=PAYLOAD_INDEXES, core_indexes=CORE_INDEXES
+)
 #: fields every read sets itself (the tenant, the record type): never a free filter
 SCOPE_FIELDS: Final = (BOOK_ID, RECORD_TYPE)
 

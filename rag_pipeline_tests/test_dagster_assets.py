@@ -791,7 +791,7 @@ def test_the_collection_page_takes_each_books_last_run_from_its_summary(
     folder = Path(settings.qdrant_path) / settings.collection / "books"
     path = folder / BOOKS[0] / "summary.json"
     saved = json.loads(path.read_text())
-    del saved["data"]["run_id"]
+    del saved["data"]["last_run"]
     path.write_text(json.dumps(saved))  # (a new file: its fingerprint check is done again)
     page = collection_page(instance, pipeline.books, pipeline.qdrant)
     rows = {r["book"]: r for r in table_rows(page.metadata["book_table"])}

@@ -4,6 +4,7 @@ single-shard layout; generations built beside and switched atomically (issue 21)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -182,7 +183,10 @@ def test_the_collection_look_reads_summaries_and_opens_no_shard(indexed, loads):
         (indexed / "rag_chunks" / "books" / book / "summary.json").unlink()
     from_shards = describe(indexed, tuple(books))
     assert loads == Counter({book: 1 for book in books})
-    assert from_summaries == from_shards
+    # the same, but the run that last wrote the book: the run's summary names it, a read not
+    assert {b.last_run for b in from_summaries.books} == {"direct"}
+    unnamed = tuple(dataclasses.replace(b, last_run=None) for b in from_summaries.books)
+    assert dataclasses.replace(from_summaries, books=unnamed) == from_shards
     assert all(b.points == b.chunks > 0 and b.state == "ok" for b in from_summaries.books)
 
 
@@ -522,9 +526,11 @@ def test_an_index_the_schema_gained_reaches_existing_book_shards_at_their_next_w
         store.upsert(points_of("a", 1, DIM, "r"))
     shard = qe.EdgeShard.load(str(book_folder(tmp_path, "a") / generation(tmp_path, "a")))
     try:
-        assert "chapter" in shard.info().payload_schema
+        indexed = set(shard.info().payload_schema)
     finally:
         shard.close()
+    # a core index at once; a search filter's index once the book is large (none at 3 points)
+    assert "parent_doc_id" in indexed and "chapter" not in indexed
 
 
 def test_a_handle_walking_every_book_keeps_only_a_few_shards_loaded(tmp_path, loads):
@@ -624,3 +630,39 @@ def test_a_handle_kept_between_a_runs_steps_steps_aside_for_a_waiting_process(fi
             os.close(waiter)
         assert use() is not first  # opened again on the next use
     assert sharing._slots[key].store is None  # closed when the run ends
+
+
+def test_a_small_books_shard_has_the_core_indexes_and_a_grown_one_all(tmp_path, monkeypatch):
+    """Every payload index costs each shard files, time to create and load and memory, and a
+    filter on a small book costs little without one: a book's shard has the schema's core
+    indexes, and every index once it holds ALL_INDEXES_FROM_POINTS points (added after the
+    write that grew it). A facet of a field a small book does not index reads its payloads."""
+    from rag_pipeline.store import edge
+
+    monkeypatch.setattr(edge, "ALL_INDEXES_FROM_POINTS", 20)
+
+    def indexes(book: str) -> set[str]:
+        folder = book_folder(tmp_path, book) / generation(tmp_path, book)
+        shard = qe.EdgeShard.load(str(folder))
+        try:
+            return set(shard.info().payload_schema)
+        finally:
+            shard.close()
+
+    def chaptered(book: str, n: int):  # type: ignore[no-untyped-def]
+        return [
+            dataclasses.replace(p, payload={**p.payload, "chapter": i % 3})
+            for i, p in enumerate(points_of(book, n, DIM, "r"))
+        ]
+
+    with open_edge(tmp_path) as store:
+        store.ensure_collection(CollectionSpec(COLLECTION, DIM))
+        store.upsert(chaptered("small", 5))
+        store.upsert(chaptered("grown", 30))
+    core = {"book_id", *COLLECTION_SCHEMA.core_indexes}  # type: ignore[misc]
+    assert indexes("small") == core
+    assert indexes("grown") == {"book_id", *COLLECTION_SCHEMA.payload_indexes}
+    with open_edge(tmp_path) as store:
+        read = store.counts_by(tenant_filter("small"), "chapter")  # not indexed: read
+        faceted = store.counts_by(tenant_filter("grown"), "chapter")
+    assert read == {"0": 2, "1": 2, "2": 1} and faceted == {"0": 10, "1": 10, "2": 10}

@@ -201,7 +201,7 @@ def run_summary(
         and records[f.source_file][0] == f.sha256
         and f.mtime_ns + _RACY_NS < read_at_ns
     }
-    summary["run_id"] = run_id
+    summary["last_run"] = run_id
     return summary
 
 
@@ -265,7 +265,7 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
                     store.pending_recipe(book_id),
                     ", ".join(sorted(models)),
                 ),
-                last_run=summary.get("run_id") or None,
+                last_run=summary.get("last_run") or None,
             )
         )
     return CollectionState(

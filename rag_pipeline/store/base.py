@@ -67,10 +67,17 @@ IndexKind = Literal["keyword", "integer"]
 
 @dataclass(frozen=True, slots=True)
 class CollectionSchema:
-    """What the store must know of the payload: the tenant key and the fields to index."""
+    """What the store must know of the payload: the tenant key and the fields to index.
+
+    ``core_indexes``: the fields of ``payload_indexes`` that every read, write or facet
+    uses (None: all of them). A store that keeps a shard per tenant (Qdrant Edge) indexes
+    only those in a small tenant's shard, where a filter on another field costs little (a
+    scan of a few hundred payloads) and every index costs its shard files, time to create
+    and load, and memory; a tenant's shard gets every index once it grows."""
 
     tenant_field: str
     payload_indexes: Mapping[str, IndexKind] = field(default_factory=dict)
+    core_indexes: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

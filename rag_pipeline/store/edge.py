@@ -109,6 +109,8 @@ _REBUILD = "rag-pipeline ingest --rebuild"
 #: what a book folder may be named: the pipeline's book ids (a dot-free start, no '..')
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MIGRATE_PAGE = 512
+#: points one engine update carries (a book of a million points is written in batches)
+_UPSERT_BATCH = 2_048
 #: book shards a handle keeps loaded at once (least recently used closed first; their locks
 #: stay held). An Edge load costs a fixed ~4 ms CPU and ~5 MB of mapped pages per payload
 #: index besides its points, so a handle that walks every book (a plan, the collection look,
@@ -130,6 +132,7 @@ class _Book:
     summary: dict[str, Any] | None = None
     written: bool = False
     dirty: bool = False  # written since the last flush
+    unoptimized: int = 0  # points written since the shard was last optimized
     emptied: bool = False  # written and left without points when its shard was last closed
 
 
@@ -253,12 +256,22 @@ class EdgeStore(base.VectorStore):
         state = self._books.get(book)
         if state is None or state.shard is None:
             return
+        settled = state.unoptimized > 0  # grown: indexes for its size, segments optimized
+        if settled:
+            self._settle(state)
         shard, state.shard = state.shard, None
         state.emptied = state.written and not state.pending and _is_empty(shard)
-        _close_shard(shard, flush=state.dirty)
+        _close_shard(shard, flush=state.dirty or settled)
         state.dirty = False
         if state.summary is not None:  # flushed and closed: what the fingerprint must see
             self._write_summary(state)
+
+    def _settle(self, state: _Book) -> None:
+        """After writes to a book: :func:`_settle_shard`."""
+        assert state.shard is not None
+        if self._layout is not None:
+            self._call("optimize", _settle_shard, state.shard, self.schema, self._layout)
+        state.unoptimized = 0
 
     def _writer(self, book: str) -> qe.EdgeShard:
         """The shard this handle writes for ``book``, created on the first write."""
@@ -278,23 +291,20 @@ class EdgeStore(base.VectorStore):
         elif not state.written:
             if not state.pending:
                 self._stamp_recipe(state)
-            self._add_missing_indexes(book)
+            shard = self._reader(book)
+            if shard is not None:
+                self._add_missing_indexes(shard)
         state.written = state.dirty = True
         shard = self._reader(book)
         assert shard is not None
         return shard
 
-    def _add_missing_indexes(self, book: str) -> None:
-        """A payload index the schema gained since the book's shard was made is added to it
-        before the handle's first write (reads work without it, only slower)."""
-        shard = self._reader(book)
-        if shard is None or self._layout is None:
-            return
-        present = set(self._call("info", shard.info).payload_schema)
-        for name, params in _index_params(self.schema, self._layout).items():
-            if name not in present:
-                operation = qe.UpdateOperation.create_field_index(name, params)
-                self._call("index creation", shard.update, operation)
+    def _add_missing_indexes(self, shard: qe.EdgeShard) -> None:
+        """The payload indexes a book's shard should have at its size and lacks, added before
+        a handle's first write (an index the schema gained since the shard was made) and after
+        its writes (a book that grew): see :func:`_add_indexes`."""
+        if self._layout is not None:
+            self._call("index creation", _add_indexes, shard, self.schema, self._layout)
 
     def _create_generation(self, book: str, state: _Book) -> None:
         assert self._layout is not None
@@ -585,10 +595,16 @@ class EdgeStore(base.VectorStore):
             by_book[tenant].append(point)
         with self._lock:
             for book, group in by_book.items():
-                operation = qe.UpdateOperation.upsert_points(
-                    [native.native_point(EDGE, p) for p in group]
-                )
-                self._call("upsert", self._writer(book).update, operation)
+                for start in range(0, len(group), _UPSERT_BATCH):
+                    batch = group[start : start + _UPSERT_BATCH]
+                    operation = qe.UpdateOperation.upsert_points(
+                        [native.native_point(EDGE, p) for p in batch]
+                    )
+                    self._call("upsert", self._writer(book).update, operation)
+                    state = self._books[book]
+                    state.unoptimized += len(batch)
+                    if state.unoptimized >= OPTIMIZE_EVERY_POINTS:
+                        self._settle(state)
 
     def _flush(self) -> None:
         with self._lock:
@@ -650,14 +666,20 @@ class EdgeStore(base.VectorStore):
         nearest = [
             qe.Query.Nearest(native.native_vector(EDGE, v), using=name) for v, name in q.nearest
         ]
-        shape: dict[str, Any] = {"query": nearest[0]}
+        shape: dict[str, Any] = {"query": nearest[0], "params": _search_params(q.limit)}
         if q.fusion is not None:
             shape = {
                 "query": qe.Fusion.Dbsf()
                 if q.fusion.method == "dbsf"
                 else qe.Fusion.Rrf(k=q.fusion.rrf_k),
                 "prefetches": [
-                    qe.Prefetch(query=n, filter=flt, limit=q.prefetch_limit) for n in nearest
+                    qe.Prefetch(
+                        query=n,
+                        filter=flt,
+                        limit=q.prefetch_limit,
+                        params=_search_params(q.prefetch_limit),
+                    )
+                    for n in nearest
                 ],
             }
         return qe.QueryRequest(
@@ -680,12 +702,25 @@ class EdgeStore(base.VectorStore):
             shard = self._reader(where.tenant) if _readable(where.tenant) else None
             if shard is None:
                 return []
+            if key not in self._call("info", shard.info).payload_schema:
+                return self._facet_by_reading(key, where)  # a small book: not indexed
             request = qe.FacetRequest(
                 key=key, limit=1_000_000, exact=True, filter=self._filter(where)
             )
             hits = self._call("facet", shard.facet, request)
         # the keyword index may keep a value whose points were all deleted, with count 0
         return [(str(h.value), int(h.count)) for h in hits]
+
+    def _facet_by_reading(self, key: str, where: TenantFilter) -> list[tuple[str, int]]:
+        """What a facet counts (points per value; each value of a list once), read from the
+        payloads: a small book's shard has no index of ``key`` (see :func:`_index_params`)."""
+        counts: dict[str, int] = defaultdict(int)
+        for record in self.scroll(where, fields=[key]):
+            value = record.payload.get(key)
+            values = value if isinstance(value, list) else [value]
+            for one in {str(v) for v in values if v is not None}:
+                counts[one] += 1
+        return sorted(counts.items())
 
     def close(self) -> None:
         with self._lock:
@@ -835,12 +870,19 @@ def _fingerprint(generation: Path) -> dict[str, Any]:
     while pending:
         folder, rel = pending.pop()
         in_vectors = rel.endswith("/vectors/") or rel == "vectors/"
+        # an optimized segment's vector storage keeps its deletion flags in deleted.dat,
+        # whose time a read-only load rewrites (its writes reach the WAL's files anyway)
+        in_storage = rel.rsplit("/", 2)[-2].startswith("vector_storage") if rel else False
         with os.scandir(folder) as listing:
             for entry in listing:
                 name = entry.name
                 if entry.is_dir(follow_symlinks=False):
                     pending.append((entry.path, f"{rel}{name}/"))
-                elif name not in _REWRITTEN_BY_READS and not (in_vectors and name == "status.dat"):
+                elif (
+                    name not in _REWRITTEN_BY_READS
+                    and not (in_vectors and name == "status.dat")
+                    and not (in_storage and name == "deleted.dat")
+                ):
                     st = entry.stat(follow_symlinks=False)
                     entries.append((rel + name, st.st_size, st.st_mtime_ns))
     entries.sort()
@@ -938,30 +980,101 @@ def _index_kinds(schema: base.CollectionSchema) -> dict[str, str]:
 def _create_shard(
     book_folder: Path, dim: int, schema: base.CollectionSchema, layout: _Layout
 ) -> tuple[str, qe.EdgeShard]:
-    """A new, empty generation folder of a book with the collection's payload indexes."""
+    """A new, empty generation folder of a book (see :func:`_shard_config`) with the payload
+    indexes of a book holding nothing yet (:func:`_index_params`)."""
     name = f"g{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
     folder = book_folder / name
     folder.mkdir(parents=True)
-    config = qe.EdgeConfig(
-        vectors={base.DENSE_VECTOR: qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine)},
-        sparse_vectors={base.SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
-    )
-    shard = qe.EdgeShard.create(str(folder), config)
-    for field_name, params in _index_params(schema, layout).items():
+    shard = qe.EdgeShard.create(str(folder), _shard_config(dim))
+    for field_name, params in _index_params(schema, layout, points=0).items():
         shard.update(qe.UpdateOperation.create_field_index(field_name, params))
     return name, shard
 
 
-def _index_params(schema: base.CollectionSchema, layout: _Layout) -> dict[str, Any]:
-    """The engine's parameters of every payload index the layout names."""
+#: a book's shard holds every payload index of the layout from this many points; below, only
+#: the schema's core indexes (a filter on another field scans the book's payloads: about 6 ms
+#: at 1,000 points, against an index's cost in every small shard: time to create and load,
+#: files, ~7 MB of memory; docs/benchmarks.md section 17)
+ALL_INDEXES_FROM_POINTS = 1_000
+#: past this many points written since the last optimize, a handle optimizes the book's shard
+#: before writing more: the appendable segment the writes go to is held in memory (a 1M-point
+#: book written at once took 10 GB), the optimized segments are memory-mapped
+OPTIMIZE_EVERY_POINTS = 100_000
+_COLD = qe.Memory.Cold
+
+
+def _shard_config(dim: int) -> qe.EdgeConfig:
+    """How a book's shard keeps its data (measured at 100k-1M points, docs/benchmarks.md
+    section 17): every part memory-mapped, not read at load (``Cold``); dense vectors with
+    int8 scalar quantization and an HNSW graph without payload links (one book per shard:
+    no filter needs its own graph). Both are built by :meth:`EdgeShard.optimize`, which does
+    nothing below Qdrant's indexing threshold (about 6,000 of these vectors): a small book is
+    searched exactly, a large one loads in a fraction of a second at 1M points instead of
+    20 s and 6 GB."""
+    return qe.EdgeConfig(
+        vectors={
+            base.DENSE_VECTOR: qe.EdgeVectorParams(
+                size=dim, distance=qe.Distance.Cosine, memory=_COLD
+            )
+        },
+        sparse_vectors={
+            base.SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf, memory=_COLD)
+        },
+        payload_memory=_COLD,
+        id_tracker_memory=_COLD,
+        hnsw_config=qe.HnswIndexConfig(
+            m=16, ef_construct=100, full_scan_threshold=10_000, payload_m=0, memory=_COLD
+        ),
+        quantization_config=qe.ScalarQuantizationConfig(
+            type=qe.ScalarType.Int8, quantile=0.99, memory=_COLD
+        ),
+    )
+
+
+def _add_indexes(shard: qe.EdgeShard, schema: base.CollectionSchema, layout: _Layout) -> None:
+    """Create the payload indexes a shard of its size should have (:func:`_index_params`) and
+    lacks. Reads work without them, only slower."""
+    info = shard.info()
+    present = set(info.payload_schema)
+    for name, params in _index_params(schema, layout, points=int(info.points_count)).items():
+        if name not in present:
+            shard.update(qe.UpdateOperation.create_field_index(name, params))
+
+
+def _settle_shard(shard: qe.EdgeShard, schema: base.CollectionSchema, layout: _Layout) -> None:
+    """After writes: the payload indexes the book's size calls for, and Qdrant's optimizer (it
+    builds the HNSW graph and int8 vectors of a segment past its indexing threshold, and does
+    nothing for a small book)."""
+    _add_indexes(shard, schema, layout)
+    shard.optimize()
+
+
+def _search_params(limit: int) -> qe.SearchParams:
+    """How a large book's optimized segments are searched (small ones are searched exactly,
+    and ignore this): the HNSW graph explores at least 128 candidates, and the int8 vectors'
+    best twice ``limit`` are scored again with the original vectors."""
+    return qe.SearchParams(
+        hnsw_ef=max(128, 2 * limit),
+        quantization=qe.QuantizationSearchParams(rescore=True, oversampling=2.0),
+    )
+
+
+def _index_params(schema: base.CollectionSchema, layout: _Layout, *, points: int) -> dict[str, Any]:
+    """The engine's parameters of the payload indexes a book's shard of ``points`` points
+    has: the tenant's and the schema's core ones, and from :data:`ALL_INDEXES_FROM_POINTS`
+    every one the layout names."""
+    core = schema.core_indexes
     params: dict[str, Any] = {}
     for field_name, kind in layout.payload_indexes.items():
+        small = core is not None and field_name not in core and field_name != schema.tenant_field
+        if small and points < ALL_INDEXES_FROM_POINTS:
+            continue
         if field_name == schema.tenant_field:
-            params[field_name] = qe.KeywordIndexParams(is_tenant=True)
+            params[field_name] = qe.KeywordIndexParams(is_tenant=True, memory=_COLD)
         elif kind.endswith("Integer"):
-            params[field_name] = qe.IntegerIndexParams(lookup=True, range=True)
+            params[field_name] = qe.IntegerIndexParams(lookup=True, range=True, memory=_COLD)
         else:
-            params[field_name] = qe.KeywordIndexParams()
+            params[field_name] = qe.KeywordIndexParams(memory=_COLD)
     return params
 
 
@@ -1086,6 +1199,8 @@ def migrate_single_shard(root: Path, collection: str, schema: base.CollectionSch
                         )
                     shards[book].update(qe.UpdateOperation.upsert_points(points))
                     copied += len(points)
+            for shard in shards.values():
+                _settle_shard(shard, schema, layout)
         finally:
             for shard in shards.values():
                 _close_shard(shard)
