@@ -1,18 +1,32 @@
 """Cost of a change against the collection size: N books of F files, through the CLI.
 
-    python bench/scale.py [--books 5 50] [--files 20] [--work DIR] [--json]
+    python bench/scale.py [--books 5 50 1000] [--files 20] [--work DIR] [--json]
                           [--corpus ../shared/corpora/powershell-docs/books] [--no-sensor]
+                          [--sensor-tree 1000x100] [--big-book 1000000] [--queries 200]
 
 For each N, builds N books of F Markdown files copied from the shared powershell-docs corpus
 (or, when it is absent, the test fixtures), each copy ending with a line that names its book
 and file so that no two files are identical. With the hash embedder (the pipeline's own cost,
 not the model's) and a fresh store, cache and DAGSTER_HOME per size, runs `rag-pipeline` under
-`/usr/bin/time -v` for: (a) the first ingest; (b) an ingest with no change (median of three);
-(c) one file of one book with a section appended, then an ingest; (d) `plan --json`; (e) a
-search in one book; and (g) a books_sensor tick evaluated in-process, cold and warm. Prints
-process CPU seconds (user + sys, the figure to compare: wall time on a shared machine
-swings), wall, peak RSS and the size of DAGSTER_HOME, the store and the cache after each step;
-(f) is DAGSTER_HOME's growth per book run.
+`/usr/bin/time -v` for: (a) the first ingest (and how many Dagster runs it took); (b) an
+ingest with no change (median of three); (c) one file of one book with a section appended,
+then an ingest (which plans every book); (c') the same with `ingest --book`; (d) `plan
+--json`; (e) a search in one book; and (g) a books_sensor tick evaluated in-process, cold and
+warm. Prints process CPU seconds (user + sys, the figure to compare: wall time on a shared
+machine swings), wall, peak RSS and the size of DAGSTER_HOME, the store and the cache after
+each step; (f) is DAGSTER_HOME's growth per book run.
+
+``--sensor-tree BxF``: a tree of B books of F small files (not ingested), and a sensor tick
+over it, cold (no cursor: every file hashed, every book requested) and warm (nothing changed).
+
+``--big-book N``: beside 5 small books, one book of about N chunk points, built in-process by
+the pipeline's own stages (``ingest_book``) in slices of files, its dense vectors made by the
+hash embedder but recorded as the default local model's (so that `search` and `serve` embed
+their queries with the real model: embedding N chunks with it would take hours here; the
+index's vectors only shape the HNSW graph). Then (h1) one file of a small book edited and
+`rag-pipeline ingest`; (h2) `rag-pipeline search` in the big book (hybrid); (h3) `rag-pipeline
+serve` answering ``--queries`` hybrid searches in the big book one after another: p50, p99 and
+the service's RSS.
 """
 
 from __future__ import annotations
@@ -169,18 +183,7 @@ def measure_size(
     build_books(pool, data, books, files)
     home.mkdir(parents=True)
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    env = {
-        **os.environ,
-        "RAG_DATA_DIR": str(data),
-        "RAG_QDRANT_PATH": str(here / "qdrant"),
-        "RAG_CACHE_DIR": str(here / "cache"),
-        "DAGSTER_HOME": str(home),
-        "RAG_EMBEDDER": "hash",
-        "DO_NOT_TRACK": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    for name in ("RAG_QDRANT_URL", "RAG_QDRANT_EMBEDDED"):
-        env.pop(name, None)  # the default embedded engine, whatever this shell has set
+    env = scenario_env(here, data, home)
 
     def disk() -> dict[str, int]:
         return {
@@ -202,6 +205,7 @@ def measure_size(
         **figures,
         "cpu_s_per_book": round(figures["cpu_s"] / books, 3),
         "books_run": runs,
+        "dagster_runs": len({b["run_id"] for b in report["books"].values() if b["run_id"]}),
         "chunks": sum(b["chunks"] for b in report["books"].values()),
         **disk(),
     }
@@ -232,6 +236,16 @@ def measure_size(
     }
     home_growth_edit = steps["one_file_edit_ingest"]["home_kb"] - home_before_edit
 
+    edited.write_text(edited.read_text() + EDIT_SECTION.replace("appended", "appended again"))
+    figures, out = run_cli(["ingest", "--book", book.name, "--json"], env, here)
+    report = json.loads(out)
+    steps["one_file_edit_ingest_book"] = {
+        **figures,
+        "books_run": books_run(report),
+        "embedded": sum(b["embedded"] for b in report["books"].values()),
+        **disk(),
+    }
+
     figures, _ = run_cli(["plan", "--json"], env, here)
     steps["plan"] = {**figures, **disk()}
 
@@ -243,7 +257,11 @@ def measure_size(
         steps["sensor_tick"] = {**sensor_tick(env, here, data), **disk()}
 
     after = steps["search"]
-    book_runs = runs + steps["one_file_edit_ingest"]["books_run"]
+    book_runs = (
+        runs
+        + steps["one_file_edit_ingest"]["books_run"]
+        + steps["one_file_edit_ingest_book"]["books_run"]
+    )
     return {
         "books": books,
         "files_per_book": files,
@@ -260,6 +278,214 @@ def measure_size(
             "one_file_edit_growth_kb": home_growth_edit,
         },
     }
+
+
+def scenario_env(here: Path, data: Path, home: Path, embedder: str = "hash") -> dict[str, str]:
+    """The environment of one scenario's commands: its own books, store, cache, instance."""
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(data),
+        "RAG_QDRANT_PATH": str(here / "qdrant"),
+        "RAG_CACHE_DIR": str(here / "cache"),
+        "DAGSTER_HOME": str(home),
+        "RAG_EMBEDDER": embedder,
+        "DO_NOT_TRACK": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    for name in ("RAG_QDRANT_URL", "RAG_QDRANT_EMBEDDED", "RAG_COLLECTION"):
+        env.pop(name, None)  # the default embedded engine, whatever this shell has set
+    return env
+
+
+def measure_sensor_tree(work: Path, books: int, files: int) -> dict[str, Any]:
+    """A books_sensor tick over ``books`` books of ``files`` small files (not ingested)."""
+    here = work / f"sensor-{books}x{files}"
+    shutil.rmtree(here, ignore_errors=True)
+    data, home = here / "books", here / "dagster_home"
+    for b in range(books):
+        book = data / f"book-{b:04d}"
+        (book / "part").mkdir(parents=True)
+        for f in range(files):
+            folder = book / "part" if f % 2 else book  # files in two folders, as books are
+            (folder / f"f{f:04d}.md").write_text(f"# Book {b}, file {f}\n\nSome text.\n")
+    home.mkdir(parents=True)
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    return {
+        "books": books,
+        "files": books * files,
+        **sensor_tick(scenario_env(here, data, home), here, data),
+    }
+
+
+class _RecordedAsTheLocalModel:
+    """The hash embedder's vectors, recorded under the default local model's name and cut by
+    its tokenizer (bench only: see --big-book)."""
+
+    def __new__(cls) -> Any:
+        from rag_pipeline.embed.hashing import HashEmbedder
+        from rag_pipeline.embed.local import LocalEmbedder
+
+        local = LocalEmbedder(precision="fp32")  # its tokenizer; its model is never loaded
+
+        class Named(HashEmbedder):
+            @property
+            def tokenizer(self) -> Any:
+                return local.tokenizer
+
+        embedder = Named(local.dimension, max_input_tokens=local.max_seq_length)
+        embedder.model_name = local.model_name
+        return embedder
+
+
+BIG_BOOK = "big-book"
+BIG_SMALL_BOOKS = 5
+
+
+def build_big_book(
+    pool: list[Path], here: Path, data: Path, points: int, slice_files: int
+) -> dict[str, Any]:
+    """One book of about ``points`` chunk points, written by the pipeline's stages a slice of
+    files at a time (each slice is a run of the book: new files only)."""
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.ingest.recipe import IndexRecipe
+    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store import open_store
+
+    settings = load_settings(
+        data_dir=data, qdrant_path=str(here / "qdrant"), embedder="hash", cache_dir=here / "cache"
+    )
+    recipe = IndexRecipe.build(_RecordedAsTheLocalModel(), settings.chunking())
+    book = data / BIG_BOOK
+    book.mkdir(parents=True, exist_ok=True)
+    written = files = 0
+    c0, w0 = time.process_time(), time.perf_counter()
+    while written < points:
+        for f in range(files, files + slice_files):
+            source = pool[f % len(pool)]
+            text = source.read_text(encoding="utf-8", errors="replace").rstrip("\n")
+            marker = f"\n\nScale benchmark copy: big book, file {f}, from {source.name}.\n"
+            (book / f"f{f:06d}-{source.stem}{source.suffix}").write_text(text + marker)
+        files += slice_files
+        with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+            run = ingest_book(settings.source(), BIG_BOOK, store, recipe, "bench-build")
+        written += run.written.upserted
+        print(f"big book: {files} files, {written} points", file=sys.stderr, flush=True)
+    return {
+        "points": written,
+        "files": files,
+        "build_cpu_s": round(time.process_time() - c0, 1),
+        "build_wall_s": round(time.perf_counter() - w0, 1),
+        "model_recorded": recipe.embedding_model,
+    }
+
+
+def serve_latency(env: dict[str, str], cwd: Path, book: str, queries: int) -> dict[str, Any]:
+    """`rag-pipeline serve` answering hybrid searches in ``book`` one after another."""
+    import http.client
+    import socket
+    from urllib.parse import urlencode
+
+    from powershell_queries import QUERIES  # bench/, this script's folder
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    log = (cwd / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rag_pipeline.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--cache-size",
+            "0",
+        ],
+        env=env,
+        cwd=cwd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                conn.request("GET", "/health")
+                conn.getresponse().read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("serve did not start") from None
+                time.sleep(0.5)
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+        def search(query: str) -> float:
+            params = urlencode({"q": query, "book": book, "mode": "hybrid", "limit": 10})
+            started = time.perf_counter()
+            conn.request("GET", f"/search?{params}")
+            response = conn.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise SystemExit(f"serve answered {response.status}: {body[:300]!r}")
+            return (time.perf_counter() - started) * 1000
+
+        first = search(QUERIES[0])  # loads the book's shard and the model
+        for query in QUERIES[1:20]:
+            search(query)
+        latencies = sorted(search(QUERIES[i % len(QUERIES)]) for i in range(queries))
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        memory = {
+            line.split(":")[0]: int(line.split()[1]) // 1024
+            for line in status.splitlines()
+            if line.startswith(("VmRSS", "VmHWM", "RssAnon", "RssFile"))
+        }
+        return {
+            "queries": queries,
+            "first_ms": round(first, 1),
+            "p50_ms": round(statistics.median(latencies), 2),
+            "p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
+            "max_ms": round(latencies[-1], 2),
+            "rss_mb": memory,
+        }
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def measure_big_book(
+    pool: list[Path], work: Path, points: int, queries: int, slice_files: int
+) -> dict[str, Any]:
+    """(h) A book of ``points`` points beside small books: an edit of a small book, a search
+    and the query service in the big one."""
+    here = work / f"big-{points}"
+    shutil.rmtree(here, ignore_errors=True)
+    data, home = here / "books", here / "dagster_home"
+    build_books(pool, data, BIG_SMALL_BOOKS, 20)
+    home.mkdir(parents=True)
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    env = scenario_env(here, data, home)
+    steps: dict[str, Any] = {}
+    figures, _ = run_cli(["ingest", "--json"], env, here)
+    steps["small_books_first_ingest"] = figures
+    steps["big_book_build"] = build_big_book(pool, here, data, points, slice_files)
+    figures, _ = run_cli(["ingest", "--json"], env, here)  # its partition, once
+    steps["no_change_ingest"] = figures
+    small = sorted((data / "book-0000").iterdir())[0]
+    small.write_text(small.read_text() + EDIT_SECTION)
+    figures, out = run_cli(["ingest", "--json"], env, here)
+    report = json.loads(out)
+    steps["small_book_edit_ingest"] = {**figures, "books_run": books_run(report)}
+    local = {**env, "RAG_EMBEDDER": "local"}  # queries embedded by the recorded model
+    query = ["search", SEARCH_QUERY, "--book", BIG_BOOK, "--json"]
+    figures, out = run_cli(query, local, here)
+    steps["search_big_book"] = {**figures, "hits": len(json.loads(out))}
+    steps["serve_big_book"] = serve_latency(local, here, BIG_BOOK, queries)
+    steps["store_mb"] = round(folder_kb(here / "qdrant") / 1024, 1)
+    return steps
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -296,12 +522,16 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--books", type=int, nargs="+", default=[5, 50])
+    parser.add_argument("--books", type=int, nargs="*", default=[5, 50])
     parser.add_argument("--files", type=int, default=20)
     parser.add_argument("--work", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--no-sensor", action="store_true", help="skip the sensor tick (g)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--sensor-tree", default=None, help="BOOKSxFILES: a sensor tick over them")
+    parser.add_argument("--big-book", type=int, default=0, help="chunk points of one big book")
+    parser.add_argument("--big-book-slice", type=int, default=2000, help="files a build run adds")
+    parser.add_argument("--queries", type=int, default=200, help="serve's searches (--big-book)")
     args = parser.parse_args()
     corpus = args.corpus if args.corpus.is_dir() else FIXTURE_CORPUS
     pool = source_files(corpus)
@@ -311,17 +541,27 @@ def main() -> None:
         print("note: /usr/bin/time is missing; using RUSAGE_CHILDREN", file=sys.stderr)
     work = args.work or Path(tempfile.mkdtemp(prefix="rag-scale-"))
     work.mkdir(parents=True, exist_ok=True)
+    extra: dict[str, Any] = {}
     try:
         results = [measure_size(pool, work, n, args.files, not args.no_sensor) for n in args.books]
+        if args.sensor_tree:
+            books, files = (int(n) for n in args.sensor_tree.lower().split("x"))
+            extra["sensor_tree"] = measure_sensor_tree(work, books, files)
+        if args.big_book:
+            extra["big_book"] = measure_big_book(
+                pool, work, args.big_book, args.queries, args.big_book_slice
+            )
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    summary = {"corpus": str(corpus), "source_files": len(pool), "sizes": results}
+    summary = {"corpus": str(corpus), "source_files": len(pool), "sizes": results, **extra}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print(f"corpus {corpus} ({len(pool)} files); process CPU = user + sys")
         print_table(results)
+        for name, figures in extra.items():
+            print(f"{name}: {json.dumps(figures)}")
     (REPO / "bench" / "results").mkdir(exist_ok=True)
     (REPO / "bench" / "results" / "scale.json").write_text(json.dumps(summary, indent=2))
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rag_pipeline.config import Settings, load_settings
-from rag_pipeline.defs.runs import MIGRATION_TAG
+from rag_pipeline.defs.runs import MIGRATION_TAG, books_of_run
 from rag_pipeline.ingest.collection import describe_collection
 from rag_pipeline.resources import LazyRecipe
 from rag_pipeline.retrieve.request import SearchRequest
@@ -137,10 +137,12 @@ def _migration_tags(cli: InProcessCli) -> dict[str, str]:
     try:
         with DagsterInstance.get() as instance:
             runs = instance.get_runs()
+            order = instance.get_dynamic_partitions("books")
             return {
-                r.tags.get("dagster/partition", ""): r.tags[MIGRATION_TAG]
+                book: r.tags[MIGRATION_TAG]
                 for r in runs
                 if MIGRATION_TAG in r.tags
+                for book in books_of_run(r.tags, order)
             }
     finally:
         if old is None:
