@@ -143,6 +143,9 @@ class StoreConfig:
     #: after a book's switch to a new recipe, keep its old generation (``old-<name>``) for
     #: comparison instead of removing it (embedded Edge store only)
     keep_old_recipe: bool = False
+    #: book shards one Qdrant Edge handle keeps loaded, least recently used closed first: a
+    #: handle that walks every book keeps few; the query service keeps more (see serve/app.py)
+    loaded_books: int = 2
 
     @property
     def target(self) -> str:

@@ -519,3 +519,36 @@ def test_search_refuses_a_bad_query_vector_of_any_query_embedder():
             search(store, _FlakyQueryEmbedder(), "q", BOOK, mode="dense")
     finally:
         store.close()
+
+
+def test_the_service_keeps_the_books_it_serves_loaded(tmp_path, write_book, data_dir, loads):
+    """Requests for a few books in turn load each book's shard once (a handle that walks
+    every book keeps two; the service keeps SERVED_BOOKS_LOADED)."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.serve.app import SERVED_BOOKS_LOADED, create_app
+    from rag_pipeline.store import open_store
+    from rag_pipeline_tests.conftest import section
+
+    books = [f"book-{i}" for i in range(4)]
+    for book in books:
+        write_book(book, {"a.md": f"# {book}\n\n" + section("Nodes", seed=book)})
+    settings = load_settings(
+        data_dir=data_dir, qdrant_path=str(tmp_path / "q"), embedder="hash", cache_dir=tmp_path
+    )
+    recipe = make_recipe(HashEmbedder())
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        for book in books:
+            ingest_book(settings.source(), book, store, recipe, "r")
+    loads.clear()
+    assert SERVED_BOOKS_LOADED >= len(books)
+    with TestClient(create_app(settings, recipe, cache_size=0)) as client:
+        for _ in range(3):
+            for book in books:
+                response = client.get("/search", params={"q": "nodes", "book": book})
+                assert response.status_code == 200 and response.json()
+    assert dict(loads) == dict.fromkeys(books, 1)

@@ -37,7 +37,13 @@ def open_store(config: StoreConfig, schema: CollectionSchema) -> VectorStore:
         if config.embedded == "edge" and config.path != ":memory:":
             from rag_pipeline.store.edge import EdgeStore
 
-            return EdgeStore(config.collection, config.path, schema, busy_wait_s=config.busy_wait_s)
+            return EdgeStore(
+                config.collection,
+                config.path,
+                schema,
+                busy_wait_s=config.busy_wait_s,
+                loaded_books=config.loaded_books,
+            )
         from rag_pipeline.store.qdrant import QdrantStore
 
         return QdrantStore(

@@ -111,10 +111,11 @@ _FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MIGRATE_PAGE = 512
 #: points one engine update carries (a book of a million points is written in batches)
 _UPSERT_BATCH = 2_048
-#: book shards a handle keeps loaded at once (least recently used closed first; their locks
-#: stay held). An Edge load costs a fixed ~4 ms CPU and ~5 MB of mapped pages per payload
-#: index besides its points, so a handle that walks every book (a plan, the collection look,
-#: the query service) must not keep them all.
+#: book shards a handle keeps loaded at once by default (least recently used closed first;
+#: their locks stay held). A small book's loaded shard holds ~27 MB of its files' pages (its
+#: write-ahead log, payload and vector pages) and ~1 MB of memory, so a handle that walks
+#: every book (a plan, the collection look) must not keep them all; the query service keeps
+#: more (``loaded_books``).
 MAX_OPEN_SHARDS = 2
 
 
@@ -155,8 +156,10 @@ class EdgeStore(base.VectorStore):
         schema: base.CollectionSchema,
         *,
         busy_wait_s: float = 0.0,
+        loaded_books: int = MAX_OPEN_SHARDS,
     ) -> None:
         self.collection = collection
+        self._loaded_books = max(loaded_books, 1)
         self.schema = schema
         self.root = Path(path)
         self.folder = self.root / collection
@@ -244,11 +247,11 @@ class EdgeStore(base.VectorStore):
         return state.shard
 
     def _opened(self, book: str) -> None:
-        """Mark ``book``'s shard as the latest used; close the least recently used past
-        :data:`MAX_OPEN_SHARDS`."""
+        """Mark ``book``'s shard as the latest used; close the least recently used past the
+        handle's ``loaded_books``."""
         self._open[book] = None
         self._open.move_to_end(book)
-        while len(self._open) > MAX_OPEN_SHARDS:
+        while len(self._open) > self._loaded_books:
             self._unload(next(iter(self._open)))
 
     def _unload(self, book: str) -> None:
