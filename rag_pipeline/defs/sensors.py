@@ -103,12 +103,11 @@ class BookScanState:
 
 def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
     scan = scan_book(data_dir, book_id)
-    h = hashlib.sha256()
-    for st in scan.files:
-        h.update(f"{st.source_file}\0{st.size}\0{st.mtime_ns}\n".encode("utf-8", "surrogateescape"))
-    for error in scan.errors:  # an entry turning unreadable is a change too
-        h.update(f"!{error.source_file}\0{error.reason}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()[:32], len(scan.files)
+    lines = [f"{st.source_file}\0{st.size}\0{st.mtime_ns}\n" for st in scan.files]
+    # an entry turning unreadable is a change too
+    lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
+    digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()[:32], len(scan.files)
 
 
 def scan_books(

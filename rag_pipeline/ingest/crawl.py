@@ -204,11 +204,13 @@ def scan_book(data_dir: Path | str, book_id: str) -> BookFiles:
 def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
     """Yield (relative path, path, problem or None) for every Markdown file and every entry
     that could not be listed or was refused."""
-    stack = [(book_dir, "")]  # (folder, its path relative to the book folder)
+    # (folder, its path relative to the book folder, its real path: a plain folder's is its
+    # parent's plus its name, resolved only for a folder reached through a link)
+    stack: list[tuple[str, str, str | None]] = [(book_dir, "", None)]
     seen: set[str] = set()
     while stack:
-        current, rel_dir = stack.pop()
-        real = os.path.realpath(current)
+        current, rel_dir, real = stack.pop()
+        real = real or os.path.realpath(current)
         if real in seen:
             continue
         seen.add(real)
@@ -226,13 +228,23 @@ def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
                 continue
             rel = prefix + name
             try:
+                # the common case, told by the listing alone: a plain file or folder with a
+                # name that is UTF-8 (what _inspect would say of it, without its calls)
+                if not entry.is_symlink() and _valid_utf8(name):
+                    if entry.is_file(follow_symlinks=False):
+                        if name.lower().endswith(MARKDOWN_SUFFIXES):
+                            yield rel, entry.path, None
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((entry.path, rel, f"{real}/{name}"))
+                        continue
                 problem, is_dir = _inspect(entry, rel, folder)
             except Exception as exc:  # one odd entry never stops the scan
                 yield printable(rel), entry.path, f"cannot inspect: {type(exc).__name__}: {exc}"
                 continue
             if is_dir:
                 if problem is None:
-                    stack.append((entry.path, rel))
+                    stack.append((entry.path, rel, None))  # a link: resolved when listed
                 else:
                     yield printable(rel), entry.path, problem
             elif problem is not None:
