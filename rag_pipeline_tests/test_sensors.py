@@ -22,8 +22,9 @@ from rag_pipeline.defs.sensors import build_books_sensor, read_cursor
 class Harness:
     """Ticks the sensor and applies what the daemon would (partition requests, cursor)."""
 
-    def __init__(self, data_dir, batching=None):
-        self.sensor = build_books_sensor(data_dir, interval_s=1, batching=batching)
+    def __init__(self, data_dir, batching=None, watch=False):
+        # (the watcher is tested on its own: its notifications come a moment after a change)
+        self.sensor = build_books_sensor(data_dir, interval_s=1, batching=batching, watch=watch)
         self.instance = DagsterInstance.ephemeral()
         self.cursor = None
 
@@ -632,3 +633,94 @@ def test_a_removed_book_keeps_its_partition_while_a_batch_with_it_is_in_flight(
     harness.instance.report_run_failed(running)
     harness.tick()
     assert harness.partitions == ["alpha", "gamma"]
+
+
+@pytest.fixture
+def watched(data_dir, write_book):
+    """30 books, and a sensor that stats only what the file system says changed; yields the
+    harness and the names of the books each tick stat'ed."""
+    from rag_pipeline.ingest import watch
+
+    for i in range(30):
+        write_book(f"book-{i:02d}", {"a.md": f"# Book {i}"})
+    sensors_module._stat_cache.clear()
+    harness = Harness(data_dir, watch=True)
+    stated: list[str] = []
+    real = sensors_module._stat_digest
+
+    def counting(root, book_id):
+        stated.append(book_id)
+        return real(root, book_id)
+
+    original = sensors_module._stat_digest
+    sensors_module._stat_digest = counting
+    try:
+        yield harness, stated
+    finally:
+        sensors_module._stat_digest = original
+        watcher = watch._watchers.pop(os.path.abspath(data_dir), None)
+        if watcher is not None:
+            watcher.stop()
+
+
+def seen_by_the_watcher(data_dir, book, timeout=10.0):
+    """Wait until the watcher of ``data_dir`` has the notification of a change in ``book``."""
+    from rag_pipeline.ingest import watch
+
+    watcher = watch._watchers[os.path.abspath(data_dir)]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with watcher._lock:
+            if book in watcher._changed:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_watched_tick_stats_only_the_books_the_file_system_names(watched, data_dir):
+    harness, stated = watched
+    harness.tick()
+    assert len(stated) == 30  # the first look: every book
+    stated.clear()
+    assert isinstance(harness.tick(), SkipReason) and stated == []  # nothing happened
+    (data_dir / "book-07" / "a.md").write_text("# Book 7, edited")
+    assert seen_by_the_watcher(data_dir, "book-07")
+    result = harness.tick()
+    assert stated == ["book-07"]
+    assert [r.partition_key for r in ingest_requests(result)] == ["book-07"]
+
+
+def test_every_watched_book_is_stated_again_within_a_minute(watched, data_dir, monkeypatch):
+    """Whatever the notifications missed (a network file system, an overflow), each book is
+    stat'ed again within RESCAN_EVERY_S, a share of the books at each tick."""
+    from rag_pipeline.ingest import watch
+
+    harness, stated = watched
+    harness.tick()
+    stated.clear()
+    start = time.monotonic()
+    for step in (10, 20, 30, 40, 50, 61):
+        monkeypatch.setattr(watch.time, "monotonic", lambda s=step: start + s)
+        harness.tick()
+    assert sorted(stated) == sorted(set(stated)) == [f"book-{i:02d}" for i in range(30)]
+
+
+def test_a_sensor_that_cannot_watch_stats_every_book_each_tick(data_dir, write_book, monkeypatch):
+    import watchdog.observers
+
+    from rag_pipeline.ingest import watch
+
+    def refused(*args, **kwargs):
+        raise OSError(28, "inotify watch limit reached")
+
+    monkeypatch.setattr(watchdog.observers.Observer, "schedule", refused)
+    write_book("alpha", {"a.md": "# A"})
+    harness = Harness(data_dir, watch=True)
+    try:
+        harness.tick()
+        (data_dir / "alpha" / "a.md").write_text("# A edited")
+        bump_mtime(data_dir / "alpha" / "a.md")
+        assert [r.partition_key for r in ingest_requests(harness.tick())] == ["alpha"]
+        assert not watch._watchers[os.path.abspath(data_dir)].watching
+    finally:
+        watch._watchers.pop(os.path.abspath(data_dir), None)

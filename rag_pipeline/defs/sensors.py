@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -69,6 +70,7 @@ from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.changes import fingerprint_book
 from rag_pipeline.ingest.crawl import DataDirError, discover_books, scan_book
 from rag_pipeline.ingest.plan import decide_purges
+from rag_pipeline.ingest.watch import BookWatcher, watcher_for
 
 __all__ = [
     "BookScanState",
@@ -111,12 +113,25 @@ def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
 
 
 def scan_books(
-    data_dir: Path, previous: Mapping[str, list[str]]
+    data_dir: Path, previous: Mapping[str, list[str]], watcher: BookWatcher | None = None
 ) -> tuple[dict[str, BookScanState], list[str]]:
-    """Scan every book: (state per book on disk, refused folder names)."""
+    """Scan every book (with ``watcher``: those its notifications name, those new to the
+    cursor, and those due for a look; the others keep their cursor entry): (state per book on
+    disk, refused folder names)."""
     scan = discover_books(data_dir)
+    to_scan = watcher.to_scan(scan.book_ids) if watcher is not None else None
     states: dict[str, BookScanState] = {}
     for book_id in scan.book_ids:
+        before = previous.get(book_id)
+        kept = to_scan is not None and book_id not in to_scan and before != PURGING
+        # (a link's target is not watched)
+        if kept and before is not None and not os.path.islink(data_dir / book_id):
+            with _cache_lock:
+                files = len(_stat_cache.get((str(data_dir), book_id), ()))
+            states[book_id] = BookScanState(book_id, before[0], before[1], files, 0)
+            continue
+        if watcher is not None and to_scan is not None:
+            watcher.scanned(book_id)
         stat_digest, files = _stat_digest(data_dir, book_id)
         before = previous.get(book_id)
         if before and before[0] == stat_digest:
@@ -131,6 +146,8 @@ def scan_books(
         states[book_id] = BookScanState(
             book_id, stat_digest, fingerprint.digest[:32], fingerprint.files, fingerprint.hashed
         )
+    if watcher is not None and to_scan is None:
+        watcher.scanned_all(scan.book_ids)
     return states, [str(e) for e in scan.rejected]
 
 
@@ -303,9 +320,12 @@ def build_books_sensor(
     interval_s: int = DEFAULT_SENSOR_INTERVAL_S,
     name: str = "books_sensor",
     batching: BatchConfig | None = None,
+    watch: bool = True,
 ) -> Any:
     """The sensor for books under ``data_dir`` (on by default under the daemon); books that
-    change in the same tick share runs as ``batching`` allows."""
+    change in the same tick share runs as ``batching`` allows. ``watch``: stat only the books
+    the file system's notifications name (and each book at least every minute: see
+    :mod:`rag_pipeline.ingest.watch`); else every book at every tick."""
     root = Path(data_dir)
     batching = batching or BatchConfig()
 
@@ -322,7 +342,7 @@ def build_books_sensor(
         started = time.perf_counter()
         previous, seq = read_cursor(context.cursor)
         try:
-            states, rejected = scan_books(root, previous)
+            states, rejected = scan_books(root, previous, watcher_for(root) if watch else None)
         except DataDirError as exc:
             return SkipReason(str(exc))
         for refused in rejected:
