@@ -71,7 +71,8 @@ with DagsterInstance.get() as instance:
     cursor = getattr(first, "cursor", None)
     for request in getattr(first, "dynamic_partitions_requests", None) or []:  # as the daemon
         if hasattr(request, "partition_keys") and type(request).__name__.startswith("Add"):
-            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+            keys = list(request.partition_keys)
+            instance.add_dynamic_partitions(request.partitions_def_name, keys)
     warm = []
     for _ in range(3):
         c0, w0 = time.process_time(), time.perf_counter()
