@@ -108,7 +108,6 @@ class SourceFile:
     size: int
     mtime_ns: int
     sha256: str
-    path_meta: PathMeta = PathMeta()
 
 
 Stage = Literal["crawl", "read", "parse", "chunk", "embed", "index"]

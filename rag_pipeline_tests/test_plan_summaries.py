@@ -300,6 +300,30 @@ def test_a_plan_reads_no_file_its_last_run_read_unless_its_stat_moved(
     assert plan.books["book-01"].action == "run" and plan.books["book-00"].action == "unchanged"
 
 
+def test_a_book_summarized_by_a_plan_keeps_the_stats_of_the_files_it_read(
+    tmp_path, hash_embedder, monkeypatch, loads
+):
+    """A summary gone or stale (lost, written by an older version, a shard written behind it)
+    is rebuilt by the next plan from the shard: with the stats of the files that plan read,
+    so the plan after it neither opens the shard nor reads a file again."""
+    from rag_pipeline.ingest import assess
+
+    books = Books(tmp_path, 2, hash_embedder, age_s=10)
+    (books.folder("book-01") / "summary.json").unlink()
+    read: list[str] = []
+    real = assess.hash_file
+    monkeypatch.setattr(
+        assess, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+    )
+    loads.clear()
+    books.plan()
+    assert loads == Counter({"book-01": 1}) and sorted(read) == ["0.md", "1.md", "2.md"]
+    read.clear()
+    loads.clear()
+    assert {b.action for b in books.plan().books.values()} == {"unchanged"}
+    assert read == [] and loads == Counter()
+
+
 def test_files_read_in_the_tick_they_were_written_are_read_again_by_the_next_plan(
     tmp_path, hash_embedder, monkeypatch
 ):

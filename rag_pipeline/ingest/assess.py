@@ -18,14 +18,13 @@ from pathlib import Path
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
 from rag_pipeline.ingest.collection import (
-    book_summary,
     file_stats_from_summary,
     index_from_summary,
+    run_summary,
 )
 from rag_pipeline.ingest.crawl import (
     hash_file,
     path_is_gone,
-    path_meta,
     scan_book,
     unreadable_reason,
 )
@@ -105,10 +104,7 @@ def read_book_files(
                 FileError(book_id, st.source_file, "read", f"cannot read file: {exc.strerror}")
             )
             continue
-        meta = path_meta(st.source_file, source.path_patterns)
-        files.append(
-            SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest, meta)
-        )
+        files.append(SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest))
     return BookFilesRead(
         book_id, scan.folder, tuple(files), tuple(errors), str(book_dir), read_at_ns
     )
@@ -124,7 +120,12 @@ class BookIndex:
 
 
 def read_book_index(
-    store: VectorStore, book_id: str, recipe: IndexRecipe, *, chunk_payloads: bool = True
+    store: VectorStore,
+    book_id: str,
+    recipe: IndexRecipe,
+    *,
+    chunk_payloads: bool = True,
+    found: BookFilesRead | None = None,
 ) -> BookIndex:
     """Read the book's index state once and probe a few of its stored vectors.
 
@@ -134,7 +135,9 @@ def read_book_index(
     the chunk ids it replaces and the content hashes whose vectors it reuses). They are taken
     from the book's saved summary while the store vouches for it (written by the last run
     after its writes, its shard's files unchanged since: no shard is opened, and nothing can
-    have damaged the vectors the last run wrote); else read from the book."""
+    have damaged the vectors the last run wrote); else read from the book, and saved as its
+    summary with the stats of ``found``'s files whose hash the records hold (the next plan
+    reads none of those files again)."""
     if chunk_payloads:
         state = read_index_state(store, book_id, embedding_model=recipe.embedding_model)
         points = state.chunk_counts()
@@ -149,7 +152,11 @@ def read_book_index(
     damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
     if not chunk_payloads and not damaged and store.keeps_summaries:
         # read once, then kept: the next plan of the unchanged book opens no shard
-        store.save_summary(book_id, book_summary(store, book_id))
+        files = found.files if found is not None else ()
+        read_at_ns = found.read_at_ns if found is not None else 0
+        store.save_summary(
+            book_id, run_summary(store, book_id, run_id=None, files=files, read_at_ns=read_at_ns)
+        )
     return BookIndex(state, points, damaged)
 
 
@@ -297,5 +304,5 @@ def assess_book_folder(
     """Assess a book folder under the data folder (see :func:`read_book_index` for
     ``chunk_payloads``: an assessment without them can be shown, not run)."""
     found = read_book_files(source, book_id)
-    index = read_book_index(store, book_id, recipe, chunk_payloads=chunk_payloads)
+    index = read_book_index(store, book_id, recipe, chunk_payloads=chunk_payloads, found=found)
     return assess(found, index, recipe, force=force)

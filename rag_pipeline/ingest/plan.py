@@ -329,7 +329,7 @@ def assess_book(
     saved = None if force or not detail else saved_book_index(store, book_id)
     assessment = None if saved is None else assess(found, saved, recipe)
     if assessment is None or assessment.changes.has_work:
-        index = read_book_index(store, book_id, recipe, chunk_payloads=detail)
+        index = read_book_index(store, book_id, recipe, chunk_payloads=detail, found=found)
         assessment = assess(found, index, recipe, force=force)
     book = plan_of(assessment)
     if detail and book.action == "run":

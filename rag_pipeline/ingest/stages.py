@@ -24,7 +24,7 @@ from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
 from rag_pipeline.ingest.changes import UNREADABLE_STAGE
 from rag_pipeline.ingest.collection import run_summary
 from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks
-from rag_pipeline.ingest.crawl import SourceReadError, read_source, unreadable_reason
+from rag_pipeline.ingest.crawl import SourceReadError, path_meta, read_source, unreadable_reason
 from rag_pipeline.ingest.index import (
     DocumentOutcome,
     WriteReport,
@@ -130,7 +130,7 @@ def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
             f.source_file,
             data,
             digest,
-            f.path_meta,
+            path_meta(f.source_file, source.path_patterns),  # only the files that are parsed
             default_hardware_tier=source.default_hardware_tier,
         )
         if isinstance(result, FileError):
