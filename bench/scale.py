@@ -348,8 +348,11 @@ BIG_SMALL_BOOKS = 5
 def build_big_book(
     pool: list[Path], here: Path, data: Path, points: int, slice_files: int
 ) -> dict[str, Any]:
-    """One book of about ``points`` chunk points, written by the pipeline's stages a slice of
-    files at a time (each slice is a run of the book: new files only)."""
+    """The small books, then one book of about ``points`` chunk points, written by the
+    pipeline's stages a slice of files at a time (each slice is a run of the book: new files
+    only). Every book records the default local model (hash vectors under its name): the
+    CLI's commands after it run with ``RAG_EMBEDDER=local``, as a user's would, and migrate
+    nothing."""
     from rag_pipeline.config import load_settings
     from rag_pipeline.ingest.recipe import IndexRecipe
     from rag_pipeline.ingest.stages import ingest_book
@@ -360,6 +363,9 @@ def build_big_book(
         data_dir=data, qdrant_path=str(here / "qdrant"), embedder="hash", cache_dir=here / "cache"
     )
     recipe = IndexRecipe.build(_RecordedAsTheLocalModel(), settings.chunking())
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        for b in range(BIG_SMALL_BOOKS):
+            ingest_book(settings.source(), f"book-{b:04d}", store, recipe, "bench-build")
     book = data / BIG_BOOK
     book.mkdir(parents=True, exist_ok=True)
     written = files = 0
@@ -382,6 +388,17 @@ def build_big_book(
         "build_wall_s": round(time.perf_counter() - w0, 1),
         "model_recorded": recipe.embedding_model,
     }
+
+
+def warm_local_model(env: dict[str, str]) -> None:
+    """Build the local model's ONNX graph into the scenario's cache before anything is timed
+    (a user's first command builds it once)."""
+    code = (
+        "from rag_pipeline.config import load_settings; "
+        "from rag_pipeline.embed import create_embedder; "
+        "create_embedder(load_settings().embedding()).embed_query('warm')"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
 
 
 def serve_latency(env: dict[str, str], cwd: Path, book: str, queries: int) -> dict[str, Any]:
@@ -461,30 +478,38 @@ def serve_latency(env: dict[str, str], cwd: Path, book: str, queries: int) -> di
 
 
 def measure_big_book(
-    pool: list[Path], work: Path, points: int, queries: int, slice_files: int
+    pool: list[Path], work: Path, points: int, queries: int, slice_files: int, reuse: bool
 ) -> dict[str, Any]:
     """(h) A book of ``points`` points beside small books: an edit of a small book, a search
-    and the query service in the big one."""
+    and the query service in the big one, all with the default local model (``reuse``: the
+    books a previous run of this size built, if they are there)."""
     here = work / f"big-{points}"
-    shutil.rmtree(here, ignore_errors=True)
     data, home = here / "books", here / "dagster_home"
-    build_books(pool, data, BIG_SMALL_BOOKS, 20)
-    home.mkdir(parents=True)
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    env = scenario_env(here, data, home)
     steps: dict[str, Any] = {}
-    figures, _ = run_cli(["ingest", "--json"], env, here)
-    steps["small_books_first_ingest"] = figures
-    steps["big_book_build"] = build_big_book(pool, here, data, points, slice_files)
-    figures, _ = run_cli(["ingest", "--json"], env, here)  # its partition, once
-    steps["no_change_ingest"] = figures
+    if not (reuse and (data / BIG_BOOK).is_dir()):
+        shutil.rmtree(here, ignore_errors=True)
+        build_books(pool, data, BIG_SMALL_BOOKS, 20)
+        steps["big_book_build"] = build_big_book(pool, here, data, points, slice_files)
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    local = scenario_env(here, data, home, embedder="local")
+    warm_local_model(local)
+    figures, _ = run_cli(["ingest", "--json"], local, here)  # the partitions, once
+    steps["first_cli_ingest"] = figures
+    figures, out = run_cli(["ingest", "--json"], local, here)
+    steps["no_change_ingest"] = {**figures, "books_run": books_run(json.loads(out))}
     small = sorted((data / "book-0000").iterdir())[0]
     small.write_text(small.read_text() + EDIT_SECTION)
-    figures, out = run_cli(["ingest", "--json"], env, here)
+    figures, out = run_cli(["ingest", "--json"], local, here)
     report = json.loads(out)
-    steps["small_book_edit_ingest"] = {**figures, "books_run": books_run(report)}
-    local = {**env, "RAG_EMBEDDER": "local"}  # queries embedded by the recorded model
+    steps["small_book_edit_ingest"] = {
+        **figures,
+        "books_run": books_run(report),
+        "embedded": report["books"]["book-0000"]["embedded"],
+    }
     query = ["search", SEARCH_QUERY, "--book", BIG_BOOK, "--json"]
+    run_cli(query, local, here)  # the shard's pages read once (a first search after a run)
     figures, out = run_cli(query, local, here)
     steps["search_big_book"] = {**figures, "hits": len(json.loads(out))}
     steps["serve_big_book"] = serve_latency(local, here, BIG_BOOK, queries)
@@ -536,6 +561,9 @@ def main() -> None:
     parser.add_argument("--big-book", type=int, default=0, help="chunk points of one big book")
     parser.add_argument("--big-book-slice", type=int, default=2000, help="files a build run adds")
     parser.add_argument("--queries", type=int, default=200, help="serve's searches (--big-book)")
+    parser.add_argument(
+        "--reuse", action="store_true", help="--big-book: keep the books built in --work before"
+    )
     args = parser.parse_args()
     corpus = args.corpus if args.corpus.is_dir() else FIXTURE_CORPUS
     pool = source_files(corpus)
@@ -553,7 +581,7 @@ def main() -> None:
             extra["sensor_tree"] = measure_sensor_tree(work, books, files)
         if args.big_book:
             extra["big_book"] = measure_big_book(
-                pool, work, args.big_book, args.queries, args.big_book_slice
+                pool, work, args.big_book, args.queries, args.big_book_slice, args.reuse
             )
     finally:
         if args.work is None:

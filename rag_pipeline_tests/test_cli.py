@@ -121,6 +121,12 @@ def test_no_change_ingest_answers_without_loading_dagster(process_cli, tmp_path)
     probe = probe_ingest(process_cli)
     assert probe["dagster"] and probe["exit"] == 0
     assert (tmp_path / "dagster_home" / "rag_book_partitions.json").is_file()
+    # a new instance beside the kept index (DAGSTER_HOME reset): the ingest through Dagster
+    # gives the unchanged books their partitions, so the one after it needs no Dagster
+    shutil.rmtree(tmp_path / "dagster_home")
+    probe = probe_ingest(process_cli)
+    assert probe["dagster"] and probe["exit"] == 0
+    assert not probe_ingest(process_cli)["dagster"]
 
 
 @pytest.mark.integration

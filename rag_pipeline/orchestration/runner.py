@@ -115,7 +115,10 @@ def execute_plan(
     for run_id in reap_dead_runs(instance, log=say):
         report.warnings.append(f"run {run_id} had died with its process; marked failed")
     to_run = plan.with_action("run")
-    add_book_partitions(instance, to_run)
+    # every book folder of the plan has its partition (as the books sensor gives it): a book
+    # indexed without one (another instance, a DAGSTER_HOME reset) is seen in the UI, and the
+    # next no-change ingest answers without Dagster
+    add_book_partitions(instance, [*to_run, *plan.with_action("unchanged")])
     tags = {TRIGGER_TAG: trigger, **process_tags()}
     wait_s = resources.qdrant.busy_wait_s
     results: dict[str, BookResult] = {}
