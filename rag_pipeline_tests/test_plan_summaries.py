@@ -23,6 +23,22 @@ from rag_pipeline_tests.conftest import make_recipe, make_source, section
 COLLECTION = "rag_chunks"
 
 
+@pytest.fixture
+def fingerprints(monkeypatch) -> Counter[str]:
+    """Every fingerprint check of a shard, counted by its book."""
+    from rag_pipeline.store import edge
+
+    checked: Counter[str] = Counter()
+    original = edge._fingerprint
+
+    def counting(generation: Path):  # type: ignore[no-untyped-def]
+        checked[generation.parent.name] += 1
+        return original(generation)
+
+    monkeypatch.setattr(edge, "_fingerprint", counting)
+    return checked
+
+
 class Books:
     """``count`` books of three files indexed in-process (hash embedder) into one Edge store."""
 
@@ -260,18 +276,10 @@ def test_the_recorded_recipe_comes_from_the_summary(tmp_path, hash_embedder, loa
     assert from_summary.embedding_model == books.recipe.embedding_model
 
 
-def test_a_plan_checks_each_books_fingerprint_once(tmp_path, hash_embedder, monkeypatch):
-    from rag_pipeline.store import edge
-
+def test_a_plan_checks_each_books_fingerprint_once(tmp_path, hash_embedder, fingerprints):
     books = Books(tmp_path, 3, hash_embedder)
-    checked: Counter[str] = Counter()
-    original = edge._fingerprint
-
-    def counting(generation: Path):  # type: ignore[no-untyped-def]
-        checked[generation.parent.name] += 1
-        return original(generation)
-
-    monkeypatch.setattr(edge, "_fingerprint", counting)
+    checked = fingerprints
+    checked.clear()  # (the books' first runs saved their summaries)
     assert {b.action for b in books.plan().books.values()} == {"unchanged"}
     assert checked == Counter({book: 1 for book in books.ids})  # the recipe, then the index
 
@@ -342,7 +350,7 @@ def test_files_read_in_the_tick_they_were_written_are_read_again_by_the_next_pla
 
 
 def test_a_process_checks_a_summary_once_a_minute_and_a_write_ends_the_trust(
-    tmp_path, hash_embedder, monkeypatch
+    tmp_path, hash_embedder, monkeypatch, fingerprints
 ):
     """A CLI ingest looks at every summary up to four times (recipe, files, index, then the
     collection page after its runs): the fingerprint is checked once per process, and taken
@@ -352,14 +360,8 @@ def test_a_process_checks_a_summary_once_a_minute_and_a_write_ends_the_trust(
     from rag_pipeline.store import edge
 
     books = Books(tmp_path, 2, hash_embedder)
-    checked: Counter[str] = Counter()
-    original = edge._fingerprint
-
-    def counting(generation: Path):  # type: ignore[no-untyped-def]
-        checked[generation.parent.name] += 1
-        return original(generation)
-
-    monkeypatch.setattr(edge, "_fingerprint", counting)
+    checked = fingerprints
+    checked.clear()  # (the books' first runs saved their summaries)
     books.plan()
     books.plan()
     with books.open() as store:
