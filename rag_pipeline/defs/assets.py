@@ -84,7 +84,8 @@ warnings.filterwarnings(
 
 INGESTION_GROUP = "ingestion"
 OWNERS = ["team:data-platform"]
-#: steps that read or write the store; one slot for the embedded stores (they lock their folder)
+#: steps that read or write the store; one slot for the embedded stores (they lock a book's shard
+#: or their whole folder to one process)
 STORE_POOL = "qdrant_store"
 #: embedding steps; its limit caps concurrent calls to a paid embedding API
 EMBEDDING_POOL = "embedding_api"
