@@ -23,10 +23,11 @@ over it, cold (no cursor: every file hashed, every book requested) and warm (not
 the pipeline's own stages (``ingest_book``) in slices of files, its dense vectors made by the
 hash embedder but recorded as the default local model's (so that `search` and `serve` embed
 their queries with the real model: embedding N chunks with it would take hours here; the
-index's vectors only shape the HNSW graph). Then (h1) one file of a small book edited and
-`rag-pipeline ingest`; (h2) `rag-pipeline search` in the big book (hybrid); (h3) `rag-pipeline
-serve` answering ``--queries`` hybrid searches in the big book one after another: p50, p99 and
-the service's RSS.
+index's vectors only shape the HNSW graph; every book records that model, and the CLI runs
+with ``RAG_EMBEDDER=local``; ``--reuse`` measures again on the books a run built). Then (h1)
+one file of a small book edited and `rag-pipeline ingest`; (h2) `rag-pipeline search` in the
+big book (hybrid); (h3) `rag-pipeline serve` answering ``--queries`` hybrid searches in the big
+book one after another: p50, p99 and the service's RSS.
 """
 
 from __future__ import annotations

@@ -636,7 +636,7 @@ def test_a_removed_book_keeps_its_partition_while_a_batch_with_it_is_in_flight(
 
 
 @pytest.fixture
-def watched(data_dir, write_book):
+def watched(data_dir, write_book, monkeypatch):
     """30 books, and a sensor that stats only what the file system says changed; yields the
     harness and the names of the books each tick stat'ed."""
     from rag_pipeline.ingest import watch
@@ -652,12 +652,10 @@ def watched(data_dir, write_book):
         stated.append(book_id)
         return real(root, book_id)
 
-    original = sensors_module._stat_digest
-    sensors_module._stat_digest = counting
+    monkeypatch.setattr(sensors_module, "_stat_digest", counting)
     try:
         yield harness, stated
     finally:
-        sensors_module._stat_digest = original
         watcher = watch._watchers.pop(os.path.abspath(data_dir), None)
         if watcher is not None:
             watcher.stop()

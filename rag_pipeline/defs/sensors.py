@@ -123,21 +123,24 @@ def scan_books(
     states: dict[str, BookScanState] = {}
     for book_id in scan.book_ids:
         before = previous.get(book_id)
-        kept = to_scan is not None and book_id not in to_scan and before != PURGING
-        # (a link's target is not watched)
-        if kept and before is not None and not os.path.islink(data_dir / book_id):
-            with _cache_lock:
-                files = len(_stat_cache.get((str(data_dir), book_id), ()))
-            states[book_id] = BookScanState(book_id, before[0], before[1], files, 0)
-            continue
+        key = (str(data_dir), book_id)
         if watcher is not None and to_scan is not None:
+            # kept as the cursor has it (a link's target is not watched)
+            if (
+                book_id not in to_scan
+                and before is not None
+                and before != PURGING
+                and not os.path.islink(data_dir / book_id)
+            ):
+                with _cache_lock:
+                    files = len(_stat_cache.get(key, ()))
+                states[book_id] = BookScanState(book_id, before[0], before[1], files, 0)
+                continue
             watcher.scanned(book_id)
         stat_digest, files = _stat_digest(data_dir, book_id)
-        before = previous.get(book_id)
         if before and before[0] == stat_digest:
             states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
             continue
-        key = (str(data_dir), book_id)
         with _cache_lock:
             cache = _stat_cache.get(key)
         fingerprint = fingerprint_book(data_dir, book_id, cache)

@@ -206,7 +206,7 @@ def run_summary(
 
 
 def file_stats_from_summary(summary: Mapping[str, Any] | None) -> dict[str, tuple[int, int, str]]:
-    """source_file -> (size, mtime_ns, sha256) as :func:`with_file_stats` saved them."""
+    """source_file -> (size, mtime_ns, sha256) as :func:`run_summary` saved them."""
     if summary is None:
         return {}
     records, stats = summary.get("records"), summary.get("stats")
