@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "BOOK_ID_PATTERN",
@@ -13,6 +13,7 @@ __all__ = [
     "Chunk",
     "DocumentMeta",
     "FileError",
+    "FileKey",
     "InvalidBookIdError",
     "ParsedDocument",
     "PathMeta",
@@ -98,6 +99,19 @@ class PathMeta:
     lesson: int | None = None
 
 
+class FileKey(NamedTuple):
+    """What a file's stat says of it for change detection, as git's index records it: every
+    field a change of its bytes, its name or its permissions moves (see
+    :mod:`rag_pipeline.ingest.filekeys`)."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    mode: int
+
+
 @dataclass(frozen=True, slots=True)
 class SourceFile:
     """A Markdown file found under ``<data_dir>/<book_id>/``."""
@@ -108,6 +122,8 @@ class SourceFile:
     size: int
     mtime_ns: int
     sha256: str
+    #: the stat it was read with (None: not a file on disk, e.g. an evaluation corpus)
+    key: FileKey | None = None
 
 
 Stage = Literal["crawl", "read", "parse", "chunk", "embed", "index"]

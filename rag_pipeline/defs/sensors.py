@@ -69,8 +69,10 @@ from rag_pipeline.defs.runs import (
 from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.changes import fingerprint_book
 from rag_pipeline.ingest.crawl import DataDirError, discover_books, scan_book
+from rag_pipeline.ingest.filekeys import now_ns, settled
 from rag_pipeline.ingest.plan import decide_purges
 from rag_pipeline.ingest.watch import BookWatcher, watcher_for
+from rag_pipeline.models import FileKey
 
 __all__ = [
     "BookScanState",
@@ -82,9 +84,9 @@ __all__ = [
     "write_cursor",
 ]
 
-# source_file -> (size, mtime_ns, sha256) per (data dir, book): lives as long as the code server
-# process, so steady-state ticks hash nothing; after a restart the first tick re-hashes.
-_stat_cache: dict[tuple[str, str], dict[str, tuple[int, int, str]]] = {}
+# source_file -> (stat, sha256) per (data dir, book): lives as long as the code server process,
+# so steady-state ticks hash nothing; after a restart the first tick re-hashes.
+_stat_cache: dict[tuple[str, str], dict[str, tuple[FileKey, str]]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -104,10 +106,16 @@ class BookScanState:
 
 
 def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
+    """A digest of every file's full stat (:mod:`~rag_pipeline.ingest.filekeys`); a book with
+    a racy file (modified in the tick of this scan) gets a digest no later scan repeats, so
+    its contents are fingerprinted until its files settle."""
+    scanned_at = now_ns()
     scan = scan_book(data_dir, book_id)
-    lines = [f"{st.source_file}\0{st.size}\0{st.mtime_ns}\n" for st in scan.files]
+    lines = [f"{st.source_file}\0{tuple(st.key)}\n" for st in scan.files]
     # an entry turning unreadable is a change too
     lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
+    if not all(settled(st.key, scanned_at) for st in scan.files):
+        lines.append(f"racy at {scanned_at}\n")
     digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32], len(scan.files)
 

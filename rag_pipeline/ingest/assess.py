@@ -9,7 +9,6 @@ once, reads the index once, probes the stored vectors once and words the reasons
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -28,9 +27,10 @@ from rag_pipeline.ingest.crawl import (
     scan_book,
     unreadable_reason,
 )
+from rag_pipeline.ingest.filekeys import now_ns, trusted_hash
 from rag_pipeline.ingest.index import IndexState, damaged_vectors, read_index_state
 from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.models import FileError, SourceFile
+from rag_pipeline.models import FileError, FileKey, SourceFile
 from rag_pipeline.schema import SOURCE_FILE, chunks_of
 from rag_pipeline.store import VectorStore
 
@@ -79,24 +79,20 @@ class BookFilesRead:
 
 
 def read_book_files(
-    source: SourceConfig, book_id: str, known: Mapping[str, tuple[int, int, str]] | None = None
+    source: SourceConfig, book_id: str, known: Mapping[str, tuple[FileKey, str]] | None = None
 ) -> BookFilesRead:
-    """Scan and hash every Markdown file of the book; a file whose size and modification time
-    are still those ``known`` records (size, mtime_ns, sha256: as the last run read it) is
-    not read again."""
+    """Scan and hash every Markdown file of the book; a file whose stat is exactly the one
+    ``known`` records with its hash (as the last run read it, see :mod:`.filekeys`) is not
+    read again."""
     book_dir = Path(source.data_dir) / book_id
-    read_at_ns = time.time_ns()
+    read_at_ns = now_ns()
     scan = scan_book(source.data_dir, book_id)
     files: list[SourceFile] = []
     errors = list(scan.errors)
     known = known or {}
     for st in scan.files:
-        seen = known.get(st.source_file)
         try:
-            if seen is not None and seen[0] == st.size and seen[1] == st.mtime_ns:
-                digest = seen[2]
-            else:
-                digest = hash_file(st.path)
+            digest = trusted_hash(st.key, known, st.source_file) or hash_file(st.path)
         except OSError as exc:
             if path_is_gone(book_dir, st.source_file):
                 continue
@@ -104,7 +100,9 @@ def read_book_files(
                 FileError(book_id, st.source_file, "read", f"cannot read file: {exc.strerror}")
             )
             continue
-        files.append(SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest))
+        files.append(
+            SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest, st.key)
+        )
     return BookFilesRead(
         book_id, scan.folder, tuple(files), tuple(errors), str(book_dir), read_at_ns
     )
@@ -160,9 +158,9 @@ def read_book_index(
     return BookIndex(state, points, damaged)
 
 
-def saved_file_stats(store: VectorStore, book_id: str) -> dict[str, tuple[int, int, str]]:
-    """(size, mtime_ns, sha256) of each file as the book's last run read it, from its saved
-    summary while the store vouches for it ({} otherwise): what a plan need not read again."""
+def saved_file_stats(store: VectorStore, book_id: str) -> dict[str, tuple[FileKey, str]]:
+    """(stat, sha256) of each file as the book's last run read it, from its saved summary
+    while the store vouches for it ({} otherwise): what a plan need not read again."""
     return file_stats_from_summary(store.summary(book_id))
 
 

@@ -2,10 +2,10 @@
 
 Two levels, both without a state database:
 
-* :func:`fingerprint_book` digests a book's files by (path, size, mtime_ns) and hashes a file's
-  bytes only when its stat changed since the previous fingerprint, so a sensor tick over
-  thousands of unchanged files reads no file. A book's digest is over content hashes, so a
-  ``touch`` that leaves the bytes alone changes nothing.
+* :func:`fingerprint_book` digests a book's files by content and hashes a file's bytes only
+  when its stat is no longer the one recorded with its hash (:mod:`.filekeys`: git's rules),
+  so a sensor tick over thousands of unchanged files reads no file. A ``touch`` that leaves
+  the bytes alone changes nothing.
 * :func:`classify_files` compares the files on disk with the document records stored in Qdrant
   payloads and says, with a reason, what the next run must do with each file.
 """
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 from rag_pipeline.ingest.crawl import FileStat, hash_file, scan_book
+from rag_pipeline.ingest.filekeys import now_ns, settled, trusted_hash
+from rag_pipeline.models import FileKey
 
 __all__ = [
     "FORCED_REBUILD",
@@ -47,40 +49,44 @@ class BookFingerprint:
     book_id: str
     digest: str
     files: int
-    # source_file -> (size, mtime_ns, sha256); kept in memory by the sensor, not in its cursor
-    stats: Mapping[str, tuple[int, int, str]] = field(default_factory=dict)
+    #: source_file -> (stat, sha256) of the files whose stat was settled when hashed (see
+    #: :mod:`.filekeys`); kept in memory by the sensor, not in its cursor
+    stats: Mapping[str, tuple[FileKey, str]] = field(default_factory=dict)
     hashed: int = 0  # files whose bytes were read for this fingerprint
 
 
 def fingerprint_book(
     data_dir: Path | str,
     book_id: str,
-    previous: Mapping[str, tuple[int, int, str]] | None = None,
+    previous: Mapping[str, tuple[FileKey, str]] | None = None,
 ) -> BookFingerprint:
-    """Digest of (path, sha256) of every Markdown file of the book, hashing only what changed."""
+    """Digest of (path, sha256) of every Markdown file of the book, hashing only the files
+    whose stat is not the one ``previous`` recorded."""
+    read_at_ns = now_ns()
     scan = scan_book(data_dir, book_id)
     previous = previous or {}
-    entries: dict[str, tuple[int, int, str]] = {}
+    digests: dict[str, str] = {}
+    kept: dict[str, tuple[FileKey, str]] = {}
     hashed = 0
     for st in scan.files:
-        cached = previous.get(st.source_file)
-        if cached is not None and cached[0] == st.size and cached[1] == st.mtime_ns:
-            entries[st.source_file] = cached
-            continue
-        digest = _hash_or_none(st)
-        if digest is None:  # vanished or unreadable mid-scan: the next tick sees it settled
-            continue
-        hashed += 1
-        entries[st.source_file] = (st.size, st.mtime_ns, digest)
+        digest = trusted_hash(st.key, previous, st.source_file)
+        if digest is None:
+            digest = _hash_or_none(st)
+            if digest is None:  # vanished or unreadable mid-scan: the next tick sees it settled
+                continue
+            hashed += 1
+        digests[st.source_file] = digest
+        if settled(st.key, read_at_ns):
+            kept[st.source_file] = (st.key, digest)
     h = hashlib.sha256()
-    for name in sorted(entries):
+    for name in sorted(digests):
         h.update(name.encode("utf-8", "surrogateescape"))
         h.update(b"\0")
-        h.update(entries[name][2].encode())
+        h.update(digests[name].encode())
         h.update(b"\n")
     for error in scan.errors:  # a file turning unreadable is a change too
         h.update(f"!{error.source_file}\0{error.reason}\n".encode("utf-8", "surrogateescape"))
-    return BookFingerprint(book_id, h.hexdigest(), len(entries), entries, hashed)
+    return BookFingerprint(book_id, h.hexdigest(), len(digests), kept, hashed)
 
 
 def _hash_or_none(st: FileStat) -> str | None:
@@ -119,6 +125,9 @@ class FileChanges:
     deleted: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()
     reasons: Mapping[str, str] = field(default_factory=dict)
+    #: unchanged files that still cannot be read (their records already say so): no work,
+    #: but reported as unreadable by every run and plan until they can be read
+    still_unreadable: tuple[str, ...] = ()
 
     @property
     def changed(self) -> tuple[str, ...]:
@@ -145,7 +154,7 @@ class FileChanges:
             "files_modified": len(self.modified),
             "files_unchanged": len(self.unchanged),
             "files_deleted": len(self.deleted),
-            "files_unreadable": len(self.unreadable),
+            "files_unreadable": len(self.unreadable) + len(self.still_unreadable),
         }
 
 
@@ -187,6 +196,7 @@ def classify_files(
             reasons[name] = reason
     deleted: list[str] = []
     unreadable: list[str] = []
+    still_unreadable: list[str] = []
     for name in sorted((set(indexed) | set(orphan_files)) - set(current)):
         if is_gone(name):
             deleted.append(name)
@@ -197,6 +207,7 @@ def classify_files(
             reasons[name] = f"{why}; its last good chunks stay"
         elif name in indexed:
             unchanged.append(name)  # still unreadable, and its record already says so
+            still_unreadable.append(name)
     return FileChanges(
         tuple(new),
         tuple(modified),
@@ -204,6 +215,7 @@ def classify_files(
         tuple(deleted),
         tuple(unreadable),
         reasons,
+        tuple(still_unreadable),
     )
 
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rag_pipeline.ingest.changes import IndexedDocument
+from rag_pipeline.ingest.filekeys import key_from_json, settled
 from rag_pipeline.ingest.index import IndexState, read_index_state
 from rag_pipeline.ingest.migration import describe_recipes
-from rag_pipeline.models import InvalidBookIdError, SourceFile, validate_book_id
+from rag_pipeline.models import FileKey, InvalidBookIdError, SourceFile, validate_book_id
 from rag_pipeline.schema import (
     COLLECTION_SCHEMA,
     EMBEDDING_MODEL,
@@ -174,11 +175,6 @@ def index_from_summary(
     return state, points
 
 
-#: a file whose modification time is this close to when its run read it may have changed in
-#: the same tick of a coarse clock (seconds, on some file systems): it is read again
-_RACY_NS = 2_000_000_000
-
-
 def run_summary(
     store: VectorStore,
     book_id: str,
@@ -188,35 +184,37 @@ def run_summary(
     read_at_ns: int = 0,
 ) -> dict[str, Any]:
     """:func:`book_summary` as a run leaves the book: with the run (the collection's page
-    names it as the book's last run without asking Dagster) and the (size, mtime_ns) of each
-    of ``files`` (as the run read them, at ``read_at_ns``) whose hash is the one its document
-    record holds: a later plan trusts them and does not read a file whose stat is unchanged
-    (as the books sensor does)."""
+    names it as the book's last run without asking Dagster) and the stat of each of ``files``
+    (as the run read them, at ``read_at_ns``) whose hash is the one its document record holds
+    and whose stat was settled then (:mod:`.filekeys`): a later plan does not read a file
+    whose stat is still exactly that one (as the books sensor does)."""
     summary = book_summary(store, book_id)
     records = summary["records"]
     summary["stats"] = {
-        f.source_file: [f.size, f.mtime_ns]
+        f.source_file: list(f.key)
         for f in files
-        if f.source_file in records
+        if f.key is not None
+        and f.source_file in records
         and records[f.source_file][0] == f.sha256
-        and f.mtime_ns + _RACY_NS < read_at_ns
+        and settled(f.key, read_at_ns)
     }
     summary["last_run"] = run_id
     return summary
 
 
-def file_stats_from_summary(summary: Mapping[str, Any] | None) -> dict[str, tuple[int, int, str]]:
-    """source_file -> (size, mtime_ns, sha256) as :func:`run_summary` saved them."""
+def file_stats_from_summary(summary: Mapping[str, Any] | None) -> dict[str, tuple[FileKey, str]]:
+    """source_file -> (stat, sha256) as :func:`run_summary` saved them."""
     if summary is None:
         return {}
     records, stats = summary.get("records"), summary.get("stats")
     if not isinstance(records, dict) or not isinstance(stats, dict):
         return {}
-    out: dict[str, tuple[int, int, str]] = {}
+    out: dict[str, tuple[FileKey, str]] = {}
     for name, stat in stats.items():
         record = records.get(name)
-        if isinstance(record, list) and record and isinstance(stat, list) and len(stat) == 2:
-            out[str(name)] = (int(stat[0]), int(stat[1]), str(record[0]))
+        key = key_from_json(stat)
+        if isinstance(record, list) and record and key is not None:
+            out[str(name)] = (key, str(record[0]))
     return out
 
 

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from rag_pipeline.ingest.filekeys import file_key
 from rag_pipeline.models import (
     FileError,
+    FileKey,
     InvalidBookIdError,
     PathMeta,
     printable,
@@ -164,8 +166,15 @@ class FileStat:
 
     source_file: str
     path: str
-    size: int
-    mtime_ns: int
+    key: FileKey
+
+    @property
+    def size(self) -> int:
+        return self.key.size
+
+    @property
+    def mtime_ns(self) -> int:
+        return self.key.mtime_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +205,7 @@ def scan_book(data_dir: Path | str, book_id: str) -> BookFiles:
                 continue  # vanished since it was listed: it is gone
             errors.append(FileError(book_id, rel, "crawl", f"cannot stat file: {exc.strerror}"))
             continue
-        stats.append(FileStat(rel, path, st.st_size, st.st_mtime_ns))
+        stats.append(FileStat(rel, path, file_key(st)))
     stats.sort(key=lambda s: s.source_file)
     return BookFiles(book_id, folder, tuple(stats), tuple(errors))
 

@@ -105,6 +105,7 @@ class BookPlan:
             seconds=self.seconds,
             error_messages=list(self.errors),
             reasons=list(self.reasons),
+            files_unreadable=self.changes.counts()["files_unreadable"],
         )
 
     def as_dict(self, usd_per_million_tokens: float) -> dict[str, Any]:
@@ -347,7 +348,7 @@ def plan_of(assessment: BookAssessment) -> BookPlan:
         "run" if changes.has_work else "unchanged",
         assessment.reasons,
         changes,
-        files=len(assessment.files),
+        files=len(assessment.files) + changes.counts()["files_unreadable"],
         errors=[str(e) for e in (*assessment.crawl_errors, *standing)],
         chunks=assessment.state.promised_chunks,
         points=assessment.state.chunk_points,

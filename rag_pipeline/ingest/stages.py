@@ -460,7 +460,7 @@ def book_result(
     return BookResult(
         inventory.book_id,
         "ingested",
-        files=len(inventory.files) + len(changes.unreadable),
+        files=len(inventory.files) + changes.counts()["files_unreadable"],
         errors=len(messages),
         chunks=index.expected,
         embedded=embedded.embedded,
@@ -470,7 +470,7 @@ def book_result(
         files_new=len(changes.new),
         files_modified=len(changes.modified),
         files_deleted=len(changes.deleted),
-        files_unreadable=len(changes.unreadable),
+        files_unreadable=changes.counts()["files_unreadable"],
         tokens=embedded.tokens,
         cost_usd=embedded.cost_usd,
         embed_seconds=embedded.embed_seconds,
