@@ -97,8 +97,10 @@ def _failed_work_errors() -> tuple[type[BaseException], ...]:
     embedding service's failure (timeout, 429, a bad answer) is an EmbedError, but not the
     settings' fault as a missing API key is."""
     from rag_pipeline.embed import EmbedServiceError
+    from rag_pipeline.store import BookDamagedError
 
-    return (DagsterStateError, EmbedServiceError)
+    # a book's damaged index: what is asked cannot be answered (its next ingest rebuilds it)
+    return (DagsterStateError, EmbedServiceError, BookDamagedError)
 
 
 class _Commands(click.Group):

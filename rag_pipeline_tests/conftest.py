@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
@@ -138,9 +139,18 @@ def write_book(data_dir: Path) -> BookWriter:
             else:
                 path.write_text(content, encoding="utf-8")
         root.mkdir(parents=True, exist_ok=True)
+        settle_files()
         return root
 
     return write
+
+
+def settle_files() -> None:
+    """Wait until files written just now are past the racy window of change detection
+    (:mod:`rag_pipeline.ingest.filekeys`): a stat recorded later is one a plan may trust."""
+    from rag_pipeline.ingest.filekeys import FINE_RACY_NS
+
+    time.sleep(FINE_RACY_NS / 1e9 + 0.01)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ opens the store only for its own reads or writes, one book at a time, so a searc
 process gets in while a step parses or embeds.
 """
 
+import dataclasses
 import warnings
 from collections.abc import Iterator
 from typing import Any, TypedDict
@@ -52,8 +53,10 @@ from rag_pipeline.ingest.stages import (
     ParsedBook,
     book_result,
     chunk_book,
+    discard_if_damaged,
     embed_books,
     parse_book,
+    rebuilt_reason,
     take_inventory,
     vectors_to_reuse,
     write_book,
@@ -161,8 +164,11 @@ def source_files(
     migrations: list[str] = []
     for book_id in book_ids:
         with qdrant.open() as store:  # a reader: the recipe the book is searched with now
+            damage = discard_if_damaged(store, book_id)
             book_recipe = recipe.for_book(store, book_id).recipe
             build = start_build(store, book_id, book_recipe)
+        if damage is not None:
+            context.log.warning(f"{book_id}: {rebuilt_reason(damage)}")
         if build.label is not None:
             migrations.append(build.label)
             context.log.info(
@@ -172,6 +178,9 @@ def source_files(
         # the run's handles build its recipe: a recipe change reads its pending build
         with qdrant.open(recipe=book_recipe) as store:
             inventory = take_inventory(books, book_id, store, book_recipe, force=config.force)
+        if damage is not None:
+            changes = inventory.changes.with_reason(rebuilt_reason(damage))
+            inventory = dataclasses.replace(inventory, changes=changes)
         for error in inventory.crawl_errors:
             context.log.warning(str(error))
         record_book(context, book_id, _inventory_metadata(inventory, book_recipe, build))

@@ -106,16 +106,16 @@ class BookScanState:
 
 
 def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
-    """A digest of every file's full stat (:mod:`~rag_pipeline.ingest.filekeys`); a book with
-    a racy file (modified in the tick of this scan) gets a digest no later scan repeats, so
-    its contents are fingerprinted until its files settle."""
+    """A digest of every file's full stat (:mod:`~rag_pipeline.ingest.filekeys`); "" for a
+    book with a racy file (modified in the clock tick of this scan): it matches no cursor, so
+    its contents are fingerprinted at every tick until its files settle."""
     scanned_at = now_ns()
     scan = scan_book(data_dir, book_id)
     lines = [f"{st.source_file}\0{tuple(st.key)}\n" for st in scan.files]
     # an entry turning unreadable is a change too
     lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
     if not all(settled(st.key, scanned_at) for st in scan.files):
-        lines.append(f"racy at {scanned_at}\n")
+        return "", len(scan.files)
     digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32], len(scan.files)
 
@@ -146,7 +146,7 @@ def scan_books(
                 continue
             watcher.scanned(book_id)
         stat_digest, files = _stat_digest(data_dir, book_id)
-        if before and before[0] == stat_digest:
+        if before and stat_digest and before[0] == stat_digest:
             states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
             continue
         with _cache_lock:

@@ -23,7 +23,7 @@ from rag_pipeline.schema import (
     STATUS_OK,
     chunks_of,
 )
-from rag_pipeline.store import DENSE_VECTOR, SPARSE_VECTOR, VectorStore
+from rag_pipeline.store import DENSE_VECTOR, SPARSE_VECTOR, BookDamagedError, VectorStore
 
 __all__ = [
     "BookHealth",
@@ -53,13 +53,17 @@ class BookHealth:
     recipe: str = ""
     #: the run that last wrote the book, as its summary says (None: the summary does not say)
     last_run: str | None = None
+    #: what is damaged in the book's index (None: nothing found); its next ingest rebuilds it
+    damage: str | None = None
 
     @property
     def consistent(self) -> bool:
-        return self.points == self.chunks
+        return self.damage is None and self.points == self.chunks
 
     @property
     def state(self) -> str:
+        if self.damage is not None:
+            return f"damaged: {self.damage}; its next ingest rebuilds it"
         if not self.on_disk:
             return "no folder: purged by the next ingest"
         if not self.files:
@@ -245,7 +249,13 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
         if kept is not None and _usable(kept):
             summary = kept
         else:  # read once, then kept for the next look (and plan)
-            summary = book_summary(store, book_id)
+            try:
+                summary = book_summary(store, book_id)
+            except BookDamagedError as exc:
+                books.append(
+                    BookHealth(book_id, book_id in books_on_disk, 0, 0, 0, 0, damage=exc.problem)
+                )
+                continue
             if summary["documents"] and store.keeps_summaries:
                 store.save_summary(book_id, summary)
         models = {str(k): int(v) for k, v in dict(summary["points_by_model"]).items()}

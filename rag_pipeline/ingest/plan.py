@@ -34,10 +34,16 @@ from rag_pipeline.ingest.crawl import book_folder_problem, discover_books, path_
 from rag_pipeline.ingest.migration import migration_label
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult, IngestReport
-from rag_pipeline.ingest.stages import WritePreview, chunk_book, parse_book, preview_writes
+from rag_pipeline.ingest.stages import (
+    WritePreview,
+    chunk_book,
+    parse_book,
+    preview_writes,
+    rebuilt_reason,
+)
 from rag_pipeline.models import FileError, validate_book_id
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, book_filter
-from rag_pipeline.store import VectorStore
+from rag_pipeline.store import BookDamagedError, VectorStore
 
 __all__ = [
     "Action",
@@ -291,11 +297,16 @@ def plan_ingest(
                 or [f"no book folder {book_id!r} under {source.data_dir}"],
             )
         else:
-            chosen = recipes.for_book(store, book_id)
-            plan.books[book_id] = book = assess_book(
-                source, store, chosen.recipe, book_id, force=force, detail=detail
-            )
-            book.recorded_model = chosen.choice.recorded_model
+            try:
+                chosen = recipes.for_book(store, book_id)
+                plan.books[book_id] = book = assess_book(
+                    source, store, chosen.recipe, book_id, force=force, detail=detail
+                )
+                book.recorded_model = chosen.choice.recorded_model
+            except BookDamagedError as exc:  # the run discards it and rebuilds the book
+                plan.books[book_id] = BookPlan(
+                    book_id, "run", [rebuilt_reason(exc.problem)], errors=[str(exc)]
+                )
         plan.books[book_id].seconds = time.perf_counter() - t0
     if targets is None:
         for book_id in decision.purge:
@@ -310,7 +321,10 @@ def _refusals(book_id: str, rejected: Sequence[FileError]) -> list[str]:
 
 def _purge_plan(store: VectorStore, book_id: str) -> BookPlan:
     # every point of the book (chunks and document records), as the purge deletes them
-    points = store.count(book_filter(book_id))
+    try:
+        points = store.count(book_filter(book_id))
+    except BookDamagedError:
+        points = 0  # what is left of a damaged book is removed all the same
     return BookPlan(book_id, "purge", ["book folder removed"], points=points)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.ingest.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.models import Chunk, FileError, ParsedDocument
-from rag_pipeline.store import CollectionSpec, SparseVector, VectorStore
+from rag_pipeline.store import BookDamagedError, CollectionSpec, SparseVector, VectorStore
 
 __all__ = [
     "BookInventory",
@@ -47,11 +47,13 @@ __all__ = [
     "WritePreview",
     "book_result",
     "chunk_book",
+    "discard_if_damaged",
     "embed_book",
     "embed_books",
     "ingest_book",
     "parse_book",
     "preview_writes",
+    "rebuilt_reason",
     "take_inventory",
     "vectors_to_reuse",
     "write_book",
@@ -65,6 +67,24 @@ Progress = ProgressCallback
 BookInventory = BookAssessment
 
 
+def discard_if_damaged(store: VectorStore, book_id: str) -> str | None:
+    """Before a run reads its book: a book whose index is damaged
+    (:class:`~rag_pipeline.store.BookDamagedError`, as far as the store can tell without
+    reading a book its summary vouches for) loses what is left of it, so that the run
+    rebuilds it from its files. Returns the damage found (None: none)."""
+    try:
+        store.verify(book_id)
+    except BookDamagedError as exc:
+        store.discard_damaged(book_id)
+        return exc.problem
+    return None
+
+
+def rebuilt_reason(problem: str) -> str:
+    """Why every file of a book whose index was damaged runs."""
+    return f"its index was damaged ({problem}): rebuilt from its files"
+
+
 def take_inventory(
     source: SourceConfig,
     book_id: str,
@@ -73,8 +93,15 @@ def take_inventory(
     *,
     force: bool = False,
 ) -> BookInventory:
-    """Hash the book's files and compare them with what the index holds."""
-    return assess_book_folder(source, book_id, store, recipe, force=force)
+    """Hash the book's files and compare them with what the index holds; a book whose
+    index is found damaged loses what is left of it and is rebuilt (every file runs)."""
+    try:
+        return assess_book_folder(source, book_id, store, recipe, force=force)
+    except BookDamagedError as exc:
+        store.discard_damaged(book_id)
+        inventory = assess_book_folder(source, book_id, store, recipe, force=force)
+        changes = inventory.changes.with_reason(rebuilt_reason(exc.problem))
+        return replace(inventory, changes=changes)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
 from rag_pipeline.store import (
+    BookDamagedError,
     StoreBusyError,
     StoreDamagedError,
     StoreError,
@@ -359,7 +360,8 @@ def create_app(
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> Response:
-        busy = isinstance(exc, StoreBusyError | StoreUnavailableError)
+        # a busy store, or one book's damaged index (its next ingest rebuilds it): 503
+        busy = isinstance(exc, StoreBusyError | StoreUnavailableError | BookDamagedError)
         status = 503 if busy else 500
         if isinstance(exc, StoreDamagedError):
             log.error("damaged store: %s", exc)

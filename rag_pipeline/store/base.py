@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from rag_pipeline.store.errors import (
+    BookDamagedError,
     StoreBusyError,
     StoreDamagedError,
     StoreError,
@@ -34,6 +35,7 @@ __all__ = [
     "RECIPE_SIGNATURE",
     "SPARSE_VECTOR",
     "UPSERT_BATCH",
+    "BookDamagedError",
     "CollectionSchema",
     "CollectionSpec",
     "Fusion",
@@ -501,6 +503,16 @@ class VectorStore(ABC):
         if where.conditions:
             raise ValueError("a purge takes a whole tenant: no further conditions")
         return self.delete_where(where)
+
+    def verify(self, tenant: str) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`BookDamagedError` when the tenant's index is not what this program
+        wrote, as far as the store can tell (default: it cannot; a server checks its own)."""
+
+    def discard_damaged(self, tenant: str) -> None:
+        """Remove what is left of a tenant whose index was found damaged
+        (:class:`BookDamagedError`), without reading it, so that its run rebuilds it from
+        its files. Default: every point of the tenant deleted."""
+        self._delete(TenantFilter(tenant))
 
     # -- per-book catalog and generations (defaults: none kept, writes in place) -----------
 

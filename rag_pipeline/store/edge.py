@@ -43,7 +43,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +135,8 @@ class _Book:
     dirty: bool = False  # written since the last flush
     unoptimized: int = 0  # points written since the shard was last optimized
     emptied: bool = False  # written and left without points when its shard was last closed
+    #: the points the shard held when :attr:`summary` was saved (what its file promises)
+    summary_points: int = 0
 
 
 @dataclass
@@ -178,7 +180,44 @@ class EdgeStore(base.VectorStore):
         self._layout_lock = layout_lock(self.root, collection)
         self._layout_lock.prepare()  # an unusable folder is a setting to fix, said at open
         _settle_old_layout(self, busy_wait_s)
-        self._layout = _read_layout(self.folder)
+        self._layout = self._read_or_recover_layout()
+
+    def _read_or_recover_layout(self) -> _Layout | None:
+        """layout.json, or, when it is lost or unreadable while book shards are there, the
+        layout rebuilt from them (their pointers' dimension, the schema's indexes): a cache
+        of what the shards say, never read as "nothing indexed"."""
+        try:
+            layout = _read_layout(self.folder)
+        except base.StoreDamagedError as exc:
+            problem = str(exc)
+        else:
+            if layout is not None or not _listed_books(self.books_folder):
+                return layout
+            problem = f"{self.folder / LAYOUT_FILE} is missing"
+        self._layout_lock.acquire(self._busy_wait_s)
+        try:
+            with contextlib.suppress(base.StoreDamagedError):
+                layout = _read_layout(self.folder)  # another process may have rebuilt it
+                if layout is not None:
+                    return layout
+            dims: Counter[int] = Counter()
+            for book in _listed_books(self.books_folder):
+                with contextlib.suppress(base.StoreDamagedError):
+                    pointer = _read_pointer(self.books_folder / book / _CURRENT)
+                    dim = None if pointer is None else pointer[1].get("dense_dim")
+                    if isinstance(dim, int):
+                        dims[dim] += 1
+            if not dims:
+                raise base.StoreDamagedError(
+                    f"{problem}, and no book shard says its dimension: the store is damaged. "
+                    f"Rebuild it from the books with `{_REBUILD}`."
+                )
+            layout = _Layout(dims.most_common(1)[0][0], _index_kinds(self.schema))
+            _write_layout(self.folder, layout)
+            log.warning("%s; rebuilt from the %d book shards", problem, sum(dims.values()))
+            return layout
+        finally:
+            self._layout_lock.release()
 
     # -- locks and routing ----------------------------------------------------------------
 
@@ -238,13 +277,49 @@ class EdgeStore(base.VectorStore):
         return signature != self._recipe[base.RECIPE_SIGNATURE]
 
     def _reader(self, book: str) -> qe.EdgeShard | None:
-        """The shard this handle reads for ``book`` (None: the book holds nothing)."""
+        """The shard this handle reads for ``book`` (None: the book holds nothing), checked
+        against what its summary promises when loaded (:meth:`_verify`)."""
         state = self._route(book)
         if state.shard is None and state.generation is not None:
-            state.shard = _load(state.folder / state.generation, self.description)
+            shard = _load(state.folder / state.generation, self.description)
+            try:
+                self._verify(book, state, shard)
+            except BaseException:
+                _close_shard(shard, flush=False)
+                raise
+            state.shard = shard
         if state.shard is not None:
             self._opened(book)
         return state.shard
+
+    def _verify(self, book: str, state: _Book, shard: qe.EdgeShard) -> None:
+        """A loaded shard holds only the book's points, and (for the current generation,
+        when its summary file is there: no write since it was saved) exactly as many as that
+        summary promises; else :class:`~rag_pipeline.store.errors.BookDamagedError`. An
+        emptied or truncated segment loads as a smaller shard without any engine error:
+        this is what keeps it from being answered as "nothing found"."""
+        total = int(self._call("count", shard.count, qe.CountRequest()))
+        if total:
+            own = int(
+                self._call(
+                    "count", shard.count, qe.CountRequest(filter=self._filter(TenantFilter(book)))
+                )
+            )
+            if own != total:
+                raise base.BookDamagedError(
+                    book,
+                    f"its shard {state.folder / str(state.generation)} holds {total - own} "
+                    "points of another book (a book folder copied under another name?)",
+                )
+        if state.pending or state.generation is None:
+            return
+        promised = _promised_points(state.folder, state.generation)
+        if promised is not None and promised != total:
+            raise base.BookDamagedError(
+                book,
+                f"its shard {state.folder / state.generation} holds {total} points where its "
+                f"summary promises {promised} (its files were changed or lost)",
+            )
 
     def _opened(self, book: str) -> None:
         """Mark ``book``'s shard as the latest used; close the least recently used past the
@@ -320,7 +395,7 @@ class EdgeStore(base.VectorStore):
                 _unlink(state.folder / _PENDING)
                 _remove_folder(state.folder / stale[0])
         name, shard = _create_shard(state.folder, dim, self.schema, self._layout)
-        pointer = {"generation": name, "recipe": self._recipe, "dense_dim": dim}
+        pointer = {"generation": name, "recipe": self._recipe, "dense_dim": dim, "book": book}
         _write_json(state.folder / (_PENDING if state.pending else _CURRENT), pointer)
         state.generation, state.shard, state.written = name, shard, True
         self._opened(book)
@@ -458,17 +533,19 @@ class EdgeStore(base.VectorStore):
             state = self._route(tenant)
             if state.pending or state.generation is None:
                 return  # a summary describes the current generation only
+            shard = self._reader(tenant)
+            if shard is None:
+                return
+            state.summary_points = int(self._call("count", shard.count, qe.CountRequest()))
             state.summary = dict(data)
             state.summary_dropped = False  # the next write drops it again
-            if state.shard is None:
-                self._write_summary(state)
 
     def _write_summary(self, state: _Book) -> None:
         data, state.summary = state.summary, None
         if data is None or state.generation is None or not state.folder.is_dir():
             return
         try:
-            _write_summary(state.folder, state.generation, data)
+            _write_summary(state.folder, state.generation, data, state.summary_points)
         except OSError as exc:  # no summary is safe (the book is read): never fail a close
             log.warning("summary of book %s not saved: %s", state.folder.name, exc)
 
@@ -574,11 +651,35 @@ class EdgeStore(base.VectorStore):
         with self._lock:
             if not _FOLDER_NAME.fullmatch(where.tenant) or ".." in where.tenant:
                 return 0
-            points = self.count(where)
+            try:
+                points = self.count(where)
+            except base.BookDamagedError:
+                points = 0  # what is left of it is removed all the same
             self._hold(where.tenant)
             self._forget(where.tenant)
             _remove_folder(self.books_folder / where.tenant)
             return points
+
+    def verify(self, tenant: str) -> None:
+        """The book's searched generation loaded and checked (:meth:`_verify`), unless its
+        summary vouches for its files as they are (then no shard is loaded: a load by a
+        later step is checked all the same)."""
+        with self._lock:
+            if _readable(tenant) and self.summary(tenant) is None:
+                self._reader(tenant)
+
+    def discard_damaged(self, tenant: str) -> None:
+        """The book's folder removed under its lock without loading it (see
+        :meth:`VectorStore.discard_damaged`)."""
+        with self._lock:
+            _check_book_name(tenant)
+            self._hold(tenant)
+            state = self._books.pop(tenant, None)
+            self._open.pop(tenant, None)
+            if state is not None and state.shard is not None:
+                _close_shard(state.shard, flush=False)
+            log.warning("book %s: its damaged index is removed to be rebuilt", tenant)
+            _remove_folder(self.books_folder / tenant)
 
     # -- primitives -------------------------------------------------------------------------
 
@@ -794,15 +895,19 @@ def _read_json(path: Path) -> Any:
 
 
 def _read_pointer(path: Path) -> _Pointer | None:
-    """(generation folder, the whole pointer) of current.json / pending.json, or None."""
+    """(generation folder, the whole pointer) of a book's current.json / pending.json, or
+    None; a pointer that is unreadable or names another book (a folder copied) is damage."""
     if not path.exists():
         return None
     data = _read_json(path)
+    book = path.parent.name
     generation = data.get("generation") if isinstance(data, dict) else None
     if not isinstance(generation, str) or not _readable(generation):
-        raise base.StoreDamagedError(
-            f"{path} is unreadable: the store is damaged. Rebuild it from the books with "
-            f"`{_REBUILD}`."
+        raise base.BookDamagedError(book, f"{path} is unreadable")
+    named = data.get("book")
+    if named is not None and named != book:
+        raise base.BookDamagedError(
+            book, f"{path} belongs to book {named!r} (a book folder copied under another name?)"
         )
     return generation, data
 
@@ -907,15 +1012,33 @@ def _fingerprint(generation: Path) -> dict[str, Any]:
     }
 
 
-def _write_summary(folder: Path, generation: str, data: Mapping[str, Any]) -> None:
-    """``folder/summary.json``: the pipeline's ``data`` and the fingerprint of the (flushed,
-    closed) generation. Written again after a short pause while its own time is not past the
-    newest file it vouches for (a later change in the same tick would keep that time)."""
+def _checksum(stamp: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+    """Over a summary's own content: an edit by other hands (a record's hash changed) makes
+    it unread."""
+    body = json.dumps(
+        {"store": {k: v for k, v in stamp.items() if k != "checksum"}, "data": data},
+        sort_keys=True,
+    )
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _write_summary(folder: Path, generation: str, data: Mapping[str, Any], points: int) -> None:
+    """``folder/summary.json``: the pipeline's ``data``, the book and generation it describes,
+    the points the generation holds, the fingerprint of its (flushed, closed) files and a
+    checksum over all of it. Written again after a short pause while its own time is not
+    past the newest file it vouches for (a later change in the same tick would keep that
+    time)."""
     path = folder / _SUMMARY
     try:
-        stamp = {"generation": generation, **_fingerprint(folder / generation)}
+        stamp: dict[str, Any] = {
+            "book": folder.name,
+            "generation": generation,
+            "points": points,
+            **_fingerprint(folder / generation),
+        }
     except FileNotFoundError:
         return  # the generation went (purged, emptied): nothing to describe
+    stamp["checksum"] = _checksum(stamp, data)
     for _ in range(_RACY_TRIES):
         _write_json(path, {"store": stamp, "data": dict(data)})
         if path.stat().st_mtime_ns > stamp["newest_ns"]:
@@ -924,9 +1047,11 @@ def _write_summary(folder: Path, generation: str, data: Mapping[str, Any]) -> No
     log.debug("summary of %s left racy: it is read as absent", folder.name)
 
 
-def _read_summary(folder: Path, generation: str) -> dict[str, Any] | None:
-    """The pipeline's data of ``folder/summary.json`` if it vouches for ``generation`` as its
-    files are now; None otherwise (the caller reads the shard)."""
+def _sound_summary(
+    folder: Path, generation: str
+) -> tuple[dict[str, Any], dict[str, Any], int] | None:
+    """(stamp, data, the file's mtime) of ``folder/summary.json`` when it is intact (its
+    checksum), names this book and ``generation``; None otherwise."""
     try:
         with open(folder / _SUMMARY, "rb") as fh:
             written_ns = os.fstat(fh.fileno()).st_mtime_ns  # the time of what is read
@@ -937,8 +1062,31 @@ def _read_summary(folder: Path, generation: str) -> dict[str, Any] | None:
     data = saved.get("data") if isinstance(saved, dict) else None
     if not isinstance(stamp, dict) or not isinstance(data, dict):
         return None  # half written cannot happen (tmp + rename); an old format can
+    if stamp.get("checksum") != _checksum(stamp, data):
+        return None  # edited by other hands, or written before summaries had a checksum
+    if stamp.get("book") != folder.name or stamp.get("generation") != generation:
+        return None
+    return stamp, data, written_ns
+
+
+def _promised_points(folder: Path, generation: str) -> int | None:
+    """The points the book's intact summary says ``generation`` held when it was saved
+    (None: no such summary). The pipeline removes the summary before its first write to the
+    generation, so a summary that is there promises the generation as it is now."""
+    sound = _sound_summary(folder, generation)
+    points = None if sound is None else sound[0].get("points")
+    return points if isinstance(points, int) else None
+
+
+def _read_summary(folder: Path, generation: str) -> dict[str, Any] | None:
+    """The pipeline's data of ``folder/summary.json`` if it is intact and vouches for
+    ``generation`` as its files are now; None otherwise (the caller reads the shard)."""
+    sound = _sound_summary(folder, generation)
+    if sound is None:
+        return None
+    stamp, data, written_ns = sound
     newest = stamp.get("newest_ns")
-    if stamp.get("generation") != generation or not isinstance(newest, int):
+    if not isinstance(newest, int):
         return None
     if newest >= written_ns:
         return None  # racy: a change in the tick the summary was written would be unseen
@@ -1091,22 +1239,21 @@ def _index_params(schema: base.CollectionSchema, layout: _Layout, *, points: int
 
 
 def _load(folder: Path, description: str) -> qe.EdgeShard:
+    """A book's generation folder loaded; a missing or unloadable one is that book's damage."""
+    book = folder.parent.name
     if not (folder / _CONFIG_FILE).exists():
         if _has_data(folder):
-            raise base.StoreDamagedError(
-                f"{description}: {folder} holds segments but no {_CONFIG_FILE}: the store is "
-                f"damaged. Rebuild it from the books with `{_REBUILD}`."
+            raise base.BookDamagedError(
+                book, f"{folder} holds segments but no {_CONFIG_FILE} ({description})"
             )
-        raise base.StoreDamagedError(
-            f"{description}: {folder.parent / _CURRENT} names {folder.name}, which is not "
-            f"there: the store is damaged. Rebuild it from the books with `{_REBUILD}`."
+        raise base.BookDamagedError(
+            book, f"{folder.parent / _CURRENT} names {folder.name}, which is not there"
         )
     try:
         return qe.EdgeShard.load(str(folder))
     except Exception as exc:
-        raise base.StoreDamagedError(
-            f"cannot open {description} ({folder}): {exc}. If its files were changed or lost, "
-            f"rebuild it from the books with `{_REBUILD}`."
+        raise base.BookDamagedError(
+            book, f"cannot open its shard {folder} ({description}): {exc}"
         ) from exc
 
 

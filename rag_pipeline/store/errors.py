@@ -2,6 +2,7 @@
 (lock.py) both import, so neither imports the other."""
 
 __all__ = [
+    "BookDamagedError",
     "StoreBusyError",
     "StoreDamagedError",
     "StoreError",
@@ -29,3 +30,17 @@ class StorePathError(StoreError):
 
 class StoreDamagedError(StoreError):
     """The store's files or contents are not what this program wrote: never served as-is."""
+
+
+class BookDamagedError(StoreDamagedError):
+    """One book's index is not what this program wrote (its files, or fewer or other points
+    than its summary promises): its next ingest rebuilds it; every reader says so."""
+
+    def __init__(self, book: str, problem: str) -> None:
+        super().__init__(
+            f"book {book!r}: {problem}. Its next `rag-pipeline ingest` rebuilds it from its "
+            "files (`rag-pipeline ingest --book "
+            f"{book}`; or rebuild the whole store with `rag-pipeline ingest --rebuild`)."
+        )
+        self.book = book
+        self.problem = problem
