@@ -20,8 +20,9 @@ from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.resources import PipelineResources
-from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
+from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter, chunks_of
 from rag_pipeline.store import open_store
+from rag_pipeline_tests.conftest import make_recipe
 
 BOOKS = ("humanoid-robotics-ros2", "ros2-fundamentals")
 
@@ -796,3 +797,52 @@ def test_the_collection_page_takes_each_books_last_run_from_its_summary(
     page = collection_page(instance, pipeline.books, pipeline.qdrant)
     rows = {r["book"]: r for r in table_rows(page.metadata["book_table"])}
     assert rows[BOOKS[0]]["last_run"] == run.run_id
+
+
+def test_the_job_runs_the_stage_functions_ingest_book_runs_and_writes_what_it_writes(
+    settings, resources, instance, monkeypatch, tmp_path
+):
+    """One path: the assets call the stage functions `ingest_book` calls (damage repair,
+    inventory, parse, chunk, embed, the checked write, the finish), and the job's index is
+    the one `ingest_book` builds from the same books."""
+    from rag_pipeline.defs import assets
+    from rag_pipeline.ingest import stages
+
+    shared = (
+        "discard_if_damaged",
+        "take_inventory",
+        "parse_book",
+        "chunk_book",
+        "embed_books",
+        "vectors_to_reuse",
+        "write_and_check",
+        "finish_book",
+    )
+    called: list[str] = []
+    for name in shared:
+        real = getattr(stages, name)
+        assert getattr(assets, name) is real, f"the assets import {name} from stages"
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            called.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(assets, name, spy)
+    book = BOOKS[0]
+    result = materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    )
+    assert result.success and set(called) == set(shared)
+    monkeypatch.undo()
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        by_job = {r.id for r in store.scroll(book_filter(book), fields=[])}
+    direct = load_settings(
+        data_dir=settings.data_dir,
+        qdrant_path=str(tmp_path / "direct"),
+        embedder="hash",
+        cache_dir=tmp_path / "cache",
+    )
+    with open_store(direct.store(), COLLECTION_SCHEMA) as store:
+        stages.ingest_book(direct.source(), book, store, make_recipe(HashEmbedder()))
+        by_function = {r.id for r in store.scroll(book_filter(book), fields=[])}
+    assert by_job == by_function and by_job

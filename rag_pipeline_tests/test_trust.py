@@ -225,3 +225,27 @@ def test_a_file_made_unreadable_is_reported_by_every_ingest():
     finally:
         os.chmod(books / "b1" / "z.md", 0o644)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_service_answers_503_naming_a_damaged_book_and_serves_the_others(world):
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline_tests.conftest import make_recipe
+
+    settings = load_settings(
+        data_dir=data(world),
+        qdrant_path=world.env["RAG_QDRANT_PATH"],
+        embedder="hash",
+        cache_dir=world.env["RAG_CACHE_DIR"],
+    )
+    for path in (generation(world, "b1") / "segments").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"")
+    with TestClient(create_app(settings, make_recipe(HashEmbedder()), cache_size=0)) as client:
+        damaged = client.get("/search", params={"q": "fox", "book": "b1", "mode": "sparse"})
+        assert damaged.status_code == 503 and "book 'b1'" in damaged.json()["detail"]
+        assert "rag-pipeline ingest" in damaged.json()["detail"]
+        other = client.get("/search", params={"q": "owls", "book": "b2", "mode": "sparse"})
+        assert other.status_code == 200 and other.json()

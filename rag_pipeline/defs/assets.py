@@ -38,11 +38,9 @@ from rag_pipeline.defs.batch import BookCheck, check_books, record_book, run_boo
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.defs.runs import one_label, tag_checks, tag_migration, tag_run
-from rag_pipeline.ingest.collection import run_summary
-from rag_pipeline.ingest.consistency import check_chunks, check_index, check_vectors
-from rag_pipeline.ingest.crawl import path_is_gone
+from rag_pipeline.ingest.consistency import check_chunks, check_vectors
 from rag_pipeline.ingest.index import WriteReport
-from rag_pipeline.ingest.migration import BuildStart, SwitchOutcome, finish_build, start_build
+from rag_pipeline.ingest.migration import BuildStart, SwitchOutcome, start_build
 from rag_pipeline.ingest.progress import ProgressLog
 from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult
@@ -55,11 +53,12 @@ from rag_pipeline.ingest.stages import (
     chunk_book,
     discard_if_damaged,
     embed_books,
+    finish_book,
     parse_book,
     rebuilt_reason,
     take_inventory,
     vectors_to_reuse,
-    write_book,
+    write_and_check,
 )
 from rag_pipeline.resources import LazyRecipe, StoreOpener
 
@@ -492,36 +491,26 @@ def _write_book(
     index_recipe = recipe.for_model(chunked.inventory.embedding_model)
     lineage = index_recipe.lineage(context.run.run_id, embedded.sparse_model)
     with qdrant.open(recipe=index_recipe) as store:
-        if path_is_gone(books.data_dir, book_id):
-            # removed while this run read and embedded it: writing now would bring back points
-            # its purge deletes (or already deleted); the run ends cleanly instead of retrying
-            return _book_removed_during_run(context, book_id)
-        written = write_book(store, chunked, embedded, lineage)
-        consistency = check_index(store, book_id, index_recipe.dimension)
+        checked = write_and_check(store, books, chunked, embedded, lineage, index_recipe.dimension)
+    if checked.written is None or checked.consistency is None:
+        # removed while this run read and embedded it: its purge deletes the book; the run
+        # ends cleanly instead of retrying
+        return _book_removed_during_run(context, book_id)
+    written, consistency = checked.written, checked.consistency
     result = book_result(chunked, embedded, written, consistency)
     problems = consistency.problems()
     if problems:
         tag_checks(context, "failed")
-    with qdrant.open() as store:  # a reader: the switch decision is finish_build's
+    with qdrant.open() as store:  # a reader: the switch decision is finish_book's
         before = store.current_recipe(book_id)
-        switch = finish_build(
+        switch = finish_book(
             store,
-            book_id,
-            failed_files=_failed_files(chunked),
-            checks_passed=consistency.passed,
-            recipe=index_recipe.tag(),
+            chunked,
+            consistency,
+            index_recipe,
+            run_id=context.run.run_id,
             keep_old=qdrant.config.keep_old_recipe,
         )
-        if switch.switched:  # the new generation's catalog entry: plans need not open it
-            inventory = chunked.inventory
-            summary = run_summary(
-                store,
-                book_id,
-                run_id=context.run.run_id,
-                files=inventory.files,
-                read_at_ns=inventory.read_at_ns,
-            )
-            store.save_summary(book_id, summary)
     for reason in switch.held_back:
         message = f"{book_id}: the new recipe's build stays pending: {reason}"
         context.log.warning(message)
@@ -553,13 +542,6 @@ def _write_book(
         },
     )
     return result, check
-
-
-def _failed_files(chunked: ChunkedBook) -> set[str]:
-    """Files that failed in this run (read, parse, chunk, crawl): a new build lacks their
-    chunks, which the old index may still serve."""
-    failed = {o.source_file for o in chunked.outcomes if o.status == "error"}
-    return failed | {e.source_file for e in chunked.inventory.crawl_errors}
 
 
 def _recipe_metadata(before: dict[str, str] | None, switch: SwitchOutcome) -> dict[str, Any]:

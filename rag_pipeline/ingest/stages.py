@@ -23,14 +23,21 @@ from rag_pipeline.embed.base import ProgressCallback
 from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
 from rag_pipeline.ingest.changes import UNREADABLE_STAGE
 from rag_pipeline.ingest.collection import run_summary
-from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks
-from rag_pipeline.ingest.crawl import SourceReadError, path_meta, read_source, unreadable_reason
+from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks, check_index
+from rag_pipeline.ingest.crawl import (
+    SourceReadError,
+    path_is_gone,
+    path_meta,
+    read_source,
+    unreadable_reason,
+)
 from rag_pipeline.ingest.index import (
     DocumentOutcome,
     WriteReport,
     reusable_vectors,
     write_book_changes,
 )
+from rag_pipeline.ingest.migration import SwitchOutcome, finish_build
 from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.ingest.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.ingest.report import BookResult
@@ -40,6 +47,7 @@ from rag_pipeline.store import BookDamagedError, CollectionSpec, SparseVector, V
 __all__ = [
     "BookInventory",
     "BookRun",
+    "CheckedWrite",
     "ChunkedBook",
     "EmbeddedBook",
     "ParsedBook",
@@ -50,12 +58,15 @@ __all__ = [
     "discard_if_damaged",
     "embed_book",
     "embed_books",
+    "failed_files",
+    "finish_book",
     "ingest_book",
     "parse_book",
     "preview_writes",
     "rebuilt_reason",
     "take_inventory",
     "vectors_to_reuse",
+    "write_and_check",
     "write_book",
 ]
 
@@ -441,6 +452,75 @@ def write_book(
 
 
 @dataclass(frozen=True)
+class CheckedWrite:
+    """The write step's outcome: what it wrote and the index check after it; both None when
+    the book folder was removed while the run read and embedded it (nothing is written: its
+    purge deletes the book)."""
+
+    written: WriteReport | None
+    consistency: IndexConsistency | None
+
+    @property
+    def book_removed(self) -> bool:
+        return self.written is None
+
+
+def write_and_check(
+    store: VectorStore,
+    source: SourceConfig,
+    chunked: ChunkedBook,
+    embedded: EmbeddedBook,
+    lineage: LineageInfo,
+    dimension: int,
+) -> CheckedWrite:
+    """The write step of a run: the book's points written (unless its folder is gone: writing
+    now would bring back points its purge deletes), then its index checked."""
+    book_id = chunked.book_id
+    if path_is_gone(source.data_dir, book_id):
+        return CheckedWrite(None, None)
+    written = write_book(store, chunked, embedded, lineage)
+    return CheckedWrite(written, check_index(store, book_id, dimension))
+
+
+def failed_files(chunked: ChunkedBook) -> set[str]:
+    """Files that failed in this run (read, parse, chunk, crawl): a new build lacks their
+    chunks, which the old index may still serve."""
+    failed = {o.source_file for o in chunked.outcomes if o.status == "error"}
+    return failed | {e.source_file for e in chunked.inventory.crawl_errors}
+
+
+def finish_book(
+    store: VectorStore,
+    chunked: ChunkedBook,
+    consistency: IndexConsistency,
+    recipe: IndexRecipe,
+    *,
+    run_id: str | None,
+    keep_old: bool = False,
+) -> SwitchOutcome:
+    """The end of a run of a book (``store``: a reader handle, opened after the run's
+    builders closed): its pending recipe build switched in if it is complete and lost nothing
+    (:func:`~rag_pipeline.ingest.migration.finish_build`), and the new generation's summary
+    saved (plans need not open it)."""
+    book_id = chunked.book_id
+    switch = finish_build(
+        store,
+        book_id,
+        failed_files=failed_files(chunked),
+        checks_passed=consistency.passed,
+        recipe=recipe.tag(),
+        keep_old=keep_old,
+    )
+    if switch.switched:
+        inventory = chunked.inventory
+        summary = run_summary(
+            store, book_id, run_id=run_id, files=inventory.files, read_at_ns=inventory.read_at_ns
+        )
+        store.save_summary(book_id, summary)
+    return switch
+
+
+@dataclass(frozen=True)
 class BookRun:
     """Everything one pass over a book produced (the assets' outputs, without Dagster)."""
 
@@ -449,6 +529,8 @@ class BookRun:
     chunked: ChunkedBook
     embedded: EmbeddedBook
     written: WriteReport
+    consistency: IndexConsistency | None = None
+    switch: SwitchOutcome | None = None
 
 
 def ingest_book(
@@ -460,13 +542,22 @@ def ingest_book(
     *,
     force: bool = False,
 ) -> BookRun:
-    """All stages of one book in order, as the asset chain runs them."""
+    """All stages of one book in order, with one store handle: the functions the asset chain
+    calls, in its order (damage repair, inventory, parse, chunk, embed, the checked write, the
+    finish), without Dagster's run and metadata."""
+    discard_if_damaged(store, book_id)
     inventory = take_inventory(source, book_id, store, recipe, force=force)
     parsed = parse_book(inventory, source)
     chunked = chunk_book(parsed, recipe)
     embedded = embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
-    written = write_book(store, chunked, embedded, recipe.lineage(run_id, embedded.sparse_model))
-    return BookRun(inventory, parsed, chunked, embedded, written)
+    lineage = recipe.lineage(run_id, embedded.sparse_model)
+    checked = write_and_check(store, source, chunked, embedded, lineage, recipe.dimension)
+    if checked.written is None or checked.consistency is None:
+        raise ValueError(f"book folder {book_id!r} was removed during the run: nothing written")
+    switch = finish_book(store, chunked, checked.consistency, recipe, run_id=run_id)
+    return BookRun(
+        inventory, parsed, chunked, embedded, checked.written, checked.consistency, switch
+    )
 
 
 def book_result(
