@@ -129,12 +129,18 @@ def test_a_lost_layout_is_rebuilt_from_the_shards(world):
     assert plan_actions(world) == {"b1": "unchanged", "b2": "unchanged"}
 
 
-@pytest.mark.parametrize("damage", ["segment files removed", "segment files emptied"])
+@pytest.mark.parametrize(
+    "damage", ["segment files removed", "segment files emptied", "current.json lost"]
+)
 def test_a_damaged_shard_is_named_never_answered_as_empty_and_the_next_ingest_repairs_it(
     world, damage
 ):
     segments = generation(world, "b1") / "segments"
+    if damage == "current.json lost":
+        (book_folder(world, "b1") / "current.json").unlink()
     for path in sorted(segments.rglob("*"), reverse=True):
+        if damage == "current.json lost":
+            break
         if damage == "segment files removed":
             if path.is_file():
                 path.unlink()

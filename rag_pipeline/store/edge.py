@@ -257,6 +257,8 @@ class EdgeStore(base.VectorStore):
         pending = _read_pointer(folder / _PENDING)
         if pending is not None and current is not None and pending[0] == current[0]:
             pending = None  # a switch died after replacing current.json: done already
+        if current is None:
+            _check_not_orphaned(folder)
         state = _Book(folder, current[0] if current else None, pending=False)
         if self._recipe is not None and current is not None and self._builds_beside(current):
             ours = (
@@ -1048,10 +1050,10 @@ def _write_summary(folder: Path, generation: str, data: Mapping[str, Any], point
 
 
 def _sound_summary(
-    folder: Path, generation: str
+    folder: Path, generation: str | None
 ) -> tuple[dict[str, Any], dict[str, Any], int] | None:
     """(stamp, data, the file's mtime) of ``folder/summary.json`` when it is intact (its
-    checksum), names this book and ``generation``; None otherwise."""
+    checksum), names this book and ``generation`` (None: any); None otherwise."""
     try:
         with open(folder / _SUMMARY, "rb") as fh:
             written_ns = os.fstat(fh.fileno()).st_mtime_ns  # the time of what is read
@@ -1064,9 +1066,24 @@ def _sound_summary(
         return None  # half written cannot happen (tmp + rename); an old format can
     if stamp.get("checksum") != _checksum(stamp, data):
         return None  # edited by other hands, or written before summaries had a checksum
-    if stamp.get("book") != folder.name or stamp.get("generation") != generation:
+    if stamp.get("book") != folder.name:
+        return None
+    if generation is not None and stamp.get("generation") != generation:
         return None
     return stamp, data, written_ns
+
+
+def _check_not_orphaned(folder: Path) -> None:
+    """A book without ``current.json`` holds nothing, unless its intact summary names a
+    generation that is there: then the pointer was lost (no kill of the pipeline leaves
+    that: the pointer is written before the first point, the summary after the last), and
+    the book is damaged, not empty."""
+    sound = _sound_summary(folder, None)
+    named = None if sound is None else sound[0].get("generation")
+    if isinstance(named, str) and _readable(named) and (folder / named / _CONFIG_FILE).exists():
+        raise base.BookDamagedError(
+            folder.name, f"{folder / _CURRENT} is missing while its generation {named} is there"
+        )
 
 
 def _promised_points(folder: Path, generation: str) -> int | None:
