@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import sys
 import tempfile
@@ -28,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> int:
     sys.path.insert(0, str(REPO))  # the sequences live with the suite's helpers
     from rag_pipeline_tests.differential import Differential
+    from rag_pipeline_tests.warm import warm_server
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
@@ -39,15 +39,12 @@ def main() -> int:
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         root = Path(tempfile.mkdtemp(prefix=f"rag-differential-{seed}-"))
-        cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_before = warm_server().children_cpu_s()  # every command is forked by it
         started = time.perf_counter()
         outcome = Differential(root, seed).run(
             args.steps, compare_every=args.compare_every, log=print if args.verbose else None
         )
-        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (
-            cpu_after.ru_stime - cpu_before.ru_stime
-        )
+        cpu = warm_server().children_cpu_s() - cpu_before
         rows.append(
             {
                 "seed": seed,
@@ -56,8 +53,9 @@ def main() -> int:
                 "divergences": len(outcome.divergences),
                 "plan_disagreements": len(outcome.plan_disagreements),
                 "failed_ingests": len(outcome.failures),
+                "halts_answered": outcome.halts,
                 "wall_s": round(time.perf_counter() - started, 1),
-                "children_cpu_s": round(cpu, 1),
+                "commands_cpu_s": round(cpu, 1),
                 "operations": outcome.operations,
                 "first_problems": (
                     outcome.divergences + outcome.plan_disagreements + outcome.failures
@@ -71,7 +69,7 @@ def main() -> int:
                 f"seed {seed}: {row['steps']} steps, {row['comparisons']} clean builds compared, "
                 f"{row['divergences']} divergences, {row['plan_disagreements']} plan "
                 f"disagreements, {row['failed_ingests']} failed ingests; {row['wall_s']} s wall, "
-                f"{row['children_cpu_s']} CPU s",
+                f"{row['commands_cpu_s']} CPU s of the commands",
                 flush=True,
             )
             for problem in row["first_problems"]:

@@ -100,6 +100,8 @@ class Outcome:
     failures: list[str] = field(default_factory=list)
     operations: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    #: ingests that refused to purge every indexed book at once (the operator then named them)
+    halts: int = 0
 
     @property
     def ok(self) -> bool:
@@ -326,6 +328,15 @@ class Differential:
                 f"step {self.outcome.steps}: ingest exit {done.returncode}: {failed} "
                 f"{done.stderr[-400:]}"
             )
+        if any("refusing to purge all" in w.lower() for w in report.get("warnings", [])):
+            # the data folder holds none of the indexed books: by design nothing is purged
+            # until an operator names the books (a wrong RAG_DATA_DIR or an unmounted volume
+            # looks the same); the operator's answer, as the warning says
+            self.outcome.halts += 1
+            on_disk = {b.name for b in self._books()}
+            for book in sorted(set(point_sets(Path(self.cli.env["RAG_QDRANT_PATH"]))) - on_disk):
+                self.cli("ingest", "--book", book, "--json", check=False)
+            return self.step_ingest()  # the books on disk, which the refusal left alone
         return report
 
     def check_plan(self, what: str) -> None:

@@ -386,3 +386,26 @@ def test_a_process_checks_a_summary_once_a_minute_and_a_write_ends_the_trust(
     monkeypatch.setattr(edge.time, "monotonic", lambda: later)
     with books.open() as store:
         assert store.summary("book-00") is None
+
+
+@pytest.mark.parametrize(
+    "name", ["plain.md", 'a, "store": {"book": "x"}.md', 'q\\", "store": .md', "ünï.md"]
+)
+def test_a_summary_is_read_back_whatever_its_file_names_and_refused_once_edited(tmp_path, name):
+    """The summary's checksum is over its data as the file holds them: any file name reads
+    back, and any edit of the data or the stamp makes the summary unread."""
+    from rag_pipeline.store import edge
+
+    folder = tmp_path / "book-00"
+    (folder / "g1").mkdir(parents=True)
+    (folder / "g1" / "edge_config.json").write_text("{}")
+    data = {"records": {name: ["ab" * 32, 1, 0]}, "stats": {name: [1, 2, 3, 4, 5, 6]}}
+    edge._write_summary(folder, "g1", data, points=2)
+    sound = edge._sound_summary(folder, "g1")
+    assert sound is not None and sound[1] == data and sound[0]["points"] == 2
+    text = (folder / "summary.json").read_text()
+    for edited in (text.replace('"ab', '"cd', 1), text.replace('"points": 2', '"points": 3')):
+        (folder / "summary.json").write_text(edited)
+        assert edge._sound_summary(folder, "g1") is None
+    (folder / "summary.json").write_text(json.dumps(json.loads(text), indent=1))  # reformatted
+    assert edge._sound_summary(folder, "g1") is None

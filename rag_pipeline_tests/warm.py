@@ -203,6 +203,11 @@ class WarmServer:
         )
         self._read()
 
+    def children_cpu_s(self) -> float:
+        """CPU seconds (user + system) of the commands it forked that have ended."""
+        fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
     def _read(self) -> dict[str, Any]:
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()

@@ -96,12 +96,14 @@ _RACY_TRIES = 3
 #: look after its runs once more. The pipeline's own writers drop or replace the file, which
 #: ends the trust at once; only damage by other hands waits this long to be noticed.
 _RECHECK_AFTER_S = 60.0
-#: (summary file, generation, inode, mtime, size) -> (until when, its data), for the process
-_checked: dict[tuple[str, str, int, int, int], tuple[float, dict[str, Any]]] = {}
-_checked_lock = threading.Lock()
-_CHECKED_MAX = 100_000
 #: a generation pointer as read: (its folder name, the whole pointer)
 _Pointer = tuple[str, dict[str, Any]]
+#: (book folder, inode, mtime and size of current.json, then of summary.json) -> (until when,
+#: the pointer, the summary's data), for the process
+_Seen = tuple[str, int, int, int, int, int, int]
+_checked: dict[_Seen, tuple[float, _Pointer, dict[str, Any]]] = {}
+_checked_lock = threading.Lock()
+_CHECKED_MAX = 100_000
 _TRASH = ".trash-"  # a folder being removed: a dot-name is never a book nor a generation
 #: a generation folder's name (see _create_shard)
 _GENERATION = re.compile(r"g\d{14}-[0-9a-f]{6}")
@@ -503,30 +505,42 @@ class EdgeStore(base.VectorStore):
             return dict(state.summary)  # saved by this handle, no write since
         if state is not None and (state.summary_dropped or state.pending):
             return None
-        folder = self.books_folder / tenant
-        try:
-            current = _read_pointer(folder / _CURRENT)
-        except base.StoreDamagedError:
-            return None  # the full read says so
-        if current is None or (self._recipe is not None and self._builds_beside(current)):
-            return None
-        try:
-            st = os.stat(folder / _SUMMARY)
+        folder = f"{self.books_folder}{os.sep}{tenant}"  # (str: a plan asks per book, 4 times)
+        try:  # both files are replaced, never rewritten in place: a new inode at every change
+            pointer_st = os.stat(f"{folder}{os.sep}{_CURRENT}")
+            summary_st = os.stat(f"{folder}{os.sep}{_SUMMARY}")
         except OSError:
             return None
-        seen = (str(folder), current[0], st.st_ino, st.st_mtime_ns, st.st_size)
+        seen = (
+            folder,
+            pointer_st.st_ino,
+            pointer_st.st_mtime_ns,
+            pointer_st.st_size,
+            summary_st.st_ino,
+            summary_st.st_mtime_ns,
+            summary_st.st_size,
+        )
         with _checked_lock:
             checked = _checked.get(seen)
         if checked is not None and time.monotonic() < checked[0]:
-            return dict(checked[1])  # the same file, checked a moment ago (a plan asks twice)
-        data = _read_summary(folder, current[0])
-        if data is not None:
+            current, data = checked[1], checked[2]  # the same files, checked a moment ago
+        else:
+            try:
+                pointer = _read_pointer(Path(folder) / _CURRENT)
+            except base.StoreDamagedError:
+                return None  # the full read says so
+            read = None if pointer is None else _read_summary(Path(folder), pointer[0])
+            if pointer is None or read is None:
+                return None
+            current, data = pointer, read
             with _checked_lock:
                 if len(_checked) > _CHECKED_MAX:  # a long-lived process: forget the oldest
                     for key in list(_checked)[: len(_checked) // 2]:
                         del _checked[key]
-                _checked[seen] = (time.monotonic() + _RECHECK_AFTER_S, data)
-        return data
+                _checked[seen] = (time.monotonic() + _RECHECK_AFTER_S, current, data)
+        if self._recipe is not None and self._builds_beside(current):
+            return None
+        return dict(data)
 
     def save_summary(self, tenant: str, data: Mapping[str, Any]) -> None:
         """Kept in memory until the book's shard is flushed and closed (unload or close),
@@ -1014,14 +1028,35 @@ def _fingerprint(generation: Path) -> dict[str, Any]:
     }
 
 
-def _checksum(stamp: Mapping[str, Any], data: Mapping[str, Any]) -> str:
-    """Over a summary's own content: an edit by other hands (a record's hash changed) makes
-    it unread."""
-    body = json.dumps(
-        {"store": {k: v for k, v in stamp.items() if k != "checksum"}, "data": data},
-        sort_keys=True,
+_SUMMARY_HEAD = b'{"data": '
+_SUMMARY_STAMP = b', "store": '
+
+
+def _sealed(stamp: dict[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """``stamp`` with the SHA-256 of ``data`` as the summary file holds it and a checksum over
+    both: an edit by other hands (a record's hash changed, a count) makes the file unread."""
+    body = json.dumps(data, sort_keys=True).encode()  # as _write_json writes it
+    sealed = {**stamp, "data_sha256": hashlib.sha256(body).hexdigest()}
+    return {**sealed, "checksum": _stamp_checksum(sealed)}
+
+
+def _stamp_checksum(stamp: Mapping[str, Any]) -> str:
+    fields = {k: v for k, v in stamp.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _intact(raw: bytes, stamp: Mapping[str, Any]) -> bool:
+    """The summary file's bytes are what :func:`_sealed` sealed: its data hashed as they lie
+    in the file (between ``{"data": `` and the last ``, "store": ``, which no JSON string can
+    hold unescaped), not serialized again."""
+    end = raw.rfind(_SUMMARY_STAMP)
+    if not raw.startswith(_SUMMARY_HEAD) or end < 0:
+        return False
+    body = raw[len(_SUMMARY_HEAD) : end]
+    return (
+        stamp.get("checksum") == _stamp_checksum(stamp)
+        and stamp.get("data_sha256") == hashlib.sha256(body).hexdigest()
     )
-    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def _write_summary(folder: Path, generation: str, data: Mapping[str, Any], points: int) -> None:
@@ -1040,7 +1075,7 @@ def _write_summary(folder: Path, generation: str, data: Mapping[str, Any], point
         }
     except FileNotFoundError:
         return  # the generation went (purged, emptied): nothing to describe
-    stamp["checksum"] = _checksum(stamp, data)
+    stamp = _sealed(stamp, data)
     for _ in range(_RACY_TRIES):
         _write_json(path, {"store": stamp, "data": dict(data)})
         if path.stat().st_mtime_ns > stamp["newest_ns"]:
@@ -1057,14 +1092,15 @@ def _sound_summary(
     try:
         with open(folder / _SUMMARY, "rb") as fh:
             written_ns = os.fstat(fh.fileno()).st_mtime_ns  # the time of what is read
-            saved = json.loads(fh.read())
+            raw = fh.read()
+        saved = json.loads(raw)
     except (OSError, ValueError):
         return None
     stamp = saved.get("store") if isinstance(saved, dict) else None
     data = saved.get("data") if isinstance(saved, dict) else None
     if not isinstance(stamp, dict) or not isinstance(data, dict):
         return None  # half written cannot happen (tmp + rename); an old format can
-    if stamp.get("checksum") != _checksum(stamp, data):
+    if not _intact(raw, stamp):
         return None  # edited by other hands, or written before summaries had a checksum
     if stamp.get("book") != folder.name:
         return None
