@@ -68,23 +68,33 @@ def assert_rebuild_heals(cli) -> None:
     assert list(folder(cli).parent.glob("rag_chunks.set-aside-*"))  # kept for inspection
 
 
+def assert_named(proc) -> None:
+    """A reader of a damaged book exits 1 naming the book and both ways out."""
+    no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    assert f"book {BOOK!r}" in proc.stderr and "rag-pipeline ingest --rebuild" in proc.stderr
+    assert f"rag-pipeline ingest --book {BOOK}" in proc.stderr
+
+
 def test_a_lost_config_file_is_named_and_rebuild_heals_it(cli):
     (shard(cli) / "edge_config.json").unlink()
-    for proc in (search(cli), cli("ingest", check=False), cli("plan", check=False)):
-        no_traceback(proc)
-        assert proc.returncode == 2
-        assert "damaged" in proc.stderr and "rag-pipeline ingest --rebuild" in proc.stderr
+    assert_named(search(cli))
+    plan = cli.json("plan")["books"]
+    assert plan[BOOK]["action"] == "run" and "damaged" in plan[BOOK]["reasons"][0]
     assert_rebuild_heals(cli)
 
 
-def test_emptied_segment_files_are_named_and_rebuild_heals_them(cli):
+def test_emptied_segment_files_are_named_and_the_next_ingest_heals_them(cli):
     for path in (shard(cli) / "segments").rglob("*"):
         if path.is_file():
             path.write_bytes(b"")
-    proc = search(cli)
-    no_traceback(proc)
-    assert proc.returncode == 2 and "rag-pipeline ingest --rebuild" in proc.stderr
-    assert_rebuild_heals(cli)
+    assert_named(search(cli))
+    report = cli.json("ingest")["books"]
+    assert report[BOOK]["status"] == "ingested" and report[BOOK]["points"] > 0
+    assert any("damaged" in r for r in report[BOOK]["reasons"])
+    healed = search(cli)
+    assert healed.returncode == 0 and json.loads(healed.stdout)
+    assert {b["action"] for b in cli.json("plan")["books"].values()} == {"unchanged"}
 
 
 def test_overwritten_vectors_are_never_served_and_the_next_ingest_repairs_them(cli):
