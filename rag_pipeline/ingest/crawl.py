@@ -215,7 +215,7 @@ def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
     that could not be listed or was refused."""
     # (folder, its path relative to the book folder, its real path: a plain folder's is its
     # parent's plus its name, resolved only for a folder reached through a link)
-    stack: list[tuple[str, str, str | None]] = [(book_dir, "", None)]
+    stack: list[tuple[str, str, str | None]] = [(book_dir, "", folder)]  # resolved once
     seen: set[str] = set()
     while stack:
         current, rel_dir, real = stack.pop()
