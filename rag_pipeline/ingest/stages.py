@@ -460,10 +460,6 @@ class CheckedWrite:
     written: WriteReport | None
     consistency: IndexConsistency | None
 
-    @property
-    def book_removed(self) -> bool:
-        return self.written is None
-
 
 def write_and_check(
     store: VectorStore,
