@@ -97,10 +97,11 @@ def _failed_work_errors() -> tuple[type[BaseException], ...]:
     embedding service's failure (timeout, 429, a bad answer) is an EmbedError, but not the
     settings' fault as a missing API key is."""
     from rag_pipeline.embed import EmbedServiceError
-    from rag_pipeline.store import BookDamagedError
+    from rag_pipeline.store import BookDamagedError, StoreResourceError
 
-    # a book's damaged index: what is asked cannot be answered (its next ingest rebuilds it)
-    return (DagsterStateError, EmbedServiceError, BookDamagedError)
+    # a book's damaged index (its next ingest rebuilds it), a limit of the machine (open
+    # files, memory, disk space): what is asked cannot be answered now
+    return (DagsterStateError, EmbedServiceError, BookDamagedError, StoreResourceError)
 
 
 class _Commands(click.Group):

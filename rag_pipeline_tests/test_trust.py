@@ -255,3 +255,53 @@ def test_the_service_answers_503_naming_a_damaged_book_and_serves_the_others(wor
         assert "rag-pipeline ingest" in damaged.json()["detail"]
         other = client.get("/search", params={"q": "owls", "book": "b2", "mode": "sparse"})
         assert other.status_code == 200 and other.json()
+
+
+@pytest.mark.parametrize(
+    ("error", "named"),
+    [
+        (RuntimeError("Service runtime error: Too many open files (os error 24)"), "EMFILE"),
+        (OSError(28, "No space left on device"), "ENOSPC"),
+        (RuntimeError("mmap failed: Cannot allocate memory (os error 12)"), "max_map_count"),
+        (RuntimeError("failed to load segment: range 0..4 is out of bounds"), None),
+    ],
+)
+def test_a_limit_of_the_machine_is_told_from_damage(error, named):
+    from rag_pipeline.store.errors import resource_limit
+
+    found = resource_limit(error)
+    assert (found is None) if named is None else (found is not None and named in found)
+
+
+def test_a_limit_hit_while_a_run_reads_its_book_never_discards_it(world, monkeypatch):
+    """Too many open files while a shard loads is the machine's limit, not damage: the run
+    fails, naming the limit, and the book's index is left as it was."""
+    import qdrant_edge
+
+    from rag_pipeline.store import StoreResourceError
+
+    before = point_sets(Path(world.env["RAG_QDRANT_PATH"]))
+    settings = load_settings(
+        data_dir=data(world),
+        qdrant_path=world.env["RAG_QDRANT_PATH"],
+        embedder="hash",
+        cache_dir=world.env["RAG_CACHE_DIR"],
+    )
+    (book_folder(world, "b1") / "summary.json").unlink()  # the book's shard must be loaded
+
+    def exhausted(path: str) -> None:
+        raise RuntimeError(f"Service runtime error: {path}: Too many open files (os error 24)")
+
+    monkeypatch.setattr(qdrant_edge.EdgeShard, "load", staticmethod(exhausted))
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline_tests.conftest import make_recipe
+
+    recipe = make_recipe(HashEmbedder())
+    with (
+        open_store(settings.store(), COLLECTION_SCHEMA) as store,
+        pytest.raises(StoreResourceError, match="open-files limit"),
+    ):
+        ingest_book(settings.source(), "b1", store, recipe)
+    monkeypatch.undo()
+    assert point_sets(Path(world.env["RAG_QDRANT_PATH"])) == before

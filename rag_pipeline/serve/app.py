@@ -61,6 +61,7 @@ from rag_pipeline.store import (
     StoreBusyError,
     StoreDamagedError,
     StoreError,
+    StoreResourceError,
     StoreUnavailableError,
     VectorStore,
     open_store,
@@ -360,8 +361,11 @@ def create_app(
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> Response:
-        # a busy store, or one book's damaged index (its next ingest rebuilds it): 503
-        busy = isinstance(exc, StoreBusyError | StoreUnavailableError | BookDamagedError)
+        # a busy store, one book's damaged index (its next ingest rebuilds it), a limit of
+        # the machine: 503
+        busy = isinstance(
+            exc, StoreBusyError | StoreUnavailableError | BookDamagedError | StoreResourceError
+        )
         status = 503 if busy else 500
         if isinstance(exc, StoreDamagedError):
             log.error("damaged store: %s", exc)

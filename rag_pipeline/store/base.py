@@ -23,6 +23,7 @@ from rag_pipeline.store.errors import (
     StoreDamagedError,
     StoreError,
     StorePathError,
+    StoreResourceError,
     StoreUnavailableError,
 )
 from rag_pipeline.store.filters import HasIds, TenantFilter
@@ -49,6 +50,7 @@ __all__ = [
     "StoreDamagedError",
     "StoreError",
     "StorePathError",
+    "StoreResourceError",
     "StoreUnavailableError",
     "StoredRecord",
     "VectorStore",

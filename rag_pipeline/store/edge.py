@@ -52,6 +52,7 @@ from typing import Any
 import qdrant_edge as qe
 
 from rag_pipeline.store import base, native
+from rag_pipeline.store.errors import resource_limit
 from rag_pipeline.store.filters import TenantFilter
 from rag_pipeline.store.lock import FolderLock, LockGroup, allow_open_files
 
@@ -418,6 +419,11 @@ class EdgeStore(base.VectorStore):
             except (base.StoreError, ValueError, TypeError):
                 raise
             except Exception as exc:
+                limit = resource_limit(exc)
+                if limit is not None:
+                    raise base.StoreResourceError(
+                        f"{self.description}: {what} failed: {limit} ({exc})"
+                    ) from exc
                 raise base.StoreError(
                     f"{self.description}: {what} failed: {exc}. If the store's files were "
                     f"damaged, rebuild it from the books with `{_REBUILD}`."
@@ -1305,6 +1311,11 @@ def _load(folder: Path, description: str) -> qe.EdgeShard:
     try:
         return qe.EdgeShard.load(str(folder))
     except Exception as exc:
+        limit = resource_limit(exc)
+        if limit is not None:  # the machine's limit, not damage: never discarded or rebuilt
+            raise base.StoreResourceError(
+                f"{description}: cannot open book {book!r}'s shard: {limit} ({exc})"
+            ) from exc
         raise base.BookDamagedError(
             book, f"cannot open its shard {folder} ({description}): {exc}"
         ) from exc

@@ -1,13 +1,17 @@
 """What the store layer raises: one module that the contract (base.py) and the folder lock
 (lock.py) both import, so neither imports the other."""
 
+import re
+
 __all__ = [
     "BookDamagedError",
     "StoreBusyError",
     "StoreDamagedError",
     "StoreError",
     "StorePathError",
+    "StoreResourceError",
     "StoreUnavailableError",
+    "resource_limit",
 ]
 
 
@@ -26,6 +30,33 @@ class StoreUnavailableError(StoreError):
 class StorePathError(StoreError):
     """The embedded store's folder cannot be created or used there (a file in the way, a
     read-only or missing parent): a setting to fix, not a damaged store."""
+
+
+class StoreResourceError(StoreError):
+    """The machine's limit was hit (open files, memory maps, memory, disk space): nothing is
+    damaged, and rebuilding would not help; the message names the limit to raise or free."""
+
+
+#: os error numbers of the machine's limits, as the engine's messages and OSError carry them
+_LIMITS = {
+    23: "the system's open-file table is full (ENFILE)",
+    24: "too many open files (EMFILE): raise the open-files limit (`ulimit -n`)",
+    12: "cannot allocate memory (ENOMEM): free memory, or raise vm.max_map_count for memory maps",
+    28: "no space left on the device (ENOSPC): free disk space",
+    122: "disk quota exceeded (EDQUOT): free space or raise the quota",
+}
+_OS_ERROR = re.compile(r"os error (\d+)|\[Errno (\d+)\]")
+
+
+def resource_limit(exc: BaseException) -> str | None:
+    """What limit of the machine ``exc`` reports (an OSError, or an engine error whose message
+    carries the os error number), in words; None for anything else."""
+    codes: list[int] = []
+    if isinstance(exc, OSError) and exc.errno is not None:
+        codes.append(exc.errno)
+    for match in _OS_ERROR.finditer(str(exc)):
+        codes.append(int(match.group(1) or match.group(2)))
+    return next((_LIMITS[c] for c in codes if c in _LIMITS), None)
 
 
 class StoreDamagedError(StoreError):
