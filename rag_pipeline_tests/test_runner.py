@@ -433,3 +433,33 @@ def test_a_batch_that_fails_for_the_whole_run_is_not_run_again_book_by_book(
     assert {r.status for r in report.books.values()} == {"failed"}
     assert all("busy (injected)" in r.error_messages[0] for r in report.books.values())
     assert len(ingest_runs(instance)) == 1
+
+
+def test_one_busy_book_fails_alone_and_the_rest_of_its_batch_is_ingested(
+    data_dir, tmp_path, write_book, instance
+):
+    """On Qdrant Edge each book has its own lock: a book another process holds past the busy
+    wait fails with its own message, and the other books of its batch are ingested (the batch
+    is split) instead of all failing with that book's message."""
+    from rag_pipeline.store.edge import EdgeStore
+
+    for book in ("alpha", "beta", "gamma"):
+        write_book(book, {f"{book}.md": f"# {book}\n\n" + section("One", seed=book)})
+    settings = load_settings(
+        data_dir=data_dir,
+        qdrant_path=str(tmp_path / "qdrant"),
+        embedder="hash",
+        cache_dir=tmp_path / "cache",
+        busy_wait_s=0.5,
+    )
+    ingest_books(settings, instance)
+    for book in ("alpha", "beta", "gamma"):
+        write_book(book, {f"{book}.md": f"# {book}\n\n" + section("Two", seed=book + "2")})
+    with EdgeStore("rag_chunks", settings.qdrant_path, COLLECTION_SCHEMA) as other:
+        other.count(chunks_of("beta"))  # holds beta's lock (flock: per open file, as a process)
+        report = ingest_books(settings, instance)
+    statuses = {b: r.status for b, r in report.books.items()}
+    assert statuses == {"alpha": "ingested", "beta": "failed", "gamma": "ingested"}, statuses
+    assert "book 'beta'" in report.books["beta"].error_messages[0]
+    assert "in use" in report.books["beta"].error_messages[0]
+    assert ingest_books(settings, instance).books["beta"].status == "ingested"

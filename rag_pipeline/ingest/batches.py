@@ -65,7 +65,8 @@ def batch_books(
 
 #: errors (by class name, as a failed run records them) that are the run's, not one book's:
 #: the embedding service cannot be used, the store is busy, unreachable or unusable (a
-#: subclass may be one book's, e.g. a book's recorded model: not listed, so split)
+#: subclass may be one book's, e.g. a book's recorded model, or one book held by another
+#: process on a store that locks each book (``BookBusyError``): not listed, so split)
 WHOLE_RUN_FAILURES = frozenset(
     cls.__name__
     for cls in (

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from rag_pipeline.store.errors import (
+    BookBusyError,
     BookDamagedError,
     StoreBusyError,
     StoreDamagedError,
@@ -36,6 +37,7 @@ __all__ = [
     "RECIPE_SIGNATURE",
     "SPARSE_VECTOR",
     "UPSERT_BATCH",
+    "BookBusyError",
     "BookDamagedError",
     "CollectionSchema",
     "CollectionSpec",

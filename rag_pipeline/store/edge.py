@@ -232,6 +232,7 @@ class EdgeStore(base.VectorStore):
         return FolderLock(
             self.folder / "locks" / f"{book}.lock",
             f"book {book!r} of the Qdrant Edge store at {self.folder}",
+            base.BookBusyError,
         )
 
     def _hold(self, book: str) -> None:
@@ -878,7 +879,7 @@ def book_locks(folder: Path) -> list[FolderLock]:
     if not locks.is_dir():
         return []
     return [
-        FolderLock(p, f"book {p.stem!r} of the Qdrant Edge store at {folder}")
+        FolderLock(p, f"book {p.stem!r} of the Qdrant Edge store at {folder}", base.BookBusyError)
         for p in sorted(locks.glob("*.lock"))
     ]
 

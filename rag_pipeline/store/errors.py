@@ -4,6 +4,7 @@
 import re
 
 __all__ = [
+    "BookBusyError",
     "BookDamagedError",
     "StoreBusyError",
     "StoreDamagedError",
@@ -21,6 +22,11 @@ class StoreError(RuntimeError):
 
 class StoreBusyError(StoreError):
     """The embedded store's folder is held by another process (a run, the UI, a CLI)."""
+
+
+class BookBusyError(StoreBusyError):
+    """One book of a store that locks each book on its own (Qdrant Edge) is held by another
+    process: the other books of a run are not affected."""
 
 
 class StoreUnavailableError(StoreError):

@@ -84,10 +84,13 @@ def allow_open_files() -> int:
 class FolderLock:
     """Exclusive lock of one store folder across processes (not re-entrant within one)."""
 
-    def __init__(self, lock_path: Path, what: str) -> None:
+    def __init__(
+        self, lock_path: Path, what: str, busy: type[StoreBusyError] = StoreBusyError
+    ) -> None:
         self.path = lock_path
         self.wait_path = lock_path.with_suffix(".wait")
         self.what = what
+        self.busy = busy  # what a wait past its limit raises (one book's, or the store's)
         self._fd: int | None = None
 
     @property
@@ -145,7 +148,7 @@ class FolderLock:
                     )
                     noticed += _NOTICE_EVERY_S
                 if now >= deadline:
-                    raise StoreBusyError(
+                    raise self.busy(
                         f"{self.what} is in use by {describe_holder(self.holder())}; waited "
                         f"{wait_s:g}s (RAG_BUSY_WAIT_S). Wait for it to finish, or use a "
                         "Qdrant server (RAG_QDRANT_URL) for concurrent access."
@@ -191,7 +194,7 @@ class FolderLock:
 
     def probe(self) -> FolderLock:
         """The same lock file, not held: to see waiters after the holder let go."""
-        return FolderLock(self.path, self.what)
+        return FolderLock(self.path, self.what, self.busy)
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
