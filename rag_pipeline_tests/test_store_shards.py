@@ -324,6 +324,67 @@ def test_a_migration_killed_between_its_renames_is_finished_at_the_next_open(tmp
         assert store.count(tenant_filter("a")) == 10
 
 
+def test_a_migration_of_many_books_keeps_few_shards_open_and_answers_the_same(
+    tmp_path, monkeypatch
+):
+    """Each book's new shard is closed as the copy goes (reloaded when its points come back):
+    open shards, and so memory maps and descriptors, stay bounded whatever the book count."""
+    from rag_pipeline.store import edge
+
+    books = tuple(f"book-{i:02d}" for i in range(12))
+    with open_edge(tmp_path / "fresh") as fresh:
+        points = fill(fresh, books=books, per_book=4)
+        expected = answers(fresh, books)
+    write_single_shard(tmp_path / "old" / COLLECTION, points)
+    monkeypatch.setattr(edge, "MIGRATION_OPEN_SHARDS", 3)
+    monkeypatch.setattr(edge, "_MIGRATE_PAGE", 5)  # each book's points in several pages
+    open_now = peak = 0
+    real_create, real_load, real_close = qe.EdgeShard.create, qe.EdgeShard.load, edge._close_shard
+
+    def opened(shard):  # type: ignore[no-untyped-def]
+        nonlocal open_now, peak
+        open_now += 1
+        peak = max(peak, open_now)
+        return shard
+
+    def closed(shard, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal open_now
+        open_now -= 1
+        return real_close(shard, **kwargs)
+
+    monkeypatch.setattr(qe.EdgeShard, "create", staticmethod(lambda *a: opened(real_create(*a))))
+    monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(lambda *a: opened(real_load(*a))))
+    monkeypatch.setattr(edge, "_close_shard", closed)
+    edge.migrate_single_shard(tmp_path / "old", COLLECTION, COLLECTION_SCHEMA)
+    assert peak <= 3 + 1  # (+1: the old single shard, read throughout)
+    monkeypatch.undo()
+    with open_edge(tmp_path / "old") as store:
+        assert answers(store, books) == expected
+
+
+def test_another_opener_finishes_an_interrupted_migration_only_under_the_layout_lock(tmp_path):
+    """Between a migration's two renames (it holds the layout lock), an opener waits for the
+    lock instead of completing the swap behind the migrating process's back."""
+    from rag_pipeline.store.edge import layout_lock
+
+    with open_edge(tmp_path / "fresh") as fresh:
+        points = fill(fresh, books=("a",))
+    write_single_shard(tmp_path / COLLECTION, points)
+    with open_edge(tmp_path):
+        pass
+    (tmp_path / COLLECTION).rename(tmp_path / f".{COLLECTION}.migrating")  # between the renames
+    lock = layout_lock(tmp_path, COLLECTION)
+    lock.acquire(0)  # the migrating process
+    try:
+        with pytest.raises(StoreBusyError):
+            open_edge(tmp_path, busy_wait_s=0.2)
+        assert not (tmp_path / COLLECTION).exists()  # left for the lock's holder
+    finally:
+        lock.release()
+    with open_edge(tmp_path) as store:
+        assert store.count(tenant_filter("a")) == 10
+
+
 # -- generations: a new recipe built beside, switched atomically ----------------------------
 
 

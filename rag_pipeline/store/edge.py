@@ -1349,7 +1349,14 @@ def _settle_old_layout(store: EdgeStore, busy_wait_s: float) -> None:
     folder = store.folder
     if (folder / LAYOUT_FILE).exists():
         return
-    _finish_interrupted_migration(store.root, store.collection)
+    if _interrupted_migration(store.root, store.collection):
+        # finished under the layout lock: a migration in progress holds it between its two
+        # renames, and another opener must not complete its swap for it
+        store._layout_lock.acquire(busy_wait_s)
+        try:
+            _finish_interrupted_migration(store.root, store.collection)
+        finally:
+            store._layout_lock.release()
     if (folder / LAYOUT_FILE).exists():
         return
     single = (folder / _CONFIG_FILE).exists()
@@ -1373,11 +1380,17 @@ def _migrating_name(collection: str) -> str:
     return f".{collection}.migrating"
 
 
-def _finish_interrupted_migration(root: Path, collection: str) -> None:
-    """A migration killed between its two renames left the new layout complete beside."""
+def _interrupted_migration(root: Path, collection: str) -> bool:
+    """A migration killed between its two renames left the new layout complete beside (or
+    one in progress is between them)."""
     built = root / _migrating_name(collection)
-    if not (root / collection).exists() and (built / LAYOUT_FILE).exists():
-        built.rename(root / collection)
+    return not (root / collection).exists() and (built / LAYOUT_FILE).exists()
+
+
+def _finish_interrupted_migration(root: Path, collection: str) -> None:
+    """The second rename of a killed migration; the caller holds the layout lock."""
+    if _interrupted_migration(root, collection):
+        (root / _migrating_name(collection)).rename(root / collection)
 
 
 def migrate_single_shard(root: Path, collection: str, schema: base.CollectionSchema) -> str:
@@ -1400,7 +1413,8 @@ def migrate_single_shard(root: Path, collection: str, schema: base.CollectionSch
         config = json.loads((folder / _CONFIG_FILE).read_text())
         dim = int(config["vectors"][base.DENSE_VECTOR]["size"])
         layout = _Layout(dim, _index_kinds(schema))
-        shards: dict[str, qe.EdgeShard] = {}
+        generations: dict[str, str] = {}  # book -> its new generation folder's name
+        shards: OrderedDict[str, qe.EdgeShard] = OrderedDict()  # open now, LRU first
         copied = skipped = 0
         try:
             for batch in _all_points(old):
@@ -1414,17 +1428,17 @@ def migrate_single_shard(root: Path, collection: str, schema: base.CollectionSch
                         qe.Point(id=record.id, vector=record.vector, payload=record.payload)
                     )
                 for book, points in by_book.items():
-                    if book not in shards:
-                        book_folder = built / "books" / book
-                        name, shards[book] = _create_shard(book_folder, dim, schema, layout)
-                        _write_json(
-                            book_folder / _CURRENT,
-                            {"generation": name, "recipe": None, "dense_dim": dim},
-                        )
-                    shards[book].update(qe.UpdateOperation.upsert_points(points))
+                    shard = _migration_shard(built, book, dim, schema, layout, generations, shards)
+                    shard.update(qe.UpdateOperation.upsert_points(points))
                     copied += len(points)
-            for shard in shards.values():
-                _settle_shard(shard, schema, layout)
+            while shards:  # closed as they go: memory maps and descriptors stay bounded
+                _close_shard(shards.popitem(last=False)[1])
+            for book, name in generations.items():  # each settled alone, then closed
+                shard = qe.EdgeShard.load(str(built / "books" / book / name))
+                try:
+                    _settle_shard(shard, schema, layout)
+                finally:
+                    _close_shard(shard)
         finally:
             for shard in shards.values():
                 _close_shard(shard)
@@ -1443,12 +1457,48 @@ def migrate_single_shard(root: Path, collection: str, schema: base.CollectionSch
     built.rename(folder)
     message = (
         f"migrated the single-shard Qdrant Edge store {folder} to one shard per book "
-        f"({copied} points of {len(shards)} books"
+        f"({copied} points of {len(generations)} books"
         + (f", {skipped} points without a book left out" if skipped else "")
         + f"); the old folder is kept as {kept}"
     )
     log.warning(message)
     return message
+
+
+#: book shards a migration keeps open at once (each maps its files: a migration of thousands of
+#: books that kept them all open ran out of memory maps at Linux's default vm.max_map_count)
+MIGRATION_OPEN_SHARDS = 8
+
+
+def _migration_shard(
+    built: Path,
+    book: str,
+    dim: int,
+    schema: base.CollectionSchema,
+    layout: _Layout,
+    generations: dict[str, str],
+    shards: OrderedDict[str, qe.EdgeShard],
+) -> qe.EdgeShard:
+    """The book's new shard in the layout being built: created the first time, loaded again
+    when it was closed; at most :data:`MIGRATION_OPEN_SHARDS` are open (least recently used
+    closed first)."""
+    shard = shards.get(book)
+    if shard is None:
+        while len(shards) >= MIGRATION_OPEN_SHARDS:  # first: never one more open
+            _close_shard(shards.popitem(last=False)[1])
+        book_folder = built / "books" / book
+        if book in generations:
+            shard = qe.EdgeShard.load(str(book_folder / generations[book]))
+        else:
+            name, shard = _create_shard(book_folder, dim, schema, layout)
+            generations[book] = name
+            _write_json(
+                book_folder / _CURRENT,
+                {"generation": name, "recipe": None, "dense_dim": dim, "book": book},
+            )
+        shards[book] = shard
+    shards.move_to_end(book)
+    return shard
 
 
 def _all_points(shard: qe.EdgeShard) -> Iterator[list[Any]]:
