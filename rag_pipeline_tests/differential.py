@@ -356,7 +356,11 @@ class Differential:
         shutil.copytree(self.data, build / "books", symlinks=True)
         cli = Cli(build, build / "books")
         Path(cli.env["DAGSTER_HOME"]).mkdir()
-        cli("ingest", "--json", check=False)
+        done = cli("ingest", "--json", check=False)
+        if done.returncode != 0:  # the oracle itself failed: said as such, not as divergence
+            self.outcome.failures.append(
+                f"clean build exit {done.returncode}: {done.stderr[-400:]}"
+            )
         sets = point_sets(Path(cli.env["RAG_QDRANT_PATH"]))
         shutil.rmtree(build, ignore_errors=True)
         return sets

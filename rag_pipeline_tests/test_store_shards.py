@@ -314,12 +314,24 @@ def test_a_single_shard_folder_that_cannot_be_migrated_is_damage_naming_the_rebu
 
 
 def test_a_migration_killed_between_its_renames_is_finished_at_the_next_open(tmp_path):
+    """...by the opener that holds the layout lock: while a migration in progress holds it
+    (between its two renames), an opener waits instead of completing the swap for it."""
+    from rag_pipeline.store.edge import layout_lock
+
     with open_edge(tmp_path / "fresh") as fresh:
         points = fill(fresh, books=("a",))
     write_single_shard(tmp_path / COLLECTION, points)
     with open_edge(tmp_path):
         pass
     (tmp_path / COLLECTION).rename(tmp_path / f".{COLLECTION}.migrating")  # as if killed
+    lock = layout_lock(tmp_path, COLLECTION)
+    lock.acquire(0)  # as the migrating process holds it between its renames
+    try:
+        with pytest.raises(StoreBusyError):
+            open_edge(tmp_path, busy_wait_s=0.2)
+        assert not (tmp_path / COLLECTION).exists()  # left for the lock's holder
+    finally:
+        lock.release()
     with open_edge(tmp_path) as store:
         assert store.count(tenant_filter("a")) == 10
 
@@ -360,29 +372,6 @@ def test_a_migration_of_many_books_keeps_few_shards_open_and_answers_the_same(
     monkeypatch.undo()
     with open_edge(tmp_path / "old") as store:
         assert answers(store, books) == expected
-
-
-def test_another_opener_finishes_an_interrupted_migration_only_under_the_layout_lock(tmp_path):
-    """Between a migration's two renames (it holds the layout lock), an opener waits for the
-    lock instead of completing the swap behind the migrating process's back."""
-    from rag_pipeline.store.edge import layout_lock
-
-    with open_edge(tmp_path / "fresh") as fresh:
-        points = fill(fresh, books=("a",))
-    write_single_shard(tmp_path / COLLECTION, points)
-    with open_edge(tmp_path):
-        pass
-    (tmp_path / COLLECTION).rename(tmp_path / f".{COLLECTION}.migrating")  # between the renames
-    lock = layout_lock(tmp_path, COLLECTION)
-    lock.acquire(0)  # the migrating process
-    try:
-        with pytest.raises(StoreBusyError):
-            open_edge(tmp_path, busy_wait_s=0.2)
-        assert not (tmp_path / COLLECTION).exists()  # left for the lock's holder
-    finally:
-        lock.release()
-    with open_edge(tmp_path) as store:
-        assert store.count(tenant_filter("a")) == 10
 
 
 # -- generations: a new recipe built beside, switched atomically ----------------------------

@@ -9,7 +9,6 @@ opens the store only for its own reads or writes, one book at a time, so a searc
 process gets in while a step parses or embeds.
 """
 
-import dataclasses
 import warnings
 from collections.abc import Iterator
 from typing import Any, TypedDict
@@ -176,10 +175,9 @@ def source_files(
             )
         # the run's handles build its recipe: a recipe change reads its pending build
         with qdrant.open(recipe=book_recipe) as store:
-            inventory = take_inventory(books, book_id, store, book_recipe, force=config.force)
-        if damage is not None:
-            changes = inventory.changes.with_reason(rebuilt_reason(damage))
-            inventory = dataclasses.replace(inventory, changes=changes)
+            inventory = take_inventory(
+                books, book_id, store, book_recipe, force=config.force, damage=damage
+            )
         for error in inventory.crawl_errors:
             context.log.warning(str(error))
         record_book(context, book_id, _inventory_metadata(inventory, book_recipe, build))
@@ -492,7 +490,7 @@ def _write_book(
     lineage = index_recipe.lineage(context.run.run_id, embedded.sparse_model)
     with qdrant.open(recipe=index_recipe) as store:
         checked = write_and_check(store, books, chunked, embedded, lineage, index_recipe.dimension)
-    if checked.written is None or checked.consistency is None:
+    if checked is None:
         # removed while this run read and embedded it: its purge deletes the book; the run
         # ends cleanly instead of retrying
         return _book_removed_during_run(context, book_id)

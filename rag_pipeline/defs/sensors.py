@@ -111,11 +111,11 @@ def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
     its contents are fingerprinted at every tick until its files settle."""
     scanned_at = now_ns()
     scan = scan_book(data_dir, book_id)
+    if not all(settled(st.key, scanned_at) for st in scan.files):
+        return "", len(scan.files)
     lines = [f"{st.source_file}\0{tuple(st.key)}\n" for st in scan.files]
     # an entry turning unreadable is a change too
     lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
-    if not all(settled(st.key, scanned_at) for st in scan.files):
-        return "", len(scan.files)
     digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32], len(scan.files)
 

@@ -103,16 +103,20 @@ def take_inventory(
     recipe: IndexRecipe,
     *,
     force: bool = False,
+    damage: str | None = None,
 ) -> BookInventory:
     """Hash the book's files and compare them with what the index holds; a book whose
-    index is found damaged loses what is left of it and is rebuilt (every file runs)."""
+    index is found damaged (here, or before: ``damage``, see :func:`discard_if_damaged`)
+    loses what is left of it and is rebuilt, every file with that reason."""
     try:
-        return assess_book_folder(source, book_id, store, recipe, force=force)
+        inventory = assess_book_folder(source, book_id, store, recipe, force=force)
     except BookDamagedError as exc:
         store.discard_damaged(book_id)
         inventory = assess_book_folder(source, book_id, store, recipe, force=force)
-        changes = inventory.changes.with_reason(rebuilt_reason(exc.problem))
-        return replace(inventory, changes=changes)
+        damage = exc.problem
+    if damage is None:
+        return inventory
+    return replace(inventory, changes=inventory.changes.with_reason(rebuilt_reason(damage)))
 
 
 @dataclass(frozen=True)
@@ -453,12 +457,10 @@ def write_book(
 
 @dataclass(frozen=True)
 class CheckedWrite:
-    """The write step's outcome: what it wrote and the index check after it; both None when
-    the book folder was removed while the run read and embedded it (nothing is written: its
-    purge deletes the book)."""
+    """The write step's outcome: what it wrote and the index check after it."""
 
-    written: WriteReport | None
-    consistency: IndexConsistency | None
+    written: WriteReport
+    consistency: IndexConsistency
 
 
 def write_and_check(
@@ -468,12 +470,13 @@ def write_and_check(
     embedded: EmbeddedBook,
     lineage: LineageInfo,
     dimension: int,
-) -> CheckedWrite:
-    """The write step of a run: the book's points written (unless its folder is gone: writing
-    now would bring back points its purge deletes), then its index checked."""
+) -> CheckedWrite | None:
+    """The write step of a run: the book's points written, then its index checked; None
+    when the book folder was removed while the run read and embedded it (writing now would
+    bring back points its purge deletes)."""
     book_id = chunked.book_id
     if path_is_gone(source.data_dir, book_id):
-        return CheckedWrite(None, None)
+        return None
     written = write_book(store, chunked, embedded, lineage)
     return CheckedWrite(written, check_index(store, book_id, dimension))
 
@@ -548,7 +551,7 @@ def ingest_book(
     embedded = embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
     lineage = recipe.lineage(run_id, embedded.sparse_model)
     checked = write_and_check(store, source, chunked, embedded, lineage, recipe.dimension)
-    if checked.written is None or checked.consistency is None:
+    if checked is None:
         raise ValueError(f"book folder {book_id!r} was removed during the run: nothing written")
     switch = finish_book(store, chunked, checked.consistency, recipe, run_id=run_id)
     return BookRun(
