@@ -405,6 +405,7 @@ def test_a_summary_is_read_back_whatever_its_file_names_and_refused_once_edited(
     assert sound is not None and sound[1] == data and sound[0]["points"] == 2
     text = (folder / "summary.json").read_text()
     for edited in (text.replace('"ab', '"cd', 1), text.replace('"points": 2', '"points": 3')):
+        assert edited != text  # each edit really changes the file
         (folder / "summary.json").write_text(edited)
         assert edge._sound_summary(folder, "g1") is None
     (folder / "summary.json").write_text(json.dumps(json.loads(text), indent=1))  # reformatted
