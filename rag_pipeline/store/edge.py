@@ -20,9 +20,12 @@ Layout of ``<path>/<collection>/`` (the *layout root*)::
     books/<book>/<generation>/      one EdgeShard folder
 
 ``<path>/<collection>.lock`` is the layout lock, held briefly (create, migrate, set aside).
-A handle takes a book's lock the first time it touches the book (lazily) and keeps it until
-it closes: handles are meant to be short (one phase of a run, one command), so readers and
-writers of a book take turns, and runs of different books do not wait for each other.
+A handle takes a book's lock the first time it touches the book (lazily), under the lock
+discipline of :class:`~rag_pipeline.store.lock.LockGroup`: a book it wrote is kept until it
+closes; of the books it only read it keeps at most ``loaded_books`` (the least recently used is
+let go), and none while it waits for another book's lock. So readers and writers of a book
+take turns, runs of different books do not wait for each other, and a handle's descriptors
+are bounded whatever the collection's size.
 Whole-collection looks (tenants, dimension, indexes) read files and open no shard.
 
 A handle on which :meth:`EdgeStore.ensure_collection` was called with a recipe tag is a
@@ -114,8 +117,8 @@ _FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MIGRATE_PAGE = 512
 #: points one engine update carries (a book of a million points is written in batches)
 _UPSERT_BATCH = 2_048
-#: book shards a handle keeps loaded at once by default (least recently used closed first;
-#: their locks stay held). A small book's loaded shard holds ~27 MB of its files' pages (its
+#: book shards a handle keeps loaded at once by default, and locks of books it only read
+#: (least recently used closed and let go first). A small book's loaded shard holds ~27 MB of its files' pages (its
 #: write-ahead log, payload and vector pages) and ~1 MB of memory, so a handle that walks
 #: every book (a plan, the collection look) must not keep them all; the query service keeps
 #: more (``loaded_books``).
@@ -172,7 +175,8 @@ class EdgeStore(base.VectorStore):
         self.description = f"Qdrant Edge folder {self.folder}"
         self._busy_wait_s = busy_wait_s
         self._lock = threading.RLock()
-        self._locks = LockGroup()  # one lock file per book touched: see allow_open_files
+        #: the book locks held, at most ``loaded_books`` of books not written (see LockGroup)
+        self._locks = LockGroup(cap=self._loaded_books, may_let_go=self._may_let_go)
         allow_open_files()
         self._books: dict[str, _Book] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # books with a loaded shard, LRU first
@@ -236,23 +240,30 @@ class EdgeStore(base.VectorStore):
         )
 
     def _hold(self, book: str) -> None:
-        """Take the book's lock, once per handle."""
-        if book in self._books or any(
-            lock.path == self._book_lock(book).path for lock in self._locks.members()
-        ):
-            return
+        """Hold the book's lock, under the discipline of :class:`LockGroup` (which may let
+        go of other books this handle only read)."""
         while True:
-            lock = self._book_lock(book)
-            lock.acquire(self._busy_wait_s)
+            lock = self._locks.take(self._book_lock(book), self._busy_wait_s)
             if lock.still_named():
-                break
-            lock.release()  # the store was set aside while we waited: lock the new one
-        self._locks.add(lock)
+                return
+            self._locks.drop(lock)  # the store was set aside while we waited: lock the new one
+            self._forget(book)
+
+    def _may_let_go(self, lock: FolderLock) -> bool:
+        """Drop what this handle keeps of the lock's book, unless it wrote the book (kept
+        until close: see :class:`LockGroup`)."""
+        book = lock.path.name.removesuffix(".lock")
+        state = self._books.get(book)
+        if state is not None and state.written:
+            return False
+        self._forget(book)
+        return True
 
     def _route(self, book: str) -> _Book:
         """Where this handle reads and writes ``book`` (taking its lock the first time)."""
         state = self._books.get(book)
         if state is not None:
+            self._locks.take(self._book_lock(book), self._busy_wait_s)  # held: the latest used
             return state
         _check_book_name(book)
         self._hold(book)
@@ -475,7 +486,7 @@ class EdgeStore(base.VectorStore):
             return dim if isinstance(dim, int) else self.dense_dimension()
 
     def _forget(self, book: str) -> None:
-        """Drop the routing of a book (its lock stays held until close)."""
+        """Drop the routing of a book (its lock is the caller's or the LockGroup's to let go)."""
         self._unload(book)
         self._books.pop(book, None)
 

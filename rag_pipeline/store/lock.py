@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -127,11 +128,34 @@ class FolderLock:
         try:
             if not _try_lock(fd):
                 self._wait(fd, wait_s, notify or log.warning)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(_me()).encode(), 0)
+            self._take(fd)
         except BaseException:
             os.close(fd)
             raise
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; never waits."""
+        if self._fd is not None:
+            return True
+        prepare_folder(self.path.parent)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorePathError(f"cannot create {self.path}: {_reason(exc, self.path)}") from None
+        try:
+            if not _try_lock(fd):
+                os.close(fd)
+                return False
+            self._take(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return True
+
+    def _take(self, fd: int) -> None:
+        """The lock on ``fd`` is ours: say who holds it, for waiters."""
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_me()).encode(), 0)
         self._fd = fd
 
     def _wait(self, fd: int, wait_s: float, notify: Callable[[str], None]) -> None:
@@ -240,20 +264,86 @@ def _me() -> dict[str, Any]:
 
 
 class LockGroup:
-    """The book locks one store handle holds, watched as one by a long-lived holder (the
-    query service steps aside when another process waits for any of them)."""
+    """The book locks one store handle holds, under the lock discipline every process follows
+    (README, "Locks"; this class is where it is enforced):
 
-    def __init__(self, locks: Iterable[FolderLock] = ()) -> None:
-        self._locks: list[FolderLock] = list(locks)
+    - **Bounded.** A handle holds at most ``cap`` books it did not write; taking another lets go
+      of the least recently used one, so a walk over every book (a plan, the query service)
+      holds a few descriptors whatever the collection's size.
+    - **Try, back off, wait.** A handle never waits for a book while holding one it may let
+      go: when a lock is busy it first lets go of every such book, then waits. Two handles
+      can therefore only wait for each other when both wrote what they hold (two writers of
+      the same books), which ``RAG_BUSY_WAIT_S`` ends with a busy error for one book.
+    - **Writers keep what they wrote** until the handle closes (a run's handle is short), so
+      no other process writes a book between a run's writes and their check.
+
+    ``may_let_go(lock)`` is the handle's say: it drops what it keeps of the lock's book and
+    returns True, or returns False for a book it wrote. Long-lived holders watch the group as
+    one (:meth:`others_waiting`): the query service steps aside when any member is waited for.
+    """
+
+    def __init__(
+        self,
+        locks: Iterable[FolderLock] = (),
+        *,
+        cap: int | None = None,
+        may_let_go: Callable[[FolderLock], bool] | None = None,
+    ) -> None:
+        self._locks: OrderedDict[Path, FolderLock] = OrderedDict((lk.path, lk) for lk in locks)
+        self._cap = cap
+        self._may_let_go = may_let_go
         self._guard = threading.Lock()
+        #: books let go of, by the bound and by backing off (for tests and benchmarks)
+        self.let_go = 0
 
     def add(self, lock: FolderLock) -> None:
+        """Count a lock taken by its owner as the group's (a whole-store lock-up)."""
         with self._guard:
-            self._locks.append(lock)
+            self._locks[lock.path] = lock
+
+    def take(self, lock: FolderLock, wait_s: float) -> FolderLock:
+        """Hold ``lock`` (or the group's own lock of the same file, now the most recently
+        used), under the rules above; :class:`StoreBusyError` past ``wait_s``."""
+        with self._guard:
+            held = self._locks.get(lock.path)
+            if held is not None:
+                self._locks.move_to_end(lock.path)
+                return held
+        if self._cap is not None:
+            self._shrink(self._cap - 1)
+        if not lock.try_acquire():
+            self._shrink(0)  # back off: nothing we may let go is held while we wait
+            lock.acquire(wait_s)
+        with self._guard:
+            self._locks[lock.path] = lock
+        return lock
+
+    def drop(self, lock: FolderLock) -> None:
+        """Release one member (a lock that no longer names its file)."""
+        with self._guard:
+            self._locks.pop(lock.path, None)
+        lock.release()
+
+    def _shrink(self, keep: int) -> None:
+        """Let go of the least recently used books the handle may let go, until at most
+        ``keep`` of the held ones are not kept by their writer."""
+        if self._may_let_go is None:
+            return
+        kept = 0
+        for lock in self.members():
+            with self._guard:
+                if len(self._locks) - kept <= keep:
+                    return
+            if self._may_let_go(lock):
+                self.drop(lock)
+                self.let_go += 1
+            else:
+                kept += 1
 
     def members(self) -> tuple[FolderLock, ...]:
+        """The held locks, least recently used first."""
         with self._guard:
-            return tuple(self._locks)
+            return tuple(self._locks.values())
 
     @property
     def held(self) -> bool:
@@ -269,6 +359,6 @@ class LockGroup:
 
     def release(self) -> None:
         with self._guard:
-            locks, self._locks = self._locks, []
+            locks, self._locks = list(self._locks.values()), OrderedDict()
         for lock in locks:
             lock.release()
