@@ -98,6 +98,68 @@ def test_the_lock_group_sees_a_waiter_on_any_book_it_holds(filled):
         holder.close()
 
 
+def held_books(store: EdgeStore) -> list[str]:
+    return [lock.path.name.removesuffix(".lock") for lock in store.folder_lock.members()]
+
+
+def test_a_reader_holds_at_most_its_loaded_books_and_a_writer_keeps_what_it_wrote(tmp_path):
+    """The bound of the lock discipline: descriptors do not grow with the collection."""
+    books = tuple(f"b{i}" for i in range(6))
+    with open_edge(tmp_path) as store:
+        fill(store, books=books, per_book=2)
+    with EdgeStore(COLLECTION, tmp_path, COLLECTION_SCHEMA, loaded_books=2) as reader:
+        for book in books:
+            assert reader.count(tenant_filter(book)) == 2
+            assert len(held_books(reader)) <= 2
+        assert held_books(reader) == ["b4", "b5"]  # the least recently used were let go
+        with open_edge(tmp_path) as other:  # a book let go is free for another process
+            assert other.count(tenant_filter("b0")) == 2
+    with EdgeStore(COLLECTION, tmp_path, COLLECTION_SCHEMA, loaded_books=2) as writer:
+        writer.delete_where(tenant_filter("b0"))  # written: kept until close
+        for book in books[1:]:
+            writer.count(tenant_filter(book))
+        assert held_books(writer) == ["b0", "b4", "b5"]
+        with open_edge(tmp_path) as other, pytest.raises(StoreBusyError, match="book 'b0'"):
+            other.count(tenant_filter("b0"))
+
+
+def test_two_readers_that_want_each_others_books_both_finish(filled):
+    """Try, back off, wait: a handle lets go of what it only read before it waits, so two
+    readers taking books in opposite orders never wait for each other (the old lock-up, a plan
+    against the query service, ended only by RAG_BUSY_WAIT_S with one side failing)."""
+    first, second = open_edge(filled, busy_wait_s=5), open_edge(filled, busy_wait_s=5)
+    first.count(tenant_filter("a"))
+    second.count(tenant_filter("c"))
+    errors: list[BaseException] = []
+
+    def read(store: EdgeStore, book: str) -> None:
+        try:
+            for _ in range(20):  # each holds one book and wants the other's, many times
+                store.count(tenant_filter(book))
+                store.count(tenant_filter("b"))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            store.close()  # a command ends: what it held is free
+
+    threads = [
+        threading.Thread(target=read, args=(first, "c")),
+        threading.Thread(target=read, args=(second, "a")),
+    ]
+    started = time.monotonic()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors, errors
+        assert time.monotonic() - started < 5  # no side waited out its busy wait
+        assert first.folder_lock.let_go + second.folder_lock.let_go > 0
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_purge_removes_the_books_folder_only(filled):
     with open_edge(filled) as store:
         assert store.purge(tenant_filter("b")) == 10

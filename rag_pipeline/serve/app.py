@@ -57,6 +57,7 @@ from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
 from rag_pipeline.store import (
+    RECIPE_SIGNATURE,
     BookDamagedError,
     StoreBusyError,
     StoreDamagedError,
@@ -198,8 +199,9 @@ class Service:
         self._embedders: dict[str, CachedQueryEmbedder] = {}
         self.embedder = self._embedder_of(self.recipe)
         self._book_ttl_s = book_ttl_s
-        #: book -> (its recorded model's recipe, when read, the store opening it was read in)
-        self._books: dict[str, tuple[IndexRecipe, float, int]] = {}
+        #: book -> (its recorded model's recipe, when read, the store opening it was read in,
+        #: the signature of the generation the handle read then)
+        self._books: dict[str, tuple[IndexRecipe, float, int, str | None]] = {}
         config = settings.store()
         self.store_target = config.target
 
@@ -235,17 +237,24 @@ class Service:
         return {"hits": sum(e.hits for e in embedders), "misses": sum(e.misses for e in embedders)}
 
     def book_recipe(self, store: VectorStore, book_id: str) -> IndexRecipe:
-        """The recipe of the model ``book_id`` records (read again after ``book_ttl_s`` or
-        once the store was reopened); :class:`RecordedModelUnavailableError` (503) when this
-        process cannot embed with it."""
+        """The recipe of the model ``book_id`` records (read again after ``book_ttl_s``, once
+        the store was reopened, or when the handle reads another generation of the book: it
+        may let go of a book and route it again, see LockGroup);
+        :class:`RecordedModelUnavailableError` (503) when this process cannot embed with it."""
         opening, now = self.holder.stats.opens, time.monotonic()
+        tag = store.searched_recipe(book_id)  # a pointer read: the generation searched now
+        signature = tag.get(RECIPE_SIGNATURE) if tag else None
         with self._lock:
             known = self._books.get(book_id)
-        if known is not None and known[2] == opening and now - known[1] < self._book_ttl_s:
+        if (
+            known is not None
+            and known[2:] == (opening, signature)
+            and now - known[1] < self._book_ttl_s
+        ):
             return known[0]
         recipe = self.recipes.for_book(store, book_id, purpose="search").recipe
         with self._lock:
-            self._books[book_id] = (recipe, now, opening)
+            self._books[book_id] = (recipe, now, opening, signature)
         return recipe
 
     def query_embedder(self, store: VectorStore, book_id: str) -> CachedQueryEmbedder:
