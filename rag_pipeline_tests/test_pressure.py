@@ -92,3 +92,39 @@ def test_a_plan_of_every_book_under_a_busy_service_waits_and_succeeds(serving):
             plan = json.loads(done.stdout)
             assert set(plan["books"]) == set(BOOKS)
     assert len(hammer.answers) >= 8 and not hammer.failures(), hammer.failures()[:5]
+
+
+def _small_books(root: Path, count: int) -> Path:
+    """``count`` one-file books, indexed directly into the store of ``root``'s CLI."""
+    books = root / "books"
+    for i in range(count):
+        book = books / f"book-{i:03d}"
+        book.mkdir(parents=True)
+        (book / "a.md").write_text(f"# Book {i}\n\n## Nodes\n\nNodes and topics of book {i}.\n")
+    index_books(books, str(root / "qdrant"))
+    return books
+
+
+#: the service's open files: ~16 of its own, and two per book it keeps (SERVED_BOOKS_LOADED:
+#: the shard's and the lock's): 48 at most, whatever the number of books
+SERVE_FILES_LIMIT = 64
+
+
+def test_the_service_answers_for_more_books_than_it_may_open_files(tmp_path):
+    """Case 3: a service with a low open-files limit answers for many more books than that
+    limit (it used to keep one lock file open per book it ever served, then answer 500
+    "damaged store ... Too many open files ... rebuild" for every book)."""
+    cli = Cli(tmp_path, _small_books(tmp_path, 60))
+    server = Server(cli, files_limit=SERVE_FILES_LIMIT)
+    try:
+        answers = []
+        for _ in range(2):
+            for i in range(60):
+                response = server.get("/search", q="nodes", book=f"book-{i:03d}")
+                answers.append((i, response.status_code, response.text[:200]))
+        failed = [a for a in answers if a[1] != 200 or "Nodes" not in a[2]]
+        assert not failed, failed[:3]
+        open_now = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+        assert open_now < SERVE_FILES_LIMIT - 8, open_now
+    finally:
+        server.stop()

@@ -27,7 +27,10 @@ OTHER = "humanoid-robotics-ros2"
 
 
 class Server:
-    def __init__(self, cli: Cli) -> None:
+    """``rag-pipeline serve`` in its own process; ``files_limit`` lowers its open-files limit
+    (soft and hard: the service cannot raise it back)."""
+
+    def __init__(self, cli: Cli, *, files_limit: int | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -42,6 +45,7 @@ class Server:
                 cwd=cli.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=None if files_limit is None else lambda: _limit_files(files_limit),
             )
         deadline = time.monotonic() + 120
         while True:
@@ -64,6 +68,12 @@ class Server:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def _limit_files(limit: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 
 def _indexed_cli(root, embedder=None) -> Cli:  # type: ignore[no-untyped-def]
