@@ -216,33 +216,74 @@ def main(ctx: click.Context, verbose: bool) -> None:
 def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) -> None:
     """Materialize the ingestion assets through Dagster for every book (or the named ones)."""
     from rag_pipeline.config import ensure_dagster_home
-    from rag_pipeline.ingest.plan import plan_ingest
-    from rag_pipeline.orchestration.partition_marker import read_partitions_marker
 
     settings = _settings()
     home = ensure_dagster_home()
+    rebuilt: IngestReport | None = None
     if rebuild:
         if books:
             fail("--rebuild rebuilds the whole collection; it takes no --book")
-        from rag_pipeline.store import set_aside
-
-        moved = set_aside(settings.store())
-        err.print(f"[yellow]set aside[/] {moved}", highlight=False)
-    recipe = book_recipes(settings)
-    with opened_store(settings) as store:  # released before any run: runs open it per step
-        plan = plan_ingest(settings.source(), store, recipe, list(books) or None, force=force)
-    known = read_partitions_marker(home)
-    on_disk = [b for b, p in plan.books.items() if p.action in ("run", "unchanged")]
-    if not plan.needs_runs and known is not None and set(on_disk) <= known:
-        report = plan.report()  # nothing to run: answered without loading Dagster
+        rebuilt = _rebuild(settings, home)
+    if rebuilt is not None and not rebuilt.ok:
+        report = rebuilt  # not swapped in: the collection in service is untouched
     else:
-        report = _execute(plan, settings, recipe, home)
+        # after a rebuild's swap: the books changed while it built are caught up here
+        report = _ingest(settings, home, list(books) or None, force=force)
+        if rebuilt is not None:
+            report = rebuilt.followed_by(report)
     if as_json:
         emit_json(report.as_dict())
     else:
         _print_ingest(report)
     if not report.ok:
         sys.exit(1)
+
+
+def _ingest(
+    settings: Settings, home: Path, books: list[str] | None, *, force: bool
+) -> IngestReport:
+    """Plan the books against the store, then run what the plan says in Dagster."""
+    from rag_pipeline.ingest.plan import plan_ingest
+    from rag_pipeline.orchestration.partition_marker import read_partitions_marker
+
+    recipe = book_recipes(settings)
+    with opened_store(settings) as store:  # released before any run: runs open it per step
+        plan = plan_ingest(settings.source(), store, recipe, books, force=force)
+    known = read_partitions_marker(home)
+    on_disk = [b for b, p in plan.books.items() if p.action in ("run", "unchanged")]
+    if not plan.needs_runs and known is not None and set(on_disk) <= known:
+        return plan.report()  # nothing to run: answered without loading Dagster
+    return _execute(plan, settings, recipe, home)
+
+
+def _rebuild(settings: Settings, home: Path) -> IngestReport | None:
+    """``--rebuild``. On a Qdrant Edge folder every book is ingested into a new collection
+    beside the one in service, which is swapped in only when every book succeeded: searches
+    answer from the old collection until then, never from a partial one (the report of a
+    failed rebuild is returned as it is, nothing swapped). Any other store's collection is
+    deleted first (None: the ingest that follows rebuilds it)."""
+    from rag_pipeline.store import is_edge_folder, set_aside
+
+    config = settings.store()
+    if not is_edge_folder(config):
+        err.print(f"[yellow]set aside[/] {set_aside(config)}", highlight=False)
+        return None
+    from rag_pipeline.store import rebuilding_beside, swap_in_rebuilt
+
+    with rebuilding_beside(config) as staged:
+        err.print(f"[yellow]rebuilding[/] every book into {staged.path}", highlight=False)
+        beside = settings.model_copy(update={"qdrant_path": staged.path})
+        report = _ingest(beside, home, None, force=False)
+        if not report.ok:
+            err.print(
+                "[red]the rebuild is not swapped in[/]: some books failed (below); the "
+                "collection in service is unchanged. Fix them and run `rag-pipeline ingest "
+                f"--rebuild` again (the partial build stays in {staged.path} until then).",
+                highlight=False,
+            )
+            return report
+        err.print(f"[yellow]rebuilt[/]: {swap_in_rebuilt(config)}", highlight=False)
+        return report
 
 
 def _execute(plan: IngestPlan, settings: Settings, recipe: LazyRecipe, home: Path) -> IngestReport:

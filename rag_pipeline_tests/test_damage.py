@@ -59,7 +59,7 @@ def assert_rebuild_heals(cli) -> None:
     rebuilt = cli("ingest", "--rebuild", "--json", check=False)
     no_traceback(rebuilt)
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert "set aside" in rebuilt.stderr
+    assert "rebuilt" in rebuilt.stderr and "moved to" in rebuilt.stderr
     books = json.loads(rebuilt.stdout)["books"]
     assert {b["status"] for b in books.values()} == {"ingested"}
     assert all(b["points"] == b["chunks"] > 0 for b in books.values())

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.helpers import Cli, assert_no_trace, index_books
+from rag_pipeline_tests.helpers import (
+    Cli,
+    InProcessCli,
+    assert_no_trace,
+    index_books,
+    index_sample_books,
+)
 from rag_pipeline_tests.test_serve import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -128,3 +131,70 @@ def test_the_service_answers_for_more_books_than_it_may_open_files(tmp_path):
         assert open_now < SERVE_FILES_LIMIT - 8, open_now
     finally:
         server.stop()
+
+
+def test_a_rebuild_under_a_busy_service_succeeds_and_searches_never_go_empty(serving):
+    """Case 2: `ingest --rebuild` while the service answers searches of every book: the rebuild
+    succeeds (it used to exit busy and leave the collection set aside and empty) and every
+    answer during and after it has hits: the new collection is swapped in once complete."""
+    server, cli = serving
+    cli.env["RAG_BUSY_WAIT_S"] = "30"
+    before = {book: _hit_ids(server, book) for book in BOOKS}
+    with Hammer(server) as hammer:
+        time.sleep(0.3)
+        done = cli("ingest", "--rebuild", "--json", check=False)
+        time.sleep(0.3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_no_trace(done.stderr)
+    report = json.loads(done.stdout)["books"]
+    assert {r["status"] for r in report.values()} == {"ingested"}, report
+    assert len(hammer.answers) >= 8 and not hammer.failures(), hammer.failures()[:5]
+    root = Path(cli.env["RAG_QDRANT_PATH"])
+    assert len(list(root.glob("rag_chunks.set-aside-*"))) == 1  # the old one, kept
+    assert not (root / ".rebuild-rag_chunks").exists()
+    assert {book: _hit_ids(server, book) for book in BOOKS} == before  # same books, same ids
+
+
+def _hit_ids(server: Server, book: str) -> list[str]:
+    response = server.get("/search", q="nodes and topics", book=book, limit=5)
+    assert response.status_code == 200, response.text
+    return [hit["id"] for hit in response.json()]
+
+
+def test_a_rebuild_with_a_failed_book_is_not_swapped_in(tmp_path, monkeypatch):
+    """All or nothing: a rebuild in which a book fails leaves the collection in service as it
+    was (exit 1, the report names the book); the next rebuild starts afresh and swaps in."""
+    from rag_pipeline.defs import assets
+
+    cli = InProcessCli(tmp_path, index_sample_books(tmp_path))
+    root = Path(cli.env["RAG_QDRANT_PATH"])
+    in_service = _generations(root / "rag_chunks")
+    write_and_check = assets.write_and_check
+
+    def failing(store, source, chunked, *args):  # type: ignore[no-untyped-def]
+        if chunked.book_id == "humanoid-robotics-ros2":
+            raise OSError("the disk said no")
+        return write_and_check(store, source, chunked, *args)
+
+    monkeypatch.setattr(assets, "write_and_check", failing)
+    done = cli("ingest", "--rebuild", "--json", check=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "not swapped in" in done.stderr
+    report = json.loads(done.stdout)["books"]
+    assert report["humanoid-robotics-ros2"]["status"] == "failed", report
+    assert _generations(root / "rag_chunks") == in_service  # untouched
+    assert not list(root.glob("rag_chunks.set-aside-*"))
+    monkeypatch.setattr(assets, "write_and_check", write_and_check)
+    again = cli("ingest", "--rebuild", "--json")
+    assert {r["status"] for r in json.loads(again.stdout)["books"].values()} == {"ingested"}
+    assert _generations(root / "rag_chunks").keys() == in_service.keys()
+    assert _generations(root / "rag_chunks") != in_service  # a new build of every book
+    assert not (root / ".rebuild-rag_chunks").exists()
+
+
+def _generations(collection: Path) -> dict[str, str]:
+    books = collection / "books"
+    return {
+        b.name: json.loads((b / "current.json").read_text())["generation"]
+        for b in sorted(books.iterdir())
+    }

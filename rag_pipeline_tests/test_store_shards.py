@@ -778,3 +778,24 @@ def test_a_small_books_shard_has_the_core_indexes_and_a_grown_one_all(tmp_path, 
         read = store.counts_by(tenant_filter("small"), "chapter")  # not indexed: read
         faceted = store.counts_by(tenant_filter("grown"), "chapter")
     assert read == {"0": 2, "1": 2, "2": 1} and faceted == {"0": 10, "1": 10, "2": 10}
+
+
+def test_a_rebuild_swap_killed_between_its_renames_is_finished_by_the_next_opener(tmp_path):
+    from rag_pipeline.store.edge import _REBUILT, clear_rebuild_root, rebuild_root
+
+    with open_edge(tmp_path) as store:
+        fill(store, books=("old",))
+    staged = rebuild_root(tmp_path, COLLECTION)
+    with open_edge(staged) as store:
+        fill(store, books=("new",))
+    (staged / _REBUILT).touch()  # the swap marked it complete...
+    (tmp_path / COLLECTION).rename(tmp_path / f"{COLLECTION}.set-aside-x")  # ...and was killed
+    with open_edge(tmp_path) as store:
+        assert store.tenants() == ["new"]
+    assert not staged.exists()
+    # a leftover that was never marked complete is cleared by the next rebuild, never served
+    with open_edge(staged) as store:
+        fill(store, books=("partial",))
+    assert clear_rebuild_root(tmp_path, COLLECTION, 0) == staged and not staged.exists()
+    with open_edge(tmp_path) as store:
+        assert store.tenants() == ["new"]

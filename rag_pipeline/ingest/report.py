@@ -70,6 +70,20 @@ class IngestReport:
     def ok(self) -> bool:
         return not any(b.status in ("failed", "missing") for b in self.books.values())
 
+    def followed_by(self, later: IngestReport) -> IngestReport:
+        """This report with what a later ingest changed (a rebuild, then the catch-up of the
+        books changed while it built): a later book's result wins unless it is unchanged."""
+        books = dict(self.books)
+        for book_id, result in later.books.items():
+            if result.status != "unchanged" or book_id not in books:
+                books[book_id] = result
+        return IngestReport(
+            books,
+            sorted({*self.rejected, *later.rejected}),
+            [*self.warnings, *(w for w in later.warnings if w not in self.warnings)],
+            self.seconds + later.seconds,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "books": {k: v.as_dict() for k, v in self.books.items()},

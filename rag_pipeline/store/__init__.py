@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 
 from rag_pipeline.config import StoreConfig
 from rag_pipeline.store import base as _base
@@ -12,7 +14,15 @@ from rag_pipeline.store.base import *  # noqa: F403 - re-exported: its __all__ i
 from rag_pipeline.store.base import CollectionSchema, StorePathError, VectorStore
 from rag_pipeline.store.filters import *  # noqa: F403 - re-exported: its __all__ is the API
 
-__all__ = [*_base.__all__, *_filters.__all__, "open_store", "set_aside"]
+__all__ = [
+    *_base.__all__,
+    *_filters.__all__,
+    "is_edge_folder",
+    "open_store",
+    "rebuilding_beside",
+    "set_aside",
+    "swap_in_rebuilt",
+]
 
 
 def open_store(config: StoreConfig, schema: CollectionSchema) -> VectorStore:
@@ -63,32 +73,27 @@ def _named_path(config: StoreConfig) -> Iterator[None]:
         ) from None
 
 
+def is_edge_folder(config: StoreConfig) -> bool:
+    """The store is a Qdrant Edge folder (embedded, on disk)."""
+    return config.embedded == "edge" and not config.url and config.path != ":memory:"
+
+
 def set_aside(config: StoreConfig) -> str:
     """Take the collection out of service so that it can be rebuilt from the books: a Qdrant
     Edge folder is renamed (kept for inspection), any other collection is deleted. Returns
     what was done, for the user."""
     import time
-    from pathlib import Path
 
-    if config.embedded == "edge" and not config.url and config.path != ":memory:":
-        from rag_pipeline.store.edge import book_locks, layout_lock
-        from rag_pipeline.store.lock import LockGroup
+    if is_edge_folder(config):
+        from rag_pipeline.store.edge import whole_store_locked
 
         root = Path(config.path)
         folder = root / config.collection
-        held = LockGroup()
-        try:
-            # the layout lock, then every book's: no handle reads or writes a book meanwhile
-            for lock in [layout_lock(root, config.collection), *book_locks(folder)]:
-                with _named_path(config):
-                    lock.acquire(config.busy_wait_s)
-                held.add(lock)
+        with _named_path(config), whole_store_locked(root, config.collection, config.busy_wait_s):
             if not folder.exists():
                 return f"nothing to set aside: {folder} does not exist"
             target = folder.with_name(f"{folder.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
             folder.rename(target)
-        finally:
-            held.release()
         return f"moved {folder} to {target}"
     from rag_pipeline.store.qdrant import QdrantStore
 
@@ -99,3 +104,29 @@ def set_aside(config: StoreConfig) -> str:
     finally:
         store.close()
     return f"deleted collection {config.collection!r} from {store.description}"
+
+
+@contextmanager
+def rebuilding_beside(config: StoreConfig) -> Iterator[StoreConfig]:
+    """The config of an empty store beside the Qdrant Edge folder ``config`` names, for a
+    rebuild to fill while searches keep answering from the folder in service; one rebuild at
+    a time (a lock held for the block). Then :func:`swap_in_rebuilt`."""
+    from rag_pipeline.store.edge import clear_rebuild_root, rebuild_lock
+
+    root = Path(config.path)
+    lock = rebuild_lock(root, config.collection)
+    with _named_path(config):
+        lock.acquire(config.busy_wait_s)
+    try:
+        with _named_path(config):
+            staged = clear_rebuild_root(root, config.collection, config.busy_wait_s)
+        yield replace(config, path=str(staged))
+    finally:
+        lock.release()
+
+
+def swap_in_rebuilt(config: StoreConfig) -> str:
+    """The complete rebuild put in service in one rename (see :func:`rebuilding_beside`)."""
+    from rag_pipeline.store import edge
+
+    return edge.swap_in_rebuilt(Path(config.path), config.collection, config.busy_wait_s)
