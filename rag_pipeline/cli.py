@@ -121,6 +121,11 @@ class _Commands(click.Group):
         except Exception as exc:
             if isinstance(exc, _failed_work_errors()):
                 fail(str(exc), 1)
+            from rag_pipeline.store.errors import resource_limit
+
+            limit = resource_limit(exc) if isinstance(exc, OSError) else None
+            if limit is not None:  # a limit of the machine met outside the store's own calls
+                fail(f"{limit}: {exc}", 1)
             if isinstance(exc, _user_errors()):
                 fail(str(exc), 2)
             if ctx.obj and ctx.obj.get("verbose"):

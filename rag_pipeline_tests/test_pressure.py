@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -198,3 +199,58 @@ def _generations(collection: Path) -> dict[str, str]:
         b.name: json.loads((b / "current.json").read_text())["generation"]
         for b in sorted(books.iterdir())
     }
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 MiB tmpfs mounted for the test (needs root; skipped otherwise)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"mounting a small tmpfs needs root: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    """A file that takes the disk's free space but ``leave`` bytes."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(disk).free - leave)
+    return filler
+
+
+def test_a_full_disk_fails_the_write_with_a_message_and_loses_nothing(tmp_path, small_disk):
+    """Case 5: with the store on a full file system an ingest ends with each book's clear
+    error in --json (it used to die by SIGBUS, exit 135, with no output: Qdrant Edge writes
+    through memory maps), a search of a book says what limit it met or answers, and once space
+    is freed the next ingest converges."""
+    books = tmp_path / "books"
+    shutil.copytree(REPO / "data" / "books", books)
+    cli = Cli(tmp_path, books)
+    cli.env["RAG_QDRANT_PATH"] = str(small_disk / "qdrant")
+    cli("ingest")
+    edited = books / "ros2-fundamentals" / "99-quokkatron.md"
+    edited.write_text("# Quokkatron\n\n## Flux\n\nThe quokkatron flux needs 1.21 gigawatts.\n")
+    filler = _fill(small_disk, 1 << 20)
+    done = cli("ingest", "--json", check=False)
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert_no_trace(done.stderr)
+    report = json.loads(done.stdout)["books"]["ros2-fundamentals"]
+    assert report["status"] == "failed", report
+    assert any("no space left" in m for m in report["error_messages"]), report
+    search = cli("search", "nodes", "--book", "humanoid-robotics-ros2", "--json", check=False)
+    assert search.returncode in (0, 1), search.stderr
+    assert "unexpected" not in search.stderr and "damaged" not in search.stderr, search.stderr
+    assert search.returncode == 0 or "no space left" in search.stderr, search.stderr
+    filler.unlink()
+    assert cli.json("ingest")["books"]["ros2-fundamentals"]["status"] == "ingested"
+    hits = cli.json("search", "quokkatron flux", "--book", "ros2-fundamentals", "--limit", "1")
+    assert hits and hits[0]["source_file"] == "99-quokkatron.md"

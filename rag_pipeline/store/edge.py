@@ -298,6 +298,7 @@ class EdgeStore(base.VectorStore):
         against what its summary promises when loaded (:meth:`_verify`)."""
         state = self._route(book)
         if state.shard is None and state.generation is not None:
+            check_space(state.folder, LOAD_SPACE_BYTES, f"loading book {book!r}")
             shard = _load(state.folder / state.generation, self.description)
             try:
                 self._verify(book, state, shard)
@@ -735,6 +736,12 @@ class EdgeStore(base.VectorStore):
             for book, group in by_book.items():
                 for start in range(0, len(group), _UPSERT_BATCH):
                     batch = group[start : start + _UPSERT_BATCH]
+                    dim = self._dense_dim or (self._layout.dense_dim if self._layout else 0)
+                    check_space(
+                        self.books_folder / book,
+                        SPACE_MARGIN_BYTES + _write_bytes(len(batch), dim or 0),
+                        f"{len(batch)} points of book {book!r}",
+                    )
                     operation = qe.UpdateOperation.upsert_points(
                         [native.native_point(EDGE, p) for p in batch]
                     )
@@ -1285,11 +1292,46 @@ def _index_kinds(schema: base.CollectionSchema) -> dict[str, str]:
     return {name: f"PayloadSchemaType.{kind.capitalize()}" for name, kind in kinds.items()}
 
 
+#: free space a write needs on the store's file system besides its points' bytes. Qdrant
+#: Edge writes through memory maps into sparse files: a page the file system cannot give is a
+#: SIGBUS that kills the process with no message (seen on a full disk), never an error it
+#: could report. So the space a write may take is checked before it: this margin (a new
+#: shard's first pages, its next WAL segment, the summary and pointers) plus what the points
+#: take (:func:`_write_bytes`).
+SPACE_MARGIN_BYTES = 64 << 20
+#: free space a shard's load needs: a load (and the first reads after it) writes too: it
+#: opened a new WAL segment and rewrote flags and trackers, ~11 MB for a small book on tmpfs
+LOAD_SPACE_BYTES = 32 << 20
+
+
+def check_space(folder: Path, need: int, what: str) -> None:
+    """:class:`StoreResourceError` naming the file system when fewer than ``need`` bytes are
+    free for ``what`` (checked before it starts: nothing is written)."""
+    place = folder
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    free = shutil.disk_usage(place).free
+    if free < need:
+        raise base.StoreResourceError(
+            f"no space left on the device (ENOSPC) for {what}: {free / 2**20:.0f} MiB free on "
+            f"the file system of {place}, about {need / 2**20:.0f} MiB needed. Free disk space "
+            "(or point RAG_QDRANT_PATH at a larger disk) and run it again: nothing indexed was "
+            "changed."
+        )
+
+
+def _write_bytes(points: int, dim: int) -> int:
+    """A generous bound of what writing ``points`` takes on disk: the vectors and a page of
+    payload and sparse vector each, twice (the write-ahead log, then the segment)."""
+    return points * (dim * 4 + 4096) * 2
+
+
 def _create_shard(
     book_folder: Path, dim: int, schema: base.CollectionSchema, layout: _Layout
 ) -> tuple[str, qe.EdgeShard]:
     """A new, empty generation folder of a book (see :func:`_shard_config`) with the payload
     indexes of a book holding nothing yet (:func:`_index_params`)."""
+    check_space(book_folder, SPACE_MARGIN_BYTES, f"a new shard of book {book_folder.name!r}")
     name = f"g{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
     folder = book_folder / name
     folder.mkdir(parents=True)
@@ -1576,6 +1618,8 @@ def _migration_shard(
     """The book's new shard in the layout being built: created the first time, loaded again
     when it was closed; at most :data:`MIGRATION_OPEN_SHARDS` are open (least recently used
     closed first)."""
+    need = SPACE_MARGIN_BYTES + _write_bytes(_MIGRATE_PAGE, dim)
+    check_space(built, need, f"the migration of book {book!r}")
     shard = shards.get(book)
     if shard is None:
         while len(shards) >= MIGRATION_OPEN_SHARDS:  # first: never one more open

@@ -153,9 +153,11 @@ class FolderLock:
         return True
 
     def _take(self, fd: int) -> None:
-        """The lock on ``fd`` is ours: say who holds it, for waiters."""
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        """The lock on ``fd`` is ours: say who holds it, for waiters (a hint: a full disk
+        leaves it unsaid, and a reader still reads)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_me()).encode(), 0)
         self._fd = fd
 
     def _wait(self, fd: int, wait_s: float, notify: Callable[[str], None]) -> None:
