@@ -257,6 +257,49 @@ def test_the_service_answers_503_naming_a_damaged_book_and_serves_the_others(wor
         assert other.status_code == 200 and other.json()
 
 
+def test_the_service_answers_503_naming_a_limit_of_the_machine(world, monkeypatch):
+    """A disk too full to load a book's shard, and descriptors run out where the store's own
+    calls do not wrap the error: both 503 naming the limit, never 500 nor "damaged"."""
+    import shutil as shutil_module
+
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline.store import edge
+    from rag_pipeline.store.lock import FolderLock
+    from rag_pipeline_tests.conftest import make_recipe
+
+    settings = load_settings(
+        data_dir=data(world),
+        qdrant_path=world.env["RAG_QDRANT_PATH"],
+        embedder="hash",
+        cache_dir=world.env["RAG_CACHE_DIR"],
+    )
+    params = {"q": "fox", "book": "b1", "mode": "sparse"}
+    with TestClient(create_app(settings, make_recipe(HashEmbedder()), cache_size=0)) as client:
+        usage = shutil_module.disk_usage(world.env["RAG_QDRANT_PATH"])
+        full = usage._replace(free=edge.LOAD_SPACE_BYTES - 1)
+        monkeypatch.setattr(edge.shutil, "disk_usage", lambda _: full)
+        answer = client.get("/search", params=params)
+        assert answer.status_code == 503, answer.text
+        assert "no space left on the device" in answer.json()["detail"]
+        assert "damaged" not in answer.json()["detail"]
+        monkeypatch.undo()
+
+        def no_descriptors(self, wait_s, notify=None):  # type: ignore[no-untyped-def]
+            raise OSError(24, "Too many open files")
+
+        client.app.state.service.holder.close()  # the next request opens the store again
+        monkeypatch.setattr(FolderLock, "try_acquire", lambda self: False)
+        monkeypatch.setattr(FolderLock, "acquire", no_descriptors)
+        answer = client.get("/search", params=params)
+        assert answer.status_code == 503, answer.text
+        assert "EMFILE" in answer.json()["detail"]
+        monkeypatch.undo()
+        assert client.get("/search", params=params).status_code == 200
+
+
 @pytest.mark.parametrize(
     ("error", "named"),
     [

@@ -67,6 +67,7 @@ from rag_pipeline.store import (
     VectorStore,
     open_store,
 )
+from rag_pipeline.store.errors import resource_limit
 from rag_pipeline.store.filters import check_point_id
 
 __all__ = [
@@ -379,6 +380,16 @@ def create_app(
         if isinstance(exc, StoreDamagedError):
             log.error("damaged store: %s", exc)
         return CliJSONResponse({"detail": str(exc)}, status_code=status)
+
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError) -> Response:
+        # a limit of the machine met outside the store's own calls (a full disk, no
+        # descriptors left): 503 naming it; any other OSError is a bug: 500
+        limit = resource_limit(exc)
+        if limit is None:
+            log.error("unexpected error", exc_info=exc)
+            return CliJSONResponse({"detail": "internal error"}, status_code=500)
+        return CliJSONResponse({"detail": f"{limit}: {exc}"}, status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
