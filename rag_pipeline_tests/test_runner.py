@@ -463,3 +463,36 @@ def test_one_busy_book_fails_alone_and_the_rest_of_its_batch_is_ingested(
     assert "book 'beta'" in report.books["beta"].error_messages[0]
     assert "in use" in report.books["beta"].error_messages[0]
     assert ingest_books(settings, instance).books["beta"].status == "ingested"
+
+
+def test_a_book_lock_taken_by_a_run_names_the_run(
+    data_dir, tmp_path, write_book, instance, monkeypatch
+):
+    """What a waiter (the query service, a CLI) says about a book's holder names the Dagster
+    run that holds it, not only the worker's command line."""
+    from pathlib import Path
+
+    from rag_pipeline.defs import assets
+    from rag_pipeline.store.lock import FolderLock, describe_holder
+
+    write_book("alpha", {"alpha.md": "# alpha\n\n" + section("One", seed="alpha")})
+    settings = load_settings(
+        data_dir=data_dir,
+        qdrant_path=str(tmp_path / "qdrant"),
+        embedder="hash",
+        cache_dir=tmp_path / "cache",
+    )
+    seen: list[str] = []
+    write_and_check = assets.write_and_check
+
+    def spy(store, source, chunked, *args):  # type: ignore[no-untyped-def]
+        written = write_and_check(store, source, chunked, *args)
+        lock = Path(settings.qdrant_path) / "rag_chunks" / "locks" / f"{chunked.book_id}.lock"
+        seen.append(describe_holder(FolderLock(lock, "book").holder()))
+        return written
+
+    monkeypatch.setattr(assets, "write_and_check", spy)
+    report = ingest_books(settings, instance)
+    run_id = report.books["alpha"].run_id
+    assert report.books["alpha"].status == "ingested", report.books["alpha"].error_messages
+    assert seen and f"for Dagster run {run_id} (" in seen[0], seen

@@ -15,6 +15,7 @@ from dagster import (
     BackfillPolicy,
     BetaWarning,
     Definitions,
+    InitResourceContext,
     ResourceDefinition,
     in_process_executor,
 )
@@ -25,6 +26,7 @@ from rag_pipeline.defs.collection import collection_job, collection_sensor, qdra
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
 from rag_pipeline.resources import PipelineResources, StoreOpener
+from rag_pipeline.store.lock import holding_for
 from rag_pipeline.store.sharing import kept_open
 
 __all__ = ["build_defs", "fixed_resources"]
@@ -60,8 +62,10 @@ def _kept_for_the_run(opener: StoreOpener) -> ResourceDefinition:
     loaded once per run, not once per step) until another process waits for them, and closes
     when the run ends; no run config, as :func:`_fixed`."""
 
-    def for_the_run(_: Any) -> Iterator[StoreOpener]:
-        with kept_open():
+    def for_the_run(context: InitResourceContext) -> Iterator[StoreOpener]:
+        run = context.run
+        what = f"Dagster run {run.run_id} ({run.job_name})" if run else "a Dagster run"
+        with kept_open(), holding_for(what):
             yield opener
 
     return ResourceDefinition(

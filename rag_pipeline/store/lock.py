@@ -35,6 +35,7 @@ __all__ = [
     "WatchedLock",
     "allow_open_files",
     "describe_holder",
+    "holding_for",
     "prepare_folder",
 ]
 
@@ -44,12 +45,32 @@ _NOTICE_EVERY_S = 10.0
 
 
 def describe_holder(info: dict[str, Any] | None) -> str:
-    """'pid 123 on host (rag-pipeline ingest), since 12:00:01' or 'an unknown process'."""
+    """'pid 123 on host (rag-pipeline ingest), since 12:00:01', with what the process was
+    doing when it took the lock ('for Dagster run 1a2b3c4d ...'), or 'an unknown process'."""
     if not info:
         return "an unknown process"
     since = info.get("since")
     when = time.strftime("%H:%M:%S", time.localtime(since)) if isinstance(since, float) else "?"
-    return f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')}), since {when}"
+    doing = f" for {info['for']}" if info.get("for") else ""
+    return (
+        f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')}){doing}, since {when}"
+    )
+
+
+#: what this process is doing, innermost last (see :func:`holding_for`)
+_doing: list[str] = []
+
+
+@contextlib.contextmanager
+def holding_for(what: str) -> Iterator[None]:
+    """Name ``what`` this process does (a Dagster run: its id and job) in every lock it takes
+    meanwhile, so that a waiter (the query service, a CLI) says which run holds a book rather
+    than a worker's command line."""
+    _doing.append(what)
+    try:
+        yield
+    finally:
+        _doing.remove(what)
 
 
 class WatchedLock(Protocol):
@@ -262,6 +283,7 @@ def _me() -> dict[str, Any]:
         "host": socket.gethostname(),
         "command": command or "python",
         "since": time.time(),
+        "for": _doing[-1] if _doing else None,
     }
 
 
