@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -132,6 +134,21 @@ def test_the_service_answers_for_more_books_than_it_may_open_files(tmp_path):
         assert open_now < SERVE_FILES_LIMIT - 8, open_now
     finally:
         server.stop()
+    # a plan that reads every book (a recipe change to price) under the same limit
+    env = {**cli.env, "RAG_HASH_DIMENSION": "256"}
+    planned = subprocess.run(
+        [sys.executable, "-m", "rag_pipeline.cli", "plan", "--json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_NOFILE, (SERVE_FILES_LIMIT, SERVE_FILES_LIMIT)
+        ),
+    )
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert len(json.loads(planned.stdout)["books"]) == 60
 
 
 def test_a_rebuild_under_a_busy_service_succeeds_and_searches_never_go_empty(serving):
