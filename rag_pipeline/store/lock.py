@@ -27,7 +27,12 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from rag_pipeline.store.errors import StoreBusyError, StorePathError
+from rag_pipeline.store.errors import (
+    StoreBusyError,
+    StorePathError,
+    StoreResourceError,
+    resource_limit,
+)
 
 __all__ = [
     "FolderLock",
@@ -139,39 +144,35 @@ class FolderLock:
     def acquire(self, wait_s: float, notify: Callable[[str], None] | None = None) -> None:
         """Take the lock, waiting up to ``wait_s`` seconds for its holder; then
         :class:`StoreBusyError` naming the holder. ``notify`` hears about the wait."""
-        if self._fd is not None:
-            return
-        prepare_folder(self.path.parent)
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StorePathError(f"cannot create {self.path}: {_reason(exc, self.path)}") from None
-        try:
-            if not _try_lock(fd):
-                self._wait(fd, wait_s, notify or log.warning)
-            self._take(fd)
-        except BaseException:
-            os.close(fd)
-            raise
+        if self._fd is None:
+            self._lock(lambda fd: self._wait(fd, wait_s, notify or log.warning))
 
     def try_acquire(self) -> bool:
         """Take the lock if nobody holds it; never waits."""
-        if self._fd is not None:
-            return True
+        if self._fd is None:
+            self._lock(None)
+        return self._fd is not None
+
+    def _lock(self, wait: Callable[[int], None] | None) -> None:
+        """Open the lock file and lock it, calling ``wait`` when it is busy (None: give up)."""
         prepare_folder(self.path.parent)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
+            limit = resource_limit(exc)
+            if limit is not None:  # no descriptor left: a limit, not a setting to fix
+                raise StoreResourceError(f"cannot open {self.path}: {limit}") from None
             raise StorePathError(f"cannot create {self.path}: {_reason(exc, self.path)}") from None
         try:
             if not _try_lock(fd):
-                os.close(fd)
-                return False
+                if wait is None:
+                    os.close(fd)
+                    return
+                wait(fd)
             self._take(fd)
         except BaseException:
             os.close(fd)
             raise
-        return True
 
     def _take(self, fd: int) -> None:
         """The lock on ``fd`` is ours: say who holds it, for waiters (a hint: a full disk
