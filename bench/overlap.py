@@ -105,8 +105,8 @@ def overlapped(books, source, store, recipe, inventories) -> dict[str, float]:  
 def main() -> None:
     from rag_pipeline.config import DEFAULT_PATH_PATTERNS, ChunkingConfig, SourceConfig
     from rag_pipeline.embed.local import LocalEmbedder
-    from rag_pipeline.ingest.recipe import IndexRecipe
     from rag_pipeline.ingest.stages import take_inventory
+    from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store.edge import EdgeStore
 

@@ -355,8 +355,8 @@ def build_big_book(
     CLI's commands after it run with ``RAG_EMBEDDER=local``, as a user's would, and migrate
     nothing."""
     from rag_pipeline.config import load_settings
-    from rag_pipeline.ingest.recipe import IndexRecipe
     from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store import open_store
 

@@ -74,8 +74,8 @@ def build(copies: int) -> dict[str, object]:
     from rag_pipeline.config import ChunkingConfig, SourceConfig, load_settings
     from rag_pipeline.embed.local import LocalEmbedder
     from rag_pipeline.ingest.index import chunk_payload
-    from rag_pipeline.ingest.recipe import IndexRecipe
     from rag_pipeline.ingest.stages import chunk_book, parse_book, take_inventory
+    from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store import CollectionSpec, PointRecord
     from rag_pipeline.store.edge import EdgeStore

@@ -31,11 +31,11 @@ from rag_pipeline.config import DagsterStateError, Settings, SettingsError, load
 from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
+    from rag_pipeline.evaluation.beir import EvalReport
     from rag_pipeline.ingest.plan import IngestPlan
-    from rag_pipeline.ingest.recipe import IndexRecipe
     from rag_pipeline.ingest.report import IngestReport
+    from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.resources import LazyRecipe
-    from rag_pipeline.retrieve.evaluate import EvalReport
     from rag_pipeline.retrieve.search import GroupBy, Hit, HitGroup, SearchMode
     from rag_pipeline.store import FusionMethod, VectorStore
 
@@ -85,8 +85,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the input's or the environment's fault: exit 2 with their message
     (unless one of :func:`_failed_work_errors`)."""
     from rag_pipeline.embed import EmbedError
-    from rag_pipeline.ingest.crawl import DataDirError
     from rag_pipeline.models import InvalidBookIdError
+    from rag_pipeline.sources.crawl import DataDirError
     from rag_pipeline.store import StoreError
 
     return (SettingsError, InvalidBookIdError, DataDirError, StoreError, EmbedError)
@@ -152,7 +152,7 @@ def opened_store(settings: Settings) -> Iterator[VectorStore]:
 
 def book_recipes(settings: Settings) -> LazyRecipe:
     """The recipes of the configured settings, one per book as its record decides
-    (:func:`rag_pipeline.ingest.choice.choose_book_model`), each model loaded on first use."""
+    (:func:`rag_pipeline.recipes.choice.choose_book_model`), each model loaded on first use."""
     from rag_pipeline.resources import LazyRecipe
 
     return LazyRecipe(settings.embedding(), settings.chunking())
@@ -194,7 +194,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
     ctx.obj = {"verbose": verbose}
     stderr = logging.StreamHandler(sys.stderr)
     stderr.setFormatter(logging.Formatter(_LOG_FORMAT) if verbose else _TracelessFormatter())
-    # INFO also lets Dagster's console print the errors of runs in full (orchestration/runner.py)
+    # INFO also lets Dagster's console print the errors of runs in full (defs/runner.py)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[stderr])
     # progress of long steps (embedding) is worth seeing without -v
     logging.getLogger("rag_pipeline.progress").setLevel(logging.INFO)
@@ -248,8 +248,8 @@ def _ingest(
     settings: Settings, home: Path, books: list[str] | None, *, force: bool
 ) -> IngestReport:
     """Plan the books against the store, then run what the plan says in Dagster."""
+    from rag_pipeline.defs.partition_marker import read_partitions_marker
     from rag_pipeline.ingest.plan import plan_ingest
-    from rag_pipeline.orchestration.partition_marker import read_partitions_marker
 
     recipe = book_recipes(settings)
     with opened_store(settings) as store:  # released before any run: runs open it per step
@@ -292,7 +292,7 @@ def _rebuild(settings: Settings, home: Path) -> IngestReport | None:
 
 
 def _execute(plan: IngestPlan, settings: Settings, recipe: LazyRecipe, home: Path) -> IngestReport:
-    from rag_pipeline.orchestration.runner import execute_plan
+    from rag_pipeline.defs.runner import execute_plan
     from rag_pipeline.resources import PipelineResources
 
     return execute_plan(
@@ -452,7 +452,7 @@ def _print_recipe_change(the_plan: IngestPlan, price: float) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def books(first: bool, as_json: bool) -> None:
     """List the book folders under RAG_DATA_DIR (and refused folder names)."""
-    from rag_pipeline.ingest.crawl import discover_books
+    from rag_pipeline.sources.crawl import discover_books
 
     settings = _settings()
     scan = discover_books(settings.data_dir)
@@ -905,7 +905,7 @@ def eval_command(
     it."""
     from rich.progress import Progress
 
-    from rag_pipeline.retrieve.evaluate import (
+    from rag_pipeline.evaluation.beir import (
         EvalRun,
         candidate_book_id,
         eval_book_id,
@@ -995,7 +995,7 @@ def _candidate_recipe(
     from dataclasses import replace
 
     from rag_pipeline.embed import model_names
-    from rag_pipeline.ingest.recipe import IndexRecipe
+    from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.resources import LazyRecipe
 
     embedding, chunking = settings.embedding(), settings.chunking()
@@ -1044,7 +1044,7 @@ def _print_comparison(
     as_json: bool,
 ) -> None:
     """The current and the candidate recipe's metrics side by side, with the difference."""
-    from rag_pipeline.retrieve.evaluate import METRICS, compare_reports
+    from rag_pipeline.evaluation.beir import METRICS, compare_reports
 
     deltas = compare_reports(current[1], candidate[1])
     if as_json:

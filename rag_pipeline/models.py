@@ -102,7 +102,7 @@ class PathMeta:
 class FileKey(NamedTuple):
     """What a file's stat says of it for change detection, as git's index records it: every
     field a change of its bytes, its name or its permissions moves (see
-    :mod:`rag_pipeline.ingest.filekeys`)."""
+    :mod:`rag_pipeline.sources.filekeys`)."""
 
     dev: int
     ino: int

@@ -42,6 +42,7 @@ __all__ = [
     "STATUS_EMPTY",
     "STATUS_ERROR",
     "STATUS_OK",
+    "SUMMARY_POINTS_BY_MODEL",
     "ChunkPayload",
     "DocumentMetaPayload",
     "DocumentOutcome",
@@ -68,6 +69,10 @@ DocumentStatus = Literal["ok", "empty", "error"]
 STATUS_OK: Final = "ok"
 STATUS_EMPTY: Final = "empty"
 STATUS_ERROR: Final = "error"
+
+#: the key of a book's catalog entry (its saved summary, ``ingest/catalog.py``) that holds its
+#: chunk points per embedding model: what the recipe choice reads of it
+SUMMARY_POINTS_BY_MODEL: Final = "points_by_model"
 
 # Field names. Constants (not an enum) so that mypy reads each as its literal: a TypedDict
 # indexed by one is checked like one indexed by the spelled key.
@@ -260,7 +265,7 @@ LINEAGE_FIELDS: Final = (
 
 
 class Lineage(Protocol):
-    """Where and how a run writes its points (:class:`rag_pipeline.ingest.recipe.LineageInfo`)."""
+    """Where and how a run writes its points (:class:`rag_pipeline.recipes.recipe.LineageInfo`)."""
 
     @property
     def embedding_model(self) -> str: ...

@@ -147,8 +147,8 @@ def write_book(data_dir: Path) -> BookWriter:
 
 def settle_files() -> None:
     """Wait until files written just now are past the racy window of change detection
-    (:mod:`rag_pipeline.ingest.filekeys`): a stat recorded later is one a plan may trust."""
-    from rag_pipeline.ingest.filekeys import FINE_RACY_NS
+    (:mod:`rag_pipeline.sources.filekeys`): a stat recorded later is one a plan may trust."""
+    from rag_pipeline.sources.filekeys import FINE_RACY_NS
 
     time.sleep(FINE_RACY_NS / 1e9 + 0.01)
 
@@ -172,7 +172,7 @@ def make_source(data_dir: Path, *, max_file_bytes: int = 10 * 1024 * 1024):
 def make_recipe(embedder, **chunking):  # type: ignore[no-untyped-def]
     """The index recipe of ``embedder`` with a chunk budget (defaults unless given)."""
     from rag_pipeline.config import ChunkingConfig
-    from rag_pipeline.ingest.recipe import IndexRecipe
+    from rag_pipeline.recipes.recipe import IndexRecipe
 
     return IndexRecipe.build(embedder, ChunkingConfig(**chunking))
 

@@ -47,10 +47,9 @@ def kill_in(module: Any, name: str, when: Callable[..., bool] = lambda *a, **k: 
 
 
 def install(point: str) -> None:
-    from rag_pipeline.defs import assets, jobs
+    from rag_pipeline.defs import assets, jobs, runner
     from rag_pipeline.embed.hashing import HashEmbedder
     from rag_pipeline.ingest import plan
-    from rag_pipeline.orchestration import runner
     from rag_pipeline.store.base import VectorStore
 
     if point == "plan":

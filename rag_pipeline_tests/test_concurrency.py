@@ -117,7 +117,7 @@ def test_two_ingests_started_together_both_succeed_and_agree(tmp_path, reference
 OPEN_AT = """
 import sys, time
 time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
-from rag_pipeline.orchestration.instance import open_home_instance
+from rag_pipeline.defs.instance import open_home_instance
 with open_home_instance() as instance:
     instance.get_runs(limit=1)
     instance.get_dynamic_partitions("books")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from rag_pipeline.config import DEFAULT_PATH_PATTERNS
-from rag_pipeline.ingest.crawl import (
+from rag_pipeline.models import InvalidBookIdError, PathMeta, validate_book_id
+from rag_pipeline.sources.crawl import (
     DataDirError,
     SourceReadError,
     book_folder_problem,
@@ -21,7 +22,6 @@ from rag_pipeline.ingest.crawl import (
     scan_book,
     unreadable_reason,
 )
-from rag_pipeline.models import InvalidBookIdError, PathMeta, validate_book_id
 
 
 def discover_files(data_dir, book_id, patterns=DEFAULT_PATH_PATTERNS):
@@ -170,7 +170,7 @@ def test_finding_books_compares_only_linked_folders_with_the_others(
 ):
     """Two plain folders under the data folder cannot overlap: a scan of many books costs
     the books, not every pair of them (the sensor lists them every tick)."""
-    from rag_pipeline.ingest import crawl
+    from rag_pipeline.sources import crawl
 
     compared = []
     real = crawl._overlaps

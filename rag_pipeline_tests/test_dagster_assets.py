@@ -18,7 +18,7 @@ from rag_pipeline.defs.location import fixed_resources
 from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.embed.hashing import HashEmbedder
-from rag_pipeline.ingest.recipe import IndexRecipe
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.resources import PipelineResources
 from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter, chunks_of
 from rag_pipeline.store import open_store
@@ -542,7 +542,7 @@ def test_run_retries_re_run_every_step(settings, resources, instance, monkeypatc
 def test_the_resources_are_the_objects_built_once_from_the_settings(settings, monkeypatch):
     """One configuration: the runs get the settings' own source and store configuration, and
     the recipe is built on first use, once, from the settings' embedder and chunk budget."""
-    from rag_pipeline.resources import recipe as recipe_module
+    from rag_pipeline.recipes import lazy as recipe_module
 
     built = []
     real_build = IndexRecipe.build

@@ -541,7 +541,7 @@ def test_a_killed_run_worker_is_reaped_and_the_run_retried_without_a_manual_step
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
     from dagster._core.instance.ref import InstanceRef
 
-    from rag_pipeline.orchestration.reaper import run_worker
+    from rag_pipeline.defs.reaper import run_worker
     from rag_pipeline_tests.fakes import FakeOpenAI
 
     shutil.rmtree(sample_books / "humanoid-robotics-ros2")

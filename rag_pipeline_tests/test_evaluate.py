@@ -3,8 +3,7 @@ import math
 
 import pytest
 
-from rag_pipeline.retrieve import Hit
-from rag_pipeline.retrieve.evaluate import (
+from rag_pipeline.evaluation.beir import (
     evaluate,
     index_corpus,
     load_beir,
@@ -13,6 +12,7 @@ from rag_pipeline.retrieve.evaluate import (
     rank_documents,
     recall_at_k,
 )
+from rag_pipeline.retrieve import Hit
 from rag_pipeline_tests.conftest import make_recipe
 
 
@@ -89,7 +89,7 @@ def test_missing_files_are_named(tmp_path):
 def test_the_corpus_bm25_average_is_measured_before_encoding_and_recorded(
     tiny_beir, store, hash_embedder, monkeypatch
 ):
-    from rag_pipeline.retrieve import evaluate as evaluation
+    from rag_pipeline.evaluation import beir as evaluation
     from rag_pipeline.schema import chunks_of
     from rag_pipeline.sparse import Bm25Encoder
 
@@ -146,7 +146,7 @@ def test_lost_chunk_points_of_a_corpus_are_indexed_again(tiny_beir, store, hash_
 
 
 def test_eval_runs_are_each_mode_once_and_hybrid_once_per_fusion():
-    from rag_pipeline.retrieve.evaluate import eval_runs
+    from rag_pipeline.evaluation.beir import eval_runs
 
     assert eval_runs([], []) == [("hybrid", "minmax")]
     assert eval_runs(["dense", "hybrid", "dense"], ["rrf", "dbsf", "rrf"]) == [

@@ -18,7 +18,7 @@ import pytest
 
 from rag_pipeline.config import Settings, load_settings
 from rag_pipeline.defs.runs import MIGRATION_TAG, books_of_run
-from rag_pipeline.ingest.collection import describe_collection
+from rag_pipeline.ingest.overview import describe_collection
 from rag_pipeline.resources import LazyRecipe
 from rag_pipeline.retrieve.request import SearchRequest
 from rag_pipeline.schema import COLLECTION_SCHEMA, SIGNATURE, book_filter, chunks_of

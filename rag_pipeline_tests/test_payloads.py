@@ -9,8 +9,8 @@ import ast
 import pytest
 
 from rag_pipeline import schema
-from rag_pipeline.ingest.recipe import LineageInfo
 from rag_pipeline.models import Chunk, DocumentMeta, FileError
+from rag_pipeline.recipes.recipe import LineageInfo
 from rag_pipeline.schema import (
     CHUNK_FIELDS,
     DOCUMENT_FIELDS,
@@ -153,9 +153,9 @@ NOT_PAYLOAD_KEYS = {
     ("rag_pipeline/config.py", "module"),
     ("rag_pipeline/config.py", "chapter"),
     ("rag_pipeline/config.py", "lesson"),
-    ("rag_pipeline/ingest/crawl.py", "module"),
-    ("rag_pipeline/ingest/crawl.py", "chapter"),
-    ("rag_pipeline/ingest/crawl.py", "lesson"),
+    ("rag_pipeline/sources/crawl.py", "module"),
+    ("rag_pipeline/sources/crawl.py", "chapter"),
+    ("rag_pipeline/sources/crawl.py", "lesson"),
     # frontmatter keys of the source files (the input format's contract)
     ("rag_pipeline/ingest/parse.py", "tags"),
     # the OpenAI API's error body
@@ -183,10 +183,10 @@ NOT_PAYLOAD_KEYS = {
     ("rag_pipeline/serve/app.py", "embedding_model"),
     ("rag_pipeline/serve/app.py", "sparse_model"),
     # a BEIR corpus's own fields (the dataset's format, not a payload)
-    ("rag_pipeline/retrieve/evaluate.py", "title"),
-    ("rag_pipeline/retrieve/evaluate.py", "text"),
+    ("rag_pipeline/evaluation/beir.py", "title"),
+    ("rag_pipeline/evaluation/beir.py", "text"),
     # eval --json's field (a CLI contract, the name of the sparse model the run used)
-    ("rag_pipeline/retrieve/evaluate.py", "sparse_model"),
+    ("rag_pipeline/evaluation/beir.py", "sparse_model"),
 }
 #: calls whose first argument names a payload field
 _FIELD_CALLS = {"get", "pop", "setdefault", "Match", "MatchAny", "Range"}

@@ -502,7 +502,7 @@ def test_a_plan_hashes_each_file_once_and_reads_only_what_runs(env, store, monke
     import builtins
     import collections
 
-    from rag_pipeline.ingest import crawl
+    from rag_pipeline.sources import crawl
 
     env.run()
     (env.root / "a.md").write_text(long_doc("A edited", seed="edited"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import qdrant_edge as qe
 
-from rag_pipeline.ingest.collection import book_summary
+from rag_pipeline.ingest.catalog import book_summary
 from rag_pipeline.ingest.plan import plan_ingest
 from rag_pipeline.ingest.stages import ingest_book
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
@@ -131,7 +131,7 @@ def test_the_plan_from_summaries_is_the_plan_from_the_shards(tmp_path, hash_embe
 def test_a_book_read_for_want_of_a_summary_is_summarized_once(tmp_path, hash_embedder, loads):
     """A book without a summary (a store migrated from the single-shard layout, a summary
     found stale) is read once by a plan or a collection look, which leaves it one."""
-    from rag_pipeline.ingest.collection import describe_collection
+    from rag_pipeline.ingest.overview import describe_collection
 
     books = Books(tmp_path, 3, hash_embedder)
     for book in books.ids:
@@ -268,7 +268,7 @@ def test_a_builder_of_another_recipe_reads_no_summary_of_the_current_generation(
 
 
 def test_the_recorded_recipe_comes_from_the_summary(tmp_path, hash_embedder, loads):
-    from rag_pipeline.ingest.choice import recorded_recipe
+    from rag_pipeline.recipes.choice import recorded_recipe
 
     books = Books(tmp_path, 1, hash_embedder)
     loads.clear()

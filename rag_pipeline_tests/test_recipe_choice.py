@@ -16,7 +16,7 @@ import pytest
 from rag_pipeline.config import load_settings
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.embed.local import local_model_name
-from rag_pipeline.ingest.choice import (
+from rag_pipeline.recipes.choice import (
     RecordedModelUnavailableError,
     choose_book_model,
     recorded_recipe,

@@ -7,14 +7,14 @@ from dagster import AssetRecordsFilter, DagsterInstance, RunsFilter
 
 from rag_pipeline.config import load_settings
 from rag_pipeline.defs.metadata import table_rows
+from rag_pipeline.defs.runner import execute_plan
 from rag_pipeline.embed import create_embedder
 from rag_pipeline.ingest.consistency import check_index
-from rag_pipeline.ingest.crawl import DataDirError
 from rag_pipeline.ingest.plan import plan_ingest
-from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.orchestration.runner import execute_plan
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.resources import PipelineResources
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
+from rag_pipeline.sources.crawl import DataDirError
 from rag_pipeline.store import PointRecord, open_store
 from rag_pipeline_tests.conftest import section
 
@@ -219,7 +219,7 @@ def test_a_partition_another_process_adds_at_the_same_moment_is_not_an_error():
     """Two ingests (or an ingest and the sensor) add the same new book together: both read it
     as missing, the second insert hits the unique index; that run must go on, not fail."""
     from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-    from rag_pipeline.orchestration.runner import add_book_partitions
+    from rag_pipeline.defs.runner import add_book_partitions
 
     instance = DagsterInstance.ephemeral()
     real_add = instance.add_dynamic_partitions
@@ -267,7 +267,7 @@ def test_dagster_home_keeps_no_chunk_text_or_vector_and_grows_little_per_book_ru
 
     import numpy as np
 
-    from rag_pipeline.orchestration.instance import open_home_instance
+    from rag_pipeline.defs.instance import open_home_instance
     from rag_pipeline_tests.conftest import REPO
 
     home = tmp_path / "dagster_home"
@@ -318,25 +318,26 @@ def test_dagster_home_keeps_no_chunk_text_or_vector_and_grows_little_per_book_ru
 
 
 @pytest.mark.parametrize("config", ["dagster.yaml", "deploy/dagster.postgres.yaml"])
-def test_the_run_launcher_loads_from_its_module_and_from_the_old_one(config):
-    """dagster.yaml names the launcher in the harness; a copy made before it moved (the CLI
-    writes $DAGSTER_HOME/dagster.yaml only when there is none) still names defs.launcher."""
+def test_the_run_launcher_loads_from_its_module_and_from_the_old_ones(config):
+    """dagster.yaml names the launcher in defs/, the Dagster layer's home; a copy made before
+    it moved (the CLI writes $DAGSTER_HOME/dagster.yaml only when there is none) still names
+    orchestration.launcher, and that name still loads the same class."""
     import importlib
 
     import yaml
 
-    from rag_pipeline.orchestration.launcher import LocalRunLauncher
+    from rag_pipeline.defs.launcher import LocalRunLauncher
     from rag_pipeline_tests.conftest import REPO
 
     text = (REPO / config).read_text()
-    assert "rag_pipeline.defs.launcher" not in text
+    assert "rag_pipeline.orchestration.launcher" not in text
     if config == "dagster.yaml":
         named = yaml.safe_load(text)["run_launcher"]
         module = importlib.import_module(named["module"])
         assert getattr(module, named["class"]) is LocalRunLauncher
     else:
-        assert "rag_pipeline.orchestration.launcher.LocalRunLauncher" in text
-    old = importlib.import_module("rag_pipeline.defs.launcher")
+        assert "rag_pipeline.defs.launcher.LocalRunLauncher" in text
+    old = importlib.import_module("rag_pipeline.orchestration.launcher")
     assert old.LocalRunLauncher is LocalRunLauncher
 
 

@@ -639,7 +639,7 @@ def test_a_removed_book_keeps_its_partition_while_a_batch_with_it_is_in_flight(
 def watched(data_dir, write_book, monkeypatch):
     """30 books, and a sensor that stats only what the file system says changed; yields the
     harness and the names of the books each tick stat'ed."""
-    from rag_pipeline.ingest import watch
+    from rag_pipeline.sources import watch
 
     for i in range(30):
         write_book(f"book-{i:02d}", {"a.md": f"# Book {i}"})
@@ -663,7 +663,7 @@ def watched(data_dir, write_book, monkeypatch):
 
 def seen_by_the_watcher(data_dir, book, timeout=10.0):
     """Wait until the watcher of ``data_dir`` has the notification of a change in ``book``."""
-    from rag_pipeline.ingest import watch
+    from rag_pipeline.sources import watch
 
     watcher = watch._watchers[os.path.abspath(data_dir)]
     deadline = time.monotonic() + timeout
@@ -691,7 +691,7 @@ def test_a_watched_tick_stats_only_the_books_the_file_system_names(watched, data
 def test_every_watched_book_is_stated_again_within_a_minute(watched, data_dir, monkeypatch):
     """Whatever the notifications missed (a network file system, an overflow), each book is
     stat'ed again within RESCAN_EVERY_S, a share of the books at each tick."""
-    from rag_pipeline.ingest import watch
+    from rag_pipeline.sources import watch
 
     harness, stated = watched
     harness.tick()
@@ -706,7 +706,7 @@ def test_every_watched_book_is_stated_again_within_a_minute(watched, data_dir, m
 def test_a_sensor_that_cannot_watch_stats_every_book_each_tick(data_dir, write_book, monkeypatch):
     import watchdog.observers
 
-    from rag_pipeline.ingest import watch
+    from rag_pipeline.sources import watch
 
     def refused(*args, **kwargs):
         raise OSError(28, "inotify watch limit reached")

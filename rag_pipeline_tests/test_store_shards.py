@@ -228,7 +228,7 @@ def indexed(tmp_path: Path) -> Path:
 
 
 def describe(qdrant: Path, books: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
-    from rag_pipeline.ingest.collection import describe_collection
+    from rag_pipeline.ingest.overview import describe_collection
 
     with EdgeStore("rag_chunks", qdrant, COLLECTION_SCHEMA) as store:
         return describe_collection(store, books)

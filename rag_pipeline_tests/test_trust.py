@@ -2,7 +2,7 @@
 (issue 26): each case drives ``rag-pipeline`` as a user does (real processes, the Dagster job).
 
 * a file's recorded stat stands for its bytes only while every field a change moves matches
-  (git's rules: :mod:`rag_pipeline.ingest.filekeys`);
+  (git's rules: :mod:`rag_pipeline.sources.filekeys`);
 * a book's summary, its pointers and the collection's layout are used only while they agree
   with the shards they describe and name the book they are used for; damage is said, never
   answered as "nothing found", and the next ingest repairs it.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rag_pipeline.config import load_settings
-from rag_pipeline.ingest.collection import describe_collection
+from rag_pipeline.ingest.overview import describe_collection
 from rag_pipeline.models import document_id
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.store import open_store

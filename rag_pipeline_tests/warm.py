@@ -39,7 +39,7 @@ PRELOAD = (
     "dagster._core.storage.schedules.sqlite.sqlite_schedule_storage",
     "rag_pipeline.cli",
     "rag_pipeline.defs.location",
-    "rag_pipeline.orchestration.runner",
+    "rag_pipeline.defs.runner",
     "rag_pipeline.resources",
     "rag_pipeline.ingest.plan",
     "rag_pipeline.retrieve",

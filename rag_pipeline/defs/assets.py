@@ -41,7 +41,6 @@ from rag_pipeline.ingest.consistency import check_chunks, check_vectors
 from rag_pipeline.ingest.index import WriteReport
 from rag_pipeline.ingest.migration import BuildStart, SwitchOutcome, start_build
 from rag_pipeline.ingest.progress import ProgressLog
-from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.ingest.stages import (
     BookInventory,
@@ -59,6 +58,7 @@ from rag_pipeline.ingest.stages import (
     vectors_to_reuse,
     write_and_check,
 )
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.resources import LazyRecipe, StoreOpener
 
 __all__ = [

@@ -60,9 +60,9 @@ from rag_pipeline.defs.assets import (
 )
 from rag_pipeline.defs.metadata import table
 from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG
-from rag_pipeline.ingest.collection import BookHealth, describe_collection
-from rag_pipeline.ingest.crawl import DataDirError, discover_books
+from rag_pipeline.ingest.overview import BookHealth, describe_collection
 from rag_pipeline.resources import StoreOpener
+from rag_pipeline.sources.crawl import DataDirError, discover_books
 from rag_pipeline.store import StoreBusyError
 
 __all__ = [

@@ -17,10 +17,10 @@ from dagster import (
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL, ingestion_assets, source_files
 from rag_pipeline.defs.runs import RETRY_ALL_STEPS, tag_run
-from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.models import validate_book_id
 from rag_pipeline.resources import StoreOpener
 from rag_pipeline.schema import book_filter
+from rag_pipeline.sources.crawl import path_is_gone
 
 __all__ = [
     "INGEST_JOB_NAME",

@@ -68,11 +68,11 @@ from rag_pipeline.defs.runs import (
 )
 from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.changes import fingerprint_book
-from rag_pipeline.ingest.crawl import DataDirError, discover_books, scan_book
-from rag_pipeline.ingest.filekeys import now_ns, settled
 from rag_pipeline.ingest.plan import decide_purges
-from rag_pipeline.ingest.watch import BookWatcher, watcher_for
 from rag_pipeline.models import FileKey
+from rag_pipeline.sources.crawl import DataDirError, discover_books, scan_book
+from rag_pipeline.sources.filekeys import now_ns, settled
+from rag_pipeline.sources.watch import BookWatcher, watcher_for
 
 __all__ = [
     "BookScanState",
@@ -106,7 +106,7 @@ class BookScanState:
 
 
 def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
-    """A digest of every file's full stat (:mod:`~rag_pipeline.ingest.filekeys`); "" for a
+    """A digest of every file's full stat (:mod:`~rag_pipeline.sources.filekeys`); "" for a
     book with a racy file (modified in the clock tick of this scan): it matches no cursor, so
     its contents are fingerprinted at every tick until its files settle."""
     scanned_at = now_ns()
@@ -336,7 +336,7 @@ def build_books_sensor(
     """The sensor for books under ``data_dir`` (on by default under the daemon); books that
     change in the same tick share runs as ``batching`` allows. ``watch``: stat only the books
     the file system's notifications name (and each book at least every minute: see
-    :mod:`rag_pipeline.ingest.watch`); else every book at every tick."""
+    :mod:`rag_pipeline.sources.watch`); else every book at every tick."""
     root = Path(data_dir)
     batching = batching or BatchConfig()
 

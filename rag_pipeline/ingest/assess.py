@@ -15,23 +15,23 @@ from itertools import islice
 from pathlib import Path
 
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
-from rag_pipeline.ingest.collection import (
+from rag_pipeline.ingest.catalog import (
     file_stats_from_summary,
     index_from_summary,
     run_summary,
 )
-from rag_pipeline.ingest.crawl import (
+from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
+from rag_pipeline.ingest.index import IndexState, damaged_vectors, read_index_state
+from rag_pipeline.models import FileError, FileKey, SourceFile
+from rag_pipeline.recipes.recipe import IndexRecipe
+from rag_pipeline.schema import SOURCE_FILE, chunks_of
+from rag_pipeline.sources.crawl import (
     hash_file,
     path_is_gone,
     scan_book,
     unreadable_reason,
 )
-from rag_pipeline.ingest.filekeys import now_ns, trusted_hash
-from rag_pipeline.ingest.index import IndexState, damaged_vectors, read_index_state
-from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.models import FileError, FileKey, SourceFile
-from rag_pipeline.schema import SOURCE_FILE, chunks_of
+from rag_pipeline.sources.filekeys import now_ns, trusted_hash
 from rag_pipeline.store import VectorStore
 
 __all__ = [

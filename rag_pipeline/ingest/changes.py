@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from rag_pipeline.ingest.crawl import FileStat, hash_file, scan_book
-from rag_pipeline.ingest.filekeys import now_ns, settled, trusted_hash
 from rag_pipeline.models import FileKey
+from rag_pipeline.sources.crawl import FileStat, hash_file, scan_book
+from rag_pipeline.sources.filekeys import now_ns, settled, trusted_hash
 
 __all__ = [
     "FORCED_REBUILD",

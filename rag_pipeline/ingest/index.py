@@ -10,14 +10,15 @@ run redoes it and converges, reusing every vector already written.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rag_pipeline.ingest.changes import FileChanges, IndexedDocument
-from rag_pipeline.ingest.recipe import LineageInfo
 from rag_pipeline.models import Chunk, document_id
+from rag_pipeline.recipes.choice import most_common
+from rag_pipeline.recipes.recipe import LineageInfo
 from rag_pipeline.schema import (
     CHUNK,
     CONTENT_HASH,
@@ -51,7 +52,6 @@ __all__ = [
     "chunk_payload",
     "damaged_vectors",
     "document_payload",
-    "most_common",
     "read_index_state",
     "reusable_vectors",
     "write_book_changes",
@@ -102,12 +102,6 @@ class IndexState:
     def recorded_signature(self) -> str | None:
         """The recipe signature most of the book's document records carry (None: none)."""
         return most_common(Counter(d.signature for d in self.documents.values() if d.signature))
-
-
-def most_common(counts: Mapping[str, int]) -> str | None:
-    """The value counted most, ties to the first by name (so every process reads the same
-    one); None without counts."""
-    return min(counts, key=lambda value: (-counts[value], value)) if counts else None
 
 
 def read_index_state(

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from rag_pipeline.ingest.index import most_common, read_index_state
-from rag_pipeline.ingest.recipe import IndexRecipe
+from rag_pipeline.ingest.index import read_index_state
+from rag_pipeline.recipes.choice import most_common
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, SOURCE_FILE, chunks_of
 from rag_pipeline.store import VectorStore
 

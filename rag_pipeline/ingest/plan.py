@@ -29,10 +29,7 @@ from rag_pipeline.ingest.assess import (
     saved_file_stats,
 )
 from rag_pipeline.ingest.changes import FileChanges
-from rag_pipeline.ingest.choice import FixedRecipe, RecipeSource
-from rag_pipeline.ingest.crawl import book_folder_problem, discover_books, path_is_gone
 from rag_pipeline.ingest.migration import migration_label
-from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.ingest.stages import (
     WritePreview,
@@ -42,7 +39,10 @@ from rag_pipeline.ingest.stages import (
     rebuilt_reason,
 )
 from rag_pipeline.models import FileError, validate_book_id
+from rag_pipeline.recipes.choice import FixedRecipe, RecipeSource
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, book_filter
+from rag_pipeline.sources.crawl import book_folder_problem, discover_books, path_is_gone
 from rag_pipeline.store import BookDamagedError, VectorStore
 
 __all__ = [
@@ -272,7 +272,7 @@ def plan_ingest(
     """Decide what an ingest of ``book_ids`` (default: every book folder) does; each book
     is assessed with its own recipe (``recipe.for_book``; a plain recipe is every book's).
 
-    Raises :class:`~rag_pipeline.ingest.crawl.DataDirError` when the data folder is missing."""
+    Raises :class:`~rag_pipeline.sources.crawl.DataDirError` when the data folder is missing."""
     started = time.perf_counter()
     recipes = FixedRecipe(recipe) if isinstance(recipe, IndexRecipe) else recipe
     targets = [validate_book_id(b) for b in book_ids] if book_ids else None

@@ -21,16 +21,9 @@ from rag_pipeline.chunk import chunk_document
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.embed.base import ProgressCallback
 from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
+from rag_pipeline.ingest.catalog import run_summary
 from rag_pipeline.ingest.changes import UNREADABLE_STAGE
-from rag_pipeline.ingest.collection import run_summary
 from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks, check_index
-from rag_pipeline.ingest.crawl import (
-    SourceReadError,
-    path_is_gone,
-    path_meta,
-    read_source,
-    unreadable_reason,
-)
 from rag_pipeline.ingest.index import (
     DocumentOutcome,
     WriteReport,
@@ -39,9 +32,16 @@ from rag_pipeline.ingest.index import (
 )
 from rag_pipeline.ingest.migration import SwitchOutcome, finish_build
 from rag_pipeline.ingest.parse import parse_document
-from rag_pipeline.ingest.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.models import Chunk, FileError, ParsedDocument
+from rag_pipeline.recipes.recipe import IndexRecipe, LineageInfo
+from rag_pipeline.sources.crawl import (
+    SourceReadError,
+    path_is_gone,
+    path_meta,
+    read_source,
+    unreadable_reason,
+)
 from rag_pipeline.store import BookDamagedError, CollectionSpec, SparseVector, VectorStore
 
 __all__ = [

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rag_pipeline.config import Settings, SourceConfig
-from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.resources.recipe import LazyRecipe
+from rag_pipeline.recipes.lazy import LazyRecipe
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.resources.store import StoreOpener
 
 __all__ = ["LazyRecipe", "PipelineResources", "StoreOpener"]

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from rag_pipeline.config import StoreConfig
-from rag_pipeline.ingest.recipe import IndexRecipe
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.store import CollectionSpec, VectorStore, open_store
 from rag_pipeline.store.sharing import shared_store, store_key

@@ -1,5 +1,5 @@
 """Retrieval: tenant-scoped search, grouped search, context expansion, whole documents,
-lineage, evaluation.
+lineage.
 
 Every function takes a ``book_id`` and cannot read across books.
 """

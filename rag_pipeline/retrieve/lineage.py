@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline.ingest.crawl import hash_file
 from rag_pipeline.schema import (
     DOCUMENT,
     LINEAGE_FIELDS,
@@ -17,6 +16,7 @@ from rag_pipeline.schema import (
     STATUS,
     book_filter,
 )
+from rag_pipeline.sources.crawl import hash_file
 from rag_pipeline.store import VectorStore
 
 __all__ = ["trace_point"]

@@ -47,9 +47,9 @@ from rag_pipeline.embed import (
     create_embedder,
 )
 from rag_pipeline.embed.base import embedder_source
-from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.models import validate_book_id
-from rag_pipeline.resources.recipe import LazyRecipe
+from rag_pipeline.recipes.lazy import LazyRecipe
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.retrieve import SearchFilters, expand_context, get_document, parse_equals
 from rag_pipeline.retrieve.lineage import trace_point
 from rag_pipeline.retrieve.request import SearchRequest, results_json

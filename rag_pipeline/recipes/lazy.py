@@ -2,7 +2,7 @@
 first use: loading a model costs seconds a sensor tick or a purge never needs.
 
 One process may need two: under ``RAG_LOCAL_PRECISION=auto`` a book indexed at fp32 stays fp32
-while new books get int8 (:func:`rag_pipeline.ingest.choice.choose_book_model`), so recipes are
+while new books get int8 (:func:`rag_pipeline.recipes.choice.choose_book_model`), so recipes are
 handed out per embedding model, each model loaded once."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from rag_pipeline import embed
 from rag_pipeline.config import ChunkingConfig, EmbedderConfig
 from rag_pipeline.embed import Embedder, EmbedError, config_for_model, model_names
-from rag_pipeline.ingest.choice import (
+from rag_pipeline.recipes.choice import (
     BookRecipe,
     FixedRecipe,
     ModelChoice,
@@ -21,7 +21,7 @@ from rag_pipeline.ingest.choice import (
     choose_book_model,
     record_for,
 )
-from rag_pipeline.ingest.recipe import IndexRecipe
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.store import VectorStore
 
 __all__ = ["LazyRecipe"]

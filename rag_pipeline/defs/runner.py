@@ -33,6 +33,7 @@ from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 from rag_pipeline.config import BatchConfig
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
+from rag_pipeline.defs.instance import open_home_instance
 from rag_pipeline.defs.jobs import (
     INGEST_JOB_NAME,
     PURGE_JOB_NAME,
@@ -41,7 +42,9 @@ from rag_pipeline.defs.jobs import (
     purge_run_config,
 )
 from rag_pipeline.defs.location import build_defs, fixed_resources
+from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+from rag_pipeline.defs.reaper import process_tags, reap_dead_runs, run_worker
 from rag_pipeline.defs.runs import (
     BOOK_TAG,
     MIGRATION_TAG,
@@ -51,13 +54,10 @@ from rag_pipeline.defs.runs import (
     one_label,
 )
 from rag_pipeline.ingest.batches import batch_books, split_after
-from rag_pipeline.ingest.crawl import path_is_gone
 from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
-from rag_pipeline.orchestration.instance import open_home_instance
-from rag_pipeline.orchestration.partition_marker import write_partitions_marker
-from rag_pipeline.orchestration.reaper import process_tags, reap_dead_runs, run_worker
 from rag_pipeline.resources import PipelineResources
+from rag_pipeline.sources.crawl import path_is_gone
 
 __all__ = [
     "PoolWatch",

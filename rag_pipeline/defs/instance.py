@@ -26,7 +26,7 @@ from dagster import DagsterInstance, DagsterInvalidConfigError
 
 from rag_pipeline.config import DagsterStateError, SettingsError
 from rag_pipeline.defs._dagster_private import dagster_instance_config
-from rag_pipeline.orchestration.partition_marker import PARTITIONS_MARKER
+from rag_pipeline.defs.partition_marker import PARTITIONS_MARKER
 
 __all__ = ["open_home_instance"]
 

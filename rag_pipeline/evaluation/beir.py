@@ -18,7 +18,6 @@ from pathlib import Path
 from rag_pipeline.chunk import chunk_document
 from rag_pipeline.ingest.assess import BookAssessment, BookFilesRead, assess, read_book_index
 from rag_pipeline.ingest.changes import FileChanges
-from rag_pipeline.ingest.recipe import IndexRecipe
 from rag_pipeline.ingest.stages import (
     ParsedBook,
     chunk_book,
@@ -27,6 +26,7 @@ from rag_pipeline.ingest.stages import (
     write_book,
 )
 from rag_pipeline.models import DocumentMeta, ParsedDocument, SourceFile, document_id
+from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.retrieve.search import (
     DEFAULT_FUSION,
     DEFAULT_MODE,

@@ -8,7 +8,7 @@ CLI executes in process: :func:`process_tags`) or as Dagster's own "Started proc
 exists, or when a process that started after the run has taken over its pid.
 
 :func:`reap_dead_runs` is called by the CLI before it starts runs; the daemon does the same
-through the health check of :class:`rag_pipeline.orchestration.launcher.LocalRunLauncher`
+through the health check of :class:`rag_pipeline.defs.launcher.LocalRunLauncher`
 under run monitoring.
 """
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from rag_pipeline.ingest.filekeys import file_key
 from rag_pipeline.models import (
     FileError,
     FileKey,
@@ -34,6 +33,7 @@ from rag_pipeline.models import (
     printable,
     validate_book_id,
 )
+from rag_pipeline.sources.filekeys import file_key
 
 __all__ = [
     "MARKDOWN_SUFFIXES",

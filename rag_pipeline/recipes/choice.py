@@ -24,14 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from rag_pipeline.config import EmbedderConfig
 from rag_pipeline.embed import EmbedderUnavailableError, config_for_model, model_names
-from rag_pipeline.ingest.collection import recorded_models
-from rag_pipeline.ingest.index import most_common
-from rag_pipeline.ingest.recipe import IndexRecipe
-from rag_pipeline.schema import EMBEDDING_MODEL, chunks_of
+from rag_pipeline.recipes.recipe import IndexRecipe
+from rag_pipeline.schema import EMBEDDING_MODEL, SUMMARY_POINTS_BY_MODEL, chunks_of
 from rag_pipeline.store import VectorStore
 
 __all__ = [
@@ -43,6 +41,7 @@ __all__ = [
     "RecordedModelUnavailableError",
     "RecordedRecipe",
     "choose_book_model",
+    "most_common",
     "record_for",
     "recorded_recipe",
     "searched_record",
@@ -70,6 +69,20 @@ class RecordedRecipe:
     @property
     def mixed(self) -> bool:
         return len(self.models) > 1
+
+
+def most_common(counts: Mapping[str, int]) -> str | None:
+    """The value counted most, ties to the first by name (so every process reads the same
+    one); None without counts."""
+    return min(counts, key=lambda value: (-counts[value], value)) if counts else None
+
+
+def recorded_models(summary: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """Chunk points per embedding model, as the book's catalog entry saved them (None: no
+    entry, or one without them)."""
+    if summary is None or SUMMARY_POINTS_BY_MODEL not in summary:
+        return None
+    return {str(k): int(v) for k, v in dict(summary[SUMMARY_POINTS_BY_MODEL]).items()}
 
 
 def recorded_recipe(store: VectorStore, book_id: str) -> RecordedRecipe | None:
@@ -190,7 +203,7 @@ class BookRecipe:
 
 
 class RecipeSource(Protocol):
-    """Hands out the recipe of each book (:class:`rag_pipeline.resources.LazyRecipe`)."""
+    """Hands out the recipe of each book (:class:`rag_pipeline.recipes.lazy.LazyRecipe`)."""
 
     def for_book(
         self, store: VectorStore, book_id: str, *, purpose: Purpose = "build"
