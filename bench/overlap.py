@@ -3,7 +3,7 @@
     nice -n 5 python bench/overlap.py [--books B ...] [--rounds 2] [--precision fp32]
 
 The same books of the powershell-docs corpus are indexed from scratch into a fresh Qdrant Edge
-folder by two schedules of the pipeline's own stage functions, alternated (serial, overlapped,
+folder by two schedules of the ingest pipeline's own stages, alternated (serial, overlapped,
 then overlapped, serial, ...) so a busy shared machine slows both alike:
 
 * serial: per book, parse and chunk, then embed, then write (what a run does, step by step);
@@ -43,28 +43,24 @@ BOOKS = [
 ]
 
 
-def serial(books, source, store, recipe, inventories) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    from rag_pipeline.ingest.stages import chunk_book, embed_book, parse_book, write_book
-
+def serial(books, pipeline, inventories) -> dict[str, float]:  # type: ignore[no-untyped-def]
     spent = {"chunk": 0.0, "embed": 0.0, "write": 0.0, "chunks": 0}
     for book in books:
         t0 = time.perf_counter()
-        chunked = chunk_book(parse_book(inventories[book], source), recipe)
+        chunked = pipeline.chunk(pipeline.parse({book: inventories[book]}))
         t1 = time.perf_counter()
-        embedded = embed_book(chunked, recipe, {})
+        embedded = pipeline.embed(chunked)
         t2 = time.perf_counter()
-        write_book(store, chunked, embedded, recipe.lineage("bench", embedded.sparse_model))
+        pipeline.write(chunked, embedded, run_id="bench")
         t3 = time.perf_counter()
         spent["chunk"] += t1 - t0
         spent["embed"] += t2 - t1
         spent["write"] += t3 - t2
-        spent["chunks"] += len(chunked.chunks)
+        spent["chunks"] += len(chunked[book].chunks)
     return spent
 
 
-def overlapped(books, source, store, recipe, inventories) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    from rag_pipeline.ingest.stages import chunk_book, embed_book, parse_book, write_book
-
+def overlapped(books, pipeline, inventories) -> dict[str, float]:  # type: ignore[no-untyped-def]
     chunked_q: queue.Queue = queue.Queue(maxsize=2)
     written_q: queue.Queue = queue.Queue(maxsize=2)
     errors: list[BaseException] = []
@@ -72,7 +68,7 @@ def overlapped(books, source, store, recipe, inventories) -> dict[str, float]:  
     def chunker() -> None:
         try:
             for book in books:
-                chunked_q.put(chunk_book(parse_book(inventories[book], source), recipe))
+                chunked_q.put(pipeline.chunk(pipeline.parse({book: inventories[book]})))
         except BaseException as exc:
             errors.append(exc)
         chunked_q.put(None)
@@ -81,7 +77,7 @@ def overlapped(books, source, store, recipe, inventories) -> dict[str, float]:  
         while (job := written_q.get()) is not None:
             try:
                 chunked, embedded = job
-                write_book(store, chunked, embedded, recipe.lineage("bench", embedded.sparse_model))
+                pipeline.write(chunked, embedded, run_id="bench")
             except BaseException as exc:
                 errors.append(exc)
 
@@ -91,7 +87,7 @@ def overlapped(books, source, store, recipe, inventories) -> dict[str, float]:  
     embed_s = 0.0
     while (chunked := chunked_q.get()) is not None:
         t0 = time.perf_counter()
-        embedded = embed_book(chunked, recipe, {})
+        embedded = pipeline.embed(chunked)
         embed_s += time.perf_counter() - t0
         written_q.put((chunked, embedded))
     written_q.put(None)
@@ -103,12 +99,10 @@ def overlapped(books, source, store, recipe, inventories) -> dict[str, float]:  
 
 
 def main() -> None:
-    from rag_pipeline.config import DEFAULT_PATH_PATTERNS, ChunkingConfig, SourceConfig
+    from rag_pipeline.config import ChunkingConfig, load_settings
     from rag_pipeline.embed.local import LocalEmbedder
-    from rag_pipeline.ingest.stages import take_inventory
+    from rag_pipeline.ingest.pipeline import IngestPipeline
     from rag_pipeline.recipes.recipe import IndexRecipe
-    from rag_pipeline.schema import COLLECTION_SCHEMA
-    from rag_pipeline.store.edge import EdgeStore
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--books", nargs="+", default=BOOKS)
@@ -118,7 +112,6 @@ def main() -> None:
     if not CORPUS.is_dir():
         raise SystemExit(f"needs the powershell-docs corpus at {CORPUS}")
 
-    source = SourceConfig(CORPUS, DEFAULT_PATH_PATTERNS, 10 * 1024 * 1024, 1)
     embedder = LocalEmbedder(cache_dir=REPO / ".rag" / "cache" / "models", precision=args.precision)
     recipe = IndexRecipe.build(embedder, ChunkingConfig())
     embedder.embed(["warm up the model"] * 8)
@@ -132,19 +125,20 @@ def main() -> None:
             order = list(schedules) if round_ % 2 == 0 else list(reversed(schedules))
             for name in order:
                 folder = work / f"{name}-{round_}"
-                store = EdgeStore("bench_overlap", folder, COLLECTION_SCHEMA)
+                settings = load_settings(
+                    data_dir=str(CORPUS), qdrant_path=str(folder), collection="bench_overlap"
+                )
+                pipeline = IngestPipeline.from_settings(settings, recipe)
                 try:
-                    inventories = {
-                        b: take_inventory(source, b, store, recipe, force=True) for b in args.books
-                    }
+                    assessed = pipeline.assess(args.books, force=True)
+                    inventories = {b: a.inventory for b, a in assessed.items()}
                     started = time.perf_counter()
-                    spent = schedules[name](args.books, source, store, recipe, inventories)
+                    spent = schedules[name](args.books, pipeline, inventories)
                     walls[name].append(time.perf_counter() - started)
                     if name == "serial":
                         stages.append(spent)
                     chunks = int(spent.get("chunks", chunks))
                 finally:
-                    store.close()
                     shutil.rmtree(folder, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -20,7 +20,7 @@ each step; (f) is DAGSTER_HOME's growth per book run.
 over it, cold (no cursor: every file hashed, every book requested) and warm (nothing changed).
 
 ``--big-book N``: beside 5 small books, one book of about N chunk points, built in-process by
-the pipeline's own stages (``ingest_book``) in slices of files, its dense vectors made by the
+the ingest pipeline (``IngestPipeline.run``) in slices of files, its dense vectors made by the
 hash embedder but recorded as the default local model's (so that `search` and `serve` embed
 their queries with the real model: embedding N chunks with it would take hours here; the
 index's vectors only shape the HNSW graph; every book records that model, and the CLI runs
@@ -355,18 +355,15 @@ def build_big_book(
     CLI's commands after it run with ``RAG_EMBEDDER=local``, as a user's would, and migrate
     nothing."""
     from rag_pipeline.config import load_settings
-    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.ingest.pipeline import IngestPipeline
     from rag_pipeline.recipes.recipe import IndexRecipe
-    from rag_pipeline.schema import COLLECTION_SCHEMA
-    from rag_pipeline.store import open_store
 
     settings = load_settings(
         data_dir=data, qdrant_path=str(here / "qdrant"), embedder="hash", cache_dir=here / "cache"
     )
     recipe = IndexRecipe.build(_RecordedAsTheLocalModel(), settings.chunking())
-    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
-        for b in range(BIG_SMALL_BOOKS):
-            ingest_book(settings.source(), f"book-{b:04d}", store, recipe, "bench-build")
+    pipeline = IngestPipeline.from_settings(settings, recipe)
+    pipeline.run([f"book-{b:04d}" for b in range(BIG_SMALL_BOOKS)], run_id="bench-build")
     book = data / BIG_BOOK
     book.mkdir(parents=True, exist_ok=True)
     written = files = 0
@@ -378,8 +375,7 @@ def build_big_book(
             marker = f"\n\nScale benchmark copy: big book, file {f}, from {source.name}.\n"
             (book / f"f{f:06d}-{source.stem}{source.suffix}").write_text(text + marker)
         files += slice_files
-        with open_store(settings.store(), COLLECTION_SCHEMA) as store:
-            run = ingest_book(settings.source(), BIG_BOOK, store, recipe, "bench-build")
+        run = pipeline.run([BIG_BOOK], run_id="bench-build")[BIG_BOOK]
         written += run.written.upserted
         print(f"big book: {files} files, {written} points", file=sys.stderr, flush=True)
     return {

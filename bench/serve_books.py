@@ -2,8 +2,8 @@
 
     python bench/serve_books.py [--books 5000] [--files-limit 4096] [--work DIR] [--json]
 
-Builds ``--books`` one-file books (hash embedder, indexed in-process by the pipeline's own
-stages: ``ingest_book``), starts `rag-pipeline serve` with its open-files limit set to
+Builds ``--books`` one-file books (hash embedder, indexed in-process by the ingest
+pipeline: ``IngestPipeline.run``), starts `rag-pipeline serve` with its open-files limit set to
 ``--files-limit`` (soft and hard: what a default systemd service or container gets, which the
 service cannot raise), then searches every book once, in order, and again in a second pass.
 Prints the statuses, latency p50/p99 per pass, the most descriptors the service held (sampled

@@ -71,28 +71,27 @@ def env(data_dir: Path) -> dict[str, str]:
 
 def build(copies: int) -> dict[str, object]:
     """Chunk the corpus once and write ``copies`` copies of every book."""
-    from rag_pipeline.config import ChunkingConfig, SourceConfig, load_settings
+    from rag_pipeline.config import ChunkingConfig, load_settings
     from rag_pipeline.embed.local import LocalEmbedder
     from rag_pipeline.ingest.index import chunk_payload
-    from rag_pipeline.ingest.stages import chunk_book, parse_book, take_inventory
+    from rag_pipeline.ingest.pipeline import IngestPipeline
     from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.schema import COLLECTION_SCHEMA
     from rag_pipeline.store import CollectionSpec, PointRecord
     from rag_pipeline.store.edge import EdgeStore
-    from rag_pipeline.store.qdrant import QdrantStore
 
     shutil.rmtree(WORK / "qdrant", ignore_errors=True)
     embedder = LocalEmbedder(cache_dir=REPO / ".rag" / "cache" / "models")
     recipe = IndexRecipe.build(embedder, ChunkingConfig())
-    source = load_settings(data_dir=str(CORPUS)).source()
-    assert isinstance(source, SourceConfig)
+    # the pipeline's own stages chunk the corpus (nothing written: a scratch store in memory)
+    scratch = load_settings(data_dir=str(CORPUS), qdrant_path=":memory:", collection="scratch")
+    pipeline = IngestPipeline.from_settings(scratch, recipe)
     lineage = recipe.lineage(run_id=None)
     started = time.perf_counter()
     chunks = []
-    empty = QdrantStore("scratch", COLLECTION_SCHEMA, path=":memory:")
     for book in sorted(p.name for p in CORPUS.iterdir() if p.is_dir()):
-        inventory = take_inventory(source, book, empty, recipe)
-        chunks.extend(chunk_book(parse_book(inventory, source), recipe).chunks)
+        inventory = pipeline.assess([book])[book].inventory
+        chunks.extend(pipeline.chunk(pipeline.parse({book: inventory}))[book].chunks)
     chunk_s = time.perf_counter() - started
     sparse = recipe.sparse.encode_documents([c.embed_text for c in chunks])
     rng = np.random.default_rng(7)

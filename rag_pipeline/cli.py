@@ -31,11 +31,12 @@ from rag_pipeline.config import DagsterStateError, Settings, SettingsError, load
 from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
-    from rag_pipeline.evaluation.beir import EvalReport
+    from rag_pipeline.evaluation.metrics import EvalReport
+    from rag_pipeline.ingest.pipeline import IngestPipeline
     from rag_pipeline.ingest.plan import IngestPlan
     from rag_pipeline.ingest.report import IngestReport
+    from rag_pipeline.recipes.lazy import LazyRecipe
     from rag_pipeline.recipes.recipe import IndexRecipe
-    from rag_pipeline.resources import LazyRecipe
     from rag_pipeline.retrieve.search import GroupBy, Hit, HitGroup, SearchMode
     from rag_pipeline.store import FusionMethod, VectorStore
 
@@ -86,10 +87,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     (unless one of :func:`_failed_work_errors`)."""
     from rag_pipeline.embed import EmbedError
     from rag_pipeline.models import InvalidBookIdError
-    from rag_pipeline.sources.crawl import DataDirError
+    from rag_pipeline.sources.base import SourceUnavailableError
     from rag_pipeline.store import StoreError
 
-    return (SettingsError, InvalidBookIdError, DataDirError, StoreError, EmbedError)
+    return (SettingsError, InvalidBookIdError, SourceUnavailableError, StoreError, EmbedError)
 
 
 def _failed_work_errors() -> tuple[type[BaseException], ...]:
@@ -153,9 +154,16 @@ def opened_store(settings: Settings) -> Iterator[VectorStore]:
 def book_recipes(settings: Settings) -> LazyRecipe:
     """The recipes of the configured settings, one per book as its record decides
     (:func:`rag_pipeline.recipes.choice.choose_book_model`), each model loaded on first use."""
-    from rag_pipeline.resources import LazyRecipe
+    from rag_pipeline.recipes.lazy import LazyRecipe
 
     return LazyRecipe(settings.embedding(), settings.chunking())
+
+
+def book_pipeline(settings: Settings) -> IngestPipeline:
+    """The one ingest pipeline, as the settings describe it (every run goes through it)."""
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+
+    return IngestPipeline.from_settings(settings, book_recipes(settings))
 
 
 _LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -249,16 +257,15 @@ def _ingest(
 ) -> IngestReport:
     """Plan the books against the store, then run what the plan says in Dagster."""
     from rag_pipeline.defs.partition_marker import read_partitions_marker
-    from rag_pipeline.ingest.plan import plan_ingest
 
-    recipe = book_recipes(settings)
-    with opened_store(settings) as store:  # released before any run: runs open it per step
-        plan = plan_ingest(settings.source(), store, recipe, books, force=force)
+    pipeline = book_pipeline(settings)
+    with pipeline.store.open() as store:  # released before any run: runs open it per step
+        plan = pipeline.plan(store, books, force=force)
     known = read_partitions_marker(home)
     on_disk = [b for b, p in plan.books.items() if p.action in ("run", "unchanged")]
     if not plan.needs_runs and known is not None and set(on_disk) <= known:
         return plan.report()  # nothing to run: answered without loading Dagster
-    return _execute(plan, settings, recipe, home)
+    return _execute(plan, settings, pipeline, home)
 
 
 def _rebuild(settings: Settings, home: Path) -> IngestReport | None:
@@ -291,13 +298,14 @@ def _rebuild(settings: Settings, home: Path) -> IngestReport | None:
         return report
 
 
-def _execute(plan: IngestPlan, settings: Settings, recipe: LazyRecipe, home: Path) -> IngestReport:
+def _execute(
+    plan: IngestPlan, settings: Settings, pipeline: IngestPipeline, home: Path
+) -> IngestReport:
     from rag_pipeline.defs.runner import execute_plan
-    from rag_pipeline.resources import PipelineResources
 
     return execute_plan(
         plan,
-        PipelineResources.from_settings(settings, recipe),
+        pipeline,
         dagster_home=home,
         notify=lambda m: err.print(f"[yellow]note[/] {m}", highlight=False),
         batching=settings.batching(),
@@ -362,14 +370,14 @@ def plan(books: tuple[str, ...], as_json: bool, force: bool) -> None:
     The same code decides both: each book is run, unchanged, purged or missing, with the
     reason; books that will run are also read and chunked to count the work."""
     from rag_pipeline.embed import usd_per_million_tokens
-    from rag_pipeline.ingest.plan import plan_ingest
 
     settings = _settings()
     recipe = book_recipes(settings)
-    with opened_store(settings) as store:
-        the_plan = plan_ingest(
-            settings.source(), store, recipe, list(books) or None, force=force, detail=True
-        )
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+
+    pipeline = IngestPipeline.from_settings(settings, recipe)
+    with pipeline.store.open() as store:
+        the_plan = pipeline.plan(store, list(books) or None, force=force, detail=True)
     price = usd_per_million_tokens(settings.embedding())
     model = recipe.choose(None).embedding_model  # what a new book gets
     if as_json:
@@ -452,10 +460,8 @@ def _print_recipe_change(the_plan: IngestPlan, price: float) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def books(first: bool, as_json: bool) -> None:
     """List the book folders under RAG_DATA_DIR (and refused folder names)."""
-    from rag_pipeline.sources.crawl import discover_books
-
     settings = _settings()
-    scan = discover_books(settings.data_dir)
+    scan = settings.source().list_books()
     if first:
         if not scan.book_ids:
             fail(f"no book folders under {settings.data_dir}")
@@ -775,7 +781,7 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     point = _point_id(point_id)
     settings = _settings()
     with opened_store(settings) as store:
-        info = trace_point(store, settings.data_dir, book, point, dagster_url=settings.dagster_url)
+        info = trace_point(store, settings.source(), book, point, dagster_url=settings.dagster_url)
     if info is None:
         fail(f"no point {point} in book {book}", code=1)
     if as_json:
@@ -905,12 +911,12 @@ def eval_command(
     it."""
     from rich.progress import Progress
 
-    from rag_pipeline.evaluation.beir import (
+    from rag_pipeline.evaluation.beir import load_beir
+    from rag_pipeline.evaluation.run import (
         EvalRun,
         candidate_book_id,
         eval_book_id,
         eval_runs,
-        load_beir,
         run_evaluation,
     )
 
@@ -927,17 +933,18 @@ def eval_command(
     runs = eval_runs(
         cast("list[SearchMode]", list(modes)), cast("list[FusionMethod]", list(fusion))
     )
-    with opened_store(settings) as store, Progress(console=err, transient=True) as progress:
+    pipeline = book_pipeline(settings)
+    with Progress(console=err, transient=True) as progress:
 
         def evaluate_as(recipe: IndexRecipe, book_id: str) -> tuple[IndexRecipe, list[EvalReport]]:
-            task = progress.add_task(f"indexing {dataset.name}", total=len(dataset.corpus))
+            task = progress.add_task(f"embedding {dataset.name}", total=None)
 
             def querying(run: EvalRun) -> Callable[[int, int], None]:
                 label = run[0] + (f", {run[1]}" if run[1] else "")
                 return _advance(progress, progress.add_task(f"queries ({label})", total=None))
 
             return run_evaluation(
-                store,
+                pipeline,
                 recipe,
                 dataset,
                 runs,
@@ -948,7 +955,8 @@ def eval_command(
                 book_id=book_id,
             )
 
-        current = book_recipes(settings).for_book(store, eval_book_id(dataset)).recipe
+        with pipeline.store.open() as store:
+            current = pipeline.recipes.for_book(store, eval_book_id(dataset)).recipe
         candidate = (
             _candidate_recipe(settings, current, candidate_precision, candidate_target_tokens)
             if compare
@@ -995,8 +1003,8 @@ def _candidate_recipe(
     from dataclasses import replace
 
     from rag_pipeline.embed import model_names
+    from rag_pipeline.recipes.lazy import LazyRecipe
     from rag_pipeline.recipes.recipe import IndexRecipe
-    from rag_pipeline.resources import LazyRecipe
 
     embedding, chunking = settings.embedding(), settings.chunking()
     if target_tokens is not None:
@@ -1044,7 +1052,7 @@ def _print_comparison(
     as_json: bool,
 ) -> None:
     """The current and the candidate recipe's metrics side by side, with the difference."""
-    from rag_pipeline.evaluation.beir import METRICS, compare_reports
+    from rag_pipeline.evaluation.metrics import METRICS, compare_reports
 
     deltas = compare_reports(current[1], candidate[1])
     if as_json:

@@ -1,7 +1,7 @@
 """Settings: read once from the environment (``RAG_*``, ``OPENAI_*``), validated, no dagster here.
 
 :class:`Settings` is the only place a default is written. Components never read the environment
-themselves: each is handed the small frozen config it needs (:class:`SourceConfig`,
+themselves: each is handed the small frozen config it needs (the book source,
 :class:`ChunkingConfig`, :class:`StoreConfig`) by whoever built the settings.
 """
 
@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -26,6 +26,10 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
 
+if TYPE_CHECKING:
+    from rag_pipeline.sources.base import ParseOptions
+    from rag_pipeline.sources.folder import FolderSource
+
 __all__ = [
     "COLLECTION_PATTERN",
     "DEFAULT_PATH_PATTERNS",
@@ -36,7 +40,6 @@ __all__ = [
     "EmbedderConfig",
     "Settings",
     "SettingsError",
-    "SourceConfig",
     "StoreConfig",
     "describe_validation_error",
     "ensure_dagster_home",
@@ -73,16 +76,6 @@ class SettingsError(ValueError):
 class DagsterStateError(RuntimeError):
     """The Dagster instance in ``DAGSTER_HOME`` cannot be used as it is (a damaged database):
     the message names the file and how to recover. Failed work, not a bad setting."""
-
-
-@dataclass(frozen=True, slots=True)
-class SourceConfig:
-    """Where books are and how their files are read."""
-
-    data_dir: Path
-    path_patterns: tuple[str, ...]
-    max_file_bytes: int
-    default_hardware_tier: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,13 +218,17 @@ class Settings(BaseSettings):
     # a recipe change (a change of model and dimension, built beside and switched per book).
     hash_dimension: int = Field(384, ge=8, le=4096)
 
-    def source(self) -> SourceConfig:
-        return SourceConfig(
-            Path(self.data_dir),
-            tuple(self.path_patterns),
-            self.max_file_bytes,
-            self.default_hardware_tier,
-        )
+    def source(self) -> FolderSource:
+        """The books: a folder per book under ``RAG_DATA_DIR``."""
+        from rag_pipeline.sources.folder import FolderSource
+
+        return FolderSource(Path(self.data_dir), max_file_bytes=self.max_file_bytes)
+
+    def parsing(self) -> ParseOptions:
+        """How a file's bytes become a document (path patterns, default hardware tier)."""
+        from rag_pipeline.sources.base import ParseOptions
+
+        return ParseOptions(tuple(self.path_patterns), self.default_hardware_tier)
 
     def batching(self) -> BatchConfig:
         return BatchConfig(self.batch_books, self.batch_files)

@@ -10,18 +10,18 @@ from dagster import Definitions
 
 from rag_pipeline.config import Settings, load_settings
 from rag_pipeline.defs.location import build_defs, fixed_resources
-from rag_pipeline.resources import PipelineResources
+from rag_pipeline.ingest.pipeline import IngestPipeline
 
 __all__ = ["build_definitions", "defs"]
 
 
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or load_settings()
-    resources = fixed_resources(PipelineResources.from_settings(settings))
+    resources = fixed_resources(IngestPipeline.from_settings(settings))
     return build_defs(
         resources,
         embedder=settings.embedder,
-        data_dir=settings.data_dir,
+        sensors=True,
         sensor_interval_s=settings.sensor_interval_s,
         batching=settings.batching(),
     )

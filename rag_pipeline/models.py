@@ -114,15 +114,14 @@ class FileKey(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class SourceFile:
-    """A Markdown file found under ``<data_dir>/<book_id>/``."""
+    """A file of a book with the SHA-256 of its bytes, as a look at its source found it."""
 
     book_id: str
-    source_file: str  # posix path relative to the book folder
-    path: str  # absolute path on disk
-    size: int
-    mtime_ns: int
+    source_file: str  # posix path relative to the book
+    location: str  # where its source reads it (an absolute path for a folder)
     sha256: str
-    #: the stat it was read with (None: not a file on disk, e.g. an evaluation corpus)
+    #: its version as change detection compares it (None: a source without one, e.g. an
+    #: evaluation corpus)
     key: FileKey | None = None
 
 

@@ -163,10 +163,86 @@ def sample_books(data_dir: Path) -> Path:
 
 
 def make_source(data_dir: Path, *, max_file_bytes: int = 10 * 1024 * 1024):
-    """The source config of ``data_dir`` with the default path patterns."""
-    from rag_pipeline.config import DEFAULT_PATH_PATTERNS, SourceConfig
+    """The book folders under ``data_dir``, as the pipeline reads them."""
+    from rag_pipeline.sources.folder import FolderSource
 
-    return SourceConfig(Path(data_dir), DEFAULT_PATH_PATTERNS, max_file_bytes, 1)
+    return FolderSource(Path(data_dir), max_file_bytes=max_file_bytes)
+
+
+def store_config(path: Path | str, embedded: str = "edge", collection: str = "rag_chunks"):
+    """The configuration of an embedded store at ``path`` (":memory:" for qdrant-client's)."""
+    from rag_pipeline.config import StoreConfig
+
+    return StoreConfig(
+        collection=collection,
+        path=str(path),
+        url=None,
+        api_key=None,
+        embedded="client" if str(path) == ":memory:" else embedded,  # type: ignore[arg-type]
+        busy_wait_s=5.0,
+        timeout_s=30.0,
+        retries=1,
+    )
+
+
+def make_pipeline(data_dir: Path, store, recipe, **options):  # type: ignore[no-untyped-def]
+    """The ingest pipeline over the books of ``data_dir``, writing through ``store`` (a
+    StoreOpener, a :class:`StoreView`, or a store config) with ``recipe`` for every book (a
+    recipe source, or one recipe), with the default path patterns."""
+    from rag_pipeline.config import DEFAULT_PATH_PATTERNS, StoreConfig
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.recipes.choice import FixedRecipe
+    from rag_pipeline.recipes.recipe import IndexRecipe
+    from rag_pipeline.resources import StoreOpener
+    from rag_pipeline.sources.base import ParseOptions
+
+    if isinstance(store, StoreView):
+        store = store.opener
+    elif isinstance(store, StoreConfig):
+        store = StoreOpener(store)
+    recipes = FixedRecipe(recipe) if isinstance(recipe, IndexRecipe) else recipe
+    source = make_source(data_dir, **options)
+    return IngestPipeline(source, store, recipes, parsing=ParseOptions(DEFAULT_PATH_PATTERNS, 1))
+
+
+class StoreView:
+    """A store read the way a run's steps read it: each call opens the store through its
+    opener (the process's shared handle, kept open between calls while the test runs, as in
+    a run) and lets go of it, so the pipeline's own handles (a builder of a recipe on Qdrant
+    Edge) never wait for one a test holds. What a call returns lazily is read at once."""
+
+    def __init__(self, opener: Any) -> None:
+        self.opener = opener
+
+    def __getattr__(self, name: str) -> Any:
+        with self.opener.open() as store:
+            value = getattr(store, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.opener.open() as store:
+                result = getattr(store, name)(*args, **kwargs)
+                if isinstance(result, Iterator):
+                    result = iter(list(result))
+                return result
+
+        return call
+
+    def close(self) -> None:
+        """Nothing to close: the opener's handles close when the test ends."""
+
+
+@pytest.fixture(params=["client", "edge"])
+def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreView]:
+    """An empty store on each embedded backend, read through its opener (a
+    :class:`StoreView`), its handles kept open between uses as a run keeps them."""
+    from rag_pipeline.resources import StoreOpener
+    from rag_pipeline.store.sharing import kept_open
+
+    path = ":memory:" if request.param == "client" else tmp_path / "edge"
+    with kept_open():
+        yield StoreView(StoreOpener(store_config(path, collection="test_chunks")))
 
 
 def make_recipe(embedder, **chunking):  # type: ignore[no-untyped-def]

@@ -47,21 +47,21 @@ def kill_in(module: Any, name: str, when: Callable[..., bool] = lambda *a, **k: 
 
 
 def install(point: str) -> None:
-    from rag_pipeline.defs import assets, jobs, runner
+    from rag_pipeline.defs import jobs, runner
     from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.ingest import plan
+    from rag_pipeline.ingest import pipeline, plan
     from rag_pipeline.store.base import VectorStore
 
     if point == "plan":
-        kill_in(plan, "assess_book")
+        kill_in(plan, "plan_book")
     elif point == "runner":
         kill_in(runner, "reap_dead_runs")
     elif point == "source_files":
-        kill_in(assets, "take_inventory")
+        kill_in(pipeline, "take_inventory")
     elif point == "documents":
-        kill_in(assets, "parse_book")
+        kill_in(pipeline, "parse_book")
     elif point == "chunks":
-        kill_in(assets, "chunk_book")
+        kill_in(pipeline, "chunk_book")
     elif point == "embed-batch":
         kill_in(HashEmbedder, "_embed_batch")
     elif point in ("upsert", "commit"):

@@ -39,21 +39,14 @@ def cli_env(tmp_path: Path, data_dir: Path, embedder: str = "hash") -> dict[str,
 def index_books(
     books: Path, qdrant_path: str, embedder: Any = None, run_id: str = "direct"
 ) -> None:
-    """Every book under ``books`` indexed directly (no Dagster run, no process) into the
-    embedded store at ``qdrant_path``, by ``embedder`` (default: hashing)."""
+    """Every book under ``books`` indexed by the pipeline without Dagster (no run, no
+    process) into the embedded store at ``qdrant_path``, by ``embedder`` (default: hashing)."""
     from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.ingest.stages import ingest_book
-    from rag_pipeline.schema import COLLECTION_SCHEMA
-    from rag_pipeline.store.edge import EdgeStore
-    from rag_pipeline_tests.conftest import make_recipe, make_source
+    from rag_pipeline_tests.conftest import make_pipeline, make_recipe, store_config
 
-    source, recipe = make_source(books), make_recipe(embedder or HashEmbedder())
-    store = EdgeStore("rag_chunks", qdrant_path, COLLECTION_SCHEMA)
-    try:
-        for book in sorted(p.name for p in books.iterdir() if p.is_dir()):
-            ingest_book(source, book, store, recipe, run_id)
-    finally:
-        store.close()
+    recipe = make_recipe(embedder or HashEmbedder())
+    pipeline = make_pipeline(books, store_config(qdrant_path), recipe)
+    pipeline.run(sorted(p.name for p in books.iterdir() if p.is_dir()), run_id=run_id)
 
 
 def index_sample_books(root: Path, embedder: Any = None) -> Path:

@@ -28,7 +28,7 @@ def discover_files(data_dir, book_id, patterns=DEFAULT_PATH_PATTERNS):
     """(files as (name, sha256, path meta), errors) of one book."""
     scan = scan_book(data_dir, book_id)
     files = [
-        (f.source_file, hash_file(f.path), path_meta(f.source_file, patterns), f)
+        (f.source_file, hash_file(f.location), path_meta(f.source_file, patterns), f)
         for f in scan.files
     ]
     return files, list(scan.errors)
@@ -111,7 +111,7 @@ def test_discover_files_finds_md_and_mdx_recursively(data_dir, write_book):
     files, errors = discover_files(data_dir, "b")
     assert [f[0] for f in files] == ["intro.md", "part/deep/er/two.MD", "part/one.mdx"]
     assert not errors
-    assert all(len(f[1]) == 64 and f[3].size > 0 for f in files)
+    assert all(len(f[1]) == 64 and f[3].key.size > 0 for f in files)
 
 
 def test_symlinks_leaving_the_book_folder_are_refused(tmp_path, data_dir, write_book):

@@ -18,8 +18,8 @@ from rag_pipeline.defs.location import fixed_resources
 from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.embed.hashing import HashEmbedder
+from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.recipes.recipe import IndexRecipe
-from rag_pipeline.resources import PipelineResources
 from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter, chunks_of
 from rag_pipeline.store import open_store
 from rag_pipeline_tests.conftest import make_recipe
@@ -38,7 +38,7 @@ def settings(sample_books, tmp_path):
 
 
 def resources_for(settings, tmp_path, recipe=None):
-    return fixed_resources(PipelineResources.from_settings(settings, recipe))
+    return fixed_resources(IngestPipeline.from_settings(settings, recipe))
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_definitions_load_with_everything_bound(monkeypatch, tmp_path):
     assert {s.name for s in repo.sensor_defs} == {"books_sensor", "collection_sensor"}
     assert {"ingest_books", "purge_book", "refresh_collection"} <= set(repo.job_names)
     assert graph.get(AssetKey("chunk_embeddings")).kinds == {"python"}  # RAG_EMBEDDER=hash
-    assert {"io_manager", "books", "qdrant", "recipe"} <= set(defs.resources)
+    assert {"io_manager", "pipeline"} == set(defs.resources)
     # the chain is linear: files -> documents -> chunks -> embeddings -> points
     assert graph.get(AssetKey("qdrant_points")).parent_keys == {
         AssetKey("chunks"),
@@ -104,7 +104,7 @@ def test_index_settings_are_not_per_run_config_and_force_is(monkeypatch, tmp_pat
     monkeypatch.setenv("RAG_QDRANT_PATH", str(tmp_path / "q"))
     job = build_definitions().resolve_job_def("ingest_books")
     fields = job.run_config_schema.config_type.fields
-    for name in ("books", "qdrant", "recipe"):
+    for name in ("pipeline", "io_manager"):
         field = fields["resources"].config_type.fields[name]
         inner = field.config_type.fields["config"].config_type
         assert not getattr(inner, "fields", None), f"resource {name} takes run config"
@@ -115,10 +115,10 @@ def test_index_settings_are_not_per_run_config_and_force_is(monkeypatch, tmp_pat
 @pytest.mark.parametrize(
     "run_config",
     [
-        {"resources": {"recipe": {"config": {"chunk_target_tokens": 100}}}},
-        {"resources": {"recipe": {"config": {"model": "other-model"}}}},
-        {"resources": {"qdrant": {"config": {"collection": "other"}}}},
-        {"resources": {"books": {"config": {"data_dir": "/elsewhere"}}}},
+        {"resources": {"pipeline": {"config": {"chunk_target_tokens": 100}}}},
+        {"resources": {"pipeline": {"config": {"model": "other-model"}}}},
+        {"resources": {"pipeline": {"config": {"collection": "other"}}}},
+        {"resources": {"pipeline": {"config": {"data_dir": "/elsewhere"}}}},
         {"resources": {"io_manager": {"config": {"base_dir": "/elsewhere"}}}},
         {"ops": {"chunks": {"config": {"chunk_target_tokens": 100}}}},
         {"ops": {"chunk_embeddings": {"config": {"model": "other-model"}}}},
@@ -252,7 +252,7 @@ def test_blocking_chunk_check_stops_publishing(settings, resources, instance, mo
     before = chunk_count(settings, book)
     (settings.data_dir / book / "index.md").write_text("# Changed\n\nNew text for a new run.")
     monkeypatch.setattr(
-        "rag_pipeline.defs.assets.check_chunks",
+        "rag_pipeline.ingest.stages.check_chunks",
         lambda chunks, limit: ["chunk 3: broken chain (injected)"],
     )
     result = materialize(
@@ -355,18 +355,18 @@ def test_a_book_removed_during_its_run_is_not_written_and_a_late_purge_spares_it
     came back keeps the points."""
     import shutil
 
-    from rag_pipeline.defs import assets as assets_module
     from rag_pipeline.defs.jobs import purge_book_job, purge_run_config
+    from rag_pipeline.ingest import pipeline as pipeline_module
 
     book = BOOKS[0]
-    real_embed_books = assets_module.embed_books
+    real_embed_books = pipeline_module.embed_books
 
     def embed_then_remove_the_folder(*args, **kwargs):
         embedded = real_embed_books(*args, **kwargs)
         shutil.move(sample_books / book, tmp_path / "aside")
         return embedded
 
-    monkeypatch.setattr(assets_module, "embed_books", embed_then_remove_the_folder)
+    monkeypatch.setattr(pipeline_module, "embed_books", embed_then_remove_the_folder)
     write = materialize(
         ingestion_assets, partition_key=book, instance=instance, resources=resources
     )
@@ -552,24 +552,20 @@ def test_the_resources_are_the_objects_built_once_from_the_settings(settings, mo
         return real_build(*args, **kwargs)
 
     monkeypatch.setattr(recipe_module.IndexRecipe, "build", build)
-    resources = PipelineResources.from_settings(settings)
-    assert resources.books == settings.source()
-    assert resources.qdrant.config == settings.store()
-    assert resources.recipe.embedding == settings.embedding()
-    assert resources.recipe.chunking == settings.chunking()
+    pipeline = IngestPipeline.from_settings(settings)
+    assert pipeline.source == settings.source()
+    assert pipeline.parsing == settings.parsing()
+    assert pipeline.store.config == settings.store()
+    assert pipeline.recipes.embedding == settings.embedding()
+    assert pipeline.recipes.chunking == settings.chunking()
     assert built == []  # nothing loaded until a step needs the recipe
-    assert resources.recipe.get() is resources.recipe.get()
+    assert pipeline.recipes.get() is pipeline.recipes.get()
     assert len(built) == 1
-    bound = fixed_resources(resources)
+    bound = fixed_resources(pipeline)
     from dagster import build_resources
 
-    with build_resources({k: bound[k] for k in ("books", "qdrant", "recipe")}) as built_now:
-        values = {key: getattr(built_now, key) for key in ("books", "qdrant", "recipe")}
-    assert values == {
-        "books": resources.books,
-        "qdrant": resources.qdrant,
-        "recipe": resources.recipe,
-    }
+    with build_resources({"pipeline": bound["pipeline"]}) as built_now:
+        assert built_now.pipeline is pipeline
 
 
 def count_storage_calls(instance, monkeypatch):
@@ -605,7 +601,7 @@ def test_a_collection_refresh_asks_the_instance_as_much_at_30_books_as_at_3(
     from rag_pipeline.defs.assets import qdrant_points
     from rag_pipeline.defs.collection import BOOK_CHECKS, collection_page
 
-    resources = PipelineResources.from_settings(settings)
+    resources = IngestPipeline.from_settings(settings)
     bound = fixed_resources(resources)
     run = materialize(ingestion_assets, partition_key=BOOKS[0], instance=instance, resources=bound)
 
@@ -629,7 +625,7 @@ def test_a_collection_refresh_asks_the_instance_as_much_at_30_books_as_at_3(
 
     def refresh():
         calls = count_storage_calls(instance, monkeypatch)
-        page = collection_page(instance, resources.books, resources.qdrant)
+        page = collection_page(instance, resources)
         monkeypatch.undo()
         return sum(calls.values()), {r["book"]: r for r in table_rows(page.metadata["book_table"])}
 
@@ -652,9 +648,9 @@ def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died
 ):
     """A run that failed before its later checks ran leaves them planned: the page still shows
     their last completed result and the book's last materializing run."""
-    from rag_pipeline.defs import assets as assets_module
     from rag_pipeline.defs._dagster_private import AssetCheckExecutionRecordStatus
     from rag_pipeline.defs.collection import BOOK_CHECKS, collection_page
+    from rag_pipeline.ingest import pipeline as pipeline_module
 
     book = BOOKS[0]
     good = materialize(ingestion_assets, partition_key=book, instance=instance, resources=resources)
@@ -663,7 +659,7 @@ def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died
         raise RuntimeError("embedder gone")
 
     # the chunking step has no retry policy: the run fails at once (embedding would retry twice)
-    monkeypatch.setattr(assets_module, "chunk_book", fail)
+    monkeypatch.setattr(pipeline_module, "chunk_book", fail)
     failed = materialize(
         ingestion_assets,
         partition_key=book,
@@ -679,8 +675,8 @@ def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died
         if info.partition_key == book
     }
     assert latest["vector_dimension"] == AssetCheckExecutionRecordStatus.PLANNED
-    pipeline = PipelineResources.from_settings(settings)
-    page = collection_page(instance, pipeline.books, pipeline.qdrant)
+    pipeline = IngestPipeline.from_settings(settings)
+    page = collection_page(instance, pipeline)
     row = next(r for r in table_rows(page.metadata["book_table"]) if r["book"] == book)
     assert row["last_run"] == good.run_id
     assert row["health"] == "ok" and row["why"] == ""
@@ -731,17 +727,18 @@ def test_a_blocking_check_failing_for_one_book_of_a_batch_publishes_none_of_it(
 ):
     """Dagster's blocking checks stop the step for the whole run: no book of the batch is
     embedded or written (the runner then runs each alone: test_runner)."""
-    from rag_pipeline.defs import assets as assets_module
     from rag_pipeline.defs.runs import batch_tags
+    from rag_pipeline.ingest import stages
 
-    real = assets_module.check_chunks
+    real = stages.check_chunks
 
     def broken_for_one(chunks, limit):
-        if chunks and chunks[0].book_id == BOOKS[1]:
+        # the check of the whole book (its files' chunks together), not of each file's
+        if len({c.source_file for c in chunks}) > 1 and chunks[0].book_id == BOOKS[1]:
             return ["chunk 3: broken chain (injected)"]
         return real(chunks, limit)
 
-    monkeypatch.setattr(assets_module, "check_chunks", broken_for_one)
+    monkeypatch.setattr(stages, "check_chunks", broken_for_one)
     result = materialize(
         ingestion_assets,
         instance=instance,
@@ -776,9 +773,9 @@ def test_the_collection_page_takes_each_books_last_run_from_its_summary(
     run = materialize(
         ingestion_assets, instance=instance, resources=resources, tags=batch_tags(list(BOOKS))
     )
-    pipeline = PipelineResources.from_settings(settings)
+    pipeline = IngestPipeline.from_settings(settings)
     calls = count_storage_calls(instance, monkeypatch)
-    page = collection_page(instance, pipeline.books, pipeline.qdrant)
+    page = collection_page(instance, pipeline)
     monkeypatch.undo()
     rows = {r["book"]: r for r in table_rows(page.metadata["book_table"])}
     assert {b: rows[b]["last_run"] for b in BOOKS} == dict.fromkeys(BOOKS, run.run_id)
@@ -794,46 +791,27 @@ def test_the_collection_page_takes_each_books_last_run_from_its_summary(
     saved = json.loads(path.read_text())
     del saved["data"]["last_run"]
     path.write_text(json.dumps(saved))  # (a new file: its fingerprint check is done again)
-    page = collection_page(instance, pipeline.books, pipeline.qdrant)
+    page = collection_page(instance, pipeline)
     rows = {r["book"]: r for r in table_rows(page.metadata["book_table"])}
     assert rows[BOOKS[0]]["last_run"] == run.run_id
 
 
-def test_the_job_runs_the_stage_functions_ingest_book_runs_and_writes_what_it_writes(
+def test_the_assets_run_the_pipelines_stages_and_only_they_write(
     settings, resources, instance, monkeypatch, tmp_path
 ):
-    """One path: the assets call the stage functions `ingest_book` calls (damage repair,
-    inventory, parse, chunk, embed, the checked write, the finish), and the job's index is
-    the one `ingest_book` builds from the same books."""
-    from rag_pipeline.defs import assets
-    from rag_pipeline.ingest import stages
+    """One path: each asset calls its stage of the pipeline (assess, parse, chunk, embed,
+    write), every point a run writes or deletes is written inside the pipeline's write stage,
+    and the job's index is the one `IngestPipeline.run` builds from the same books."""
+    from rag_pipeline_tests.pins import pipeline_spies
 
-    shared = (
-        "discard_if_damaged",
-        "take_inventory",
-        "parse_book",
-        "chunk_book",
-        "embed_books",
-        "vectors_to_reuse",
-        "write_and_check",
-        "finish_book",
-    )
-    called: list[str] = []
-    for name in shared:
-        real = getattr(stages, name)
-        assert getattr(assets, name) is real, f"the assets import {name} from stages"
-
-        def spy(*args, _real=real, _name=name, **kwargs):
-            called.append(_name)
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(assets, name, spy)
-    book = BOOKS[0]
-    result = materialize(
-        ingestion_assets, partition_key=book, instance=instance, resources=resources
-    )
-    assert result.success and set(called) == set(shared)
-    monkeypatch.undo()
+    with pipeline_spies() as spies:
+        book = BOOKS[0]
+        result = materialize(
+            ingestion_assets, partition_key=book, instance=instance, resources=resources
+        )
+    assert result.success
+    assert spies.stages == ["assess", "parse", "chunk", "embed", "write"]
+    assert spies.writes > 0 and spies.outside == []
     with open_store(settings.store(), COLLECTION_SCHEMA) as store:
         by_job = {r.id for r in store.scroll(book_filter(book), fields=[])}
     direct = load_settings(
@@ -842,7 +820,7 @@ def test_the_job_runs_the_stage_functions_ingest_book_runs_and_writes_what_it_wr
         embedder="hash",
         cache_dir=tmp_path / "cache",
     )
+    IngestPipeline.from_settings(direct, make_recipe(HashEmbedder())).run([book])
     with open_store(direct.store(), COLLECTION_SCHEMA) as store:
-        stages.ingest_book(direct.source(), book, store, make_recipe(HashEmbedder()))
-        by_function = {r.id for r in store.scroll(book_filter(book), fields=[])}
-    assert by_job == by_function and by_job
+        by_run = {r.id for r in store.scroll(book_filter(book), fields=[])}
+    assert by_job == by_run and by_job

@@ -3,17 +3,23 @@ import math
 
 import pytest
 
-from rag_pipeline.evaluation.beir import (
-    evaluate,
-    index_corpus,
-    load_beir,
-    mrr_at_k,
-    ndcg_at_k,
-    rank_documents,
-    recall_at_k,
-)
+from rag_pipeline.evaluation.beir import BeirSource, load_beir
+from rag_pipeline.evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
+from rag_pipeline.evaluation.run import evaluate, index_dataset, rank_documents, recorded_encoder
 from rag_pipeline.retrieve import Hit
-from rag_pipeline_tests.conftest import make_recipe
+from rag_pipeline_tests.conftest import make_pipeline, make_recipe
+
+
+@pytest.fixture
+def store(opened):
+    """The store on each embedded backend, indexed by the pipeline (see conftest's StoreView)."""
+    return opened
+
+
+@pytest.fixture
+def pipeline(store, tmp_path, hash_embedder):
+    """The ingest pipeline writing into ``store`` (its book source is the corpus's)."""
+    return make_pipeline(tmp_path, store, make_recipe(hash_embedder))
 
 
 def test_ndcg_by_hand():
@@ -67,13 +73,13 @@ def tiny_beir(tmp_path):
     return tmp_path
 
 
-def test_eval_end_to_end_on_a_tiny_dataset(tiny_beir, store, hash_embedder):
+def test_eval_end_to_end_on_a_tiny_dataset(tiny_beir, store, pipeline, hash_embedder):
     dataset = load_beir(tiny_beir)
     assert len(dataset.corpus) == 3 and set(dataset.qrels) == {"q1", "q2"}
     recipe = make_recipe(hash_embedder)
-    first = index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    first = index_dataset(pipeline, dataset, recipe, "eval-tiny")
     assert first["indexed"] == 3 and first["embedded"] == 3
-    again = index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    again = index_dataset(pipeline, dataset, recipe, "eval-tiny")
     assert again["indexed"] == 0 and again["skipped"] == 3  # re-runs embed nothing
     report = evaluate(store, recipe, dataset, "eval-tiny", mode="sparse")
     assert report.queries == 2
@@ -86,67 +92,103 @@ def test_missing_files_are_named(tmp_path):
         load_beir(tmp_path)
 
 
-def test_the_corpus_bm25_average_is_measured_before_encoding_and_recorded(
-    tiny_beir, store, hash_embedder, monkeypatch
+def test_a_corpus_is_a_book_source_of_its_rows(tiny_beir):
+    """Adding a source is one class: the corpus lists one book, each document a file whose
+    version is the hash of its row, and a document is its title and text (no Markdown is
+    parsed out of a row: a text starting with '#' stays text, an empty title stays empty)."""
+    from rag_pipeline.models import ParsedDocument
+    from rag_pipeline.sources.base import ParseOptions
+
+    dataset = load_beir(tiny_beir)
+    dataset.corpus["4"] = ("", "# not a heading\n\nplain text")
+    source = BeirSource(dataset, "eval-tiny")
+    assert source.list_books().book_ids == ("eval-tiny",)
+    found = source.scan("eval-tiny")
+    assert [f.source_file for f in found.files] == ["1", "2", "3", "4"] and found.hashed == 0
+    file = found.files[3]
+    doc = source.to_document(
+        "eval-tiny", "4", source.read("eval-tiny", file, ""), file.sha256, ParseOptions()
+    )
+    assert isinstance(doc, ParsedDocument)
+    assert (doc.meta.title, doc.body) == ("", "# not a heading\n\nplain text")
+    assert source.is_gone("eval-tiny", "5") and not source.is_gone("eval-tiny", "4")
+    assert source.is_gone("another-book")
+
+
+def test_the_corpus_bm25_average_is_measured_over_the_corpus_and_recorded(
+    tiny_beir, store, pipeline, hash_embedder
 ):
-    from rag_pipeline.evaluation import beir as evaluation
+    """The corpus is one book indexed in one run: its BM25 average is measured over every
+    chunk of it before anything is encoded, recorded in every chunk, and reused by a re-run."""
     from rag_pipeline.schema import chunks_of
     from rag_pipeline.sparse import Bm25Encoder
 
     dataset = load_beir(tiny_beir)
-    recipe = evaluation.measured_recipe(
-        store, make_recipe(hash_embedder), "eval-tiny", dataset.corpus
-    )
+    recipe = make_recipe(hash_embedder)
+    index_dataset(pipeline, dataset, recipe, "eval-tiny")
     # title + text of each one-chunk document, as the sparse encoder sees them
     lengths = [
         len(Bm25Encoder().terms(f"{title}\n\n{text}")) for title, text in dataset.corpus.values()
     ]
-    assert recipe.sparse.avg_len == round(sum(lengths) / len(lengths), 1)
-    assert recipe.sparse.name == f"bm25v2-english-k1=1.2-b=0.75-avg={recipe.sparse.avg_len:g}"
-    index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    encoder = recorded_encoder(store, "eval-tiny")
+    assert encoder is not None and encoder.avg_len == round(sum(lengths) / len(lengths), 1)
+    assert encoder.name == f"bm25v2-english-k1=1.2-b=0.75-avg={encoder.avg_len:g}"
     recorded = {r.payload["sparse_model"] for r in store.scroll(chunks_of("eval-tiny"))}
-    assert recorded == {recipe.sparse.name}
-    # a re-run finds the corpus indexed under the recorded encoder: nothing is chunked again
-    monkeypatch.setattr(evaluation, "_chunk_texts", lambda *a: pytest.fail("measured again"))
-    again = evaluation.measured_recipe(
-        store, make_recipe(hash_embedder), "eval-tiny", dataset.corpus
-    )
-    assert again.sparse == recipe.sparse and again.signature == recipe.signature
-    assert index_corpus(store, "eval-tiny", dataset.corpus, again)["indexed"] == 0
+    assert recorded == {encoder.name}
+    assert index_dataset(pipeline, dataset, recipe, "eval-tiny")["indexed"] == 0
+    assert recorded_encoder(store, "eval-tiny") == encoder
 
 
-def test_eval_reports_the_fusion_of_hybrid_runs(tiny_beir, store, hash_embedder):
+def test_eval_reports_the_fusion_of_hybrid_runs(tiny_beir, store, pipeline, hash_embedder):
     dataset = load_beir(tiny_beir)
     recipe = make_recipe(hash_embedder)
-    index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    index_dataset(pipeline, dataset, recipe, "eval-tiny")
+    encoder = recorded_encoder(store, "eval-tiny")
     runs = {
-        (mode, fusion): evaluate(store, recipe, dataset, "eval-tiny", mode=mode, fusion=fusion)
+        (mode, fusion): evaluate(
+            store, recipe, dataset, "eval-tiny", mode=mode, fusion=fusion, sparse_encoder=encoder
+        )
         for mode, fusion in [("hybrid", "minmax"), ("hybrid", "rrf"), ("sparse", "minmax")]
     }
     assert runs["hybrid", "minmax"].as_dict()["fusion"] == "minmax"
     assert runs["hybrid", "rrf"].as_dict()["fusion"] == "rrf(k=60)"
     assert runs["sparse", "minmax"].as_dict()["fusion"] is None
-    assert all(r.as_dict()["sparse_model"] == recipe.sparse.name for r in runs.values())
+    assert encoder is not None
+    assert all(r.as_dict()["sparse_model"] == encoder.name for r in runs.values())
     assert all(r.ndcg_at_10 == pytest.approx(1.0) for r in runs.values())
 
 
-def test_lost_chunk_points_of_a_corpus_are_indexed_again(tiny_beir, store, hash_embedder):
+def test_lost_chunk_points_of_a_corpus_are_indexed_again(tiny_beir, store, pipeline, hash_embedder):
     """The corpus is assessed as a book is: a document whose record promises chunk points the
     index no longer holds is indexed again."""
     from rag_pipeline.schema import book_filter, chunks_of
 
     dataset = load_beir(tiny_beir)
     recipe = make_recipe(hash_embedder)
-    index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    index_dataset(pipeline, dataset, recipe, "eval-tiny")
     lost = [r.id for r in store.scroll(chunks_of("eval-tiny")) if r.payload["source_file"] == "2"]
     store.delete_ids(book_filter("eval-tiny"), lost)
-    again = index_corpus(store, "eval-tiny", dataset.corpus, recipe)
+    again = index_dataset(pipeline, dataset, recipe, "eval-tiny")
     assert again["indexed"] == 1 and again["skipped"] == 2
-    assert index_corpus(store, "eval-tiny", dataset.corpus, recipe)["indexed"] == 0
+    assert index_dataset(pipeline, dataset, recipe, "eval-tiny")["indexed"] == 0
+
+
+def test_a_document_removed_from_the_corpus_is_removed_from_its_book(
+    tiny_beir, store, pipeline, hash_embedder
+):
+    from rag_pipeline.schema import chunks_of
+
+    dataset = load_beir(tiny_beir)
+    recipe = make_recipe(hash_embedder)
+    index_dataset(pipeline, dataset, recipe, "eval-tiny")
+    del dataset.corpus["3"]
+    index_dataset(pipeline, dataset, recipe, "eval-tiny")
+    files = {r.payload["source_file"] for r in store.scroll(chunks_of("eval-tiny"))}
+    assert files == {"1", "2"}
 
 
 def test_eval_runs_are_each_mode_once_and_hybrid_once_per_fusion():
-    from rag_pipeline.evaluation.beir import eval_runs
+    from rag_pipeline.evaluation.run import eval_runs
 
     assert eval_runs([], []) == [("hybrid", "minmax")]
     assert eval_runs(["dense", "hybrid", "dense"], ["rrf", "dbsf", "rrf"]) == [

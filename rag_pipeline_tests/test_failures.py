@@ -492,29 +492,24 @@ KILLER = textwrap.dedent("""
     import os, signal, sys
     from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.ingest.stages import ingest_book
-    from rag_pipeline.schema import COLLECTION_SCHEMA
-    from rag_pipeline.store import open_store
+    from rag_pipeline.store import VectorStore
 
     sys.path.insert(0, os.getcwd())
-    from rag_pipeline_tests.conftest import make_recipe, make_source
+    from rag_pipeline_tests.conftest import make_pipeline, make_recipe
 
     data_dir, qdrant, engine, kill_after = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    store = open_store(
-        load_settings(qdrant_path=qdrant, qdrant_embedded=engine).store(), COLLECTION_SCHEMA
-    )
-    real = store.upsert
+    config = load_settings(qdrant_path=qdrant, qdrant_embedded=engine).store()
+    real = VectorStore.upsert
     calls = {"n": 0}
-    def upsert(points):
+    def upsert(self, points):
         calls["n"] += 1
         if calls["n"] > kill_after:
             half = points[: len(points) // 2]
-            real(half)
+            real(self, half)
             os.kill(os.getpid(), signal.SIGKILL)  # mid-write, no cleanup of any kind
-        return real(points)
-    store.upsert = upsert
-    ingest_book(make_source(data_dir), "book", store, make_recipe(HashEmbedder()), "run")
-    store.close()
+        return real(self, points)
+    VectorStore.upsert = upsert
+    make_pipeline(data_dir, config, make_recipe(HashEmbedder())).run(["book"], run_id="run")
 """)
 
 
@@ -524,10 +519,9 @@ def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_di
     from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
     from rag_pipeline.ingest.consistency import check_index
-    from rag_pipeline.ingest.stages import ingest_book
     from rag_pipeline.schema import chunks_of
     from rag_pipeline.store import open_store
-    from rag_pipeline_tests.conftest import make_recipe, make_source, section
+    from rag_pipeline_tests.conftest import make_pipeline, make_recipe, section, store_config
 
     files = {
         f"f{i}.md": "".join(section(f"S{j}", 3, 50, seed=f"{i}") for j in range(6))
@@ -554,16 +548,15 @@ def test_kill_9_during_upsert_then_rerun_converges(tmp_path, write_book, data_di
     assert proc.returncode == -signal.SIGKILL
     recipe = make_recipe(HashEmbedder())
     config = load_settings(qdrant_path=qdrant, qdrant_embedded=engine).store()
+    run = make_pipeline(data_dir, config, recipe).run(["book"], run_id="recovery")["book"]
+    assert set(run.inventory.changes.modified) >= {"f0.md", "f1.md", "f2.md"}
     with open_store(config, COLLECTION_SCHEMA) as store:
-        run = ingest_book(make_source(data_dir), "book", store, recipe, "recovery")
-        assert set(run.inventory.changes.modified) >= {"f0.md", "f1.md", "f2.md"}
         report = check_index(store, "book", recipe.dimension)
         assert report.passed, report.problems()
         ids = {r.id for r in store.scroll(chunks_of("book"))}
-        fresh = QdrantStore("rag_chunks", COLLECTION_SCHEMA, path=":memory:")
-        expected = ingest_book(make_source(data_dir), "book", fresh, recipe, "fresh")
-        assert ids == {c.id for c in expected.chunked.chunks}
-        fresh.close()
+    clean = make_pipeline(data_dir, store_config(tmp_path / "clean"), recipe)
+    expected = clean.run(["book"], run_id="fresh")["book"]
+    assert ids == {c.id for c in expected.chunked.chunks}
 
 
 @pytest.mark.slow
@@ -577,7 +570,7 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
     from rag_pipeline.config import load_settings
     from rag_pipeline.defs.assets import ingestion_assets
     from rag_pipeline.defs.location import fixed_resources
-    from rag_pipeline.resources import PipelineResources
+    from rag_pipeline.ingest.pipeline import IngestPipeline
 
     settings = load_settings(
         data_dir=sample_books,
@@ -588,7 +581,7 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
         openai_max_retries=1,
         openai_timeout_s=5,
     )
-    resources = fixed_resources(PipelineResources.from_settings(settings))
+    resources = fixed_resources(IngestPipeline.from_settings(settings))
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("books", ["ros2-fundamentals"])
 

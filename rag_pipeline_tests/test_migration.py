@@ -19,7 +19,7 @@ import pytest
 from rag_pipeline.config import Settings, load_settings
 from rag_pipeline.defs.runs import MIGRATION_TAG, books_of_run
 from rag_pipeline.ingest.overview import describe_collection
-from rag_pipeline.resources import LazyRecipe
+from rag_pipeline.recipes.lazy import LazyRecipe
 from rag_pipeline.retrieve.request import SearchRequest
 from rag_pipeline.schema import COLLECTION_SCHEMA, SIGNATURE, book_filter, chunks_of
 from rag_pipeline.store import open_store
@@ -231,6 +231,9 @@ def test_a_precision_change_of_a_book_indexed_before_tags_is_built_beside(
     qdrant = cli.env["RAG_QDRANT_PATH"]
     index_books(sample_books, qdrant, FakeLocal("fp32"))
     books = sorted(p.name for p in sample_books.iterdir() if p.is_dir())
+    for book in books:  # as an install before recipe tags left them
+        pointer = Path(qdrant) / "rag_chunks" / "books" / book / "current.json"
+        pointer.write_text(json.dumps({**json.loads(pointer.read_text()), "recipe": None}))
     settings = _settings(cli, local_precision="fp32")
     with open_store(settings.store(), COLLECTION_SCHEMA) as store:
         assert all(store.current_recipe(b) is None for b in books)  # untagged

@@ -186,7 +186,7 @@ NOT_PAYLOAD_KEYS = {
     ("rag_pipeline/evaluation/beir.py", "title"),
     ("rag_pipeline/evaluation/beir.py", "text"),
     # eval --json's field (a CLI contract, the name of the sparse model the run used)
-    ("rag_pipeline/evaluation/beir.py", "sparse_model"),
+    ("rag_pipeline/evaluation/metrics.py", "sparse_model"),
 }
 #: calls whose first argument names a payload field
 _FIELD_CALLS = {"get", "pop", "setdefault", "Match", "MatchAny", "Range"}

@@ -8,11 +8,9 @@ import pytest
 from rag_pipeline.chunk import chunk_document
 from rag_pipeline.ingest.consistency import check_index
 from rag_pipeline.ingest.parse import parse_document
-from rag_pipeline.ingest.plan import plan_ingest
-from rag_pipeline.ingest.stages import ingest_book
 from rag_pipeline.models import ParsedDocument, document_id
 from rag_pipeline.schema import DOCUMENT, book_filter, chunks_of, documents_of
-from rag_pipeline_tests.conftest import make_recipe, make_source, section
+from rag_pipeline_tests.conftest import make_pipeline, make_recipe, section
 
 BOOK = "guide"
 
@@ -24,10 +22,16 @@ def long_doc(title: str, sections: int = 4, seed: str = "") -> str:
 
 
 @pytest.fixture
+def store(opened):
+    """The store, read as the pipeline's runs read it (see conftest's StoreView)."""
+    return opened
+
+
+@pytest.fixture
 def env(store, data_dir, write_book, hash_embedder):
     recipe = make_recipe(hash_embedder, target_tokens=150, max_tokens=200)
     budget = recipe.budget
-    source = make_source(data_dir)
+    pipeline = make_pipeline(data_dir, store, recipe)
     write_book(
         BOOK,
         {
@@ -42,14 +46,15 @@ def env(store, data_dir, write_book, hash_embedder):
 
         def __init__(self):
             self.recipe = recipe
-            self.source = source
+            self.pipeline = pipeline
 
         def run(self, run_id="r", force=False):
-            return ingest_book(source, BOOK, store, recipe, run_id, force=force)
+            return pipeline.run([BOOK], run_id=run_id, force=force)[BOOK]
 
         def plan(self, force=False):
             """The book's plan, with the preview of what a run will do."""
-            return plan_ingest(source, store, recipe, [BOOK], force=force, detail=True).books[BOOK]
+            with pipeline.store.open() as reader:
+                return pipeline.plan(reader, [BOOK], force=force, detail=True).books[BOOK]
 
         def expected_ids(self):
             """Chunk ids a from-scratch chunking of the files on disk gives."""
@@ -185,22 +190,24 @@ def test_bad_files_are_recorded_and_the_rest_is_ingested(env, write_book, store)
 
 
 def test_a_run_that_dies_before_committing_converges(env, store, monkeypatch):
+    from rag_pipeline.store import VectorStore
+
     env.run()
     text = (env.root / "a.md").read_text()
     (env.root / "a.md").write_text(text.replace("part1w0x1", "CRASHY EDIT"))
-    real_upsert = store.upsert
+    real_upsert = VectorStore.upsert
     calls = {"n": 0}
 
-    def dying_upsert(points):
+    def dying_upsert(self, points):
         calls["n"] += 1
         if any(p.payload.get("record_type") == DOCUMENT for p in points):
             raise RuntimeError("killed before commit")
-        return real_upsert(points)
+        return real_upsert(self, points)
 
-    monkeypatch.setattr(store, "upsert", dying_upsert)
+    monkeypatch.setattr(VectorStore, "upsert", dying_upsert)
     with pytest.raises(RuntimeError, match="killed before commit"):
         env.run("crashed")
-    monkeypatch.setattr(store, "upsert", real_upsert)
+    monkeypatch.setattr(VectorStore, "upsert", real_upsert)
     assert env.plan().changes.modified == ("a.md",)  # still pending: no commit mark
     env.run("recovery")
     env.assert_exact()
@@ -209,19 +216,21 @@ def test_a_run_that_dies_before_committing_converges(env, store, monkeypatch):
 def test_orphan_chunks_of_a_file_deleted_after_a_crash_are_removed(
     env, store, write_book, monkeypatch
 ):
+    from rag_pipeline.store import VectorStore
+
     env.run()
     write_book(BOOK, {"late.md": long_doc("Late", 1, seed="l")})
-    real_upsert = store.upsert
+    real_upsert = VectorStore.upsert
 
-    def dying_upsert(points):
+    def dying_upsert(self, points):
         if any(p.payload.get("record_type") == DOCUMENT for p in points):
             raise RuntimeError("killed")
-        return real_upsert(points)
+        return real_upsert(self, points)
 
-    monkeypatch.setattr(store, "upsert", dying_upsert)
+    monkeypatch.setattr(VectorStore, "upsert", dying_upsert)
     with pytest.raises(RuntimeError):
         env.run("crashed")
-    monkeypatch.setattr(store, "upsert", real_upsert)
+    monkeypatch.setattr(VectorStore, "upsert", real_upsert)
     os.remove(env.root / "late.md")  # the file goes away before anyone re-runs
     run = env.run("recovery")
     assert "late.md" in run.inventory.changes.deleted
@@ -234,41 +243,40 @@ def test_changing_the_model_reembeds_everything(env, store, data_dir, write_book
     env.run()
     other = HashEmbedder(dimension=384)
     other.model_name = "hash-384-v2"
-    run = ingest_book(env.source, BOOK, store, make_recipe(other))
-    assert set(run.inventory.changes.modified) == {"a.md", "sub/b.md", "c.md"}
+    run = make_pipeline(env.root.parent, store, make_recipe(other)).run([BOOK])[BOOK]
+    # Qdrant Edge builds the new recipe beside the searched index (every file new there) and
+    # switches it in; a store without generations rewrites every file in place
+    assert set(run.inventory.changes.changed) == {"a.md", "sub/b.md", "c.md"}
     assert run.embedded.reused == 0
+    assert run.outcome.switch is not None and run.outcome.switch.pending == (
+        store.keeps_generations
+    )
+    models = {p["embedding_model"] for p in env.chunk_points().values()}
+    assert models == {"hash-384-v2"}
 
 
 def test_interleaved_runs_of_one_book_leave_no_duplicates(env, store, data_dir, hash_embedder):
     """Two runs that read the index before either wrote (the worst interleaving the run
     queue's per-book limit exists to prevent) still leave one consistent version."""
-    from rag_pipeline.ingest.stages import (
-        chunk_book,
-        embed_book,
-        parse_book,
-        take_inventory,
-        vectors_to_reuse,
-        write_book,
-    )
-
     env.run()
-    recipe = env.recipe
+    pipeline = env.pipeline
     path = env.root / "a.md"
     original = path.read_text()
 
     def prepare(text):
+        """A run's stages up to its write, as two runs would interleave them."""
         path.write_text(text)
-        inventory = take_inventory(env.source, BOOK, store, recipe)
-        chunked = chunk_book(parse_book(inventory, env.source), recipe)
-        return chunked, embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
+        assessed = pipeline.assess([BOOK])
+        chunked = pipeline.chunk(pipeline.parse({BOOK: assessed[BOOK].inventory}))
+        return chunked, pipeline.embed(chunked)
 
     older = prepare(original.replace("## Part 1", "## Part 1 version one"))
     newer = prepare(original.replace("## Part 1", "## Part 1 version two"))
-    write_book(store, *newer, recipe.lineage("newer"))
-    write_book(store, *older, recipe.lineage("older"))  # stale last
+    pipeline.write(*newer, run_id="newer")
+    pipeline.write(*older, run_id="older")  # stale last
     points = env.chunk_points()
     a_points = {pid for pid, p in points.items() if p["source_file"] == "a.md"}
-    assert a_points == {c.id for c in older[0].chunks}  # one version, nothing of the other
+    assert a_points == {c.id for c in older[0][BOOK].chunks}  # one version, not the other
     assert check_index(store, BOOK, hash_embedder.dimension).passed
     # the file on disk is the newer text: the next run notices and converges to it
     assert env.plan().changes.modified == ("a.md",)
@@ -341,18 +349,18 @@ def test_an_unreadable_file_keeps_its_chunks_and_is_an_error(env, store, monkeyp
     """Permission denied (chmod 000, as a non-root user sees it) is not a deletion."""
     import errno
 
-    from rag_pipeline.ingest import assess
+    from rag_pipeline.sources import folder
 
     env.run()
     before = {pid for pid, p in env.chunk_points().items() if p["source_file"] == "c.md"}
-    real_hash = assess.hash_file
+    real_hash = folder.hash_file
 
     def hash_file(path):
         if str(path).endswith("c.md"):
             raise PermissionError(errno.EACCES, "Permission denied")
         return real_hash(path)
 
-    monkeypatch.setattr(assess, "hash_file", hash_file)
+    monkeypatch.setattr(folder, "hash_file", hash_file)
     os.chmod(env.root / "c.md", 0)  # its ctime and mode move: the plan reads it again
     plan = env.plan()
     assert plan.action == "run" and plan.changes.unreadable == ("c.md",)
@@ -372,7 +380,7 @@ def test_an_unreadable_file_keeps_its_chunks_and_is_an_error(env, store, monkeyp
     ]  # listed once
     assert standing.changes.counts()["files_unreadable"] == 1  # reported by every plan
     assert standing.result().files_unreadable == 1
-    monkeypatch.setattr(assess, "hash_file", real_hash)
+    monkeypatch.setattr(folder, "hash_file", real_hash)
     os.chmod(env.root / "c.md", 0o644)
     # readable again, with the very bytes of the version it serves: the error is cleared by a
     # run that re-embeds nothing, after which the book is unchanged
@@ -531,7 +539,8 @@ def test_a_plan_hashes_each_file_once_and_reads_only_what_runs(env, store, monke
     assert read == {"a.md": 1}
     hashed.clear()
     read.clear()
-    books = plan_ingest(env.source, store, env.recipe, [BOOK]).books  # as `ingest` plans
+    with env.pipeline.store.open() as reader:  # as `ingest` plans
+        books = env.pipeline.plan(reader, [BOOK]).books
     assert books[BOOK].action == "run" and books[BOOK].preview is None
     assert hashed == expected and not read
 
@@ -541,23 +550,29 @@ def test_a_plan_reads_points_per_file_only_for_a_book_whose_count_is_off(env, st
     asks for it only for a book whose chunk points are not what its records promise, and still
     names the file that lost points."""
     from rag_pipeline.schema import SOURCE_FILE
+    from rag_pipeline.store import VectorStore
 
     env.run()
     faceted = []
-    real_counts_by = store.counts_by
+    real_counts_by = VectorStore.counts_by
 
-    def counting(where, key):
+    def counting(self, where, key):
         faceted.append(key)
-        return real_counts_by(where, key)
+        return real_counts_by(self, where, key)
 
-    monkeypatch.setattr(store, "counts_by", counting)
-    book = plan_ingest(env.source, store, env.recipe, [BOOK]).books[BOOK]
+    monkeypatch.setattr(VectorStore, "counts_by", counting)
+
+    def plan_of_ingest():
+        with env.pipeline.store.open() as reader:
+            return env.pipeline.plan(reader, [BOOK]).books[BOOK]
+
+    book = plan_of_ingest()
     assert book.action == "unchanged" and book.points == book.chunks > 0
     assert SOURCE_FILE not in faceted
     lost = sorted(
         p for p, payload in env.chunk_points().items() if payload["source_file"] == "a.md"
     )
     store.delete_ids(book_filter(BOOK), lost[:1])
-    book = plan_ingest(env.source, store, env.recipe, [BOOK]).books[BOOK]
+    book = plan_of_ingest()
     assert book.action == "run" and book.changes.modified == ("a.md",)
     assert any("chunk points" in r for r in book.reasons) and SOURCE_FILE in faceted

@@ -14,12 +14,16 @@ import pytest
 import qdrant_edge as qe
 
 from rag_pipeline.ingest.catalog import book_summary
-from rag_pipeline.ingest.plan import plan_ingest
-from rag_pipeline.ingest.stages import ingest_book
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.store import BookDamagedError
 from rag_pipeline.store.edge import EdgeStore
-from rag_pipeline_tests.conftest import make_recipe, make_source, section, settle_files
+from rag_pipeline_tests.conftest import (
+    make_pipeline,
+    make_recipe,
+    section,
+    settle_files,
+    store_config,
+)
 
 COLLECTION = "rag_chunks"
 
@@ -59,11 +63,9 @@ class Books:
             for path in self.data.rglob("*.md"):
                 os.utime(path, (then, then))
             settle_files()  # their ctime is now: past the racy window, a stat is trusted
-        self.source = make_source(self.data)
         self.recipe = make_recipe(embedder)
-        with self.open() as store:
-            for book in self.ids:
-                ingest_book(self.source, book, store, self.recipe, "first")
+        self.pipeline = make_pipeline(self.data, store_config(self.qdrant), self.recipe)
+        self.pipeline.run(self.ids, run_id="first")
 
     def open(self) -> EdgeStore:
         return EdgeStore(COLLECTION, self.qdrant, COLLECTION_SCHEMA)
@@ -71,7 +73,7 @@ class Books:
     def plan(self, *, detail: bool = False):  # type: ignore[no-untyped-def]
         """The plan ``ingest`` makes (``detail``: the one ``rag-pipeline plan`` shows)."""
         with self.open() as store:
-            return plan_ingest(self.source, store, self.recipe, detail=detail)
+            return self.pipeline.plan(store, detail=detail)
 
     def folder(self, book: str) -> Path:
         return self.qdrant / COLLECTION / "books" / book
@@ -295,13 +297,13 @@ def test_a_plan_reads_no_file_its_last_run_read_unless_its_stat_moved(
     """A book's summary keeps the size and modification time of each file as its run read it:
     a plan (every ingest makes one of every book) reads only the files whose stat moved, as
     the books sensor does, so a no-change ingest of many books reads none."""
-    from rag_pipeline.ingest import assess
+    from rag_pipeline.sources import folder
 
     books = Books(tmp_path, 2, hash_embedder, age_s=10)
     read: list[str] = []
-    real = assess.hash_file
+    real = folder.hash_file
     monkeypatch.setattr(
-        assess, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+        folder, "hash_file", lambda path: read.append(Path(path).name) or real(path)
     )
     assert {b.action for b in books.plan().books.values()} == {"unchanged"} and read == []
     edited = books.data / "book-01" / "0.md"
@@ -319,14 +321,14 @@ def test_a_book_summarized_by_a_plan_keeps_the_stats_of_the_files_it_read(
     """A summary gone or stale (lost, written by an older version, a shard written behind it)
     is rebuilt by the next plan from the shard: with the stats of the files that plan read,
     so the plan after it neither opens the shard nor reads a file again."""
-    from rag_pipeline.ingest import assess
+    from rag_pipeline.sources import folder
 
     books = Books(tmp_path, 2, hash_embedder, age_s=10)
     (books.folder("book-01") / "summary.json").unlink()
     read: list[str] = []
-    real = assess.hash_file
+    real = folder.hash_file
     monkeypatch.setattr(
-        assess, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+        folder, "hash_file", lambda path: read.append(Path(path).name) or real(path)
     )
     loads.clear()
     books.plan()
@@ -342,13 +344,13 @@ def test_files_read_in_the_tick_they_were_written_are_read_again_by_the_next_pla
 ):
     """A file modified just before its run read it may change again within the same tick of a
     coarse clock, keeping its size and time: its stat is not trusted."""
-    from rag_pipeline.ingest import assess
+    from rag_pipeline.sources import folder
 
     books = Books(tmp_path, 1, hash_embedder)  # written, then read at once
     read: list[str] = []
-    real = assess.hash_file
+    real = folder.hash_file
     monkeypatch.setattr(
-        assess, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+        folder, "hash_file", lambda path: read.append(Path(path).name) or real(path)
     )
     books.plan()
     assert len(read) == 4  # 3 files and bad.md
@@ -373,8 +375,7 @@ def test_a_process_checks_a_summary_once_a_minute_and_a_write_ends_the_trust(
         assert store.summary("book-00") is not None
     assert checked == Counter({"book-00": 1, "book-01": 1})
     (books.data / "book-01" / "0.md").write_text("# Edited\n\n" + section("New", seed="e"))
-    with books.open() as store:
-        ingest_book(books.source, "book-01", store, books.recipe, "edit")
+    books.pipeline.run(["book-01"], run_id="edit")
     books.plan()
     assert checked["book-01"] == 3  # the new summary: fingerprinted to save it, then checked
     for path in (books.generation("book-00") / "segments").rglob("*"):

@@ -182,19 +182,19 @@ def _hit_ids(server: Server, book: str) -> list[str]:
 def test_a_rebuild_with_a_failed_book_is_not_swapped_in(tmp_path, monkeypatch):
     """All or nothing: a rebuild in which a book fails leaves the collection in service as it
     was (exit 1, the report names the book); the next rebuild starts afresh and swaps in."""
-    from rag_pipeline.defs import assets
+    from rag_pipeline.ingest import pipeline as pipeline_module
 
     cli = InProcessCli(tmp_path, index_sample_books(tmp_path))
     root = Path(cli.env["RAG_QDRANT_PATH"])
     in_service = _generations(root / "rag_chunks")
-    write_and_check = assets.write_and_check
+    write_and_check = pipeline_module.write_and_check
 
     def failing(store, source, chunked, *args):  # type: ignore[no-untyped-def]
         if chunked.book_id == "humanoid-robotics-ros2":
             raise OSError("the disk said no")
         return write_and_check(store, source, chunked, *args)
 
-    monkeypatch.setattr(assets, "write_and_check", failing)
+    monkeypatch.setattr(pipeline_module, "write_and_check", failing)
     done = cli("ingest", "--rebuild", "--json", check=False)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "not swapped in" in done.stderr
@@ -202,7 +202,7 @@ def test_a_rebuild_with_a_failed_book_is_not_swapped_in(tmp_path, monkeypatch):
     assert report["humanoid-robotics-ros2"]["status"] == "failed", report
     assert _generations(root / "rag_chunks") == in_service  # untouched
     assert not list(root.glob("rag_chunks.set-aside-*"))
-    monkeypatch.setattr(assets, "write_and_check", write_and_check)
+    monkeypatch.setattr(pipeline_module, "write_and_check", write_and_check)
     again = cli("ingest", "--rebuild", "--json")
     assert {r["status"] for r in json.loads(again.stdout)["books"].values()} == {"ingested"}
     assert _generations(root / "rag_chunks").keys() == in_service.keys()

@@ -21,7 +21,7 @@ from rag_pipeline.recipes.choice import (
     choose_book_model,
     recorded_recipe,
 )
-from rag_pipeline_tests.conftest import make_recipe, make_source, section
+from rag_pipeline_tests.conftest import make_pipeline, make_recipe, section
 from rag_pipeline_tests.helpers import InProcessCli, index_books
 
 FP32 = local_model_name(None, "fp32")
@@ -100,19 +100,18 @@ def test_a_search_of_a_book_of_a_model_this_process_cannot_produce_is_refused(se
     assert "rag-pipeline ingest --book b1" in message
 
 
-def test_the_recorded_recipe_is_the_model_of_the_books_chunks(store, data_dir, write_book):
-    from rag_pipeline.ingest.stages import ingest_book
-
+def test_the_recorded_recipe_is_the_model_of_the_books_chunks(opened, data_dir, write_book):
+    store = opened
     assert recorded_recipe(store, "alpha") is None
     write_book("alpha", {"a.md": "# Alpha\n\n" + section("One")})
-    ingest_book(make_source(data_dir), "alpha", store, make_recipe(FakeLocal("fp32")))
+    make_pipeline(data_dir, store, make_recipe(FakeLocal("fp32"))).run(["alpha"])
     recorded = recorded_recipe(store, "alpha")
     assert recorded is not None and recorded.embedding_model == FP32 and not recorded.mixed
     assert recorded_recipe(store, "beta") is None
 
 
 def test_one_process_loads_each_precision_once(monkeypatch):
-    from rag_pipeline.resources import LazyRecipe
+    from rag_pipeline.recipes.lazy import LazyRecipe
 
     built: list[str] = []
 
@@ -178,19 +177,13 @@ def test_an_upgrade_to_auto_on_a_vnni_cpu_leaves_an_fp32_book_fp32(
     assert hits and all(h["embedding_model"] == FP32 for h in hits)
     assert set(fake_local) == {"fp32"}  # no int8 model was even loaded for the old books
     # the pipeline's run of the book (what the Dagster steps do) embeds nothing
-    from rag_pipeline.ingest.stages import ingest_book
-    from rag_pipeline.resources import LazyRecipe
-    from rag_pipeline.schema import COLLECTION_SCHEMA
-    from rag_pipeline.store import open_store
+    from rag_pipeline.ingest.pipeline import IngestPipeline
 
     settings = load_settings(
         embedder="local", qdrant_path=cli.env["RAG_QDRANT_PATH"], data_dir=sample_books
     )
-    recipes = LazyRecipe(settings.embedding(), settings.chunking())
-    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
-        recipe = recipes.for_book(store, BOOK).recipe
-        run = ingest_book(settings.source(), BOOK, store, recipe)
-    assert recipe.embedding_model == FP32
+    run = IngestPipeline.from_settings(settings).run([BOOK])[BOOK]
+    assert run.inventory.embedding_model == FP32
     assert run.embedded.embedded == 0 and not run.inventory.changes.has_work
 
 
@@ -289,7 +282,7 @@ def test_the_service_embeds_each_books_queries_with_its_recorded_model(
 ):
     from fastapi.testclient import TestClient
 
-    from rag_pipeline.resources import LazyRecipe
+    from rag_pipeline.recipes.lazy import LazyRecipe
     from rag_pipeline.serve.app import create_app
 
     _cpu(monkeypatch, vnni=True)

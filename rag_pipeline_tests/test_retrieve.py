@@ -4,11 +4,16 @@ import itertools
 
 import pytest
 
-from rag_pipeline.ingest.stages import ingest_book
 from rag_pipeline.retrieve import SearchFilters, expand_context, get_document, search
-from rag_pipeline_tests.conftest import make_recipe, make_source, section
+from rag_pipeline_tests.conftest import make_pipeline, make_recipe, section
 
 BOOKS = [f"book-{i}" for i in range(5)]
+
+
+@pytest.fixture
+def store(opened):
+    """The store on each embedded backend, indexed by the pipeline (see conftest's StoreView)."""
+    return opened
 
 
 @pytest.fixture
@@ -24,7 +29,7 @@ def indexed(store, data_dir, write_book, hash_embedder):
                 + "".join(section(f"Part {j}", 2, 60, seed=f"b{i}") for j in range(5)),
             },
         )
-        ingest_book(make_source(data_dir), book, store, recipe)
+        make_pipeline(data_dir, store, recipe).run([book])
     return store
 
 
@@ -157,7 +162,7 @@ def test_hybrid_finds_a_keyword_only_match_that_dense_search_misses(
         )
     }
     write_book("errors", paragraphs)
-    ingest_book(make_source(data_dir), "errors", store, make_recipe(local_embedder))
+    make_pipeline(data_dir, store, make_recipe(local_embedder)).run(["errors"])
     query = "mxq-7731-rz error when the command fails"
     top = 3
 
@@ -241,7 +246,7 @@ def hybrid_book(store, data_dir, write_book, hash_embedder):
         for i in range(12)
     }
     write_book("fusion", files)
-    ingest_book(make_source(data_dir), "fusion", store, recipe)
+    make_pipeline(data_dir, store, recipe).run(["fusion"])
     return store
 
 
@@ -346,7 +351,7 @@ def grouped_books(store, data_dir, write_book, hash_embedder):
                 for i in range(5)
             },
         )
-        ingest_book(make_source(data_dir), book, store, recipe)
+        make_pipeline(data_dir, store, recipe).run([book])
     return store
 
 

@@ -10,22 +10,32 @@ from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.runner import execute_plan
 from rag_pipeline.embed import create_embedder
 from rag_pipeline.ingest.consistency import check_index
-from rag_pipeline.ingest.plan import plan_ingest
+from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.recipes.recipe import IndexRecipe
-from rag_pipeline.resources import PipelineResources
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.sources.crawl import DataDirError
 from rag_pipeline.store import PointRecord, open_store
 from rag_pipeline_tests.conftest import section
 
 
+def pipeline_of(settings, recipe=None):
+    """The pipeline of ``settings``, with one recipe built from them for every book."""
+    recipe = recipe or IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
+    return IngestPipeline.from_settings(settings, recipe)
+
+
+def plan_of(settings, book_ids=None, force=False, pipeline=None):
+    """The plan `rag-pipeline ingest` makes."""
+    pipeline = pipeline or pipeline_of(settings)
+    with pipeline.store.open() as store:
+        return pipeline.plan(store, book_ids, force=force)
+
+
 def ingest_books(settings, instance, book_ids=None, force=False, batching=None):
     """What `rag-pipeline ingest` does: plan, then execute the plan through Dagster."""
-    recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
-    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
-        plan = plan_ingest(settings.source(), store, recipe, book_ids, force=force)
-    resources = PipelineResources.from_settings(settings, recipe)
-    return execute_plan(plan, resources, instance, batching=batching)
+    pipeline = pipeline_of(settings)
+    plan = plan_of(settings, book_ids, force, pipeline)
+    return execute_plan(plan, pipeline, instance, batching=batching)
 
 
 @pytest.fixture
@@ -93,9 +103,7 @@ def test_a_data_folder_holding_none_of_the_indexed_books_purges_nothing(
     (elsewhere / "stray").mkdir(parents=True)
     (elsewhere / "stray" / "notes.md").write_text("# Stray\n\n" + section("Notes", seed="s"))
     wrong = settings.model_copy(update={"data_dir": elsewhere})
-    with open_store(wrong.store(), COLLECTION_SCHEMA) as store:
-        recipe = IndexRecipe.build(create_embedder(wrong.embedding()), wrong.chunking())
-        plan = plan_ingest(wrong.source(), store, recipe)
+    plan = plan_of(wrong)
     assert plan.books == {}
     for _ in range(2):
         report = ingest_books(wrong, instance)
@@ -113,9 +121,7 @@ def test_a_purge_plan_counts_every_point_the_purge_deletes(settings, instance, d
 
     ingest_books(settings, instance)
     shutil.rmtree(data_dir / "beta")
-    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
-        recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
-        planned = plan_ingest(settings.source(), store, recipe).books["beta"]
+    planned = plan_of(settings).books["beta"]
     report = ingest_books(settings, instance)
     assert planned.action == "purge" and report.books["beta"].status == "removed"
     assert planned.points == report.books["beta"].deleted > 0
@@ -389,23 +395,21 @@ def test_a_batch_that_fails_for_one_book_is_run_again_book_by_book(
 ):
     """A step fails for a whole batch; its books are then run alone, so one broken book
     fails alone and the others are ingested."""
-    from rag_pipeline.defs import assets as assets_module
+    from rag_pipeline.ingest import pipeline as pipeline_module
 
     add_books(write_book, ["gamma"])
-    real = assets_module.chunk_book
+    real = pipeline_module.chunk_book
 
     def broken_for_beta(parsed, recipe):
         if parsed.book_id == "beta":
             raise RuntimeError("chunker bug on beta (injected)")
         return real(parsed, recipe)
 
-    monkeypatch.setattr(assets_module, "chunk_book", broken_for_beta)
+    monkeypatch.setattr(pipeline_module, "chunk_book", broken_for_beta)
     notes = []
-    recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
-    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
-        plan = plan_ingest(settings.source(), store, recipe)
+    pipeline = pipeline_of(settings)
     report = execute_plan(
-        plan, PipelineResources.from_settings(settings, recipe), instance, notify=notes.append
+        plan_of(settings, pipeline=pipeline), pipeline, instance, notify=notes.append
     )
     assert {b: r.status for b, r in report.books.items()} == {
         "alpha": "ingested",
@@ -423,13 +427,13 @@ def test_a_batch_that_fails_for_the_whole_run_is_not_run_again_book_by_book(
 ):
     """When the store or the embedding service cannot be used, every book would fail alike:
     the batch's books are reported failed with the reason, and no run is started per book."""
-    from rag_pipeline.defs import assets as assets_module
+    from rag_pipeline.ingest import pipeline as pipeline_module
     from rag_pipeline.store import StoreBusyError
 
     def busy(*args, **kwargs):
         raise StoreBusyError("the store is busy (injected)")
 
-    monkeypatch.setattr(assets_module, "take_inventory", busy)
+    monkeypatch.setattr(pipeline_module, "take_inventory", busy)
     report = ingest_books(settings, instance)
     assert {r.status for r in report.books.values()} == {"failed"}
     assert all("busy (injected)" in r.error_messages[0] for r in report.books.values())
@@ -473,7 +477,7 @@ def test_a_book_lock_taken_by_a_run_names_the_run(
     run that holds it, not only the worker's command line."""
     from pathlib import Path
 
-    from rag_pipeline.defs import assets
+    from rag_pipeline.ingest import pipeline as pipeline_module
     from rag_pipeline.store.lock import FolderLock, describe_holder
 
     write_book("alpha", {"alpha.md": "# alpha\n\n" + section("One", seed="alpha")})
@@ -484,7 +488,7 @@ def test_a_book_lock_taken_by_a_run_names_the_run(
         cache_dir=tmp_path / "cache",
     )
     seen: list[str] = []
-    write_and_check = assets.write_and_check
+    write_and_check = pipeline_module.write_and_check
 
     def spy(store, source, chunked, *args):  # type: ignore[no-untyped-def]
         written = write_and_check(store, source, chunked, *args)
@@ -492,7 +496,7 @@ def test_a_book_lock_taken_by_a_run_names_the_run(
         seen.append(describe_holder(FolderLock(lock, "book").holder()))
         return written
 
-    monkeypatch.setattr(assets, "write_and_check", spy)
+    monkeypatch.setattr(pipeline_module, "write_and_check", spy)
     report = ingest_books(settings, instance)
     run_id = report.books["alpha"].run_id
     assert report.books["alpha"].status == "ingested", report.books["alpha"].error_messages

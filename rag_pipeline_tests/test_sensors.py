@@ -24,12 +24,18 @@ class Harness:
 
     def __init__(self, data_dir, batching=None, watch=False):
         # (the watcher is tested on its own: its notifications come a moment after a change)
-        self.sensor = build_books_sensor(data_dir, interval_s=1, batching=batching, watch=watch)
+        self.sensor = build_books_sensor(interval_s=1, batching=batching, watch=watch)
+        self.pipeline = sensor_pipeline(data_dir)
         self.instance = DagsterInstance.ephemeral()
         self.cursor = None
 
+    def context(self):
+        return build_sensor_context(
+            instance=self.instance, cursor=self.cursor, resources={"pipeline": self.pipeline}
+        )
+
     def tick(self):
-        context = build_sensor_context(instance=self.instance, cursor=self.cursor)
+        context = self.context()
         result = self.sensor(context)
         if isinstance(result, SkipReason):
             self.cursor = context.cursor  # kept by the daemon when the sensor updated it
@@ -48,6 +54,14 @@ class Harness:
     @property
     def partitions(self):
         return sorted(self.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
+
+
+def sensor_pipeline(data_dir):
+    """The pipeline resource the sensor takes (it reads only its book source)."""
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline_tests.conftest import make_pipeline, make_recipe, store_config
+
+    return make_pipeline(data_dir, store_config(":memory:"), make_recipe(HashEmbedder()))
 
 
 @pytest.fixture
@@ -216,10 +230,9 @@ def test_a_retried_tick_requests_the_same_run_keys(harness, write_book):
     write_book("alpha", {"a.md": "# A"})
     harness.tick()
     write_book("beta", {"b.md": "# B"})
-    context = build_sensor_context(instance=harness.instance, cursor=harness.cursor)
-    first = harness.sensor(context)
+    first = harness.sensor(harness.context())
     sensors_module._stat_cache.clear()
-    second = harness.sensor(build_sensor_context(instance=harness.instance, cursor=harness.cursor))
+    second = harness.sensor(harness.context())
     # the daemon dedupes a tick that is evaluated twice from the same cursor by run key
     assert [r.run_key for r in first.run_requests] == [r.run_key for r in second.run_requests]
 
@@ -268,24 +281,27 @@ def test_unsafe_folder_names_are_refused(harness, write_book):
 def test_steady_state_ticks_hash_nothing(harness, write_book, data_dir):
     write_book("alpha", {f"f{i}.md": f"# {i}" for i in range(50)})
     harness.tick()
-    states, _ = sensors_module.scan_books(data_dir, read_cursor(harness.cursor)[0])
+    source = harness.pipeline.source
+    states, _ = sensors_module.scan_books(source, read_cursor(harness.cursor)[0])
     assert states["alpha"].hashed == 0
     (data_dir / "alpha" / "f7.md").write_text("# changed")
     bump_mtime(data_dir / "alpha" / "f7.md")
-    states, _ = sensors_module.scan_books(data_dir, read_cursor(harness.cursor)[0])
+    states, _ = sensors_module.scan_books(source, read_cursor(harness.cursor)[0])
     assert states["alpha"].hashed == 1  # only the file whose stat moved is read
 
 
 def test_a_file_vanishing_mid_scan_is_tolerated(harness, write_book, data_dir, monkeypatch):
     write_book("alpha", {"a.md": "# A", "b.md": "# B"})
-    real_hash = sensors_module.fingerprint_book.__globals__["hash_file"]
+    from rag_pipeline.sources import folder
+
+    real_hash = folder.hash_file
 
     def flaky_hash(path):
         if str(path).endswith("b.md"):
             os.remove(path)
         return real_hash(path)
 
-    monkeypatch.setitem(sensors_module.fingerprint_book.__globals__, "hash_file", flaky_hash)
+    monkeypatch.setattr(folder, "hash_file", flaky_hash)
     result = harness.tick()  # no exception; the book is requested with what could be read
     assert [r.partition_key for r in ingest_requests(result)] == ["alpha"]
     monkeypatch.undo()

@@ -538,10 +538,8 @@ def test_the_service_keeps_the_books_it_serves_loaded(tmp_path, write_book, data
 
     from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.ingest.stages import ingest_book
-    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.ingest.pipeline import IngestPipeline
     from rag_pipeline.serve.app import SERVED_BOOKS_LOADED, create_app
-    from rag_pipeline.store import open_store
     from rag_pipeline_tests.conftest import section
 
     books = [f"book-{i}" for i in range(4)]
@@ -551,9 +549,7 @@ def test_the_service_keeps_the_books_it_serves_loaded(tmp_path, write_book, data
         data_dir=data_dir, qdrant_path=str(tmp_path / "q"), embedder="hash", cache_dir=tmp_path
     )
     recipe = make_recipe(HashEmbedder())
-    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
-        for book in books:
-            ingest_book(settings.source(), book, store, recipe, "r")
+    IngestPipeline.from_settings(settings, recipe).run(books, run_id="r")
     loads.clear()
     assert len(books) <= SERVED_BOOKS_LOADED
     with TestClient(create_app(settings, recipe, cache_size=0)) as client:

@@ -337,14 +337,11 @@ def test_a_limit_hit_while_a_run_reads_its_book_never_discards_it(world, monkeyp
 
     monkeypatch.setattr(qdrant_edge.EdgeShard, "load", staticmethod(exhausted))
     from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.ingest.stages import ingest_book
+    from rag_pipeline.ingest.pipeline import IngestPipeline
     from rag_pipeline_tests.conftest import make_recipe
 
     recipe = make_recipe(HashEmbedder())
-    with (
-        open_store(settings.store(), COLLECTION_SCHEMA) as store,
-        pytest.raises(StoreResourceError, match="open-files limit"),
-    ):
-        ingest_book(settings.source(), "b1", store, recipe)
+    with pytest.raises(StoreResourceError, match="open-files limit"):
+        IngestPipeline.from_settings(settings, recipe).run(["b1"])
     monkeypatch.undo()
     assert point_sets(Path(world.env["RAG_QDRANT_PATH"])) == before

@@ -1,12 +1,13 @@
-"""The ingestion assets, one partition per book: thin calls into :mod:`rag_pipeline.ingest`.
+"""The ingestion assets, one partition per book: each calls one stage of the pipeline.
 
 source_files -> documents -> chunks -> chunk_embeddings -> qdrant_points
+   assess        parse       chunk        embed            write (check, switch)
 
-A run materializes one book or a batch of them (a range of partitions, see
+The stages are :class:`rag_pipeline.ingest.pipeline.IngestPipeline`'s (the ``pipeline``
+resource): an asset here only renders a stage's output as metadata, logs and check results. A
+run materializes one book or a batch of them (a range of partitions, see
 :mod:`rag_pipeline.ingest.batches`): each step hands the next its stage's output per book, and
-records each book's metadata and checks on the book's own partition (:mod:`.batch`). Each step
-opens the store only for its own reads or writes, one book at a time, so a search or another
-process gets in while a step parses or embeds.
+records each book's metadata and checks on the book's own partition (:mod:`.batch`).
 """
 
 import warnings
@@ -32,14 +33,13 @@ from dagster import (
 from pydantic import Field
 
 from rag_pipeline.chunk import CHUNKER_VERSION
-from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.batch import BookCheck, check_books, record_book, run_books
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.defs.runs import one_label, tag_checks, tag_migration, tag_run
-from rag_pipeline.ingest.consistency import check_chunks, check_vectors
 from rag_pipeline.ingest.index import WriteReport
-from rag_pipeline.ingest.migration import BuildStart, SwitchOutcome, start_build
+from rag_pipeline.ingest.migration import SwitchOutcome
+from rag_pipeline.ingest.pipeline import AssessedBook, IngestPipeline, WrittenBook, held_back
 from rag_pipeline.ingest.progress import ProgressLog
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.ingest.stages import (
@@ -47,19 +47,8 @@ from rag_pipeline.ingest.stages import (
     ChunkedBook,
     EmbeddedBook,
     ParsedBook,
-    book_result,
-    chunk_book,
-    discard_if_damaged,
-    embed_books,
-    finish_book,
-    parse_book,
     rebuilt_reason,
-    take_inventory,
-    vectors_to_reuse,
-    write_and_check,
 )
-from rag_pipeline.recipes.recipe import IndexRecipe
-from rag_pipeline.resources import LazyRecipe, StoreOpener
 
 __all__ = [
     "EMBEDDING_POOL",
@@ -152,44 +141,31 @@ Books = dict[str, Any]
 def source_files(
     context: AssetExecutionContext,
     config: IngestRunConfig,
-    books: ResourceParam[SourceConfig],
-    qdrant: ResourceParam[StoreOpener],
-    recipe: ResourceParam[LazyRecipe],
+    pipeline: ResourceParam[IngestPipeline],
 ) -> Output[dict[str, BookInventory]]:
     book_ids = run_books(context)
     tag_run(context, book_ids)
-    inventories: dict[str, BookInventory] = {}
+    assessed = pipeline.assess(book_ids, force=config.force)
     migrations: list[str] = []
-    for book_id in book_ids:
-        with qdrant.open() as store:  # a reader: the recipe the book is searched with now
-            damage = discard_if_damaged(store, book_id)
-            book_recipe = recipe.for_book(store, book_id).recipe
-            build = start_build(store, book_id, book_recipe)
-        if damage is not None:
-            context.log.warning(f"{book_id}: {rebuilt_reason(damage)}")
-        if build.label is not None:
-            migrations.append(build.label)
+    for book_id, book in assessed.items():
+        if book.damage is not None:
+            context.log.warning(f"{book_id}: {rebuilt_reason(book.damage)}")
+        if book.build.label is not None:
+            migrations.append(book.build.label)
             context.log.info(
-                f"{book_id}: recipe change {build.label}: the book is built beside its searched "
-                "index" + (" (resuming the pending build)" if build.resumed else "")
+                f"{book_id}: recipe change {book.build.label}: the book is built beside its "
+                "searched index" + (" (resuming the pending build)" if book.build.resumed else "")
             )
-        # the run's handles build its recipe: a recipe change reads its pending build
-        with qdrant.open(recipe=book_recipe) as store:
-            inventory = take_inventory(
-                books, book_id, store, book_recipe, force=config.force, damage=damage
-            )
-        for error in inventory.crawl_errors:
+        for error in book.inventory.crawl_errors:
             context.log.warning(str(error))
-        record_book(context, book_id, _inventory_metadata(inventory, book_recipe, build))
-        inventories[book_id] = inventory
+        record_book(context, book_id, _inventory_metadata(book))
     if migrations:
         tag_migration(context, one_label(migrations))
-    return Output(inventories)
+    return Output({book_id: book.inventory for book_id, book in assessed.items()})
 
 
-def _inventory_metadata(
-    inventory: BookInventory, book_recipe: IndexRecipe, build: BuildStart
-) -> dict[str, Any]:
+def _inventory_metadata(book: AssessedBook) -> dict[str, Any]:
+    inventory, build = book.inventory, book.build
     changes = inventory.changes
     status = changes.statuses()
     changed = [name for name, st in status.items() if st != "unchanged"]
@@ -201,7 +177,7 @@ def _inventory_metadata(
         "files": len(inventory.files),
         **{k: v for k, v in changes.counts().items() if k != "files_unchanged"},
         "indexed_chunk_points": inventory.state.chunk_points,
-        "recipe": book_recipe.embedding_model,
+        "recipe": inventory.embedding_model,
         "files_table": table(rows, limit=TABLE_ROWS),
         **when(
             inventory.reembed,
@@ -211,7 +187,7 @@ def _inventory_metadata(
             build.label is not None,
             migration=build.label or "",
             migration_resumed=build.resumed,
-            signature=book_recipe.signature,
+            signature=inventory.signature,
         ),
         **when(
             bool(inventory.crawl_errors),
@@ -240,13 +216,12 @@ def _inventory_metadata(
 )
 def documents(
     context: AssetExecutionContext,
-    books: ResourceParam[SourceConfig],
+    pipeline: ResourceParam[IngestPipeline],
     source_files: dict[str, BookInventory],
 ) -> Iterator[Output[dict[str, ParsedBook]] | Output[None] | AssetCheckEvaluation]:
-    parsed_books: dict[str, ParsedBook] = {}
+    parsed_books = pipeline.parse(source_files)
     checks: dict[str, BookCheck] = {}
-    for book_id, inventory in source_files.items():
-        parsed = parse_book(inventory, books)
+    for book_id, parsed in parsed_books.items():
         for error in parsed.errors:
             context.log.warning(str(error))
         for warning in parsed.warnings:
@@ -255,15 +230,13 @@ def documents(
         if not checks[book_id].passed:
             tag_checks(context, "warned")
         record_book(context, book_id, metadata)
-        parsed_books[book_id] = parsed
     yield Output(parsed_books)
     yield from check_books(context, "parse_errors", checks)
 
 
 def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
     # the check covers the whole book: files that stay broken or empty are reported every run
-    all_errors = parsed.errors + parsed.standing_errors
-    all_empty = parsed.empty_documents + parsed.standing_empty_documents
+    all_errors, all_empty = parsed.book_errors, parsed.book_empty_documents
     files = len(parsed.inventory.files)
     error_rate = round(len(all_errors) / files, 4) if files else 0.0
     empty_list = MetadataValue.md("\n".join(f"- {n}" for n in all_empty))
@@ -282,7 +255,7 @@ def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
         ),
     }
     check = BookCheck(
-        passed=not all_errors and not all_empty,
+        passed=parsed.clean,
         severity=AssetCheckSeverity.WARN,
         metadata={
             "errors": len(all_errors),
@@ -316,14 +289,12 @@ def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
 )
 def chunks(
     context: AssetExecutionContext,
-    recipe: ResourceParam[LazyRecipe],
+    pipeline: ResourceParam[IngestPipeline],
     documents: dict[str, ParsedBook],
 ) -> Iterator[Output[dict[str, ChunkedBook]] | Output[None] | AssetCheckEvaluation]:
-    chunked_books: dict[str, ChunkedBook] = {}
+    chunked_books = pipeline.chunk(documents)
     checks: dict[str, BookCheck] = {}
-    for book_id, parsed in documents.items():
-        index_recipe = recipe.for_model(parsed.inventory.embedding_model)  # the book's recipe
-        chunked = chunk_book(parsed, index_recipe)
+    for book_id, chunked in chunked_books.items():
         stats = chunked.token_stats()
         chunk_errors = [e for e in chunked.errors if e.stage == "chunk"]
         record_book(
@@ -334,17 +305,16 @@ def chunks(
                 "tokens_total": stats["total"],
                 "tokens_mean": stats["mean"],
                 "tokens_max": stats["max"],
-                "token_limit": index_recipe.budget.limit,
+                "token_limit": pipeline.recipe_of(chunked.inventory).budget.limit,
                 "seconds": round(chunked.seconds, 3),
                 **when(bool(chunk_errors), chunk_errors=error_table(chunk_errors)),
             },
         )
-        problems = check_chunks(chunked.chunks, index_recipe.budget.limit)
+        problems = list(chunked.problems)
         checks[book_id] = BookCheck(
             passed=not problems,
             metadata={"problems": len(problems), **details(problems)},
         )
-        chunked_books[book_id] = chunked
     yield Output(chunked_books)
     yield from check_books(context, "chunks_valid", checks)
 
@@ -372,40 +342,13 @@ def chunks(
 )
 def chunk_embeddings(
     context: AssetExecutionContext,
-    recipe: ResourceParam[LazyRecipe],
-    qdrant: ResourceParam[StoreOpener],
+    pipeline: ResourceParam[IngestPipeline],
     chunks: dict[str, ChunkedBook],
 ) -> Iterator[Output[dict[str, EmbeddedBook]] | Output[None] | AssetCheckEvaluation]:
-    # books are grouped by recipe (a batch may hold an fp32 book beside int8 ones): one
-    # embedding pass per model
-    by_model: dict[str, list[str]] = {}
-    for book_id, chunked in chunks.items():
-        by_model.setdefault(chunked.inventory.embedding_model, []).append(book_id)
-    embedded_books: dict[str, EmbeddedBook] = {}
-    dimensions: dict[str, int | None] = {}
-    for model, book_ids in by_model.items():
-        index_recipe = recipe.for_model(model)
-        work = []
-        for book_id in book_ids:
-            with qdrant.open(recipe=index_recipe) as store:
-                reuse = vectors_to_reuse(chunks[book_id], index_recipe, store)
-                dimensions[book_id] = store.dimension_of(book_id)
-            work.append((chunks[book_id], reuse))
-        total = sum(len(c.chunks) for c, _ in work)
-        todo = total - sum(
-            sum(1 for chunk in c.chunks if chunk.content_hash in reuse) for c, reuse in work
-        )
-        context.log.info(
-            f"{_books_label(book_ids)}: {total} chunks: {total - todo} already indexed, "
-            f"{todo} to embed with {index_recipe.embedding_model}"
-        )
-        progress = ProgressLog("embedding", context.log.info)
-        for embedded in embed_books(work, index_recipe, progress):
-            embedded_books[embedded.book_id] = embedded
+    progress = ProgressLog("embedding", context.log.info)
+    embedded_books = pipeline.embed(chunks, progress=progress, say=context.log.info)
     checks: dict[str, BookCheck] = {}
-    for book_id in chunks:
-        embedded = embedded_books[book_id]
-        index_recipe = recipe.for_model(chunks[book_id].inventory.embedding_model)
+    for book_id, embedded in embedded_books.items():
         rate = embedded.embedded / embedded.embed_seconds if embedded.embed_seconds > 0 else 0.0
         record_book(
             context,
@@ -420,22 +363,17 @@ def chunk_embeddings(
                 "chunks_per_second": round(rate, 1),
             },
         )
-        collection_dim = dimensions[book_id]
-        problems = check_vectors(embedded.dense, index_recipe.dimension, collection_dim)
+        held = embedded.index_dimension
         checks[book_id] = BookCheck(
-            passed=not problems,
+            passed=not embedded.problems,
             metadata={
-                "model_dimension": index_recipe.dimension,
-                "collection_dimension": collection_dim if collection_dim is not None else -1,
-                **details(problems),
+                "model_dimension": int(embedded.dense.shape[1]),
+                "collection_dimension": held if held is not None else -1,
+                **details(list(embedded.problems)),
             },
         )
     yield Output(embedded_books)
     yield from check_books(context, "vector_dimension", checks)
-
-
-def _books_label(book_ids: list[str]) -> str:
-    return book_ids[0] if len(book_ids) == 1 else f"{len(book_ids)} books"
 
 
 @asset(
@@ -460,59 +398,43 @@ def _books_label(book_ids: list[str]) -> str:
 )
 def qdrant_points(
     context: AssetExecutionContext,
-    recipe: ResourceParam[LazyRecipe],
-    qdrant: ResourceParam[StoreOpener],
-    books: ResourceParam[SourceConfig],
+    pipeline: ResourceParam[IngestPipeline],
     chunks: dict[str, ChunkedBook],
     chunk_embeddings: dict[str, EmbeddedBook],
 ) -> Iterator[Output[dict[str, BookResult]] | Output[None] | AssetCheckEvaluation]:
+    written = pipeline.write(chunks, chunk_embeddings, run_id=context.run.run_id)
     results: dict[str, BookResult] = {}
     checks: dict[str, BookCheck] = {}
-    for book_id, chunked in chunks.items():
-        results[book_id], checks[book_id] = _write_book(
-            context, recipe, qdrant, books, chunked, chunk_embeddings[book_id]
-        )
+    for book_id, book in written.items():
+        results[book_id] = book.result
+        checks[book_id] = _written_book(context, chunks[book_id], chunk_embeddings[book_id], book)
     yield Output(results)
     yield from check_books(context, "index_consistency", checks)
 
 
-def _write_book(
-    context: AssetExecutionContext,
-    recipe: LazyRecipe,
-    qdrant: StoreOpener,
-    books: SourceConfig,
-    chunked: ChunkedBook,
-    embedded: EmbeddedBook,
-) -> tuple[BookResult, BookCheck]:
-    """Write one book's points, check its index, switch a finished recipe build."""
+def _written_book(
+    context: AssetExecutionContext, chunked: ChunkedBook, embedded: EmbeddedBook, book: WrittenBook
+) -> BookCheck:
+    """The book's metadata of the write step (logged and recorded), and its check."""
     book_id = chunked.book_id
-    index_recipe = recipe.for_model(chunked.inventory.embedding_model)
-    lineage = index_recipe.lineage(context.run.run_id, embedded.sparse_model)
-    with qdrant.open(recipe=index_recipe) as store:
-        checked = write_and_check(store, books, chunked, embedded, lineage, index_recipe.dimension)
-    if checked is None:
+    if book.written is None or book.consistency is None or book.switch is None:
         # removed while this run read and embedded it: its purge deletes the book; the run
         # ends cleanly instead of retrying
-        return _book_removed_during_run(context, book_id)
-    written, consistency = checked.written, checked.consistency
-    result = book_result(chunked, embedded, written, consistency)
+        message = book.result.error_messages[0]
+        context.log.warning(message)
+        record_book(
+            context, book_id, {"summary": message, "points_upserted": 0, "points_deleted": 0}
+        )
+        return BookCheck(
+            passed=True,
+            metadata={"skipped": "the book folder was removed; its purge empties the book"},
+        )
+    written, consistency = book.written, book.consistency
     problems = consistency.problems()
     if problems:
         tag_checks(context, "failed")
-    with qdrant.open() as store:  # a reader: the switch decision is finish_book's
-        before = store.current_recipe(book_id)
-        switch = finish_book(
-            store,
-            chunked,
-            consistency,
-            index_recipe,
-            run_id=context.run.run_id,
-            keep_old=qdrant.config.keep_old_recipe,
-        )
-    for reason in switch.held_back:
-        message = f"{book_id}: the new recipe's build stays pending: {reason}"
-        context.log.warning(message)
-        result.warnings.append(message)
+    for reason in book.switch.held_back:
+        context.log.warning(held_back(book_id, reason))
     deleted_rows = [{"point id": i, "file": f} for i, f in written.deleted_points]
     record_book(
         context,
@@ -524,12 +446,12 @@ def _write_book(
             "points_deleted": written.deleted,
             "document_records": written.documents,
             "points_in_book": consistency.points,
-            "embedding_model": lineage.embedding_model,
+            "embedding_model": book.embedding_model,
             **when(bool(deleted_rows), points_deleted_list=table(deleted_rows, TABLE_ROWS)),
-            **_recipe_metadata(before, switch),
+            **_recipe_metadata(book.recipe_before, book.switch),
         },
     )
-    check = BookCheck(
+    return BookCheck(
         passed=consistency.passed,
         metadata={
             "points": consistency.points,
@@ -539,7 +461,6 @@ def _write_book(
             **details(problems),
         },
     )
-    return result, check
 
 
 def _recipe_metadata(before: dict[str, str] | None, switch: SwitchOutcome) -> dict[str, Any]:
@@ -572,18 +493,6 @@ def details(problems: list[str]) -> dict[str, Any]:
     """A check's problems, listed (when there are any)."""
     listed = MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]))
     return when(bool(problems), details=listed)
-
-
-def _book_removed_during_run(
-    context: AssetExecutionContext, book_id: str
-) -> tuple[BookResult, BookCheck]:
-    message = f"book folder {book_id!r} was removed during this run: nothing written"
-    context.log.warning(message)
-    record_book(context, book_id, {"summary": message, "points_upserted": 0, "points_deleted": 0})
-    return BookResult(book_id, "missing", error_messages=[message]), BookCheck(
-        passed=True,
-        metadata={"skipped": "the book folder was removed; its purge empties the book"},
-    )
 
 
 def _summary(

@@ -45,7 +45,6 @@ from dagster import (
     sensor,
 )
 
-from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs._dagster_private import (
     COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
     AssetCheckExecutionRecordStatus,
@@ -61,8 +60,8 @@ from rag_pipeline.defs.assets import (
 from rag_pipeline.defs.metadata import table
 from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG
 from rag_pipeline.ingest.overview import BookHealth, describe_collection
-from rag_pipeline.resources import StoreOpener
-from rag_pipeline.sources.crawl import DataDirError, discover_books
+from rag_pipeline.ingest.pipeline import IngestPipeline
+from rag_pipeline.sources.base import SourceUnavailableError
 from rag_pipeline.store import StoreBusyError
 
 __all__ = [
@@ -120,10 +119,9 @@ COLLECTION_GROUP = "collection"
 )
 def qdrant_collection(
     context: AssetExecutionContext,
-    books: ResourceParam[SourceConfig],
-    qdrant: ResourceParam[StoreOpener],
+    pipeline: ResourceParam[IngestPipeline],
 ) -> Iterator[MaterializeResult[Any] | AssetCheckResult]:
-    page = collection_page(context.instance, books, qdrant, warn=context.log.warning)
+    page = collection_page(context.instance, pipeline, warn=context.log.warning)
     yield MaterializeResult(metadata=page.metadata)
     for name, (passed, severity, metadata) in page.checks.items():
         yield AssetCheckResult(check_name=name, passed=passed, severity=severity, metadata=metadata)
@@ -184,18 +182,17 @@ def _health(book: BookHealth, checks: dict[str, str]) -> str:
 
 def collection_page(
     instance: DagsterInstance,
-    books: SourceConfig,
-    qdrant: StoreOpener,
+    pipeline: IngestPipeline,
     warn: Callable[[str], None] = lambda message: None,
     busy_wait_s: float | None = None,
 ) -> CollectionPage:
     """The collection's schema and per-book table (with each book's last run and checks)."""
     try:
-        on_disk = set(discover_books(books.data_dir).book_ids)
-    except DataDirError as exc:
+        on_disk = set(pipeline.source.list_books().book_ids)
+    except SourceUnavailableError as exc:
         warn(str(exc))
         on_disk = set()
-    with qdrant.open(busy_wait_s=busy_wait_s) as store:
+    with pipeline.store.open(busy_wait_s=busy_wait_s) as store:
         state = describe_collection(store, on_disk)
     rows = []
     failing: dict[str, list[str]] = {}
@@ -268,14 +265,10 @@ def collection_page(
 _GOOD = ("passed", "-")
 
 
-def report_collection(
-    instance: DagsterInstance,
-    books: SourceConfig,
-    qdrant: StoreOpener,
-) -> None:
+def report_collection(instance: DagsterInstance, pipeline: IngestPipeline) -> None:
     """Record the collection's page without a run (what a CLI ingest does at its end: a
     whole Dagster run for it would cost more than the book runs' own bookkeeping)."""
-    for event in collection_page(instance, books, qdrant).events():
+    for event in collection_page(instance, pipeline).events():
         instance.report_runless_asset_event(event)
 
 
@@ -392,8 +385,7 @@ SENSOR_STORE_WAIT_S = 5.0
 )
 def collection_sensor(
     context: SensorEvaluationContext,
-    books: ResourceParam[SourceConfig],
-    qdrant: ResourceParam[StoreOpener],
+    pipeline: ResourceParam[IngestPipeline],
 ) -> SensorResult | SkipReason:
     explain_queue(context.instance)
     after = float(context.cursor) if context.cursor else 0.0
@@ -409,7 +401,7 @@ def collection_sensor(
     newest = ended[0].update_timestamp.timestamp()
     try:
         page = collection_page(
-            context.instance, books, qdrant, context.log.warning, busy_wait_s=SENSOR_STORE_WAIT_S
+            context.instance, pipeline, context.log.warning, busy_wait_s=SENSOR_STORE_WAIT_S
         )
     except StoreBusyError as exc:  # a run is writing: the next tick refreshes
         return SkipReason(f"store busy, refreshed next tick: {exc}")

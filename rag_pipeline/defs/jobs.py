@@ -1,6 +1,5 @@
 """Jobs: ingest one book (all assets), and purge a removed book's points."""
 
-import os
 from typing import Any
 
 from dagster import (
@@ -14,13 +13,11 @@ from dagster import (
     op,
 )
 
-from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.assets import INGESTION_GROUP, STORE_POOL, ingestion_assets, source_files
 from rag_pipeline.defs.runs import RETRY_ALL_STEPS, tag_run
+from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.models import validate_book_id
-from rag_pipeline.resources import StoreOpener
 from rag_pipeline.schema import book_filter
-from rag_pipeline.sources.crawl import path_is_gone
 
 __all__ = [
     "INGEST_JOB_NAME",
@@ -57,19 +54,19 @@ class PurgeBookConfig(Config):
 def purge_book_points(
     context: OpExecutionContext,
     config: PurgeBookConfig,
-    qdrant: ResourceParam[StoreOpener],
-    books: ResourceParam[SourceConfig],
+    pipeline: ResourceParam[IngestPipeline],
 ) -> int:
     book_id = validate_book_id(config.book_id)
     tag_run(context, [book_id])
-    with qdrant.open() as store:
+    source = pipeline.source
+    with pipeline.store.open() as store:
         # Decided when the folder was gone, run later (queued, waiting for the store): if the
         # folder is back by now, its points are what the next ingest run builds on.
-        if not path_is_gone(books.data_dir, book_id):
+        if not source.is_gone(book_id):
             context.log.warning(f"book folder {book_id!r} is back: its points are kept")
             return 0
-        if not os.path.isdir(books.data_dir):  # unmounted since: not a decision to delete
-            context.log.warning(f"data folder {books.data_dir} is missing: points kept")
+        if not source.exists():  # unmounted since: not a decision to delete
+            context.log.warning(f"the {source.description} is missing: points kept")
             return 0
         # an embedded store removes the book's folder (every generation); a server deletes
         deleted = store.purge(book_filter(book_id))

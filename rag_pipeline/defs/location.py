@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -25,7 +24,7 @@ from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
-from rag_pipeline.resources import PipelineResources, StoreOpener
+from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.store.lock import holding_for
 from rag_pipeline.store.sharing import kept_open
 
@@ -40,16 +39,6 @@ warnings.filterwarnings(
 )
 
 
-def _fixed(value: Any, description: str) -> ResourceDefinition:
-    """``value`` as a resource whose run config is an empty schema: the Launchpad refuses any
-    entry under it (a hard-coded resource would accept and ignore anything)."""
-    return ResourceDefinition(
-        resource_fn=lambda _: value,
-        config_schema=NO_RUN_CONFIG,
-        description=f"{description}. {DEPLOYMENT_SETTINGS}",
-    )
-
-
 #: what a run config entry for a resource is told to do instead
 DEPLOYMENT_SETTINGS = (
     "A deployment setting: set it in the environment (RAG_* variables, see the README), "
@@ -57,32 +46,30 @@ DEPLOYMENT_SETTINGS = (
 )
 
 
-def _kept_for_the_run(opener: StoreOpener) -> ResourceDefinition:
-    """The store opener, whose handles a run keeps open from step to step (a book's shard is
-    loaded once per run, not once per step) until another process waits for them, and closes
-    when the run ends; no run config, as :func:`_fixed`."""
+def _kept_for_the_run(pipeline: IngestPipeline) -> ResourceDefinition:
+    """The pipeline, whose store handles a run keeps open from step to step (a book's shard
+    is loaded once per run, not once per step) until another process waits for them, and
+    closes when the run ends; no run config (the Launchpad refuses any entry: a hard-coded
+    resource would accept and ignore anything)."""
 
-    def for_the_run(context: InitResourceContext) -> Iterator[StoreOpener]:
+    def for_the_run(context: InitResourceContext) -> Iterator[IngestPipeline]:
         run = context.run
         what = f"Dagster run {run.run_id} ({run.job_name})" if run else "a Dagster run"
         with kept_open(), holding_for(what):
-            yield opener
+            yield pipeline
 
     return ResourceDefinition(
         resource_fn=for_the_run,
         config_schema=NO_RUN_CONFIG,
-        description=f"{opener.description}. {DEPLOYMENT_SETTINGS}",
+        description=f"{pipeline.description}. {DEPLOYMENT_SETTINGS}",
     )
 
 
-def fixed_resources(resources: PipelineResources) -> dict[str, Any]:
-    """The resources, bound so that no run can override them from its run config."""
-    return {
-        "io_manager": run_memory_io_manager,
-        "books": _fixed(resources.books, f"books under {resources.books.data_dir}"),
-        "qdrant": _kept_for_the_run(resources.qdrant),
-        "recipe": _fixed(resources.recipe, resources.recipe.description),
-    }
+def fixed_resources(pipeline: IngestPipeline) -> dict[str, Any]:
+    """The resources, bound so that no run can override them from its run config: the
+    pipeline every step calls a stage of, and the IO manager that keeps their outputs in
+    the run's memory."""
+    return {"io_manager": run_memory_io_manager, "pipeline": _kept_for_the_run(pipeline)}
 
 
 #: what the UI shows as the kind of the embedding step, by RAG_EMBEDDER
@@ -93,22 +80,20 @@ def build_defs(
     resources: Mapping[str, Any],
     *,
     embedder: str = "local",
-    data_dir: Path | None = None,
+    sensors: bool = False,
     sensor_interval_s: int = DEFAULT_SENSOR_INTERVAL_S,
     batching: BatchConfig | None = None,
 ) -> Definitions:
-    """The code location's definitions; the sensors run when ``data_dir`` is given.
-    ``batching``: how many books one run takes, for the sensor and for backfills."""
+    """The code location's definitions, with its sensors when ``sensors`` (they watch the
+    ``pipeline`` resource's source). ``batching``: how many books one run takes, for the
+    sensor and for backfills."""
     from rag_pipeline.defs.sensors import build_books_sensor
 
     batching = batching or BatchConfig()
-    sensors = (
-        []
-        if data_dir is None
-        else [
-            build_books_sensor(data_dir, interval_s=sensor_interval_s, batching=batching),
-            collection_sensor,
-        ]
+    watching = (
+        [build_books_sensor(interval_s=sensor_interval_s, batching=batching), collection_sensor]
+        if sensors
+        else []
     )
     kind = EMBEDDER_KINDS.get(embedder, "python")
     # a backfill of many books runs them in batches (one range of partitions per run), as the
@@ -128,6 +113,6 @@ def build_defs(
         executor=in_process_executor,
         assets=[*assets, qdrant_collection],
         jobs=[ingest_books_job, purge_book_job, collection_job],
-        sensors=sensors,
+        sensors=watching,
         resources=dict(resources),
     )

@@ -3,7 +3,7 @@
 Per-book Dagster runs keep per-book lineage, metadata, checks and run history, but a run costs
 Dagster start-up time. So the runner
 
-* is handed the plan (only books that need it run) and the resources the CLI already built
+* is handed the plan (only books that need it run) and the pipeline the CLI already built
   (one model, one store configuration for every run);
 * executes the runs in-process, one after another, against the instance in ``DAGSTER_HOME``;
 * first marks failed the runs whose process died (they would hold their pool slots forever);
@@ -54,10 +54,9 @@ from rag_pipeline.defs.runs import (
     one_label,
 )
 from rag_pipeline.ingest.batches import batch_books, split_after
+from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
-from rag_pipeline.resources import PipelineResources
-from rag_pipeline.sources.crawl import path_is_gone
 
 __all__ = [
     "PoolWatch",
@@ -77,7 +76,7 @@ VERBOSE_CONSOLE_LEVEL = "ERROR"
 
 def execute_plan(
     plan: IngestPlan,
-    resources: PipelineResources,
+    pipeline: IngestPipeline,
     instance: DagsterInstance | None = None,
     *,
     dagster_home: Path | None = None,
@@ -95,7 +94,7 @@ def execute_plan(
         with open_home_instance() as home_instance:
             return execute_plan(
                 plan,
-                resources,
+                pipeline,
                 home_instance,
                 dagster_home=dagster_home,
                 trigger=trigger,
@@ -105,10 +104,7 @@ def execute_plan(
     started = time.perf_counter()
     say = notify or log.warning
     report = IngestReport(rejected=list(plan.rejected), warnings=list(plan.warnings))
-    defs = build_defs(
-        fixed_resources(resources),
-        embedder=resources.recipe.provider,
-    )
+    defs = build_defs(fixed_resources(pipeline), embedder=_provider(pipeline))
     ingest_job = defs.resolve_job_def(INGEST_JOB_NAME)
     purge_job = defs.resolve_job_def(PURGE_JOB_NAME)
 
@@ -120,7 +116,7 @@ def execute_plan(
     # next no-change ingest answers without Dagster
     add_book_partitions(instance, [*to_run, *plan.with_action("unchanged")])
     tags = {TRIGGER_TAG: trigger, **process_tags()}
-    wait_s = resources.qdrant.busy_wait_s
+    wait_s = pipeline.store.busy_wait_s
     results: dict[str, BookResult] = {}
 
     def watched(run_id: str) -> PoolWatch:
@@ -129,7 +125,7 @@ def execute_plan(
     for book_id, book in plan.books.items():
         if book.action in ("unchanged", "missing"):
             results[book_id] = book.result()
-            if book.action == "missing" and path_is_gone(resources.books.data_dir, book_id):
+            if book.action == "missing" and pipeline.source.is_gone(book_id):
                 _drop_idle_partition(instance, book_id)  # left by a purge that had to wait
     order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
     files = {b: len(plan.books[b].changes.changed) for b in to_run}
@@ -165,7 +161,7 @@ def execute_plan(
 
     if plan.needs_runs:  # one refresh of the collection's page for the whole command
         try:
-            report_collection(instance, resources.books, resources.qdrant)
+            report_collection(instance, pipeline)
         except Exception as exc:  # the books are ingested; only the overview is late
             report.warnings.append(f"the collection asset was not refreshed: {exc}")
     if dagster_home is not None:  # a hint for the next ingest: best effort
@@ -176,6 +172,11 @@ def execute_plan(
             report.warnings.append(problem)
     report.seconds = plan.seconds + time.perf_counter() - started
     return report
+
+
+def _provider(pipeline: IngestPipeline) -> str:
+    """The configured embedder (the kind the UI shows on the embedding step)."""
+    return str(getattr(pipeline.recipes, "provider", "python"))
 
 
 def add_book_partitions(instance: DagsterInstance, book_ids: Sequence[str]) -> None:

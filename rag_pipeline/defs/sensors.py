@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -44,6 +42,7 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
+    ResourceParam,
     RunRecord,
     RunRequest,
     RunsFilter,
@@ -67,12 +66,12 @@ from rag_pipeline.defs.runs import (
     books_with_runs_in_flight,
 )
 from rag_pipeline.ingest.batches import batch_books, split_after
-from rag_pipeline.ingest.changes import fingerprint_book
+from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.ingest.plan import decide_purges
 from rag_pipeline.models import FileKey
-from rag_pipeline.sources.crawl import DataDirError, discover_books, scan_book
+from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.filekeys import now_ns, settled
-from rag_pipeline.sources.watch import BookWatcher, watcher_for
+from rag_pipeline.sources.watch import BookWatcher
 
 __all__ = [
     "BookScanState",
@@ -84,9 +83,9 @@ __all__ = [
     "write_cursor",
 ]
 
-# source_file -> (stat, sha256) per (data dir, book): lives as long as the code server process,
+# source_file -> (stat, sha256) per (source, book): lives as long as the code server process,
 # so steady-state ticks hash nothing; after a restart the first tick re-hashes.
-_stat_cache: dict[tuple[str, str], dict[str, tuple[FileKey, str]]] = {}
+_stat_cache: dict[tuple[BookSource, str], dict[str, tuple[FileKey, str]]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -105,15 +104,15 @@ class BookScanState:
         self.hashed = hashed
 
 
-def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
+def _stat_digest(source: BookSource, book_id: str) -> tuple[str, int]:
     """A digest of every file's full stat (:mod:`~rag_pipeline.sources.filekeys`); "" for a
     book with a racy file (modified in the clock tick of this scan): it matches no cursor, so
     its contents are fingerprinted at every tick until its files settle."""
     scanned_at = now_ns()
-    scan = scan_book(data_dir, book_id)
-    if not all(settled(st.key, scanned_at) for st in scan.files):
+    scan = source.versions(book_id)
+    if not all(st.key is not None and settled(st.key, scanned_at) for st in scan.files):
         return "", len(scan.files)
-    lines = [f"{st.source_file}\0{tuple(st.key)}\n" for st in scan.files]
+    lines = [f"{st.source_file}\0{tuple(st.key or ())}\n" for st in scan.files]
     # an entry turning unreadable is a change too
     lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
     digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
@@ -121,37 +120,37 @@ def _stat_digest(data_dir: Path, book_id: str) -> tuple[str, int]:
 
 
 def scan_books(
-    data_dir: Path, previous: Mapping[str, list[str]], watcher: BookWatcher | None = None
+    source: BookSource, previous: Mapping[str, list[str]], watcher: BookWatcher | None = None
 ) -> tuple[dict[str, BookScanState], list[str]]:
     """Scan every book (with ``watcher``: those its notifications name, those new to the
     cursor, and those due for a look; the others keep their cursor entry): (state per book on
     disk, refused folder names)."""
-    scan = discover_books(data_dir)
+    scan = source.list_books()
     to_scan = watcher.to_scan(scan.book_ids) if watcher is not None else None
     states: dict[str, BookScanState] = {}
     for book_id in scan.book_ids:
         before = previous.get(book_id)
-        key = (str(data_dir), book_id)
+        key = (source, book_id)
         if watcher is not None and to_scan is not None:
             # kept as the cursor has it (a link's target is not watched)
             if (
                 book_id not in to_scan
                 and before is not None
                 and before != PURGING
-                and not os.path.islink(data_dir / book_id)
+                and source.notifies(book_id)
             ):
                 with _cache_lock:
                     files = len(_stat_cache.get(key, ()))
                 states[book_id] = BookScanState(book_id, before[0], before[1], files, 0)
                 continue
             watcher.scanned(book_id)
-        stat_digest, files = _stat_digest(data_dir, book_id)
+        stat_digest, files = _stat_digest(source, book_id)
         if before and stat_digest and before[0] == stat_digest:
             states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
             continue
         with _cache_lock:
             cache = _stat_cache.get(key)
-        fingerprint = fingerprint_book(data_dir, book_id, cache)
+        fingerprint = source.fingerprint(book_id, cache)
         with _cache_lock:
             _stat_cache[key] = dict(fingerprint.stats)
         states[book_id] = BookScanState(
@@ -326,18 +325,16 @@ def write_cursor(
 
 
 def build_books_sensor(
-    data_dir: str | Path,
     *,
     interval_s: int = DEFAULT_SENSOR_INTERVAL_S,
     name: str = "books_sensor",
     batching: BatchConfig | None = None,
     watch: bool = True,
 ) -> Any:
-    """The sensor for books under ``data_dir`` (on by default under the daemon); books that
-    change in the same tick share runs as ``batching`` allows. ``watch``: stat only the books
-    the file system's notifications name (and each book at least every minute: see
-    :mod:`rag_pipeline.sources.watch`); else every book at every tick."""
-    root = Path(data_dir)
+    """The sensor for the books of the ``pipeline`` resource's source (on by default under
+    the daemon); books that change in the same tick share runs as ``batching`` allows.
+    ``watch``: stat only the books the source's notifications name (and each book at least
+    every minute: see :mod:`rag_pipeline.sources.watch`); else every book at every tick."""
     batching = batching or BatchConfig()
 
     @sensor(
@@ -345,16 +342,19 @@ def build_books_sensor(
         jobs=[ingest_books_job, purge_book_job],
         minimum_interval_seconds=interval_s,
         default_status=DefaultSensorStatus.RUNNING,
-        description=f"Watches {root} for new, changed and removed books; starts only the runs "
-        "needed (run keys are content digests, so an unchanged book never runs twice); books "
-        "that change together share a run.",
+        description="Watches the book source (RAG_DATA_DIR) for new, changed and removed books; "
+        "starts only the runs needed (run keys are content digests, so an unchanged book never "
+        "runs twice); books that change together share a run.",
     )
-    def books_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+    def books_sensor(
+        context: SensorEvaluationContext, pipeline: ResourceParam[IngestPipeline]
+    ) -> SensorResult | SkipReason:
         started = time.perf_counter()
+        source = pipeline.source
         previous, seq = read_cursor(context.cursor)
         try:
-            states, rejected = scan_books(root, previous, watcher_for(root) if watch else None)
-        except DataDirError as exc:
+            states, rejected = scan_books(source, previous, source.watcher() if watch else None)
+        except SourceUnavailableError as exc:
             return SkipReason(str(exc))
         for refused in rejected:
             context.log.warning(f"refused book folder: {refused}")
@@ -362,7 +362,7 @@ def build_books_sensor(
         known = set(partitions)
         new_books = sorted(b for b in states if b not in known)
         order = partitions + new_books  # the partition order once this tick's are added
-        decision = decide_purges(root, set(states), known | set(previous))
+        decision = decide_purges(source, set(states), known | set(previous))
         for warning in decision.warnings:
             context.log.warning(warning)
         if decision.halt:  # empty, or none of the known books: a wrong folder or mount

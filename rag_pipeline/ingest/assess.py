@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
-from pathlib import Path
 
-from rag_pipeline.config import SourceConfig
 from rag_pipeline.ingest.catalog import (
     file_stats_from_summary,
     index_from_summary,
@@ -25,24 +23,16 @@ from rag_pipeline.ingest.index import IndexState, damaged_vectors, read_index_st
 from rag_pipeline.models import FileError, FileKey, SourceFile
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import SOURCE_FILE, chunks_of
-from rag_pipeline.sources.crawl import (
-    hash_file,
-    path_is_gone,
-    scan_book,
-    unreadable_reason,
-)
-from rag_pipeline.sources.filekeys import now_ns, trusted_hash
+from rag_pipeline.sources.base import BookFilesRead, BookSource
 from rag_pipeline.store import VectorStore
 
 __all__ = [
     "DAMAGED_VECTORS",
     "DAMAGE_SAMPLE",
     "BookAssessment",
-    "BookFilesRead",
     "BookIndex",
     "assess",
-    "assess_book_folder",
-    "read_book_files",
+    "assess_book",
     "read_book_index",
     "saved_book_index",
     "saved_file_stats",
@@ -54,58 +44,6 @@ DAMAGE_SAMPLE = 4
 DAMAGED_VECTORS = "stored vectors are damaged: the book is rebuilt"
 #: how many file names a plan's reason lists before it says "and N more"
 _NAMES_SHOWN = 3
-
-
-@dataclass(frozen=True)
-class BookFilesRead:
-    """A book's files as read for change detection: hashed files and per-file errors."""
-
-    book_id: str
-    folder: str  # the book folder's real path: every read stays inside it ("" for no folder)
-    files: tuple[SourceFile, ...]
-    errors: tuple[FileError, ...]
-    #: the book folder as named under the data folder, where a file not read is looked for;
-    #: "" when the book is not a folder (an evaluation corpus): a file not listed is gone
-    book_dir: str = ""
-    #: when the scan began (time.time_ns()): a file modified before it was read as it was
-    read_at_ns: int = 0
-
-    def is_gone(self, source_file: str) -> bool:
-        """The file no longer exists (one that exists but gave no bytes is not gone)."""
-        return not self.book_dir or path_is_gone(self.book_dir, source_file)
-
-    def why_unreadable(self, source_file: str) -> str:
-        return unreadable_reason(self.book_dir, source_file)
-
-
-def read_book_files(
-    source: SourceConfig, book_id: str, known: Mapping[str, tuple[FileKey, str]] | None = None
-) -> BookFilesRead:
-    """Scan and hash every Markdown file of the book; a file whose stat is exactly the one
-    ``known`` records with its hash (as the last run read it, see :mod:`.filekeys`) is not
-    read again."""
-    book_dir = Path(source.data_dir) / book_id
-    read_at_ns = now_ns()
-    scan = scan_book(source.data_dir, book_id)
-    files: list[SourceFile] = []
-    errors = list(scan.errors)
-    known = known or {}
-    for st in scan.files:
-        try:
-            digest = trusted_hash(st.key, known, st.source_file) or hash_file(st.path)
-        except OSError as exc:
-            if path_is_gone(book_dir, st.source_file):
-                continue
-            errors.append(
-                FileError(book_id, st.source_file, "read", f"cannot read file: {exc.strerror}")
-            )
-            continue
-        files.append(
-            SourceFile(book_id, st.source_file, st.path, st.size, st.mtime_ns, digest, st.key)
-        )
-    return BookFilesRead(
-        book_id, scan.folder, tuple(files), tuple(errors), str(book_dir), read_at_ns
-    )
 
 
 @dataclass(frozen=True)
@@ -194,7 +132,7 @@ class BookAssessment:
     what its assessment says."""
 
     book_id: str
-    folder: str  # the book folder's real path: every read stays inside it
+    boundary: str  # where the source found the book: every read stays within it
     files: tuple[SourceFile, ...]
     crawl_errors: tuple[FileError, ...]
     changes: FileChanges
@@ -259,25 +197,32 @@ def _some(names: list[str]) -> str:
 
 
 def assess(
-    found: BookFilesRead, index: BookIndex, recipe: IndexRecipe, *, force: bool = False
+    found: BookFilesRead,
+    index: BookIndex,
+    recipe: IndexRecipe,
+    source: BookSource,
+    *,
+    force: bool = False,
 ) -> BookAssessment:
-    """Classify every file against the index: the book's decision, with its reasons."""
+    """Classify every file against the index: the book's decision, with its reasons (a file
+    the index holds that ``found`` lacks is deleted only when ``source`` says it is gone)."""
     reembed = force or index.damaged
+    book_id = found.book_id
     changes = classify_files(
         {f.source_file: f.sha256 for f in found.files},
         index.state.documents,
         recipe.signature,
-        is_gone=found.is_gone,
+        is_gone=lambda name: source.is_gone(book_id, name),
         chunk_points=index.chunk_points,
         orphan_files=set(index.chunk_points) - set(index.state.documents),
         force=reembed,
-        why_unreadable=found.why_unreadable,
+        why_unreadable=lambda name: source.why_unreadable(book_id, name),
     )
     if index.damaged:
         changes = changes.with_reason(DAMAGED_VECTORS)
     return BookAssessment(
-        found.book_id,
-        found.folder,
+        book_id,
+        found.boundary,
         found.files,
         found.errors,
         changes,
@@ -290,8 +235,8 @@ def assess(
     )
 
 
-def assess_book_folder(
-    source: SourceConfig,
+def assess_book(
+    source: BookSource,
     book_id: str,
     store: VectorStore,
     recipe: IndexRecipe,
@@ -299,8 +244,8 @@ def assess_book_folder(
     force: bool = False,
     chunk_payloads: bool = True,
 ) -> BookAssessment:
-    """Assess a book folder under the data folder (see :func:`read_book_index` for
-    ``chunk_payloads``: an assessment without them can be shown, not run)."""
-    found = read_book_files(source, book_id)
+    """Assess a book of ``source`` (see :func:`read_book_index` for ``chunk_payloads``: an
+    assessment without them can be shown, not run)."""
+    found = source.scan(book_id)
     index = read_book_index(store, book_id, recipe, chunk_payloads=chunk_payloads, found=found)
-    return assess(found, index, recipe, force=force)
+    return assess(found, index, recipe, source, force=force)

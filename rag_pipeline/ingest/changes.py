@@ -1,36 +1,24 @@
-"""Change detection: cheap book fingerprints for sensors, file status against the index.
+"""Change detection against the index: what the next run must do with each file, and why.
 
-Two levels, both without a state database:
-
-* :func:`fingerprint_book` digests a book's files by content and hashes a file's bytes only
-  when its stat is no longer the one recorded with its hash (:mod:`.filekeys`: git's rules),
-  so a sensor tick over thousands of unchanged files reads no file. A ``touch`` that leaves
-  the bytes alone changes nothing.
-* :func:`classify_files` compares the files on disk with the document records stored in Qdrant
-  payloads and says, with a reason, what the next run must do with each file.
+:func:`classify_files` compares a book's files (each with its SHA-256, read with git's rules:
+:meth:`rag_pipeline.sources.base.BookSource.scan`) with the document records stored in Qdrant
+payloads, without a state database. (The sensor's cheaper look, a book's content fingerprint,
+is :meth:`~rag_pipeline.sources.base.BookSource.fingerprint`.)
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Literal
-
-from rag_pipeline.models import FileKey
-from rag_pipeline.sources.crawl import FileStat, hash_file, scan_book
-from rag_pipeline.sources.filekeys import now_ns, settled, trusted_hash
 
 __all__ = [
     "FORCED_REBUILD",
     "UNREADABLE_STAGE",
-    "BookFingerprint",
     "FileChanges",
     "FileStatus",
     "IndexedDocument",
     "classify_files",
-    "fingerprint_book",
 ]
 
 #: error stage of a record whose file could not be read (crawl-time: not even hashed)
@@ -40,60 +28,6 @@ UNREADABLE_STAGE: Literal["crawl"] = "crawl"
 FORCED_REBUILD = "forced rebuild"
 
 FileStatus = Literal["new", "modified", "unchanged", "deleted", "unreadable"]
-
-
-@dataclass(frozen=True, slots=True)
-class BookFingerprint:
-    """A book's content digest plus the per-file cache that makes the next one cheap."""
-
-    book_id: str
-    digest: str
-    files: int
-    #: source_file -> (stat, sha256) of the files whose stat was settled when hashed (see
-    #: :mod:`.filekeys`); kept in memory by the sensor, not in its cursor
-    stats: Mapping[str, tuple[FileKey, str]] = field(default_factory=dict)
-    hashed: int = 0  # files whose bytes were read for this fingerprint
-
-
-def fingerprint_book(
-    data_dir: Path | str,
-    book_id: str,
-    previous: Mapping[str, tuple[FileKey, str]] | None = None,
-) -> BookFingerprint:
-    """Digest of (path, sha256) of every Markdown file of the book, hashing only the files
-    whose stat is not the one ``previous`` recorded."""
-    read_at_ns = now_ns()
-    scan = scan_book(data_dir, book_id)
-    previous = previous or {}
-    digests: dict[str, str] = {}
-    kept: dict[str, tuple[FileKey, str]] = {}
-    hashed = 0
-    for st in scan.files:
-        digest = trusted_hash(st.key, previous, st.source_file)
-        if digest is None:
-            digest = _hash_or_none(st)
-            if digest is None:  # vanished or unreadable mid-scan: the next tick sees it settled
-                continue
-            hashed += 1
-        digests[st.source_file] = digest
-        if settled(st.key, read_at_ns):
-            kept[st.source_file] = (st.key, digest)
-    h = hashlib.sha256()
-    for name in sorted(digests):
-        h.update(name.encode("utf-8", "surrogateescape"))
-        h.update(b"\0")
-        h.update(digests[name].encode())
-        h.update(b"\n")
-    for error in scan.errors:  # a file turning unreadable is a change too
-        h.update(f"!{error.source_file}\0{error.reason}\n".encode("utf-8", "surrogateescape"))
-    return BookFingerprint(book_id, h.hexdigest(), len(digests), kept, hashed)
-
-
-def _hash_or_none(st: FileStat) -> str | None:
-    try:
-        return hash_file(st.path)
-    except OSError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,14 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from rag_pipeline.config import SourceConfig
 from rag_pipeline.ingest.assess import (
     BookAssessment,
     assess,
-    read_book_files,
     read_book_index,
     saved_book_index,
     saved_file_stats,
@@ -31,19 +28,15 @@ from rag_pipeline.ingest.assess import (
 from rag_pipeline.ingest.changes import FileChanges
 from rag_pipeline.ingest.migration import migration_label
 from rag_pipeline.ingest.report import BookResult, IngestReport
-from rag_pipeline.ingest.stages import (
-    WritePreview,
-    chunk_book,
-    parse_book,
-    preview_writes,
-    rebuilt_reason,
-)
+from rag_pipeline.ingest.stages import WritePreview, rebuilt_reason
 from rag_pipeline.models import FileError, validate_book_id
-from rag_pipeline.recipes.choice import FixedRecipe, RecipeSource
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, book_filter
-from rag_pipeline.sources.crawl import book_folder_problem, discover_books, path_is_gone
+from rag_pipeline.sources.base import BookSource
 from rag_pipeline.store import BookDamagedError, VectorStore
+
+if TYPE_CHECKING:
+    from rag_pipeline.ingest.pipeline import IngestPipeline
 
 __all__ = [
     "Action",
@@ -51,6 +44,7 @@ __all__ = [
     "IngestPlan",
     "PurgeDecision",
     "decide_purges",
+    "plan_book",
     "plan_ingest",
     "refusing_to_purge_all",
 ]
@@ -194,14 +188,15 @@ class IngestPlan:
         )
 
 
-def refusing_to_purge_all(data_dir: Path, count: int, on_disk: int = 0) -> str:
+def refusing_to_purge_all(source: BookSource, count: int, on_disk: int = 0) -> str:
+    where = source.description
     if not on_disk:
         return (
-            f"no book folder under {data_dir}: refusing to purge all {count} indexed books "
+            f"no {source.book_noun} in the {where}: refusing to purge all {count} indexed books "
             "at once; purge books one by one with `rag-pipeline ingest --book ID`"
         )
     return (
-        f"none of the {count} indexed books is under {data_dir} (it holds {on_disk} other "
+        f"none of the {count} indexed books is in the {where} (it holds {on_disk} other "
         f"book folder{'s' if on_disk != 1 else ''}): is RAG_DATA_DIR right? Refusing to purge "
         f"all {count} indexed books at once, and ingesting nothing until this is settled: "
         "name the books to ingest or purge with `rag-pipeline ingest --book ID`"
@@ -222,7 +217,7 @@ class PurgeDecision:
 
 
 def decide_purges(
-    data_dir: Path,
+    source: BookSource,
     on_disk: Collection[str],
     indexed: Collection[str],
     targets: Sequence[str] | None = None,
@@ -242,15 +237,15 @@ def decide_purges(
     if targets is None and candidates and not set(indexed) & set(on_disk):
         return PurgeDecision(
             kept=tuple(candidates),
-            warnings=(refusing_to_purge_all(data_dir, len(candidates), len(on_disk)),),
+            warnings=(refusing_to_purge_all(source, len(candidates), len(on_disk)),),
             halt=True,
         )
     purge, missing, kept, warnings = [], [], [], []
     for book_id in candidates:
-        if not path_is_gone(data_dir, book_id):
+        if not source.is_gone(book_id):
             kept.append(book_id)
             warnings.append(
-                f"book folder {book_id!r} {book_folder_problem(data_dir, book_id)}; "
+                f"{source.book_noun} {book_id!r} {source.why_not_a_book(book_id)}; "
                 "its indexed points are kept"
             )
         elif book_id in indexed:
@@ -261,25 +256,26 @@ def decide_purges(
 
 
 def plan_ingest(
-    source: SourceConfig,
+    pipeline: IngestPipeline,
     store: VectorStore,
-    recipe: IndexRecipe | RecipeSource,
     book_ids: Sequence[str] | None = None,
     *,
     force: bool = False,
     detail: bool = False,
 ) -> IngestPlan:
-    """Decide what an ingest of ``book_ids`` (default: every book folder) does; each book
-    is assessed with its own recipe (``recipe.for_book``; a plain recipe is every book's).
+    """Decide what an ingest of ``book_ids`` (default: every book of the pipeline's source)
+    does, reading the index through ``store`` (a reader handle); each book is assessed with
+    its own recipe (``pipeline.recipes.for_book``).
 
-    Raises :class:`~rag_pipeline.sources.crawl.DataDirError` when the data folder is missing."""
+    Raises :class:`~rag_pipeline.sources.base.SourceUnavailableError` when the source itself
+    is missing (a data folder that is not there)."""
     started = time.perf_counter()
-    recipes = FixedRecipe(recipe) if isinstance(recipe, IndexRecipe) else recipe
+    source = pipeline.source
     targets = [validate_book_id(b) for b in book_ids] if book_ids else None
-    scan = discover_books(source.data_dir)
+    scan = source.list_books()
     on_disk = set(scan.book_ids)
     indexed = set(store.tenants())
-    decision = decide_purges(source.data_dir, on_disk, indexed, targets)
+    decision = decide_purges(source, on_disk, indexed, targets)
     plan = IngestPlan({}, [str(e) for e in scan.rejected], list(decision.warnings), force)
     if decision.halt:
         plan.seconds = time.perf_counter() - started
@@ -292,15 +288,15 @@ def plan_ingest(
             plan.books[book_id] = BookPlan(
                 book_id,
                 "missing",
-                [f"no usable book folder {book_id!r} under {source.data_dir}"],
+                [f"no usable {source.book_noun} {book_id!r} in the {source.description}"],
                 errors=_refusals(book_id, scan.rejected)
-                or [f"no book folder {book_id!r} under {source.data_dir}"],
+                or [f"no {source.book_noun} {book_id!r} in the {source.description}"],
             )
         else:
             try:
-                chosen = recipes.for_book(store, book_id)
-                plan.books[book_id] = book = assess_book(
-                    source, store, chosen.recipe, book_id, force=force, detail=detail
+                chosen = pipeline.recipes.for_book(store, book_id)
+                plan.books[book_id] = book = plan_book(
+                    pipeline, store, chosen.recipe, book_id, force=force, detail=detail
                 )
                 book.recorded_model = chosen.choice.recorded_model
             except BookDamagedError as exc:  # the run discards it and rebuilds the book
@@ -328,8 +324,8 @@ def _purge_plan(store: VectorStore, book_id: str) -> BookPlan:
     return BookPlan(book_id, "purge", ["book folder removed"], points=points)
 
 
-def assess_book(
-    source: SourceConfig,
+def plan_book(
+    pipeline: IngestPipeline,
     store: VectorStore,
     recipe: IndexRecipe,
     book_id: str,
@@ -338,17 +334,22 @@ def assess_book(
     detail: bool = False,
 ) -> BookPlan:
     """Run or unchanged, as the book's assessment says (see :mod:`rag_pipeline.ingest.assess`);
-    with ``detail``, a book that runs gets the preview of its run, from the same assessment.
-    A book its saved summary shows unchanged needs no preview: decided without its shard."""
-    found = read_book_files(source, book_id, None if force else saved_file_stats(store, book_id))
+    with ``detail``, a book that runs gets the preview of its run, from the same assessment
+    and by the pipeline's own stages. A book its saved summary shows unchanged needs no
+    preview: decided without its shard."""
+    source = pipeline.source
+    found = source.scan(book_id, None if force else saved_file_stats(store, book_id))
     saved = None if force or not detail else saved_book_index(store, book_id)
-    assessment = None if saved is None else assess(found, saved, recipe)
+    assessment = None if saved is None else assess(found, saved, recipe, source)
     if assessment is None or assessment.changes.has_work:
         index = read_book_index(store, book_id, recipe, chunk_payloads=detail, found=found)
-        assessment = assess(found, index, recipe, force=force)
+        assessment = assess(found, index, recipe, source, force=force)
     book = plan_of(assessment)
     if detail and book.action == "run":
-        _add_preview(book, assessment, source, recipe)
+        preview, chunked = pipeline.preview(assessment, recipe)
+        book.preview = preview
+        book.errors = [str(e) for e in (*assessment.crawl_errors, *chunked.errors)]
+        book.errors += [str(e) for e in chunked.inventory.recorded_errors]
     return book
 
 
@@ -371,14 +372,3 @@ def plan_of(assessment: BookAssessment) -> BookPlan:
         signature=assessment.signature,
         recorded_signature=assessment.recorded_signature,
     )
-
-
-def _add_preview(
-    book: BookPlan, assessment: BookAssessment, source: SourceConfig, recipe: IndexRecipe
-) -> None:
-    """Parse and chunk what will run (nothing embedded or written) to count the work."""
-    parsed = parse_book(assessment, source)
-    chunked = chunk_book(parsed, recipe)
-    book.preview = preview_writes(chunked)
-    book.errors = [str(e) for e in (*assessment.crawl_errors, *chunked.errors)]
-    book.errors += [str(e) for e in parsed.standing_errors]

@@ -1,7 +1,9 @@
-"""The ingestion stages of one book as plain functions; Dagster assets are thin calls to these.
+"""The ingestion stages of one book as plain functions, composed by the one pipeline
+(:class:`rag_pipeline.ingest.pipeline.IngestPipeline`, which every run goes through).
 
-inventory (files on disk vs the index) -> parse changed files -> chunk -> embed new text (reuse
-vectors of text already indexed) -> write points, delete stale ones, commit document records.
+inventory (files vs the index) -> parse changed files -> chunk -> embed new text (reuse vectors
+of text already indexed) -> write points, delete stale ones, commit document records -> check
+the index -> switch a finished recipe build.
 
 Every stage works file by file: a file that cannot be read, parsed or chunked becomes an error
 on its own document record (its last good chunks stay), and the rest of the book goes on.
@@ -13,17 +15,20 @@ import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
 from rag_pipeline.chunk import chunk_document
-from rag_pipeline.config import SourceConfig
 from rag_pipeline.embed.base import ProgressCallback
-from rag_pipeline.ingest.assess import BookAssessment, assess_book_folder
+from rag_pipeline.ingest.assess import BookAssessment, assess_book
 from rag_pipeline.ingest.catalog import run_summary
 from rag_pipeline.ingest.changes import UNREADABLE_STAGE
-from rag_pipeline.ingest.consistency import IndexConsistency, check_chunks, check_index
+from rag_pipeline.ingest.consistency import (
+    IndexConsistency,
+    check_chunks,
+    check_index,
+    check_vectors,
+)
 from rag_pipeline.ingest.index import (
     DocumentOutcome,
     WriteReport,
@@ -31,22 +36,14 @@ from rag_pipeline.ingest.index import (
     write_book_changes,
 )
 from rag_pipeline.ingest.migration import SwitchOutcome, finish_build
-from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.models import Chunk, FileError, ParsedDocument
 from rag_pipeline.recipes.recipe import IndexRecipe, LineageInfo
-from rag_pipeline.sources.crawl import (
-    SourceReadError,
-    path_is_gone,
-    path_meta,
-    read_source,
-    unreadable_reason,
-)
+from rag_pipeline.sources.base import BookSource, ParseOptions, SourceReadError
 from rag_pipeline.store import BookDamagedError, CollectionSpec, SparseVector, VectorStore
 
 __all__ = [
     "BookInventory",
-    "BookRun",
     "CheckedWrite",
     "ChunkedBook",
     "EmbeddedBook",
@@ -56,11 +53,9 @@ __all__ = [
     "book_result",
     "chunk_book",
     "discard_if_damaged",
-    "embed_book",
     "embed_books",
     "failed_files",
     "finish_book",
-    "ingest_book",
     "parse_book",
     "preview_writes",
     "rebuilt_reason",
@@ -97,7 +92,7 @@ def rebuilt_reason(problem: str) -> str:
 
 
 def take_inventory(
-    source: SourceConfig,
+    source: BookSource,
     book_id: str,
     store: VectorStore,
     recipe: IndexRecipe,
@@ -109,10 +104,10 @@ def take_inventory(
     index is found damaged (here, or before: ``damage``, see :func:`discard_if_damaged`)
     loses what is left of it and is rebuilt, every file with that reason."""
     try:
-        inventory = assess_book_folder(source, book_id, store, recipe, force=force)
+        inventory = assess_book(source, book_id, store, recipe, force=force)
     except BookDamagedError as exc:
         store.discard_damaged(book_id)
-        inventory = assess_book_folder(source, book_id, store, recipe, force=force)
+        inventory = assess_book(source, book_id, store, recipe, force=force)
         damage = exc.problem
     if damage is None:
         return inventory
@@ -151,39 +146,46 @@ class ParsedBook:
         documents = self.inventory.state.documents
         return tuple(n for n in self.inventory.changes.unchanged if documents[n].status == "empty")
 
+    @property
+    def book_errors(self) -> tuple[FileError, ...]:
+        """Every broken file of the book: this run's and those that stay broken."""
+        return self.errors + self.standing_errors
 
-def parse_book(inventory: BookInventory, source: SourceConfig) -> ParsedBook:
+    @property
+    def book_empty_documents(self) -> tuple[str, ...]:
+        return self.empty_documents + self.standing_empty_documents
+
+    @property
+    def clean(self) -> bool:
+        """No file of the book is broken or empty (the ``parse_errors`` check passes)."""
+        return not self.book_errors and not self.book_empty_documents
+
+
+def parse_book(inventory: BookInventory, source: BookSource, options: ParseOptions) -> ParsedBook:
     """Read and parse the new and modified files; each bad file becomes an error, the rest
     goes on. Indexed files that could not be read are errors too (their chunks stay)."""
     documents: list[ParsedDocument] = []
     errors: list[FileError] = []
     hashes: dict[str, str] = {}
+    book_id = inventory.book_id
     for f in inventory.changed_files:
         hashes[f.source_file] = f.sha256
         try:
-            data = read_source(f.path, inventory.folder, source.max_file_bytes)
+            data = source.read(book_id, f, inventory.boundary)
         except SourceReadError as exc:
-            errors.append(FileError(f.book_id, f.source_file, "read", str(exc), f.sha256))
+            errors.append(FileError(book_id, f.source_file, "read", str(exc), f.sha256))
             continue
         digest = hashlib.sha256(data).hexdigest()
         hashes[f.source_file] = digest
-        result = parse_document(
-            f.book_id,
-            f.source_file,
-            data,
-            digest,
-            path_meta(f.source_file, source.path_patterns),  # only the files that are parsed
-            default_hardware_tier=source.default_hardware_tier,
-        )
+        result = source.to_document(book_id, f.source_file, data, digest, options)
         if isinstance(result, FileError):
             errors.append(result)
         else:
             documents.append(result)
     for name in inventory.changes.unreadable:
         known = inventory.crawl_error(name)
-        book_dir = Path(source.data_dir) / inventory.book_id
-        reason = known.reason if known else unreadable_reason(book_dir, name)
-        errors.append(FileError(inventory.book_id, name, UNREADABLE_STAGE, reason))
+        reason = known.reason if known else source.why_unreadable(book_id, name)
+        errors.append(FileError(book_id, name, UNREADABLE_STAGE, reason))
         hashes[name] = inventory.state.documents[name].source_file_hash  # the version served
     return ParsedBook(inventory, tuple(documents), tuple(errors), hashes)
 
@@ -198,6 +200,8 @@ class ChunkedBook:
     errors: tuple[FileError, ...] = ()  # read, parse and chunk errors of this run
     warnings: tuple[str, ...] = ()
     seconds: float = 0.0
+    #: what breaks the chunk invariants across the book (the blocking ``chunks_valid`` check)
+    problems: tuple[str, ...] = ()
 
     @property
     def book_id(self) -> str:
@@ -272,6 +276,7 @@ def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
         tuple(errors),
         parsed.warnings,
         time.perf_counter() - started,
+        tuple(check_chunks(chunks, recipe.budget.limit)),
     )
 
 
@@ -323,6 +328,11 @@ class EmbeddedBook:
     seconds: float
     embed_seconds: float = 0.0  # inside the embedder only: the "pure embedding time"
     sparse_model: str = ""  # the sparse encoder (with the book's BM25 average) used
+    #: the dense dimension the book's index holds (None: none yet), and what is wrong with
+    #: the vectors (the blocking ``vector_dimension`` check: a model of another size, a
+    #: non-finite or non-unit vector)
+    index_dimension: int | None = None
+    problems: tuple[str, ...] = ()
 
 
 def vectors_to_reuse(
@@ -342,32 +352,23 @@ def vectors_to_reuse(
     )
 
 
-def embed_book(
-    chunked: ChunkedBook,
-    recipe: IndexRecipe,
-    reuse: Mapping[str, np.ndarray],
-    progress: Progress | None = None,
-) -> EmbeddedBook:
-    """Vectors for every chunk: ``reuse`` when its text is there, else embedded (the store
-    is not needed here, so a step can release it while the model runs)."""
-    return embed_books([(chunked, reuse)], recipe, progress)[0]
-
-
 def embed_books(
-    books: Sequence[tuple[ChunkedBook, Mapping[str, np.ndarray]]],
+    books: Sequence[tuple[ChunkedBook, Mapping[str, np.ndarray], int | None]],
     recipe: IndexRecipe,
     progress: Progress | None = None,
 ) -> list[EmbeddedBook]:
-    """:func:`embed_book` for several books of one recipe, in one pass of the embedder: the
-    texts of every book are sorted by tokens together, so batches are fuller than book by
-    book (a small book no longer pads a batch of its own). Dense vectors are checked and
-    handed back per book; each book's BM25 weights are its own (its own average length)."""
+    """Vectors for every chunk of several books of one recipe, ``(chunked, vectors to reuse,
+    the dimension the book's index holds)`` each, in one pass of the embedder: a chunk whose
+    text the index holds gets its stored vector, the rest are embedded, the texts of every
+    book sorted by tokens together, so batches are fuller than book by book (a small book no
+    longer pads a batch of its own). Dense vectors are checked and handed back per book; each
+    book's BM25 weights are its own (its own average length)."""
     started = time.perf_counter()
     embedder = recipe.embedder
     denses: list[np.ndarray] = []
     todos: list[list[int]] = []
     texts: list[str] = []
-    for chunked, reuse in books:
+    for chunked, reuse, _ in books:
         chunks = chunked.chunks
         dense = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
         todo: list[int] = []
@@ -385,7 +386,7 @@ def embed_books(
     embed_seconds = time.perf_counter() - embed_started
     out: list[EmbeddedBook] = []
     offset = 0
-    for (chunked, _), dense, todo in zip(books, denses, todos, strict=True):
+    for (chunked, _, held_dimension), dense, todo in zip(books, denses, todos, strict=True):
         book_started = time.perf_counter()
         chunks = chunked.chunks
         if todo:
@@ -415,6 +416,8 @@ def embed_books(
                 + share * (embed_started - started + embed_seconds),
                 share * embed_seconds,
                 encoder.name,
+                held_dimension,
+                tuple(check_vectors(dense, embedder.dimension, held_dimension)),
             )
         )
     return out
@@ -465,7 +468,7 @@ class CheckedWrite:
 
 def write_and_check(
     store: VectorStore,
-    source: SourceConfig,
+    source: BookSource,
     chunked: ChunkedBook,
     embedded: EmbeddedBook,
     lineage: LineageInfo,
@@ -475,7 +478,7 @@ def write_and_check(
     when the book folder was removed while the run read and embedded it (writing now would
     bring back points its purge deletes)."""
     book_id = chunked.book_id
-    if path_is_gone(source.data_dir, book_id):
+    if source.is_gone(book_id):
         return None
     written = write_book(store, chunked, embedded, lineage)
     return CheckedWrite(written, check_index(store, book_id, dimension))
@@ -517,46 +520,6 @@ def finish_book(
         )
         store.save_summary(book_id, summary)
     return switch
-
-
-@dataclass(frozen=True)
-class BookRun:
-    """Everything one pass over a book produced (the assets' outputs, without Dagster)."""
-
-    inventory: BookInventory
-    parsed: ParsedBook
-    chunked: ChunkedBook
-    embedded: EmbeddedBook
-    written: WriteReport
-    consistency: IndexConsistency | None = None
-    switch: SwitchOutcome | None = None
-
-
-def ingest_book(
-    source: SourceConfig,
-    book_id: str,
-    store: VectorStore,
-    recipe: IndexRecipe,
-    run_id: str | None = None,
-    *,
-    force: bool = False,
-) -> BookRun:
-    """All stages of one book in order, with one store handle: the functions the asset chain
-    calls, in its order (damage repair, inventory, parse, chunk, embed, the checked write, the
-    finish), without Dagster's run and metadata."""
-    discard_if_damaged(store, book_id)
-    inventory = take_inventory(source, book_id, store, recipe, force=force)
-    parsed = parse_book(inventory, source)
-    chunked = chunk_book(parsed, recipe)
-    embedded = embed_book(chunked, recipe, vectors_to_reuse(chunked, recipe, store))
-    lineage = recipe.lineage(run_id, embedded.sparse_model)
-    checked = write_and_check(store, source, chunked, embedded, lineage, recipe.dimension)
-    if checked is None:
-        raise ValueError(f"book folder {book_id!r} was removed during the run: nothing written")
-    switch = finish_book(store, chunked, checked.consistency, recipe, run_id=run_id)
-    return BookRun(
-        inventory, parsed, chunked, embedded, checked.written, checked.consistency, switch
-    )
 
 
 def book_result(

@@ -203,11 +203,14 @@ class BookRecipe:
 
 
 class RecipeSource(Protocol):
-    """Hands out the recipe of each book (:class:`rag_pipeline.recipes.lazy.LazyRecipe`)."""
+    """Hands out the recipe of each book, and of each embedding model a run meets
+    (:class:`rag_pipeline.recipes.lazy.LazyRecipe`; :class:`FixedRecipe`)."""
 
     def for_book(
         self, store: VectorStore, book_id: str, *, purpose: Purpose = "build"
     ) -> BookRecipe: ...
+
+    def for_model(self, embedding_model: str) -> IndexRecipe: ...
 
 
 @dataclass(frozen=True)
@@ -231,3 +234,11 @@ class FixedRecipe:
             )
         reason = "nothing indexed yet" if recorded is None else "the fixed recipe"
         return BookRecipe(self.recipe, ModelChoice(model, None, recorded_model, reason), recorded)
+
+    def for_model(self, embedding_model: str) -> IndexRecipe:
+        """The recipe, for a book built with it ("": a record older than the model names)."""
+        if embedding_model not in ("", self.recipe.embedding_model):
+            raise EmbedderUnavailableError(
+                f"this recipe embeds with {self.recipe.embedding_model!r}, not {embedding_model!r}"
+            )
+        return self.recipe

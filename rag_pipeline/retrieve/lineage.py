@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from rag_pipeline.schema import (
@@ -16,7 +15,7 @@ from rag_pipeline.schema import (
     STATUS,
     book_filter,
 )
-from rag_pipeline.sources.crawl import hash_file
+from rag_pipeline.sources.base import BookSource
 from rag_pipeline.store import VectorStore
 
 __all__ = ["trace_point"]
@@ -24,13 +23,14 @@ __all__ = ["trace_point"]
 
 def trace_point(
     store: VectorStore,
-    data_dir: Path,
+    source: BookSource,
     book_id: str,
     point_id: str,
     *,
     dagster_url: str | None = None,
 ) -> dict[str, Any] | None:
-    """Lineage of one point of one book, and whether its source file changed since."""
+    """Lineage of one point of one book, and whether its file (in ``source``, where the book
+    comes from) changed since."""
     found = store.retrieve(book_filter(book_id), [point_id])
     if not found:
         return None
@@ -38,13 +38,9 @@ def trace_point(
     info: dict[str, Any] = {"point_id": point_id}
     info.update({k: payload.get(k) for k in LINEAGE_FIELDS})
     source_file = str(payload.get(SOURCE_FILE) or "")
-    path = Path(data_dir) / book_id / source_file
-    info["file_path"] = str(path)
-    info["file_exists"] = path.is_file()
-    try:
-        current = hash_file(path) if path.is_file() else None
-    except OSError:
-        current = None
+    current = source.current_hash(book_id, source_file)
+    info["file_path"] = source.locate(book_id, source_file)
+    info["file_exists"] = not source.is_gone(book_id, source_file)
     info["current_file_hash"] = current
     info["file_changed_since_indexed"] = current != payload.get(SOURCE_FILE_HASH)
     if payload.get(RECORD_TYPE) != DOCUMENT and payload.get(PARENT_DOC_ID):

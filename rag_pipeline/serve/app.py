@@ -349,6 +349,7 @@ def create_app(
     also says ``parallel``: query inferences at once)."""
     service = Service(settings, recipe, cache_size=cache_size, parallel=parallel)
     recipe = service.recipe
+    source = settings.source()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -524,9 +525,7 @@ def create_app(
         """`rag-pipeline lineage --json`: file, section, hashes, run and model of a point."""
         book_id, point = _book(book), _point(point_id)
         info = service.read(
-            lambda s: trace_point(
-                s, settings.data_dir, book_id, point, dagster_url=settings.dagster_url
-            )
+            lambda s: trace_point(s, source, book_id, point, dagster_url=settings.dagster_url)
         )
         return _found(info, f"no point {point} in book {book_id}")
 

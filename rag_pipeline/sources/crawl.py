@@ -21,26 +21,28 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from rag_pipeline.models import (
     FileError,
-    FileKey,
     InvalidBookIdError,
     PathMeta,
     printable,
     validate_book_id,
 )
+from rag_pipeline.sources.base import (
+    BookListing,
+    BookVersions,
+    FileVersion,
+    SourceReadError,
+    SourceUnavailableError,
+)
 from rag_pipeline.sources.filekeys import file_key
 
 __all__ = [
     "MARKDOWN_SUFFIXES",
-    "BookFiles",
-    "BookScan",
     "DataDirError",
-    "FileStat",
     "SourceReadError",
     "book_folder_problem",
     "compile_path_patterns",
@@ -58,28 +60,12 @@ MARKDOWN_SUFFIXES = (".md", ".mdx")
 _GONE = (errno.ENOENT, errno.ENOTDIR)
 
 
-class DataDirError(ValueError):
+class DataDirError(SourceUnavailableError):
     """The data folder is missing or unreadable: nothing can be told apart from "every book
     was removed", so nothing is ingested or purged."""
 
 
-class SourceReadError(Exception):
-    """A source file could not be read safely; ``str()`` is the reason a user reads."""
-
-    def __init__(self, code: int | None, reason: str) -> None:
-        super().__init__(reason)
-        self.errno = code
-
-
-@dataclass(frozen=True, slots=True)
-class BookScan:
-    """Book folders found under the data directory, and the folders refused as unsafe."""
-
-    book_ids: tuple[str, ...]
-    rejected: tuple[FileError, ...] = ()
-
-
-def discover_books(data_dir: Path | str) -> BookScan:
+def discover_books(data_dir: Path | str) -> BookListing:
     """List the book folders of ``data_dir`` (sorted); unsafe ones are reported, not used.
 
     Raises :class:`DataDirError` when the data folder itself is missing or unreadable."""
@@ -131,7 +117,7 @@ def discover_books(data_dir: Path | str) -> BookScan:
             )
         else:
             books.append(book_id)
-    return BookScan(tuple(sorted(books)), tuple(sorted(rejected, key=lambda e: e.book_id)))
+    return BookListing(tuple(sorted(books)), tuple(sorted(rejected, key=lambda e: e.book_id)))
 
 
 class _Refused(Exception):
@@ -160,39 +146,13 @@ def _overlaps(real: str, other_real: str, book: str, other: str) -> bool:
     return _within(real, other_real) or _within(other_real, real)
 
 
-@dataclass(frozen=True, slots=True)
-class FileStat:
-    """A Markdown file's identity for change detection, before any byte is read."""
-
-    source_file: str
-    path: str
-    key: FileKey
-
-    @property
-    def size(self) -> int:
-        return self.key.size
-
-    @property
-    def mtime_ns(self) -> int:
-        return self.key.mtime_ns
-
-
-@dataclass(frozen=True, slots=True)
-class BookFiles:
-    """What a scan of one book folder found: the files it can ingest and the problems."""
-
-    book_id: str
-    folder: str  # the book folder's real path: the boundary every file must stay within
-    files: tuple[FileStat, ...]
-    errors: tuple[FileError, ...] = ()
-
-
-def scan_book(data_dir: Path | str, book_id: str) -> BookFiles:
-    """Stat every Markdown file of a book (no reads)."""
+def scan_book(data_dir: Path | str, book_id: str) -> BookVersions:
+    """Stat every Markdown file of a book (no reads): each file's version is its full stat
+    (:mod:`.filekeys`), its location its path."""
     validate_book_id(book_id)
     book_dir = Path(data_dir) / book_id
     folder = os.path.realpath(book_dir)
-    stats: list[FileStat] = []
+    stats: list[FileVersion] = []
     errors: list[FileError] = []
     for rel, path, problem in _walk(str(book_dir), folder):
         if problem is not None:
@@ -205,9 +165,9 @@ def scan_book(data_dir: Path | str, book_id: str) -> BookFiles:
                 continue  # vanished since it was listed: it is gone
             errors.append(FileError(book_id, rel, "crawl", f"cannot stat file: {exc.strerror}"))
             continue
-        stats.append(FileStat(rel, path, file_key(st)))
+        stats.append(FileVersion(rel, file_key(st), path))
     stats.sort(key=lambda s: s.source_file)
-    return BookFiles(book_id, folder, tuple(stats), tuple(errors))
+    return BookVersions(book_id, folder, tuple(stats), tuple(errors))
 
 
 def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:

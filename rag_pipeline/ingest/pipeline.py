@@ -1,0 +1,320 @@
+"""The ingest pipeline: the one path every run of a book takes, whoever starts it.
+
+:class:`IngestPipeline` holds what a run reads from (a :class:`~rag_pipeline.sources.base.
+BookSource`), writes to (a :class:`~rag_pipeline.resources.store.StoreOpener`) and builds with
+(the recipes, one per embedding model). Its stages take and return one output per book, for a
+run of one book or of a batch:
+
+    assess -> parse -> chunk -> embed -> write (the index checked, a recipe build switched)
+
+Each Dagster asset calls one stage and renders its output as metadata and checks
+(``defs/assets.py``); :meth:`IngestPipeline.run` calls them in that order, for what runs
+without Dagster (the evaluation corpus, the benchmarks, the tests); ``plan``'s preview is
+:meth:`IngestPipeline.preview`, the parse and chunk stages on the plan's own assessment. No
+other code writes a book's points. Every stage opens the store only for its own reads and
+writes, one book at a time: a search or another process gets in while a stage parses or
+embeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rag_pipeline.ingest.consistency import IndexConsistency
+from rag_pipeline.ingest.index import WriteReport
+from rag_pipeline.ingest.migration import BuildStart, SwitchOutcome, start_build
+from rag_pipeline.ingest.report import BookResult
+from rag_pipeline.ingest.stages import (
+    BookInventory,
+    ChunkedBook,
+    EmbeddedBook,
+    ParsedBook,
+    Progress,
+    WritePreview,
+    book_result,
+    chunk_book,
+    discard_if_damaged,
+    embed_books,
+    finish_book,
+    parse_book,
+    preview_writes,
+    take_inventory,
+    vectors_to_reuse,
+    write_and_check,
+)
+from rag_pipeline.recipes.choice import RecipeSource
+from rag_pipeline.recipes.recipe import IndexRecipe
+from rag_pipeline.resources.store import StoreOpener
+from rag_pipeline.sources.base import BookSource, ParseOptions
+
+if TYPE_CHECKING:
+    from rag_pipeline.config import Settings
+    from rag_pipeline.ingest.plan import IngestPlan
+    from rag_pipeline.store import VectorStore
+
+__all__ = ["AssessedBook", "BookRun", "IngestPipeline", "WrittenBook", "held_back"]
+
+#: where a stage says what it does (a run's log): called with one line of text
+Say = Callable[[str], None]
+
+
+def held_back(book_id: str, reason: str) -> str:
+    """The warning of a recipe build the run did not switch in."""
+    return f"{book_id}: the new recipe's build stays pending: {reason}"
+
+
+@dataclass(frozen=True)
+class AssessedBook:
+    """The first stage's output for one book: its assessment (what the run will do), the
+    recipe build it starts or resumes, and the damage it found and discarded."""
+
+    inventory: BookInventory
+    build: BuildStart
+    damage: str | None = None
+
+
+@dataclass(frozen=True)
+class WrittenBook:
+    """The last stage's output for one book: what the run did to it (the report), what it
+    wrote, the index check after the writes and what became of a recipe build; ``written``
+    is None when the book was removed while the run read it (nothing written: its purge
+    empties it)."""
+
+    result: BookResult
+    written: WriteReport | None = None
+    consistency: IndexConsistency | None = None
+    switch: SwitchOutcome | None = None
+    #: the recipe the book was searched with before the run
+    recipe_before: dict[str, str] | None = None
+    embedding_model: str = ""
+
+    @property
+    def removed(self) -> bool:
+        return self.written is None
+
+
+@dataclass(frozen=True)
+class BookRun:
+    """Every stage's output for one book of :meth:`IngestPipeline.run`."""
+
+    assessed: AssessedBook
+    parsed: ParsedBook
+    chunked: ChunkedBook
+    embedded: EmbeddedBook
+    outcome: WrittenBook
+
+    @property
+    def inventory(self) -> BookInventory:
+        return self.assessed.inventory
+
+    @property
+    def written(self) -> WriteReport:
+        """What the run wrote (``ValueError`` for a book removed while it ran: nothing)."""
+        if self.outcome.written is None:
+            raise ValueError(self.outcome.result.error_messages[0])
+        return self.outcome.written
+
+
+class IngestPipeline:
+    """The books of ``source``, indexed into ``store`` with each book's recipe."""
+
+    def __init__(
+        self,
+        source: BookSource,
+        store: StoreOpener,
+        recipes: RecipeSource,
+        *,
+        parsing: ParseOptions | None = None,
+    ) -> None:
+        self.source = source
+        self.store = store
+        self.recipes = recipes
+        self.parsing = parsing or ParseOptions()
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, recipes: RecipeSource | IndexRecipe | None = None
+    ) -> IngestPipeline:
+        """The pipeline the settings describe; ``recipes``: the recipes already in use (their
+        models loaded) of the same settings, or one recipe for every book."""
+        from rag_pipeline.recipes.lazy import LazyRecipe
+
+        if recipes is None or isinstance(recipes, IndexRecipe):
+            recipes = LazyRecipe(settings.embedding(), settings.chunking(), recipes)
+        return cls(
+            settings.source(),
+            StoreOpener(settings.store()),
+            recipes,
+            parsing=settings.parsing(),
+        )
+
+    @property
+    def description(self) -> str:
+        """What the pipeline reads and writes, for the UI's resource page."""
+        recipes = getattr(self.recipes, "description", "fixed recipe")
+        return f"books of the {self.source.description} into {self.store.description}; {recipes}"
+
+    def with_source(self, source: BookSource) -> IngestPipeline:
+        """The same store and recipes over another source (an evaluation corpus)."""
+        return IngestPipeline(source, self.store, self.recipes, parsing=self.parsing)
+
+    def recipe_of(self, inventory: BookInventory) -> IndexRecipe:
+        """The recipe a book's run builds with (the one its assessment chose)."""
+        return self.recipes.for_model(inventory.embedding_model)
+
+    # -- the stages: one output per book, in the order of ``book_ids`` -------------------------
+
+    def assess(self, book_ids: Iterable[str], *, force: bool = False) -> dict[str, AssessedBook]:
+        """Repair damage, choose each book's recipe, start (or resume) a recipe build beside
+        the searched index, and assess the book's files against the index it builds."""
+        out: dict[str, AssessedBook] = {}
+        for book_id in book_ids:
+            with self.store.open() as store:  # a reader: the recipe the book is searched with
+                damage = discard_if_damaged(store, book_id)
+                recipe = self.recipes.for_book(store, book_id).recipe
+                build = start_build(store, book_id, recipe)
+            # the run's handles build its recipe: a recipe change reads its pending build
+            with self.store.open(recipe=recipe) as store:
+                inventory = take_inventory(
+                    self.source, book_id, store, recipe, force=force, damage=damage
+                )
+            out[book_id] = AssessedBook(inventory, build, damage)
+        return out
+
+    def parse(self, inventories: Mapping[str, BookInventory]) -> dict[str, ParsedBook]:
+        """Read and parse each book's new and modified files (a bad file is an error of its
+        own; the rest of the book goes on)."""
+        return {b: parse_book(i, self.source, self.parsing) for b, i in inventories.items()}
+
+    def chunk(self, parsed: Mapping[str, ParsedBook]) -> dict[str, ChunkedBook]:
+        """Chunk each book's parsed documents with its recipe's chunker and budget."""
+        return {b: chunk_book(p, self.recipe_of(p.inventory)) for b, p in parsed.items()}
+
+    def embed(
+        self,
+        chunked: Mapping[str, ChunkedBook],
+        *,
+        progress: Progress | None = None,
+        say: Say | None = None,
+    ) -> dict[str, EmbeddedBook]:
+        """Vectors for every chunk: the stored one where the index holds the text, else
+        embedded; the books of one model in one pass (a batch may mix models: an fp32 book
+        beside int8 ones)."""
+        by_model: dict[str, list[str]] = {}
+        for book_id, book in chunked.items():
+            by_model.setdefault(book.inventory.embedding_model, []).append(book_id)
+        embedded: dict[str, EmbeddedBook] = {}
+        for model, book_ids in by_model.items():
+            recipe = self.recipes.for_model(model)
+            work: list[tuple[ChunkedBook, Mapping[str, np.ndarray], int | None]] = []
+            for book_id in book_ids:
+                with self.store.open(recipe=recipe) as store:
+                    reuse = vectors_to_reuse(chunked[book_id], recipe, store)
+                    work.append((chunked[book_id], reuse, store.dimension_of(book_id)))
+            if say is not None:
+                total = sum(len(book.chunks) for book, _, _ in work)
+                todo = sum(
+                    1 for c, reuse, _ in work for x in c.chunks if x.content_hash not in reuse
+                )
+                label = book_ids[0] if len(book_ids) == 1 else f"{len(book_ids)} books"
+                say(
+                    f"{label}: {total} chunks: {total - todo} already indexed, {todo} to embed "
+                    f"with {recipe.embedding_model}"
+                )
+            for vectors in embed_books(work, recipe, progress):
+                embedded[vectors.book_id] = vectors
+        return {book_id: embedded[book_id] for book_id in chunked}
+
+    def write(
+        self,
+        chunked: Mapping[str, ChunkedBook],
+        embedded: Mapping[str, EmbeddedBook],
+        *,
+        run_id: str | None,
+    ) -> dict[str, WrittenBook]:
+        """Write each book's points (new ones first, then the deletions, then the document
+        records), check its index, and switch a finished recipe build in."""
+        return {b: self._write(c, embedded[b], run_id) for b, c in chunked.items()}
+
+    def _write(
+        self, chunked: ChunkedBook, embedded: EmbeddedBook, run_id: str | None
+    ) -> WrittenBook:
+        book_id = chunked.book_id
+        recipe = self.recipe_of(chunked.inventory)
+        lineage = recipe.lineage(run_id, embedded.sparse_model)
+        with self.store.open(recipe=recipe) as store:
+            checked = write_and_check(
+                store, self.source, chunked, embedded, lineage, recipe.dimension
+            )
+        if checked is None:  # removed while the run read and embedded it
+            message = f"book folder {book_id!r} was removed during this run: nothing written"
+            return WrittenBook(BookResult(book_id, "missing", error_messages=[message]))
+        result = book_result(chunked, embedded, checked.written, checked.consistency)
+        with self.store.open() as store:  # a reader: the switch decision is finish_book's
+            before = store.current_recipe(book_id)
+            switch = finish_book(
+                store,
+                chunked,
+                checked.consistency,
+                recipe,
+                run_id=run_id,
+                keep_old=self.store.config.keep_old_recipe,
+            )
+        result.warnings += [held_back(book_id, reason) for reason in switch.held_back]
+        return WrittenBook(
+            result,
+            checked.written,
+            checked.consistency,
+            switch,
+            before,
+            lineage.embedding_model,
+        )
+
+    # -- everything at once, and the plan's preview ---------------------------------------------
+
+    def run(
+        self,
+        book_ids: Sequence[str],
+        *,
+        run_id: str | None = None,
+        force: bool = False,
+        progress: Progress | None = None,
+    ) -> dict[str, BookRun]:
+        """Every stage for ``book_ids`` in one go (what a Dagster run of them does, without
+        Dagster's run and metadata)."""
+        assessed = self.assess(book_ids, force=force)
+        parsed = self.parse({b: a.inventory for b, a in assessed.items()})
+        chunked = self.chunk(parsed)
+        embedded = self.embed(chunked, progress=progress)
+        written = self.write(chunked, embedded, run_id=run_id)
+        return {
+            b: BookRun(assessed[b], parsed[b], chunked[b], embedded[b], written[b])
+            for b in assessed
+        }
+
+    def preview(
+        self, assessment: BookInventory, recipe: IndexRecipe
+    ) -> tuple[WritePreview, ChunkedBook]:
+        """What a run of the assessed book will do, counted by the run's own parse and chunk
+        stages (nothing embedded or written): ``plan``'s preview."""
+        parsed = parse_book(assessment, self.source, self.parsing)
+        chunked = chunk_book(parsed, recipe)
+        return preview_writes(chunked), chunked
+
+    def plan(
+        self,
+        store: VectorStore,
+        book_ids: Sequence[str] | None = None,
+        *,
+        force: bool = False,
+        detail: bool = False,
+    ) -> IngestPlan:
+        """What an ingest of ``book_ids`` (default: every book) does (see
+        :func:`rag_pipeline.ingest.plan.plan_ingest`), reading through ``store``."""
+        from rag_pipeline.ingest.plan import plan_ingest
+
+        return plan_ingest(self, store, book_ids, force=force, detail=detail)

@@ -1,0 +1,276 @@
+"""The book source contract: what change detection and the pipeline need of where books live.
+
+A *book* is a set of files, each named by its path relative to the book (``source_file``). A
+source lists its books, says each file's *version* without reading it (what a change moves:
+a folder's full stat, a corpus row's content hash), reads a file's bytes, says whether a book
+or a file is *gone* (one that exists but cannot be read is not: its chunks stay), and turns a
+file's bytes into a document. Everything else (hashing with git's rules, the assessment, the
+sensor's fingerprints) is built on those few calls, the same for every source: a new kind of
+source (a git repository, an object store) is one new class.
+
+Implementations: :class:`~rag_pipeline.sources.folder.FolderSource` (a folder per book under
+``RAG_DATA_DIR``) and :class:`~rag_pipeline.evaluation.beir.BeirSource` (a BEIR corpus as one
+book).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rag_pipeline.models import FileError, FileKey, ParsedDocument, PathMeta, SourceFile
+from rag_pipeline.sources.filekeys import now_ns, settled, trusted_hash
+
+if TYPE_CHECKING:
+    from rag_pipeline.sources.watch import BookWatcher
+
+__all__ = [
+    "BookFilesRead",
+    "BookFingerprint",
+    "BookListing",
+    "BookSource",
+    "BookVersions",
+    "FileVersion",
+    "ParseOptions",
+    "SourceReadError",
+    "SourceUnavailableError",
+]
+
+
+class SourceUnavailableError(ValueError):
+    """The source itself cannot be listed (a data folder missing or unreadable): nothing can
+    be told apart from "every book was removed", so nothing is ingested or purged."""
+
+
+class SourceReadError(Exception):
+    """A file could not be read safely; ``str()`` is the reason a user reads."""
+
+    def __init__(self, code: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.errno = code
+
+
+@dataclass(frozen=True, slots=True)
+class BookListing:
+    """The books a source holds (sorted), and the entries it refused as books."""
+
+    book_ids: tuple[str, ...]
+    rejected: tuple[FileError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FileVersion:
+    """One file of a book as a look at the source sees it, before any byte is read."""
+
+    source_file: str
+    #: what change detection compares (see :mod:`.filekeys`); None: the source has no such
+    #: key, and ``sha256`` says the version
+    key: FileKey | None
+    #: where the source reads it (a path, for a folder)
+    location: str = ""
+    #: the content hash, where the source knows it without reading the file (a corpus row)
+    sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BookVersions:
+    """Every file of one book with its version, and what could not be looked at."""
+
+    book_id: str
+    #: the boundary every read of the book stays within (a folder's real path; "" for none)
+    boundary: str
+    files: tuple[FileVersion, ...]
+    errors: tuple[FileError, ...] = ()
+
+
+@dataclass(frozen=True)
+class BookFilesRead:
+    """A book's files as read for change detection: each file with its SHA-256, and the
+    files that could not be read."""
+
+    book_id: str
+    boundary: str  # see :class:`BookVersions`
+    files: tuple[SourceFile, ...]
+    errors: tuple[FileError, ...]
+    #: when the look began (time.time_ns()): a file modified before it was read as it was
+    read_at_ns: int = 0
+    #: files whose bytes were read to hash them (the others' hash was known)
+    hashed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BookFingerprint:
+    """A book's content digest plus the per-file cache that makes the next one cheap."""
+
+    book_id: str
+    digest: str
+    files: int
+    #: source_file -> (stat, sha256) of the files whose stat was settled when hashed (see
+    #: :mod:`.filekeys`); kept in memory by the sensor, not in its cursor
+    stats: Mapping[str, tuple[FileKey, str]] = field(default_factory=dict)
+    hashed: int = 0  # files whose bytes were read for this fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class ParseOptions:
+    """How a file's bytes become a document: the path patterns that give ``module``,
+    ``chapter`` and ``lesson`` (``RAG_PATH_PATTERNS``), the hardware tier of a document whose
+    frontmatter states none (``RAG_DEFAULT_HARDWARE_TIER``)."""
+
+    path_patterns: tuple[str, ...] = ()
+    default_hardware_tier: int | None = 1
+
+
+class BookSource(ABC):
+    """Where books come from (see the module docstring for the contract)."""
+
+    #: what the source is, for messages ("data folder /srv/books (RAG_DATA_DIR)")
+    description: str = "book source"
+    #: what one of its books is, for messages ("book folder")
+    book_noun: str = "book"
+
+    @abstractmethod
+    def list_books(self) -> BookListing:
+        """Every book id and the entries refused as books; :class:`SourceUnavailableError`
+        when the source itself cannot be listed."""
+
+    @abstractmethod
+    def versions(self, book_id: str) -> BookVersions:
+        """Every file of the book with its version; no file's bytes are read."""
+
+    @abstractmethod
+    def read(self, book_id: str, file: FileVersion | SourceFile, boundary: str) -> bytes:
+        """The file's bytes, from within ``boundary`` (what :meth:`versions` said);
+        :class:`SourceReadError` naming why it cannot be read."""
+
+    @abstractmethod
+    def is_gone(self, book_id: str, source_file: str | None = None) -> bool:
+        """The book (or one file of it) no longer exists. A book or file that exists but
+        cannot be read is not gone: its indexed chunks must stay."""
+
+    def exists(self) -> bool:
+        """The source itself is there (a purge decided earlier must not run when it is not:
+        an unmounted folder is not a decision to delete)."""
+        try:
+            self.list_books()
+        except SourceUnavailableError:
+            return False
+        return True
+
+    def watcher(self) -> BookWatcher | None:
+        """Notifications of which books something happened in (None: the source sends none,
+        and every look looks at every book)."""
+        return None
+
+    def notifies(self, book_id: str) -> bool:
+        """The watcher's notifications cover the book (a folder behind a link is not
+        watched: a look must look at it)."""
+        return True
+
+    def why_unreadable(self, book_id: str, source_file: str) -> str:
+        """Why a file that is not gone gave no bytes."""
+        return "the file exists but could not be read"
+
+    def why_not_a_book(self, book_id: str) -> str:
+        """Why an entry that is not gone is not a usable book."""
+        return "is not a book this source can read"
+
+    def locate(self, book_id: str, source_file: str) -> str:
+        """Where a person finds the file (a path, for a folder)."""
+        return f"{book_id}/{source_file}"
+
+    def current_hash(self, book_id: str, source_file: str) -> str | None:
+        """The SHA-256 of the file as it is now (None: gone, or it cannot be read)."""
+        versions = self.versions(book_id)
+        for v in versions.files:
+            if v.source_file == source_file:
+                try:
+                    return v.sha256 or self.hash(book_id, v, versions.boundary)
+                except (OSError, SourceReadError):
+                    return None
+        return None
+
+    def hash(self, book_id: str, file: FileVersion, boundary: str) -> str:
+        """The SHA-256 of the file's bytes (``OSError`` or :class:`SourceReadError` when it
+        cannot be read); a source that can stream a large file overrides it."""
+        return hashlib.sha256(self.read(book_id, file, boundary)).hexdigest()
+
+    def to_document(
+        self,
+        book_id: str,
+        source_file: str,
+        data: bytes,
+        sha256: str,
+        options: ParseOptions,
+    ) -> ParsedDocument | FileError:
+        """The file's bytes as a document (default: Markdown with YAML frontmatter, see
+        :mod:`rag_pipeline.ingest.parse`), or the error naming why it is not one."""
+        from rag_pipeline.ingest.parse import parse_document
+        from rag_pipeline.sources.crawl import path_meta
+
+        return parse_document(
+            book_id,
+            source_file,
+            data,
+            sha256,
+            path_meta(source_file, options.path_patterns) if options.path_patterns else PathMeta(),
+            default_hardware_tier=options.default_hardware_tier,
+        )
+
+    # -- built on the calls above: the same for every source ---------------------------------
+
+    def scan(
+        self, book_id: str, known: Mapping[str, tuple[FileKey, str]] | None = None
+    ) -> BookFilesRead:
+        """Every file of the book with its SHA-256: the one the source knows, else the one
+        ``known`` records while the file's version is exactly the recorded one (git's rules,
+        :mod:`.filekeys`), else the file is read and hashed."""
+        read_at_ns = now_ns()
+        versions = self.versions(book_id)
+        known = known or {}
+        files: list[SourceFile] = []
+        errors = list(versions.errors)
+        hashed = 0
+        for v in versions.files:
+            digest = v.sha256 or (trusted_hash(v.key, known, v.source_file) if v.key else None)
+            if digest is None:
+                hashed += 1
+                try:
+                    digest = self.hash(book_id, v, versions.boundary)
+                except (OSError, SourceReadError) as exc:
+                    if self.is_gone(book_id, v.source_file):
+                        continue  # vanished since it was listed: it is gone
+                    reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+                    errors.append(
+                        FileError(book_id, v.source_file, "read", f"cannot read file: {reason}")
+                    )
+                    continue
+            files.append(SourceFile(book_id, v.source_file, v.location, digest, v.key))
+        return BookFilesRead(
+            book_id, versions.boundary, tuple(files), tuple(errors), read_at_ns, hashed
+        )
+
+    def fingerprint(
+        self, book_id: str, previous: Mapping[str, tuple[FileKey, str]] | None = None
+    ) -> BookFingerprint:
+        """Digest of (name, sha256) of every file of the book, and of every file that cannot
+        be looked at (one turning unreadable is a change too), hashing only the files whose
+        version is not the one ``previous`` recorded (what a sensor tick compares)."""
+        found = self.scan(book_id, previous)
+        kept = {
+            f.source_file: (f.key, f.sha256)
+            for f in found.files
+            if f.key is not None and settled(f.key, found.read_at_ns)
+        }
+        h = hashlib.sha256()
+        for f in sorted(found.files, key=lambda f: f.source_file):
+            h.update(f.source_file.encode("utf-8", "surrogateescape"))
+            h.update(b"\0")
+            h.update(f.sha256.encode())
+            h.update(b"\n")
+        for error in found.errors:
+            h.update(f"!{error.source_file}\0{error.reason}\n".encode("utf-8", "surrogateescape"))
+        return BookFingerprint(book_id, h.hexdigest(), len(found.files), kept, found.hashed)
