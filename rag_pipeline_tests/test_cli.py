@@ -365,3 +365,23 @@ def test_repository_layout_is_as_documented():
         "data/books",
     ):
         assert (REPO / name).exists(), name
+
+
+@pytest.mark.slow
+def test_an_ingest_writes_only_through_the_pipelines_stages(tmp_path, sample_books):
+    """One path: `rag-pipeline ingest` runs the Dagster job, whose steps are the pipeline's
+    stages in order, and every point it writes or deletes is written inside the pipeline's
+    write stage (a CLI or asset that wrote through anything else fails here). In-process, so
+    the spies see the job's steps."""
+    from rag_pipeline_tests.pins import STAGES, pipeline_spies
+
+    cli = InProcessCli(tmp_path, sample_books)
+    with pipeline_spies() as spies:
+        report = json.loads(cli("ingest", "--json").stdout)["books"]
+    assert {r["status"] for r in report.values()} == {"ingested"}
+    assert tuple(spies.stages) == STAGES  # one batch of both books: each stage once
+    assert spies.writes > 0 and spies.outside == []
+    (sample_books / "ros2-fundamentals" / "extra.md").write_text("# Extra\n\nA new file.\n")
+    with pipeline_spies() as spies:
+        cli("ingest")
+    assert tuple(spies.stages) == STAGES and spies.outside == []

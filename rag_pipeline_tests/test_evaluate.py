@@ -212,9 +212,13 @@ def test_the_eval_command_reports_every_run(tiny_beir, tmp_path, monkeypatch):
         "RAG_DATA_DIR": str(tmp_path),
     }.items():
         monkeypatch.setenv(name, value)
+    from rag_pipeline_tests.pins import STAGES, pipeline_spies
+
     args = ["eval", "--dataset", str(tiny_beir), "--json", "--mode", "sparse", "--mode", "hybrid"]
-    result = CliRunner().invoke(main, [*args, "--fusion", "rrf", "--fusion", "minmax"])
+    with pipeline_spies() as spies:  # the corpus is indexed by the one pipeline, nothing else
+        result = CliRunner().invoke(main, [*args, "--fusion", "rrf", "--fusion", "minmax"])
     assert result.exit_code == 0, result.output
+    assert tuple(spies.stages) == STAGES and spies.writes > 0 and spies.outside == []
     runs = json.loads(result.stdout)["runs"]
     assert [(r["mode"], r["fusion"]) for r in runs] == [
         ("sparse", None),

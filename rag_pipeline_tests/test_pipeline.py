@@ -576,3 +576,27 @@ def test_a_plan_reads_points_per_file_only_for_a_book_whose_count_is_off(env, st
     book = plan_of_ingest()
     assert book.action == "run" and book.changes.modified == ("a.md",)
     assert any("chunk points" in r for r in book.reasons) and SOURCE_FILE in faceted
+
+
+def test_the_plans_preview_is_the_pipelines_parse_and_chunk(env, monkeypatch):
+    """`rag-pipeline plan` counts a book's work with the pipeline's own stages (its preview),
+    from the assessment the plan made: what it says is what the run does."""
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+
+    env.run()
+    (env.root / "a.md").write_text(long_doc("A edited", seed="edited"))
+    previews = []
+    real = IngestPipeline.preview
+
+    def preview(self, assessment, recipe):
+        previews.append(assessment.book_id)
+        return real(self, assessment, recipe)
+
+    monkeypatch.setattr(IngestPipeline, "preview", preview)
+    plan = env.plan()
+    assert previews == [BOOK] and plan.preview is not None
+    run = env.run("edit")
+    assert (plan.preview.to_embed, plan.preview.reused) == (
+        run.embedded.embedded,
+        run.embedded.reused,
+    )
