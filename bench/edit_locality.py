@@ -19,7 +19,8 @@ import re
 import statistics
 from pathlib import Path
 
-from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget, chunk_document
+from rag_pipeline.chunking import ChunkBudget, chunk_document
+from rag_pipeline.chunking.markdown import CHUNKER_VERSION
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.local import LocalEmbedder
 from rag_pipeline.ingest.parse import parse_document

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_pipeline.chunk import ChunkBudget, chunk_document
+from rag_pipeline.chunking import ChunkBudget, chunk_document
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.local import LocalEmbedder, find_model_dir
 from rag_pipeline.ingest.parse import parse_document

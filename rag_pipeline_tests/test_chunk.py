@@ -6,28 +6,29 @@ import re
 import pytest
 from markdown_it import MarkdownIt
 
-from rag_pipeline.chunk import (
-    _COUNT_CALL_CHARS,
-    CHUNKER_VERSION,
-    ChunkBudget,
-    _blocks,
-    _BoundedCalls,
-    _count,
-    _cut,
+from rag_pipeline.chunking import ChunkBudget, chunk_document
+from rag_pipeline.chunking.markdown import CHUNKER_VERSION
+from rag_pipeline.chunking.packing import (
     _enforce_limit,
-    _fences,
     _fit,
-    _Header,
-    _heading_paths,
-    _md,
     _pack,
     _pack_lines,
     _pack_section,
     _Piece,
+    _Unit,
+)
+from rag_pipeline.chunking.structure import (
+    _COUNT_CALL_CHARS,
+    _blocks,
+    _BoundedCalls,
+    _count,
+    _cut,
+    _fences,
+    _Header,
+    _heading_paths,
+    _md,
     _runs,
     _sections,
-    _Unit,
-    chunk_document,
 )
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.base import TokenCounter
@@ -357,6 +358,34 @@ def assert_within_limit(chunks, tokenizer, budget) -> None:
 
 def test_version_is_bumped_for_the_new_cuts():
     assert CHUNKER_VERSION == "3"
+
+
+def test_the_chunkers_version_is_the_recipes_and_the_chunks_assets_in_one_place(hash_embedder):
+    """A recipe cuts with its chunker, whose version is part of the recipe's signature and
+    tag; the chunks asset's code version is the default chunker's. A recipe of the default
+    chunker keeps the signature indexes recorded before the chunker interface (nothing is
+    embedded again by an upgrade)."""
+    from dataclasses import replace
+
+    from rag_pipeline.chunking import DEFAULT_CHUNKER, Chunker
+    from rag_pipeline.defs.assets import chunks as chunks_asset
+    from rag_pipeline.recipes.recipe import IndexRecipe
+
+    recipe = IndexRecipe.build(hash_embedder, ChunkingConfig())
+    assert recipe.chunker is DEFAULT_CHUNKER and recipe.signature == "0e3ffbf24f7f5394"
+    assert chunks_asset.code_versions_by_key[chunks_asset.key] == DEFAULT_CHUNKER.version
+
+    class OneChunk(Chunker):
+        version = "one-chunk-1"
+
+        def chunk(self, doc, tokenizer, budget):  # type: ignore[no-untyped-def]
+            return chunk_document(doc, tokenizer, budget)[:1]
+
+    other = replace(recipe, chunker=OneChunk())
+    assert other.signature != recipe.signature
+    assert other.tag()["chunker_version"] == "one-chunk-1"
+    doc = parse("# A\n\n" + section("One", 3, 80) + section("Two", 3, 80))
+    assert len(other.chunker.chunk(doc, hash_embedder.tokenizer, other.budget)) == 1
 
 
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)

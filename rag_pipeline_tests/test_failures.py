@@ -95,7 +95,7 @@ def test_openai_timeouts_exhausted(openai_server):
 
 
 def test_openai_chunk_budget_uses_its_tokenizer(openai_server):
-    from rag_pipeline.chunk import ChunkBudget
+    from rag_pipeline.chunking import ChunkBudget
     from rag_pipeline.config import ChunkingConfig
 
     emb = embedder(openai_server)

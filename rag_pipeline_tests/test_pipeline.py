@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rag_pipeline.chunk import chunk_document
+from rag_pipeline.chunking import chunk_document
 from rag_pipeline.ingest.consistency import check_index
 from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.models import ParsedDocument, document_id

@@ -32,7 +32,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from rag_pipeline.chunk import CHUNKER_VERSION
+from rag_pipeline.chunking import DEFAULT_CHUNKER
 from rag_pipeline.defs.batch import BookCheck, check_books, record_book, run_books
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
@@ -272,7 +272,7 @@ def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
     **BOOK_ASSET,
     config_schema=NO_RUN_CONFIG,
     kinds={"python"},
-    code_version=CHUNKER_VERSION,
+    code_version=DEFAULT_CHUNKER.version,  # what every recipe's signature records
     description="Heading-aware chunks of the parsed documents: split on headings, packed to "
     "a token budget measured with the embedder's own tokenizer (never above its input limit), "
     "with overlap, no split inside code fences or tables, content-hash ids and prev/next links. "

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rag_pipeline.chunk import chunk_document
 from rag_pipeline.embed.base import ProgressCallback
 from rag_pipeline.ingest.assess import BookAssessment, assess_book
 from rag_pipeline.ingest.catalog import run_summary
@@ -229,7 +228,7 @@ def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
     outcomes: list[DocumentOutcome] = []
     for doc in parsed.documents:
         try:
-            doc_chunks = chunk_document(doc, recipe.embedder.tokenizer, recipe.budget)
+            doc_chunks = recipe.chunker.chunk(doc, recipe.embedder.tokenizer, recipe.budget)
             problems = check_chunks(doc_chunks, recipe.budget.limit)
             if problems:
                 raise ValueError("; ".join(problems[:3]))

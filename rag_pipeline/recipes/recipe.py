@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from rag_pipeline import __version__
-from rag_pipeline.chunk import CHUNKER_VERSION, ChunkBudget
+from rag_pipeline.chunking import DEFAULT_CHUNKER, ChunkBudget, Chunker
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.base import Embedder
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE
@@ -35,7 +35,7 @@ class LineageInfo:
 
 @dataclass(frozen=True)
 class IndexRecipe:
-    """The chunk budget, the dense embedder and the sparse encoder of one index."""
+    """The chunker and its budget, the dense embedder and the sparse encoder of one index."""
 
     embedder: Embedder
     budget: ChunkBudget
@@ -43,17 +43,23 @@ class IndexRecipe:
     #: True when ``sparse`` carries an average measured for the whole index (an evaluation
     #: corpus); otherwise each book's average is its own, fixed when it is first indexed
     sparse_fixed: bool = False
+    chunker: Chunker = DEFAULT_CHUNKER
 
     @classmethod
     def build(
-        cls, embedder: Embedder, chunking: ChunkingConfig, sparse: Bm25Encoder | None = None
+        cls,
+        embedder: Embedder,
+        chunking: ChunkingConfig,
+        sparse: Bm25Encoder | None = None,
+        chunker: Chunker = DEFAULT_CHUNKER,
     ) -> IndexRecipe:
         """The recipe for ``embedder``, its budget resolved against the model's tokenizer;
         ``sparse``, when given, is used for every book as it is."""
         budget = ChunkBudget.for_tokenizer(chunking, embedder.tokenizer)
         if sparse is not None:
-            return cls(embedder, budget, sparse, sparse_fixed=True)
-        return cls(embedder, budget, Bm25Encoder(avg_len=fallback_avg_len(budget.target)))
+            return cls(embedder, budget, sparse, sparse_fixed=True, chunker=chunker)
+        average = fallback_avg_len(budget.target)
+        return cls(embedder, budget, Bm25Encoder(avg_len=average), chunker=chunker)
 
     @property
     def embedding_model(self) -> str:
@@ -67,7 +73,7 @@ class IndexRecipe:
     def signature(self) -> str:
         """Identifies how chunks were cut and embedded."""
         key = (
-            f"{CHUNKER_VERSION}|{self.budget}|{self.embedder.model_name}|"
+            f"{self.chunker.version}|{self.budget}|{self.embedder.model_name}|"
             f"{self.embedder.dimension}|{self.sparse.family}"
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -79,7 +85,7 @@ class IndexRecipe:
             SIGNATURE: self.signature,
             EMBEDDING_MODEL: self.embedder.model_name,
             "dimension": str(self.embedder.dimension),
-            "chunker_version": CHUNKER_VERSION,
+            "chunker_version": self.chunker.version,
             "budget": str(self.budget),
             "sparse_family": self.sparse.family,
         }
