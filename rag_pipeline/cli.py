@@ -1002,7 +1002,7 @@ def _candidate_recipe(
     candidate that cannot be built, or that is the current recipe)."""
     from dataclasses import replace
 
-    from rag_pipeline.embed import model_names
+    from rag_pipeline.embed import kind_of, model_names
     from rag_pipeline.recipes.lazy import LazyRecipe
     from rag_pipeline.recipes.recipe import IndexRecipe
 
@@ -1022,7 +1022,7 @@ def _candidate_recipe(
     names = model_names(embedding)
     if precision is None or names.get(current.embedding_model) == precision:
         candidate = IndexRecipe.build(current.embedder, chunking)  # the same model, loaded once
-    elif embedding.provider != "local":
+    elif not kind_of(embedding).precisions:
         fail(f"--candidate-precision is the local model's; RAG_EMBEDDER is {embedding.provider}")
     else:
         model = next(name for name, p in names.items() if p == precision)

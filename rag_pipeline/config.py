@@ -102,7 +102,7 @@ class ChunkingConfig:
 class EmbedderConfig:
     """Which model turns text into dense vectors, and how it is reached."""
 
-    provider: Literal["local", "openai", "hash"]
+    provider: str  # an embedder of rag_pipeline.embed.registry (validated by Settings)
     local_model_dir: Path | None
     cache_dir: Path
     batch_size: int
@@ -171,7 +171,7 @@ class Settings(BaseSettings):
     qdrant_embedded: Literal["client", "edge"] = "edge"
     collection: str = "rag_chunks"
     cache_dir: Path = Path(".rag/cache")
-    embedder: Literal["local", "openai", "hash"] = "local"
+    embedder: str = "local"  # a name of rag_pipeline.embed.registry.EMBEDDERS
     local_model_dir: Path | None = None
     embed_batch_size: int = Field(32, ge=1, le=4096)
     openai_api_key: SecretStr | None = Field(
@@ -330,6 +330,13 @@ class Settings(BaseSettings):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"malformed URL {value!r}: expected http(s)://host[:port]")
         return value.rstrip("/")
+
+    @field_validator("embedder")
+    @classmethod
+    def _known_embedder(cls, value: str) -> str:
+        from rag_pipeline.embed.registry import kind_of  # it reads this module's configs
+
+        return kind_of(value).name
 
     @field_validator("collection")
     @classmethod

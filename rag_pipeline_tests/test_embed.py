@@ -268,3 +268,45 @@ def test_a_query_vector_is_checked_against_the_embedders_dimension(hash_embedder
         check_query_vector(good[:10], hash_embedder)
     with pytest.raises(EmbeddingAnswerError, match="the FakeEmbedder embedder returned non-fin"):
         check_query_vector(np.full(4, np.inf), type("FakeEmbedder", (), {})())
+
+
+def test_an_embedder_is_one_entry_of_the_registry(monkeypatch):
+    """Every choice of an embedder reads one table: a provider added to it is accepted by
+    the settings, names its models, builds its embedder, prices its tokens and claims a book
+    recorded with its model under another configured provider."""
+    from dataclasses import replace
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed import registry
+    from rag_pipeline.embed.hashing import HashEmbedder
+
+    built = []
+
+    def build(config, threads):  # type: ignore[no-untyped-def]
+        built.append(threads)
+        embedder = HashEmbedder(8)
+        embedder.model_name = "echo-8"
+        return embedder
+
+    echo = registry.EmbedderKind(
+        name="echo",
+        description="a stand-in",
+        ui_kind="python",
+        models=lambda config: {"echo-8": None},
+        claims=lambda config, model: (
+            replace(config, provider="echo") if model == "echo-8" else None
+        ),
+        build=build,
+        price=lambda config: 1.5,
+    )
+    monkeypatch.setitem(registry.EMBEDDERS, "echo", echo)
+    settings = load_settings(embedder="echo")
+    config = settings.embedding()
+    assert registry.model_names(config) == {"echo-8": None}
+    assert registry.create_embedder(config, threads=2).model_name == "echo-8" and built == [2]
+    assert registry.usd_per_million_tokens(config) == 1.5
+    hashed = load_settings(embedder="hash").embedding()
+    assert registry.config_for_model(hashed, "echo-8").provider == "echo"
+    assert registry.config_for_model(hashed, "nobody-knows") is None
+    with pytest.raises(ValueError, match="unknown embedder 'bogus'"):
+        registry.kind_of("bogus")

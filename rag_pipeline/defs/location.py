@@ -24,6 +24,7 @@ from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
+from rag_pipeline.embed.registry import kind_of
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.store.lock import holding_for
 from rag_pipeline.store.sharing import kept_open
@@ -72,10 +73,6 @@ def fixed_resources(pipeline: IngestPipeline) -> dict[str, Any]:
     return {"io_manager": run_memory_io_manager, "pipeline": _kept_for_the_run(pipeline)}
 
 
-#: what the UI shows as the kind of the embedding step, by RAG_EMBEDDER
-EMBEDDER_KINDS = {"local": "onnx", "openai": "openai", "hash": "python"}
-
-
 def build_defs(
     resources: Mapping[str, Any],
     *,
@@ -95,7 +92,7 @@ def build_defs(
         if sensors
         else []
     )
-    kind = EMBEDDER_KINDS.get(embedder, "python")
+    kind = kind_of(embedder).ui_kind  # what the UI shows as the embedding step's kind
     # a backfill of many books runs them in batches (one range of partitions per run), as the
     # sensor and the CLI do
     policy = BackfillPolicy.multi_run(batching.max_books)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from rag_pipeline.config import EmbedderConfig
-from rag_pipeline.embed import EmbedderUnavailableError, config_for_model, model_names
+from rag_pipeline.embed import EmbedderUnavailableError, config_for_model, kind_of, model_names
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SUMMARY_POINTS_BY_MODEL, chunks_of
 from rag_pipeline.store import VectorStore
@@ -134,7 +134,7 @@ class ModelChoice:
 
 def _configured(config: EmbedderConfig, names: Mapping[str, str | None], fast_int8: bool) -> str:
     """The configured model of a new book (``auto``: int8 on CPUs with fast int8 kernels)."""
-    if config.provider != "local":
+    if not kind_of(config).precisions:
         return next(iter(names))
     precision = config.local_precision
     if precision == "auto":
@@ -167,7 +167,7 @@ def choose_book_model(
         if producing is not None:  # another precision, or another provider's model
             return ModelChoice(
                 recorded_model,
-                producing.local_precision if producing.provider == "local" else None,
+                producing.local_precision if kind_of(producing).precisions else None,
                 recorded_model,
                 "queries are embedded by the model the book records",
             )
@@ -178,7 +178,8 @@ def choose_book_model(
             "RAG_LOCAL_MODEL_DIR) to the book's model, or index the book again with "
             f"`rag-pipeline ingest --book {book_id}`"
         )
-    if config.provider == "local" and config.local_precision == "auto" and recorded_model in names:
+    auto = bool(kind_of(config).precisions) and config.local_precision == "auto"
+    if auto and recorded_model in names:
         return ModelChoice(
             recorded_model,
             names[recorded_model],

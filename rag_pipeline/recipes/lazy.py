@@ -69,7 +69,7 @@ class LazyRecipe:
 
     def fast_int8(self) -> bool:
         """Whether ``auto`` means int8 here (read from the CPU once, only under ``auto``)."""
-        if self.embedding.provider != "local" or self.embedding.local_precision != "auto":
+        if not embed.kind_of(self.embedding).precisions or self.embedding.local_precision != "auto":
             return False
         if self._fast_int8 is None:
             self._fast_int8 = _cpu_has_fast_int8()

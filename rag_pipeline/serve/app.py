@@ -45,6 +45,7 @@ from rag_pipeline.embed import (
     EmbedServiceError,
     check_query_vector,
     create_embedder,
+    kind_of,
 )
 from rag_pipeline.embed.base import embedder_source
 from rag_pipeline.models import validate_book_id
@@ -142,25 +143,15 @@ def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[
     config = settings.embedding()
     cores = os.cpu_count() or 1
     threads = min(model_threads or cores, cores)
-    if config.provider != "local":  # a remote API or the hash stand-in
+    if not kind_of(config).runs_here:  # a remote API or the hash stand-in: no threads
         return LazyRecipe(config, settings.chunking()), 4
 
-    def local_embedder(config: EmbedderConfig) -> Embedder:
-        """The local model with the service's threads; a book recorded with another
-        provider's model (a change of provider not migrated yet) gets that provider's."""
-        if config.provider != "local":
-            return create_embedder(config)
-        from rag_pipeline.embed.local import LocalEmbedder
+    def with_threads(config: EmbedderConfig) -> Embedder:
+        """A model run here gets the service's threads (a book recorded with another
+        provider's model, a change of provider not migrated yet, gets that provider's)."""
+        return create_embedder(config, threads=threads)
 
-        return LocalEmbedder(
-            config.local_model_dir,
-            batch_size=config.batch_size,
-            cache_dir=config.cache_dir / "models",
-            threads=threads,
-            precision=config.local_precision,
-        )
-
-    recipes = LazyRecipe(config, settings.chunking(), make_embedder=local_embedder)
+    recipes = LazyRecipe(config, settings.chunking(), make_embedder=with_threads)
     return recipes, max(cores // threads, 1)
 
 
