@@ -31,7 +31,7 @@ COLLECTION = "rag_chunks"
 @pytest.fixture
 def fingerprints(monkeypatch) -> Counter[str]:
     """Every fingerprint check of a shard, counted by its book."""
-    from rag_pipeline.store import edge
+    from rag_pipeline.store.edge import catalog as edge
 
     checked: Counter[str] = Counter()
     original = edge._fingerprint
@@ -229,7 +229,7 @@ def test_a_summary_is_written_after_the_shard_is_closed_and_survives_reads(tmp_p
 def test_a_summary_killed_before_it_is_complete_is_never_read(
     tmp_path, hash_embedder, monkeypatch, loads
 ):
-    from rag_pipeline.store import edge
+    from rag_pipeline.store.edge import catalog as edge
 
     books = Books(tmp_path, 1, hash_embedder)
     folder = books.folder("book-00")
@@ -364,7 +364,7 @@ def test_a_process_checks_a_summary_once_a_minute_and_a_write_ends_the_trust(
     on trust for a minute while the summary file and the generation are the same; a write
     through the pipeline replaces the summary, which ends the trust at once. Damage by other
     hands is seen once the minute is over."""
-    from rag_pipeline.store import edge
+    from rag_pipeline.store.edge import catalog as edge
 
     books = Books(tmp_path, 2, hash_embedder)
     checked = fingerprints
@@ -395,7 +395,7 @@ def test_a_process_checks_a_summary_once_a_minute_and_a_write_ends_the_trust(
 def test_a_summary_is_read_back_whatever_its_file_names_and_refused_once_edited(tmp_path, name):
     """The summary's checksum is over its data as the file holds them: any file name reads
     back, and any edit of the data or the stamp makes the summary unread."""
-    from rag_pipeline.store import edge
+    from rag_pipeline.store.edge import catalog as edge
 
     folder = tmp_path / "book-00"
     (folder / "g1").mkdir(parents=True)

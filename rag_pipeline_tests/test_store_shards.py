@@ -403,17 +403,18 @@ def test_a_migration_of_many_books_keeps_few_shards_open_and_answers_the_same(
 ):
     """Each book's new shard is closed as the copy goes (reloaded when its points come back):
     open shards, and so memory maps and descriptors, stay bounded whatever the book count."""
-    from rag_pipeline.store import edge
+    from rag_pipeline.store.edge import migration
 
     books = tuple(f"book-{i:02d}" for i in range(12))
     with open_edge(tmp_path / "fresh") as fresh:
         points = fill(fresh, books=books, per_book=4)
         expected = answers(fresh, books)
     write_single_shard(tmp_path / "old" / COLLECTION, points)
-    monkeypatch.setattr(edge, "MIGRATION_OPEN_SHARDS", 3)
-    monkeypatch.setattr(edge, "_MIGRATE_PAGE", 5)  # each book's points in several pages
+    monkeypatch.setattr(migration, "MIGRATION_OPEN_SHARDS", 3)
+    monkeypatch.setattr(migration, "_MIGRATE_PAGE", 5)  # each book's points in several pages
     open_now = peak = 0
-    real_create, real_load, real_close = qe.EdgeShard.create, qe.EdgeShard.load, edge._close_shard
+    real_create, real_load = qe.EdgeShard.create, qe.EdgeShard.load
+    real_close = migration._close_shard
 
     def opened(shard):  # type: ignore[no-untyped-def]
         nonlocal open_now, peak
@@ -428,8 +429,8 @@ def test_a_migration_of_many_books_keeps_few_shards_open_and_answers_the_same(
 
     monkeypatch.setattr(qe.EdgeShard, "create", staticmethod(lambda *a: opened(real_create(*a))))
     monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(lambda *a: opened(real_load(*a))))
-    monkeypatch.setattr(edge, "_close_shard", closed)
-    edge.migrate_single_shard(tmp_path / "old", COLLECTION, COLLECTION_SCHEMA)
+    monkeypatch.setattr(migration, "_close_shard", closed)
+    migration.migrate_single_shard(tmp_path / "old", COLLECTION, COLLECTION_SCHEMA)
     assert peak <= 3 + 1  # (+1: the old single shard, read throughout)
     monkeypatch.undo()
     with open_edge(tmp_path / "old") as store:
@@ -749,7 +750,7 @@ def test_a_small_books_shard_has_the_core_indexes_and_a_grown_one_all(tmp_path, 
     filter on a small book costs little without one: a book's shard has the schema's core
     indexes, and every index once it holds ALL_INDEXES_FROM_POINTS points (added after the
     write that grew it). A facet of a field a small book does not index reads its payloads."""
-    from rag_pipeline.store import edge
+    from rag_pipeline.store.edge import engine as edge
 
     monkeypatch.setattr(edge, "ALL_INDEXES_FROM_POINTS", 20)
 
@@ -781,7 +782,7 @@ def test_a_small_books_shard_has_the_core_indexes_and_a_grown_one_all(tmp_path, 
 
 
 def test_a_rebuild_swap_killed_between_its_renames_is_finished_by_the_next_opener(tmp_path):
-    from rag_pipeline.store.edge import _REBUILT, clear_rebuild_root, rebuild_root
+    from rag_pipeline.store.edge.rebuild import _REBUILT, clear_rebuild_root, rebuild_root
 
     with open_edge(tmp_path) as store:
         fill(store, books=("old",))

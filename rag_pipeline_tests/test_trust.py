@@ -266,7 +266,7 @@ def test_the_service_answers_503_naming_a_limit_of_the_machine(world, monkeypatc
 
     from rag_pipeline.embed.hashing import HashEmbedder
     from rag_pipeline.serve.app import create_app
-    from rag_pipeline.store import edge
+    from rag_pipeline.store.edge import engine as edge
     from rag_pipeline.store.lock import FolderLock
     from rag_pipeline_tests.conftest import make_recipe
 

@@ -1,0 +1,7 @@
+"""What the package's modules share: its logger."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("rag_pipeline.store.edge")

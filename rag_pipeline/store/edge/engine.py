@@ -1,0 +1,216 @@
+"""Qdrant Edge shards themselves: how a book's shard is configured (memory-mapped, int8
+quantized, HNSW without payload links), created, loaded (a load that fails is that book's
+damage, or a limit of the machine), indexed, optimized and searched, and the free space a
+write or a load needs (a full disk under Edge's memory-mapped writes is a SIGBUS: checked
+before)."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import qdrant_edge as qe
+
+from rag_pipeline.store import base, native
+from rag_pipeline.store.edge.files import _CONFIG_FILE, _CURRENT, _Layout
+from rag_pipeline.store.errors import resource_limit
+
+EDGE = native.Dialect(
+    models=qe,
+    range=qe.RangeFloat,
+    has_id=lambda ids: qe.HasIdCondition(point_ids=set(ids)),
+    point=qe.Point,
+)
+
+#: points one engine update carries (a book of a million points is written in batches)
+_UPSERT_BATCH = 2_048
+
+
+def _index_kinds(schema: base.CollectionSchema) -> dict[str, str]:
+    """Every payload index, named as the engine reports its kind."""
+    kinds = {schema.tenant_field: "keyword"} | dict(schema.payload_indexes)
+    return {name: f"PayloadSchemaType.{kind.capitalize()}" for name, kind in kinds.items()}
+
+
+#: free space a write needs on the store's file system besides its points' bytes. Qdrant
+#: Edge writes through memory maps into sparse files: a page the file system cannot give is a
+#: SIGBUS that kills the process with no message (seen on a full disk), never an error it
+#: could report. So the space a write may take is checked before it: this margin (a new
+#: shard's first pages, its next WAL segment, the summary and pointers) plus what the points
+#: take (:func:`_write_bytes`).
+SPACE_MARGIN_BYTES = 64 << 20
+
+#: free space a shard's load needs: a load (and the first reads after it) writes too: it
+#: opened a new WAL segment and rewrote flags and trackers, ~11 MB for a small book on tmpfs
+LOAD_SPACE_BYTES = 32 << 20
+
+
+def check_space(folder: Path, need: int, what: str) -> None:
+    """:class:`StoreResourceError` naming the file system when fewer than ``need`` bytes are
+    free for ``what`` (checked before it starts: nothing is written)."""
+    place = folder
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    free = shutil.disk_usage(place).free
+    if free < need:
+        raise base.StoreResourceError(
+            f"no space left on the device (ENOSPC) for {what}: {free / 2**20:.0f} MiB free on "
+            f"the file system of {place}, about {need / 2**20:.0f} MiB needed. Free disk space "
+            "(or point RAG_QDRANT_PATH at a larger disk) and run it again: nothing indexed was "
+            "changed."
+        )
+
+
+def _write_bytes(points: int, dim: int) -> int:
+    """A generous bound of what writing ``points`` takes on disk: the vectors and a page of
+    payload and sparse vector each, twice (the write-ahead log, then the segment)."""
+    return points * (dim * 4 + 4096) * 2
+
+
+def _create_shard(
+    book_folder: Path, dim: int, schema: base.CollectionSchema, layout: _Layout
+) -> tuple[str, qe.EdgeShard]:
+    """A new, empty generation folder of a book (see :func:`_shard_config`) with the payload
+    indexes of a book holding nothing yet (:func:`_index_params`)."""
+    check_space(book_folder, SPACE_MARGIN_BYTES, f"a new shard of book {book_folder.name!r}")
+    name = f"g{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
+    folder = book_folder / name
+    folder.mkdir(parents=True)
+    shard = qe.EdgeShard.create(str(folder), _shard_config(dim))
+    for field_name, params in _index_params(schema, layout, points=0).items():
+        shard.update(qe.UpdateOperation.create_field_index(field_name, params))
+    return name, shard
+
+
+#: a book's shard holds every payload index of the layout from this many points; below, only
+#: the schema's core indexes (a filter on another field scans the book's payloads: about 6 ms
+#: at 1,000 points, against an index's cost in every small shard: time to create and load,
+#: files, ~7 MB of memory; docs/benchmarks.md section 17)
+ALL_INDEXES_FROM_POINTS = 1_000
+
+#: past this many points written since the last optimize, a handle optimizes the book's shard
+#: before writing more: the appendable segment the writes go to is held in memory (a 1M-point
+#: book written at once took 10 GB), the optimized segments are memory-mapped
+OPTIMIZE_EVERY_POINTS = 100_000
+
+_COLD = qe.Memory.Cold
+
+
+def _shard_config(dim: int) -> qe.EdgeConfig:
+    """How a book's shard keeps its data (measured at 100k-1M points, docs/benchmarks.md
+    section 17): every part memory-mapped, not read at load (``Cold``); dense vectors with
+    int8 scalar quantization and an HNSW graph without payload links (one book per shard:
+    no filter needs its own graph). Both are built by :meth:`EdgeShard.optimize`, which does
+    nothing below Qdrant's indexing threshold (about 6,000 of these vectors): a small book is
+    searched exactly, a large one loads in a fraction of a second at 1M points instead of
+    20 s and 6 GB."""
+    return qe.EdgeConfig(
+        vectors={
+            base.DENSE_VECTOR: qe.EdgeVectorParams(
+                size=dim, distance=qe.Distance.Cosine, memory=_COLD
+            )
+        },
+        sparse_vectors={
+            base.SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf, memory=_COLD)
+        },
+        payload_memory=_COLD,
+        id_tracker_memory=_COLD,
+        hnsw_config=qe.HnswIndexConfig(
+            m=16, ef_construct=100, full_scan_threshold=10_000, payload_m=0, memory=_COLD
+        ),
+        quantization_config=qe.ScalarQuantizationConfig(
+            type=qe.ScalarType.Int8, quantile=0.99, memory=_COLD
+        ),
+    )
+
+
+def _add_indexes(shard: qe.EdgeShard, schema: base.CollectionSchema, layout: _Layout) -> None:
+    """Create the payload indexes a shard of its size should have (:func:`_index_params`) and
+    lacks. Reads work without them, only slower."""
+    info = shard.info()
+    present = set(info.payload_schema)
+    for name, params in _index_params(schema, layout, points=int(info.points_count)).items():
+        if name not in present:
+            shard.update(qe.UpdateOperation.create_field_index(name, params))
+
+
+def _settle_shard(shard: qe.EdgeShard, schema: base.CollectionSchema, layout: _Layout) -> None:
+    """After writes: the payload indexes the book's size calls for, and Qdrant's optimizer (it
+    builds the HNSW graph and int8 vectors of a segment past its indexing threshold, and does
+    nothing for a small book)."""
+    _add_indexes(shard, schema, layout)
+    shard.optimize()
+
+
+def _search_params(limit: int) -> qe.SearchParams:
+    """How a large book's optimized segments are searched (small ones are searched exactly,
+    and ignore this): the HNSW graph explores at least 128 candidates, and the int8 vectors'
+    best twice ``limit`` are scored again with the original vectors."""
+    return qe.SearchParams(
+        hnsw_ef=max(128, 2 * limit),
+        quantization=qe.QuantizationSearchParams(rescore=True, oversampling=2.0),
+    )
+
+
+def _index_params(schema: base.CollectionSchema, layout: _Layout, *, points: int) -> dict[str, Any]:
+    """The engine's parameters of the payload indexes a book's shard of ``points`` points
+    has: the tenant's and the schema's core ones, and from :data:`ALL_INDEXES_FROM_POINTS`
+    every one the layout names."""
+    core = schema.core_indexes
+    params: dict[str, Any] = {}
+    for field_name, kind in layout.payload_indexes.items():
+        small = core is not None and field_name not in core and field_name != schema.tenant_field
+        if small and points < ALL_INDEXES_FROM_POINTS:
+            continue
+        if field_name == schema.tenant_field:
+            params[field_name] = qe.KeywordIndexParams(is_tenant=True, memory=_COLD)
+        elif kind.endswith("Integer"):
+            params[field_name] = qe.IntegerIndexParams(lookup=True, range=True, memory=_COLD)
+        else:
+            params[field_name] = qe.KeywordIndexParams(memory=_COLD)
+    return params
+
+
+def _load(folder: Path, description: str) -> qe.EdgeShard:
+    """A book's generation folder loaded; a missing or unloadable one is that book's damage."""
+    book = folder.parent.name
+    if not (folder / _CONFIG_FILE).exists():
+        if _has_data(folder):
+            raise base.BookDamagedError(
+                book, f"{folder} holds segments but no {_CONFIG_FILE} ({description})"
+            )
+        raise base.BookDamagedError(
+            book, f"{folder.parent / _CURRENT} names {folder.name}, which is not there"
+        )
+    try:
+        return qe.EdgeShard.load(str(folder))
+    except Exception as exc:
+        limit = resource_limit(exc)
+        if limit is not None:  # the machine's limit, not damage: never discarded or rebuilt
+            raise base.StoreResourceError(
+                f"{description}: cannot open book {book!r}'s shard: {limit} ({exc})"
+            ) from exc
+        raise base.BookDamagedError(
+            book, f"cannot open its shard {folder} ({description}): {exc}"
+        ) from exc
+
+
+def _close_shard(shard: qe.EdgeShard, *, flush: bool = True) -> None:
+    try:
+        if flush:
+            shard.flush()
+    finally:
+        shard.close()
+
+
+def _is_empty(shard: qe.EdgeShard) -> bool:
+    return int(shard.count(qe.CountRequest())) == 0
+
+
+def _has_data(folder: Path) -> bool:
+    return any(
+        (folder / part).is_dir() and any((folder / part).iterdir()) for part in ("segments", "wal")
+    )
