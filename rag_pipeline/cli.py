@@ -274,10 +274,10 @@ def _rebuild(settings: Settings, home: Path) -> IngestReport | None:
     answer from the old collection until then, never from a partial one (the report of a
     failed rebuild is returned as it is, nothing swapped). Any other store's collection is
     deleted first (None: the ingest that follows rebuilds it)."""
-    from rag_pipeline.store import is_edge_folder, set_aside
+    from rag_pipeline.store import backend_of, set_aside
 
     config = settings.store()
-    if not is_edge_folder(config):
+    if not backend_of(config).rebuilds_beside:
         err.print(f"[yellow]set aside[/] {set_aside(config)}", highlight=False)
         return None
     from rag_pipeline.store import rebuilding_beside, swap_in_rebuilt

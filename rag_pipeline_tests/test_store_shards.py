@@ -281,16 +281,23 @@ def test_a_purge_takes_the_summary_with_the_folder(indexed):
     assert not (indexed / "rag_chunks" / "books" / book).exists()
 
 
-def test_stores_without_summaries_keep_none():
+def test_capabilities_are_what_a_backend_declares():
+    """Qdrant Edge declares a catalog and generations; qdrant-client (and a server) declare
+    neither: callers ask, and find none, instead of calling hooks that do nothing."""
+    from rag_pipeline.store.capabilities import (
+        catalog_of,
+        generations_of,
+        saved_summary,
+        searched_recipe,
+    )
     from rag_pipeline.store.qdrant import QdrantStore
 
     store = QdrantStore("m", COLLECTION_SCHEMA, path=":memory:")
     try:
         fill(store)
-        store.save_summary("a", {"documents": 1})
-        assert store.summaries() == {} and not store.keeps_summaries
-        assert store.switch("a") is False
-        assert store.pending_recipe("a") is None and store.current_recipe("a") is None
+        assert catalog_of(store) is None and generations_of(store) is None
+        assert saved_summary(store, "a") is None and searched_recipe(store, "a") is None
+        assert not hasattr(store, "switch") and not hasattr(store, "save_summary")
     finally:
         store.close()
 

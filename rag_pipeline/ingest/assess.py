@@ -25,6 +25,7 @@ from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import SOURCE_FILE, chunks_of
 from rag_pipeline.sources.base import BookFilesRead, BookSource
 from rag_pipeline.store import VectorStore
+from rag_pipeline.store.capabilities import catalog_of, saved_summary
 
 __all__ = [
     "DAMAGED_VECTORS",
@@ -86,11 +87,12 @@ def read_book_index(
     probe = store.scroll(chunks_of(book_id), fields=[], page_size=DAMAGE_SAMPLE)
     sample = [record.id for record in islice(probe, DAMAGE_SAMPLE)]
     damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
-    if not chunk_payloads and not damaged and store.keeps_summaries:
+    catalog = catalog_of(store)
+    if not chunk_payloads and not damaged and catalog is not None:
         # read once, then kept: the next plan of the unchanged book opens no shard
         files = found.files if found is not None else ()
         read_at_ns = found.read_at_ns if found is not None else 0
-        store.save_summary(
+        catalog.save_summary(
             book_id, run_summary(store, book_id, run_id=None, files=files, read_at_ns=read_at_ns)
         )
     return BookIndex(state, points, damaged)
@@ -99,14 +101,14 @@ def read_book_index(
 def saved_file_stats(store: VectorStore, book_id: str) -> dict[str, tuple[FileKey, str]]:
     """(stat, sha256) of each file as the book's last run read it, from its saved summary
     while the store vouches for it ({} otherwise): what a plan need not read again."""
-    return file_stats_from_summary(store.summary(book_id))
+    return file_stats_from_summary(saved_summary(store, book_id))
 
 
 def saved_book_index(store: VectorStore, book_id: str) -> BookIndex | None:
     """The book's document records and chunk points from its saved summary, while the store
     vouches for it (None: read the book). Its vectors are those the last run wrote and checked,
     untouched since: not probed."""
-    saved = index_from_summary(store.summary(book_id), book_id)
+    saved = index_from_summary(saved_summary(store, book_id), book_id)
     return None if saved is None else BookIndex(saved[0], saved[1], damaged=False)
 
 

@@ -21,6 +21,7 @@ from rag_pipeline.recipes.choice import most_common
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, SOURCE_FILE, chunks_of
 from rag_pipeline.store import VectorStore
+from rag_pipeline.store.capabilities import generations_of
 
 __all__ = [
     "BuildStart",
@@ -82,14 +83,15 @@ def start_build(store: VectorStore, book_id: str, recipe: IndexRecipe) -> BuildS
     searched with. A book indexed before indexes were tagged is tagged here from what its
     document records say, so that a change is built beside it, not over it."""
     new = recipe.tag()
-    if not store.keeps_generations:
+    generations = generations_of(store)
+    if generations is None:  # the store writes every recipe in place
         return BuildStart(None, new)
-    old = store.current_recipe(book_id)
+    old = generations.current_recipe(book_id)
     if old is None:
         old = _recorded_tag(store, book_id)
         if old is not None:
-            store.adopt_recipe(book_id, old)
-    pending = store.pending_recipe(book_id)
+            generations.adopt_recipe(book_id, old)
+    pending = generations.pending_recipe(book_id)
     resumed = pending is not None and pending.get(SIGNATURE) == new[SIGNATURE]
     return BuildStart(old, new, resumed)
 
@@ -139,11 +141,12 @@ def finish_build(
     chunk and crawl errors). A pending build of *another* recipe (one given up, e.g. a
     setting changed back while it was unfinished) is never switched to: it is dropped, since
     this run wrote the book's searched index in place."""
-    pending = store.pending_recipe(book_id)
-    if pending is None:
+    generations = generations_of(store)
+    pending = None if generations is None else generations.pending_recipe(book_id)
+    if generations is None or pending is None:
         return SwitchOutcome(pending=False)
     if pending.get(SIGNATURE) != recipe[SIGNATURE]:
-        store.drop_pending(book_id)
+        generations.drop_pending(book_id)
         return SwitchOutcome(pending=False)
     held_back = []
     if not checks_passed:
@@ -159,5 +162,5 @@ def finish_build(
             )
     if held_back:
         return SwitchOutcome(pending=True, held_back=held_back)
-    switched = store.switch(book_id, keep_old=keep_old)
+    switched = generations.switch(book_id, keep_old=keep_old)
     return SwitchOutcome(pending=True, switched=switched, kept_old=switched and keep_old)

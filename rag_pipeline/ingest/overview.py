@@ -16,6 +16,7 @@ from rag_pipeline.ingest.migration import describe_recipes
 from rag_pipeline.models import InvalidBookIdError, validate_book_id
 from rag_pipeline.schema import COLLECTION_SCHEMA, SUMMARY_POINTS_BY_MODEL
 from rag_pipeline.store import DENSE_VECTOR, SPARSE_VECTOR, BookDamagedError, VectorStore
+from rag_pipeline.store.capabilities import catalog_of, generations_of
 
 __all__ = ["BookHealth", "CollectionState", "describe_collection"]
 
@@ -98,7 +99,9 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
             indexed.add(validate_book_id(tenant))
         except InvalidBookIdError:
             continue  # not a book (nothing this pipeline writes)
-    saved = store.summaries()
+    catalog = catalog_of(store)
+    generations = generations_of(store)
+    saved = {} if catalog is None else catalog.summaries()
     books = []
     for book_id in sorted(indexed | set(books_on_disk)):
         kept = saved.get(book_id)
@@ -112,8 +115,8 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
                     BookHealth(book_id, book_id in books_on_disk, 0, 0, 0, 0, damage=exc.problem)
                 )
                 continue
-            if summary["documents"] and store.keeps_summaries:
-                store.save_summary(book_id, summary)
+            if summary["documents"] and catalog is not None:
+                catalog.save_summary(book_id, summary)
         models = {str(k): int(v) for k, v in dict(summary[SUMMARY_POINTS_BY_MODEL]).items()}
         books.append(
             BookHealth(
@@ -125,8 +128,8 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
                 errors=int(summary["errors"]),
                 models=tuple(sorted(models)),
                 recipe=describe_recipes(
-                    store.current_recipe(book_id),
-                    store.pending_recipe(book_id),
+                    generations.current_recipe(book_id) if generations else None,
+                    generations.pending_recipe(book_id) if generations else None,
                     ", ".join(sorted(models)),
                 ),
                 last_run=summary.get("last_run") or None,

@@ -50,6 +50,7 @@ from rag_pipeline.recipes.choice import RecipeSource
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.resources.store import StoreOpener
 from rag_pipeline.sources.base import BookSource, ParseOptions
+from rag_pipeline.store.capabilities import generations_of
 
 if TYPE_CHECKING:
     from rag_pipeline.config import Settings
@@ -255,7 +256,8 @@ class IngestPipeline:
             return WrittenBook(BookResult(book_id, "missing", error_messages=[message]))
         result = book_result(chunked, embedded, checked.written, checked.consistency)
         with self.store.open() as store:  # a reader: the switch decision is finish_book's
-            before = store.current_recipe(book_id)
+            generations = generations_of(store)
+            before = None if generations is None else generations.current_recipe(book_id)
             switch = finish_book(
                 store,
                 chunked,

@@ -40,6 +40,7 @@ from rag_pipeline.models import Chunk, FileError, ParsedDocument
 from rag_pipeline.recipes.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.sources.base import BookSource, ParseOptions, SourceReadError
 from rag_pipeline.store import BookDamagedError, CollectionSpec, SparseVector, VectorStore
+from rag_pipeline.store.capabilities import catalog_of
 
 __all__ = [
     "BookInventory",
@@ -445,7 +446,8 @@ def write_book(
         outcomes=chunked.outcomes,
         lineage=lineage,
     )
-    if store.keeps_summaries:  # the collection look reads it, not the book, until it changes
+    catalog = catalog_of(store)
+    if catalog is not None:  # the collection look reads it, not the book, until it changes
         summary = run_summary(
             store,
             inventory.book_id,
@@ -453,7 +455,7 @@ def write_book(
             files=inventory.files,
             read_at_ns=inventory.read_at_ns,
         )
-        store.save_summary(inventory.book_id, summary)
+        catalog.save_summary(inventory.book_id, summary)
     return report
 
 
@@ -512,12 +514,13 @@ def finish_book(
         recipe=recipe.tag(),
         keep_old=keep_old,
     )
-    if switch.switched:
+    catalog = catalog_of(store)
+    if switch.switched and catalog is not None:
         inventory = chunked.inventory
         summary = run_summary(
             store, book_id, run_id=run_id, files=inventory.files, read_at_ns=inventory.read_at_ns
         )
-        store.save_summary(book_id, summary)
+        catalog.save_summary(book_id, summary)
     return switch
 
 

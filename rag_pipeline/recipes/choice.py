@@ -31,6 +31,7 @@ from rag_pipeline.embed import EmbedderUnavailableError, config_for_model, kind_
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SUMMARY_POINTS_BY_MODEL, chunks_of
 from rag_pipeline.store import VectorStore
+from rag_pipeline.store.capabilities import saved_summary, searched_recipe
 
 __all__ = [
     "BookRecipe",
@@ -90,7 +91,7 @@ def recorded_recipe(store: VectorStore, book_id: str) -> RecordedRecipe | None:
     else: from the book's saved summary while the store vouches for it (no shard opened),
     else from the chunks' ``embedding_model`` (one facet on an indexed keyword field, a
     handful of values per book)."""
-    models = recorded_models(store.summary(book_id))
+    models = recorded_models(saved_summary(store, book_id))
     if models is None:
         models = store.counts_by(chunks_of(book_id), EMBEDDING_MODEL)
     chosen = most_common(models)  # the model of most chunks
@@ -99,9 +100,10 @@ def recorded_recipe(store: VectorStore, book_id: str) -> RecordedRecipe | None:
 
 def searched_record(store: VectorStore, book_id: str) -> RecordedRecipe | None:
     """What a search of the book embeds its query with: the model of the generation this
-    handle reads (:meth:`VectorStore.searched_recipe`, pinned for the handle's life, so the
-    query is never embedded for one index and compared with another), else the record."""
-    tag = store.searched_recipe(book_id)
+    handle reads (:meth:`~rag_pipeline.store.capabilities.Generations.searched_recipe`,
+    pinned for the handle's life, so the query is never embedded for one index and compared
+    with another), else the record."""
+    tag = searched_recipe(store, book_id)
     model = tag.get(EMBEDDING_MODEL) if tag else None
     if model:
         return RecordedRecipe(model, {model: 0})

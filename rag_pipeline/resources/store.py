@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from rag_pipeline.config import StoreConfig
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import COLLECTION_SCHEMA
-from rag_pipeline.store import CollectionSpec, VectorStore, is_edge_folder, open_store
+from rag_pipeline.store import CollectionSpec, VectorStore, backend_of, open_store
 from rag_pipeline.store.sharing import shared_store, store_key
 
 __all__ = ["StoreOpener"]
@@ -51,7 +51,7 @@ class StoreOpener:
         config = self.config
         if busy_wait_s is not None:
             config = replace(config, busy_wait_s=busy_wait_s)
-        if recipe is None or not is_edge_folder(config):
+        if recipe is None or not backend_of(config).generations:
             # a store without generations writes every recipe in place: a builder is its
             # reader (and a second handle of memory would be another, empty store)
             key, factory = store_key(config), lambda: open_store(config, COLLECTION_SCHEMA)

@@ -68,6 +68,7 @@ from rag_pipeline.store import (
     VectorStore,
     open_store,
 )
+from rag_pipeline.store.capabilities import searched_recipe
 from rag_pipeline.store.errors import resource_limit
 from rag_pipeline.store.filters import check_point_id
 
@@ -234,7 +235,7 @@ class Service:
         may let go of a book and route it again, see LockGroup);
         :class:`RecordedModelUnavailableError` (503) when this process cannot embed with it."""
         opening, now = self.holder.stats.opens, time.monotonic()
-        tag = store.searched_recipe(book_id)  # a pointer read: the generation searched now
+        tag = searched_recipe(store, book_id)  # a pointer read: the generation searched now
         signature = tag.get(RECIPE_SIGNATURE) if tag else None
         with self._lock:
             known = self._books.get(book_id)

@@ -10,6 +10,7 @@ from pathlib import Path
 from rag_pipeline.config import StoreConfig
 from rag_pipeline.store import base as _base
 from rag_pipeline.store import filters as _filters
+from rag_pipeline.store.backends import backend_of
 from rag_pipeline.store.base import *  # noqa: F403 - re-exported: its __all__ is the API
 from rag_pipeline.store.base import CollectionSchema, StorePathError, VectorStore
 from rag_pipeline.store.filters import *  # noqa: F403 - re-exported: its __all__ is the API
@@ -17,7 +18,7 @@ from rag_pipeline.store.filters import *  # noqa: F403 - re-exported: its __all_
 __all__ = [
     *_base.__all__,
     *_filters.__all__,
-    "is_edge_folder",
+    "backend_of",
     "open_store",
     "rebuilding_beside",
     "set_aside",
@@ -26,39 +27,13 @@ __all__ = [
 
 
 def open_store(config: StoreConfig, schema: CollectionSchema) -> VectorStore:
-    """The store the config describes: a server URL wins, then ``:memory:``, then a folder.
+    """The store the config describes (see :func:`~.backends.backend_of`: a server URL wins,
+    then a Qdrant Edge folder, then qdrant-client's folder or ``:memory:``).
 
     An embedded folder is locked for as long as the handle is open (waiting up to
     ``config.busy_wait_s`` for another process), so keep handles short."""
-    if config.url:
-        from rag_pipeline.store.qdrant import QdrantStore
-
-        return QdrantStore(
-            config.collection,
-            schema,
-            url=config.url,
-            api_key=config.api_key,
-            timeout_s=config.timeout_s,
-            retries=config.retries,
-            shards=config.shards,
-            replication_factor=config.replication_factor,
-        )
     with _named_path(config):
-        if config.embedded == "edge" and config.path != ":memory:":
-            from rag_pipeline.store.edge import EdgeStore
-
-            return EdgeStore(
-                config.collection,
-                config.path,
-                schema,
-                busy_wait_s=config.busy_wait_s,
-                loaded_books=config.loaded_books,
-            )
-        from rag_pipeline.store.qdrant import QdrantStore
-
-        return QdrantStore(
-            config.collection, schema, path=config.path, busy_wait_s=config.busy_wait_s
-        )
+        return backend_of(config).open(config, schema)
 
 
 @contextmanager
@@ -73,37 +48,12 @@ def _named_path(config: StoreConfig) -> Iterator[None]:
         ) from None
 
 
-def is_edge_folder(config: StoreConfig) -> bool:
-    """The store is a Qdrant Edge folder (embedded, on disk)."""
-    return config.embedded == "edge" and not config.url and config.path != ":memory:"
-
-
 def set_aside(config: StoreConfig) -> str:
-    """Take the collection out of service so that it can be rebuilt from the books: a Qdrant
-    Edge folder is renamed (kept for inspection), any other collection is deleted. Returns
-    what was done, for the user."""
-    import time
-
-    if is_edge_folder(config):
-        from rag_pipeline.store.edge import whole_store_locked
-
-        root = Path(config.path)
-        folder = root / config.collection
-        with _named_path(config), whole_store_locked(root, config.collection, config.busy_wait_s):
-            if not folder.exists():
-                return f"nothing to set aside: {folder} does not exist"
-            target = folder.with_name(f"{folder.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
-            folder.rename(target)
-        return f"moved {folder} to {target}"
-    from rag_pipeline.store.qdrant import QdrantStore
-
-    store = open_store(config, CollectionSchema(tenant_field=""))
-    assert isinstance(store, QdrantStore)
-    try:
-        store.drop_collection()
-    finally:
-        store.close()
-    return f"deleted collection {config.collection!r} from {store.description}"
+    """Take the collection out of service so that it can be rebuilt from the books (its
+    backend's way: a Qdrant Edge folder is renamed and kept, any other collection is deleted).
+    Returns what was done, for the user."""
+    with _named_path(config):
+        return backend_of(config).set_aside(config)
 
 
 @contextmanager

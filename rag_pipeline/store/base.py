@@ -215,11 +215,6 @@ class VectorStore(ABC):
     schema: CollectionSchema
     #: what a user should read in the README and error messages, e.g. "Qdrant server URL".
     description: str
-    #: whether :meth:`save_summary` keeps anything (else callers need not compute one)
-    keeps_summaries: bool = False
-    #: whether a handle made a builder by :meth:`ensure_collection` with a recipe tag builds a
-    #: book of another recipe beside its searched index (else writes go in place)
-    keeps_generations: bool = False
 
     # -- collection -------------------------------------------------------------------------
 
@@ -518,58 +513,13 @@ class VectorStore(ABC):
         its files. Default: every point of the tenant deleted."""
         self._delete(TenantFilter(tenant))
 
-    # -- per-book catalog and generations (defaults: none kept, writes in place) -----------
-
-    def summaries(self) -> dict[str, dict[str, Any]]:
-        """What the caller saved per tenant with :meth:`save_summary`, where still valid (a
-        write to the tenant since drops it; a store that can tell also drops one whose data
-        was changed by other hands). Default: none kept."""
-        return {}
-
-    def summary(self, tenant: str) -> dict[str, Any] | None:
-        """The tenant's saved summary where still valid (see :meth:`summaries`), read without
-        opening the tenant's data. Default: none kept."""
-        return None
-
-    def save_summary(self, tenant: str, data: Mapping[str, Any]) -> None:  # noqa: B027
-        """Keep ``data`` as the tenant's summary until its next write (default: not kept)."""
-
-    def current_recipe(self, tenant: str) -> dict[str, str] | None:
-        """The recipe tag the tenant's searched index was built with (None: unknown)."""
-        return None
+    # -- per tenant ---------------------------------------------------------------------------
 
     def dimension_of(self, tenant: str) -> int | None:
         """The dense dimension of the index this handle reads and writes for ``tenant``
         (None: it holds none yet). One collection has one: a store with generations has one
         per tenant's generation, so a new model of another dimension is built beside."""
         return self.dense_dimension()
-
-    def searched_recipe(self, tenant: str) -> dict[str, str] | None:
-        """The recipe tag of the index this handle reads for ``tenant``, fixed for the
-        handle's life where the store has generations (a search embeds its query with that
-        generation's model, never one read from another). Default: :meth:`current_recipe`."""
-        return self.current_recipe(tenant)
-
-    def adopt_recipe(self, tenant: str, recipe: Mapping[str, str]) -> bool:
-        """Record ``recipe`` as the tag of a tenant's searched index that has none (built
-        before indexes were tagged), so that a builder of another recipe builds beside it.
-        False when there is nothing to tag (and on stores without generations)."""
-        return False
-
-    def pending_recipe(self, tenant: str) -> dict[str, str] | None:
-        """The recipe tag of a generation being built beside the current one (None: none)."""
-        return None
-
-    def switch(self, tenant: str, *, keep_old: bool = False) -> bool:
-        """Make the tenant's pending generation the searched one, atomically; the old one is
-        removed (or kept, with ``keep_old``). False when there is nothing pending (and
-        always on stores without generations: they write in place)."""
-        return False
-
-    def drop_pending(self, tenant: str) -> bool:
-        """Remove the tenant's pending generation (an unfinished build of a recipe no longer
-        wanted); the searched one stays. False when none was pending."""
-        return False
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -14,16 +14,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import qdrant_edge as qe
+
 from rag_pipeline.store import base
+from rag_pipeline.store.capabilities import BookCatalog
 from rag_pipeline.store.edge.common import log
 from rag_pipeline.store.edge.files import (
     _CONFIG_FILE,
     _CURRENT,
     _SUMMARY,
+    _listed_books,
     _Pointer,
+    _read_pointer,
     _readable,
     _write_json,
 )
+from rag_pipeline.store.edge.handle import Handle, RoutedBook
 
 #: files of an Edge shard that a read-only load, search, count, scroll or facet rewrites (their
 #: times, and edge_config.json's size at the first load; tracker_journal.dat is deleted), as
@@ -226,3 +232,87 @@ def _read_summary(folder: Path, generation: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return data if now == {k: stamp.get(k) for k in now} else None
+
+
+class EdgeCatalog(BookCatalog):
+    """The catalog of :class:`~rag_pipeline.store.edge.store.EdgeStore` (a mixin): each
+    book's ``summary.json``, read while it vouches for the generation as its files are."""
+
+    def summaries(self: Handle) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for book in _listed_books(self.books_folder):
+            data = self.summary(book)
+            if data is not None:
+                out[book] = data
+        return out
+
+    def summary(self: Handle, tenant: str) -> dict[str, Any] | None:
+        """The book's saved summary while it still describes the generation this handle
+        reads: same generation, and that folder's fingerprint unchanged (no shard opened).
+        None when absent, stale, damaged, or when this handle builds the book beside."""
+        if not _readable(tenant):
+            return None
+        state = self._books.get(tenant)
+        if state is not None and state.summary is not None:
+            return dict(state.summary)  # saved by this handle, no write since
+        if state is not None and (state.summary_dropped or state.pending):
+            return None
+        folder = f"{self.books_folder}{os.sep}{tenant}"  # (str: a plan asks per book, 4 times)
+        try:  # both files are replaced, never rewritten in place: a new inode at every change
+            pointer_st = os.stat(f"{folder}{os.sep}{_CURRENT}")
+            summary_st = os.stat(f"{folder}{os.sep}{_SUMMARY}")
+        except OSError:
+            return None
+        seen = (
+            folder,
+            pointer_st.st_ino,
+            pointer_st.st_mtime_ns,
+            pointer_st.st_size,
+            summary_st.st_ino,
+            summary_st.st_mtime_ns,
+            summary_st.st_size,
+        )
+        with _checked_lock:
+            checked = _checked.get(seen)
+        if checked is not None and time.monotonic() < checked[0]:
+            current, data = checked[1], checked[2]  # the same files, checked a moment ago
+        else:
+            try:
+                pointer = _read_pointer(Path(folder) / _CURRENT)
+            except base.StoreDamagedError:
+                return None  # the full read says so
+            read = None if pointer is None else _read_summary(Path(folder), pointer[0])
+            if pointer is None or read is None:
+                return None
+            current, data = pointer, read
+            with _checked_lock:
+                if len(_checked) > _CHECKED_MAX:  # a long-lived process: forget the oldest
+                    for key in list(_checked)[: len(_checked) // 2]:
+                        del _checked[key]
+                _checked[seen] = (time.monotonic() + _RECHECK_AFTER_S, current, data)
+        if self._recipe is not None and self._builds_beside(current):
+            return None
+        return dict(data)
+
+    def save_summary(self: Handle, tenant: str, data: Mapping[str, Any]) -> None:
+        """Kept in memory until the book's shard is flushed and closed (unload or close),
+        then written with the fingerprint of its generation's files."""
+        with self._lock:
+            state = self._route(tenant)
+            if state.pending or state.generation is None:
+                return  # a summary describes the current generation only
+            shard = self._reader(tenant)
+            if shard is None:
+                return
+            state.summary_points = int(self._call("count", shard.count, qe.CountRequest()))
+            state.summary = dict(data)
+            state.summary_dropped = False  # the next write drops it again
+
+    def _write_summary(self: Handle, state: RoutedBook) -> None:
+        data, state.summary = state.summary, None
+        if data is None or state.generation is None or not state.folder.is_dir():
+            return
+        try:
+            _write_summary(state.folder, state.generation, data, state.summary_points)
+        except OSError as exc:  # no summary is safe (the book is read): never fail a close
+            log.warning("summary of book %s not saved: %s", state.folder.name, exc)

@@ -5,12 +5,9 @@ generations of :mod:`rag_pipeline.store.capabilities`."""
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import time
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +15,9 @@ import qdrant_edge as qe
 
 from rag_pipeline.store import base, native
 from rag_pipeline.store.edge.catalog import (
-    _CHECKED_MAX,
-    _RECHECK_AFTER_S,
+    EdgeCatalog,
     _check_not_orphaned,
-    _checked,
-    _checked_lock,
     _promised_points,
-    _read_summary,
-    _write_summary,
 )
 from rag_pipeline.store.edge.common import log
 from rag_pipeline.store.edge.engine import (
@@ -55,7 +47,6 @@ from rag_pipeline.store.edge.files import (
     _check_book_name,
     _Layout,
     _listed_books,
-    _Pointer,
     _read_layout,
     _read_pointer,
     _readable,
@@ -66,6 +57,8 @@ from rag_pipeline.store.edge.files import (
     _write_json,
     _write_layout,
 )
+from rag_pipeline.store.edge.generations import EdgeGenerations
+from rag_pipeline.store.edge.handle import RoutedBook
 from rag_pipeline.store.edge.migration import _settle_old_layout
 from rag_pipeline.store.edge.rebuild import layout_lock
 from rag_pipeline.store.errors import resource_limit
@@ -80,31 +73,9 @@ from rag_pipeline.store.lock import FolderLock, LockGroup, allow_open_files
 MAX_OPEN_SHARDS = 2
 
 
-@dataclass
-class _Book:
-    """One book as this handle routes it (decided once, under the book's lock)."""
-
-    folder: Path
-    generation: str | None  # the generation folder read and written (None: none yet)
-    pending: bool  # that generation is (or will be) the pending one
-    shard: qe.EdgeShard | None = None
-    #: the summary is dropped before this handle's first write since it was (re)saved
-    summary_dropped: bool = False
-    #: a summary saved by this handle, written with its fingerprint once the shard is closed
-    summary: dict[str, Any] | None = None
-    written: bool = False
-    dirty: bool = False  # written since the last flush
-    unoptimized: int = 0  # points written since the shard was last optimized
-    emptied: bool = False  # written and left without points when its shard was last closed
-    #: the points the shard held when :attr:`summary` was saved (what its file promises)
-    summary_points: int = 0
-
-
-class EdgeStore(base.VectorStore):
-    """A collection as one Qdrant Edge shard per book under ``<path>/<collection>``."""
-
-    keeps_summaries = True
-    keeps_generations = True
+class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
+    """A collection as one Qdrant Edge shard per book under ``<path>/<collection>``, with a
+    catalog and generations (:mod:`rag_pipeline.store.capabilities`)."""
 
     def __init__(
         self,
@@ -127,7 +98,7 @@ class EdgeStore(base.VectorStore):
         #: the book locks held, at most ``loaded_books`` of books not written (see LockGroup)
         self._locks = LockGroup(cap=self._loaded_books, may_let_go=self._may_let_go)
         allow_open_files()
-        self._books: dict[str, _Book] = {}
+        self._books: dict[str, RoutedBook] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # books with a loaded shard, LRU first
         #: book -> (summary file and generation seen, until when, its data): see summary()
         #: the recipe tag of a builder handle (see the module's docstring)
@@ -138,7 +109,7 @@ class EdgeStore(base.VectorStore):
         _settle_old_layout(
             self.root, collection, schema, self._layout_lock, busy_wait_s, self.description
         )
-        self._layout = self._read_or_recover_layout()
+        self._layout: _Layout | None = self._read_or_recover_layout()
 
     def _read_or_recover_layout(self) -> _Layout | None:
         """layout.json, or, when it is lost or unreadable while book shards are there, the
@@ -210,7 +181,7 @@ class EdgeStore(base.VectorStore):
         self._forget(book)
         return True
 
-    def _route(self, book: str) -> _Book:
+    def _route(self, book: str) -> RoutedBook:
         """Where this handle reads and writes ``book`` (taking its lock the first time)."""
         state = self._books.get(book)
         if state is not None:
@@ -225,13 +196,13 @@ class EdgeStore(base.VectorStore):
             pending = None  # a switch died after replacing current.json: done already
         if current is None:
             _check_not_orphaned(folder)
-        state = _Book(folder, current[0] if current else None, pending=False)
+        state = RoutedBook(folder, current[0] if current else None, pending=False)
         if self._recipe is not None and current is not None and self._builds_beside(current):
             ours = (
                 pending is not None
                 and _signature(pending[1]) == self._recipe[base.RECIPE_SIGNATURE]
             )
-            state = _Book(folder, pending[0] if ours and pending else None, pending=True)
+            state = RoutedBook(folder, pending[0] if ours and pending else None, pending=True)
         self._books[book] = state
         return state
 
@@ -261,7 +232,7 @@ class EdgeStore(base.VectorStore):
             self._opened(book)
         return state.shard
 
-    def _verify(self, book: str, state: _Book, shard: qe.EdgeShard) -> None:
+    def _verify(self, book: str, state: RoutedBook, shard: qe.EdgeShard) -> None:
         """A loaded shard holds only the book's points, and (for the current generation,
         when its summary file is there: no write since it was saved) exactly as many as that
         summary promises; else :class:`~rag_pipeline.store.errors.BookDamagedError`. An
@@ -313,7 +284,7 @@ class EdgeStore(base.VectorStore):
         if state.summary is not None:  # flushed and closed: what the fingerprint must see
             self._write_summary(state)
 
-    def _settle(self, state: _Book) -> None:
+    def _settle(self, state: RoutedBook) -> None:
         """After writes to a book: :func:`_settle_shard`."""
         assert state.shard is not None
         if self._layout is not None:
@@ -353,7 +324,7 @@ class EdgeStore(base.VectorStore):
         if self._layout is not None:
             self._call("index creation", _add_indexes, shard, self.schema, self._layout)
 
-    def _create_generation(self, book: str, state: _Book) -> None:
+    def _create_generation(self, book: str, state: RoutedBook) -> None:
         assert self._layout is not None
         dim = self._dense_dim or self._layout.dense_dim
         if dim is None:
@@ -369,7 +340,7 @@ class EdgeStore(base.VectorStore):
         state.generation, state.shard, state.written = name, shard, True
         self._opened(book)
 
-    def _stamp_recipe(self, state: _Book) -> None:
+    def _stamp_recipe(self, state: RoutedBook) -> None:
         """A builder's first write to a current generation without a recipe tag adopts it."""
         current = _read_pointer(state.folder / _CURRENT)
         if self._recipe is not None and current is not None and _signature(current[1]) is None:
@@ -454,181 +425,7 @@ class EdgeStore(base.VectorStore):
             out.append(book)
         return out
 
-    # -- summaries, generations, purge -------------------------------------------------------
-
-    def summaries(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for book in _listed_books(self.books_folder):
-            data = self.summary(book)
-            if data is not None:
-                out[book] = data
-        return out
-
-    def summary(self, tenant: str) -> dict[str, Any] | None:
-        """The book's saved summary while it still describes the generation this handle
-        reads: same generation, and that folder's fingerprint unchanged (no shard opened).
-        None when absent, stale, damaged, or when this handle builds the book beside."""
-        if not _readable(tenant):
-            return None
-        state = self._books.get(tenant)
-        if state is not None and state.summary is not None:
-            return dict(state.summary)  # saved by this handle, no write since
-        if state is not None and (state.summary_dropped or state.pending):
-            return None
-        folder = f"{self.books_folder}{os.sep}{tenant}"  # (str: a plan asks per book, 4 times)
-        try:  # both files are replaced, never rewritten in place: a new inode at every change
-            pointer_st = os.stat(f"{folder}{os.sep}{_CURRENT}")
-            summary_st = os.stat(f"{folder}{os.sep}{_SUMMARY}")
-        except OSError:
-            return None
-        seen = (
-            folder,
-            pointer_st.st_ino,
-            pointer_st.st_mtime_ns,
-            pointer_st.st_size,
-            summary_st.st_ino,
-            summary_st.st_mtime_ns,
-            summary_st.st_size,
-        )
-        with _checked_lock:
-            checked = _checked.get(seen)
-        if checked is not None and time.monotonic() < checked[0]:
-            current, data = checked[1], checked[2]  # the same files, checked a moment ago
-        else:
-            try:
-                pointer = _read_pointer(Path(folder) / _CURRENT)
-            except base.StoreDamagedError:
-                return None  # the full read says so
-            read = None if pointer is None else _read_summary(Path(folder), pointer[0])
-            if pointer is None or read is None:
-                return None
-            current, data = pointer, read
-            with _checked_lock:
-                if len(_checked) > _CHECKED_MAX:  # a long-lived process: forget the oldest
-                    for key in list(_checked)[: len(_checked) // 2]:
-                        del _checked[key]
-                _checked[seen] = (time.monotonic() + _RECHECK_AFTER_S, current, data)
-        if self._recipe is not None and self._builds_beside(current):
-            return None
-        return dict(data)
-
-    def save_summary(self, tenant: str, data: Mapping[str, Any]) -> None:
-        """Kept in memory until the book's shard is flushed and closed (unload or close),
-        then written with the fingerprint of its generation's files."""
-        with self._lock:
-            state = self._route(tenant)
-            if state.pending or state.generation is None:
-                return  # a summary describes the current generation only
-            shard = self._reader(tenant)
-            if shard is None:
-                return
-            state.summary_points = int(self._call("count", shard.count, qe.CountRequest()))
-            state.summary = dict(data)
-            state.summary_dropped = False  # the next write drops it again
-
-    def _write_summary(self, state: _Book) -> None:
-        data, state.summary = state.summary, None
-        if data is None or state.generation is None or not state.folder.is_dir():
-            return
-        try:
-            _write_summary(state.folder, state.generation, data, state.summary_points)
-        except OSError as exc:  # no summary is safe (the book is read): never fail a close
-            log.warning("summary of book %s not saved: %s", state.folder.name, exc)
-
-    def current_recipe(self, tenant: str) -> dict[str, str] | None:
-        if not _readable(tenant):
-            return None
-        current = _read_pointer(self.books_folder / tenant / _CURRENT)
-        recipe = None if current is None else current[1].get("recipe")
-        return dict(recipe) if isinstance(recipe, dict) else None
-
-    def searched_recipe(self, tenant: str) -> dict[str, str] | None:
-        """The tag of the generation this handle routed ``tenant`` to (routing takes the
-        book's lock, so no switch can come between this answer and the handle's reads)."""
-        with self._lock:
-            if not _readable(tenant):
-                return None
-            state = self._route(tenant)
-            if state.generation is None:
-                return None
-            pointer = _read_pointer(state.folder / (_PENDING if state.pending else _CURRENT))
-            recipe = None if pointer is None else pointer[1].get("recipe")
-            return dict(recipe) if isinstance(recipe, dict) else None
-
-    def adopt_recipe(self, tenant: str, recipe: Mapping[str, str]) -> bool:
-        with self._lock:
-            _check_book_name(tenant)
-            state = self._route(tenant)
-            current = _read_pointer(state.folder / _CURRENT)
-            if current is None or _signature(current[1]) is not None:
-                return False
-            _write_json(state.folder / _CURRENT, {**current[1], "recipe": dict(recipe)})
-            self._forget(tenant)  # a builder routes it again, now against the tag
-            return True
-
-    def pending_recipe(self, tenant: str) -> dict[str, str] | None:
-        if not _readable(tenant):
-            return None
-        folder = self.books_folder / tenant
-        pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
-        if pending is None or (current is not None and current[0] == pending[0]):
-            return None
-        recipe = pending[1].get("recipe")
-        return dict(recipe) if isinstance(recipe, dict) else None
-
-    def _pointers(self, tenant: str) -> tuple[Path, _Pointer | None, _Pointer | None]:
-        """The book's folder and its pending and current pointers, read under the book's
-        lock with the handle's routing of it dropped; a pending pointer naming the current
-        generation (a switch killed after its replace) is no pending build: None."""
-        _check_book_name(tenant)
-        self._hold(tenant)
-        self._forget(tenant)
-        folder = self.books_folder / tenant
-        pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
-        if pending is not None and current is not None and current[0] == pending[0]:
-            pending = None
-        return folder, pending, current
-
-    def drop_pending(self, tenant: str) -> bool:
-        with self._lock:
-            folder, pending, _ = self._pointers(tenant)
-            _unlink(folder / _PENDING)  # first: a kill from here on leaves no pending named
-            if pending is None:
-                return False
-            _remove_folder(folder / pending[0])
-            log.info("book %s: the pending generation %s was dropped", tenant, pending[0])
-            return True
-
-    def switch(self, tenant: str, *, keep_old: bool = False) -> bool:
-        with self._lock:
-            folder, pending, current = self._pointers(tenant)
-            if pending is None:
-                _unlink(folder / _PENDING)
-                return False
-            _unlink(folder / _SUMMARY)  # it described the old generation
-            _write_json(folder / _CURRENT, pending[1])  # the switch: one atomic replace
-            _unlink(folder / _PENDING)
-            self._follow_dimension(pending[1].get("dense_dim"))
-            if current is not None:
-                old = folder / current[0]
-                if keep_old:
-                    old.rename(folder / f"old-{current[0]}")
-                else:
-                    _remove_folder(old)
-            log.info("book %s now searches generation %s", tenant, pending[0])
-            return True
-
-    def _follow_dimension(self, dim: Any) -> None:
-        """layout.json's dimension follows the generations switched in (a new model's)."""
-        if not isinstance(dim, int) or self._layout is None or dim == self._layout.dense_dim:
-            return
-        self._layout_lock.acquire(self._busy_wait_s)
-        try:
-            layout = _read_layout(self.folder) or self._layout
-            self._layout = _Layout(dim, layout.payload_indexes)
-            _write_layout(self.folder, self._layout)
-        finally:
-            self._layout_lock.release()
+    # -- purge and damage -------------------------------------------------------------------
 
     def purge(self, where: TenantFilter) -> int:
         """The book's folder removed under its lock (every generation, its summary)."""
