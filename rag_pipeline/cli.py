@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import traceback
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,7 @@ from rich.table import Table
 
 from rag_pipeline import __version__
 from rag_pipeline.config import DagsterStateError, Settings, SettingsError, load_settings
+from rag_pipeline.retrieve.params import CONTEXT_PARAMS, SEARCH_PARAMS, Param
 from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from rag_pipeline.ingest.report import IngestReport
     from rag_pipeline.recipes.lazy import LazyRecipe
     from rag_pipeline.recipes.recipe import IndexRecipe
-    from rag_pipeline.retrieve.search import GroupBy, Hit, HitGroup, SearchMode
+    from rag_pipeline.retrieve.search import Hit, HitGroup, SearchMode
     from rag_pipeline.store import FusionMethod, VectorStore
 
 __all__ = ["SIGPIPE_EXIT", "main"]
@@ -480,20 +480,24 @@ def books(first: bool, as_json: bool) -> None:
 
 
 class _OneValueCommand(click.Command):
-    """A command whose options that take one value may each be given once: click would keep
-    the last silently, so ``--book a --book b`` would read book b where a wrapper checked a.
-    Which options those are comes from the command's own parameters (not ``multiple``, not a
-    flag or a count), so an option added later is covered."""
+    """A command whose options that take one value may each be given once
+    (:func:`~rag_pipeline.retrieve.params.repeated`: click would keep the last silently, so
+    ``--book a --book b`` would read book b where a wrapper checked a). Which options those
+    are comes from the command's own parameters (not ``multiple``, not a flag or a count), so
+    an option added later is covered."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from rag_pipeline.retrieve.params import repeated
+
         if not ctx.resilient_parsing:  # shell completion parses half-typed lines
             _, _, order = self.make_parser(ctx).parse_args(args=list(args))
-            for param, count in Counter(order).items():
-                if count > 1 and _takes_one_value(param):
-                    option = max(param.opts, key=len)
-                    raise click.UsageError(
-                        f"{option} is given {count} times: it takes one value", ctx
-                    )
+            options = {p: max(p.opts, key=len) for p in order if isinstance(p, click.Option)}
+            single = {options[p] for p in options if _takes_one_value(p)}
+            twice = repeated([options[p] for p in order if p in options], single)
+            if twice is not None:
+                raise click.UsageError(
+                    f"{twice[0]} is given {twice[1]} times: it takes one value", ctx
+                )
         return super().parse_args(ctx, args)
 
 
@@ -507,9 +511,9 @@ def _takes_one_value(param: click.Parameter) -> bool:
 
 
 def _book_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--book", "book_id", default=None, help="book id; required: results never cross books"
-    )(fn)
+    from rag_pipeline.retrieve.params import BOOK
+
+    return click.option(BOOK.flag, "book_id", default=None, help=BOOK.help)(fn)
 
 
 def _require_book(book_id: str | None) -> str:
@@ -529,117 +533,59 @@ def _point_id(value: str) -> str:
         fail(str(exc))
 
 
+def _declared(params: Sequence[Param]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options of ``params`` (:mod:`rag_pipeline.retrieve.params`), in their order."""
+
+    def options(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for p in reversed(params):
+            fn = click.option(
+                p.flag,
+                p.name,
+                type=_click_type(p),
+                multiple=p.repeatable,
+                default=() if p.repeatable else p.default,
+                show_default=p.default is not None,
+                help=p.help.replace("group_by", "--group-by").replace("limit best", "--limit best"),
+            )(fn)
+        return fn
+
+    return options
+
+
+def _click_type(p: Param) -> Any:
+    if p.choices is not None:
+        return click.Choice(list(p.choices))
+    if p.kind is int and (p.minimum is not None or p.maximum is not None):
+        return click.IntRange(p.minimum, p.maximum)
+    return p.kind
+
+
 def _fusion_option(multiple: bool = False) -> Callable[..., Any]:
+    fusion = next(p for p in SEARCH_PARAMS if p.name == "fusion")
     return click.option(
-        "--fusion",
+        fusion.flag,
         "fusion",
-        type=click.Choice(["minmax", "dbsf", "rrf"]),
+        type=click.Choice(list(fusion.choices or ())),
         multiple=multiple,
-        default=() if multiple else None,
-        help="how hybrid mode fuses its dense and sparse lists: minmax (client-side min-max, "
-        "alpha 0.5; the default, chosen by measurement), dbsf or rrf (the engine's)"
-        + ("; repeatable" if multiple else ""),
+        default=() if multiple else fusion.default,
+        help=fusion.help + ("; repeatable" if multiple else ""),
     )
 
 
 @main.command(cls=_OneValueCommand)
 @click.argument("query")
 @_book_option
-@click.option("--module", default=None, help="exact module")
-@click.option("--chapter-min", type=int, default=None)
-@click.option("--chapter-max", type=int, default=None)
-@click.option("--lesson", type=int, default=None)
-@click.option("--hardware-tier", type=int, default=None, help="this tier or lower")
-@click.option("--proficiency", multiple=True, help="any of these levels; repeatable")
-@click.option("--where", "equals", multiple=True, help="payload equality filter key=value")
-@click.option(
-    "--limit",
-    type=click.IntRange(1, 1000),
-    default=5,
-    show_default=True,
-    help="hits (with --group-by: groups)",
-)
-@click.option(
-    "--score-threshold",
-    type=float,
-    default=None,
-    help="minimum score: cosine (dense), BM25 (sparse) or the fused score (hybrid; min-max "
-    "scores lie in [0, 1])",
-)
-@click.option(
-    "--mode",
-    type=click.Choice(["dense", "sparse", "hybrid"]),
-    default=None,
-    help="default: hybrid (chosen by measurement)",
-)
-@_fusion_option()
-@click.option(
-    "--rrf-k",
-    type=click.IntRange(1, 100_000),
-    default=60,
-    show_default=True,
-    help="k of --fusion rrf",
-)
-@click.option(
-    "--group-by",
-    type=click.Choice(["file"]),
-    default=None,
-    help="the best chunks of each of the --limit best files",
-)
-@click.option(
-    "--group-size",
-    type=click.IntRange(1, 100),
-    default=3,
-    show_default=True,
-    help="chunks per group with --group-by",
-)
+@_declared(SEARCH_PARAMS)
 @click.option("--json", "as_json", is_flag=True)
-def search(
-    query: str,
-    book_id: str | None,
-    module: str | None,
-    chapter_min: int | None,
-    chapter_max: int | None,
-    lesson: int | None,
-    hardware_tier: int | None,
-    proficiency: tuple[str, ...],
-    equals: tuple[str, ...],
-    limit: int,
-    score_threshold: float | None,
-    mode: str | None,
-    fusion: str | None,
-    rrf_k: int,
-    group_by: str | None,
-    group_size: int,
-    as_json: bool,
-) -> None:
+def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> None:
     """Search one book for QUERY."""
-    from rag_pipeline.retrieve import DEFAULT_FUSION, DEFAULT_MODE, SearchFilters, parse_equals
-    from rag_pipeline.retrieve.request import SearchRequest, results_json
+    from rag_pipeline.retrieve.params import search_request
+    from rag_pipeline.retrieve.request import results_json
 
     book = _require_book(book_id)
     settings = _settings()
     try:
-        request = SearchRequest(
-            query,
-            book,
-            SearchFilters(
-                module=module,
-                chapter_min=chapter_min,
-                chapter_max=chapter_max,
-                lesson=lesson,
-                hardware_tier=hardware_tier,
-                proficiency_levels=tuple(proficiency),
-                equals=parse_equals(equals),
-            ),
-            limit=limit,
-            mode=cast("SearchMode", mode or DEFAULT_MODE),
-            fusion=cast("FusionMethod", fusion or DEFAULT_FUSION),
-            rrf_k=rrf_k,
-            score_threshold=score_threshold,
-            group_by=cast("GroupBy | None", group_by),
-            group_size=group_size,
-        )
+        request = search_request(query, book, values)
     except ValueError as exc:
         fail(str(exc))
     with opened_store(settings) as store:
@@ -663,7 +609,7 @@ def search(
         emit_json(results_json(results))
         return
     label = request.mode + (f", {request.fusion}" if request.mode == "hybrid" else "")
-    if group_by is None:
+    if request.group_by is None:
         _print_hits(cast("list[Hit]", results), f"{len(results)} hits in {book} ({label})")
         return
     for group in cast("list[HitGroup]", results):
@@ -711,10 +657,9 @@ def _print_hits(hits: Sequence[Hit], title: str, show_score: bool = True) -> Non
 @main.command(cls=_OneValueCommand)
 @click.argument("chunk_id")
 @_book_option
-@click.option("--prev", "prev_n", type=click.IntRange(0, 100), default=1, show_default=True)
-@click.option("--next", "next_n", type=click.IntRange(0, 100), default=1, show_default=True)
+@_declared(CONTEXT_PARAMS)
 @click.option("--json", "as_json", is_flag=True)
-def context(chunk_id: str, book_id: str | None, prev_n: int, next_n: int, as_json: bool) -> None:
+def context(chunk_id: str, book_id: str | None, as_json: bool, **values: int) -> None:
     """A chunk with its neighbours along the document's prev/next chain."""
     from rag_pipeline.retrieve import expand_context
 
@@ -722,7 +667,9 @@ def context(chunk_id: str, book_id: str | None, prev_n: int, next_n: int, as_jso
         chunk_id,
         book_id,
         as_json,
-        lambda store, book, point: expand_context(store, book, point, prev=prev_n, next=next_n),
+        lambda store, book, point: expand_context(
+            store, book, point, prev=values["prev"], next=values["next"]
+        ),
         missing="no chunk {point} in book {book}",
         title=lambda point, hits: f"context of {point}",
     )

@@ -12,28 +12,24 @@ store is shared with ingestion runs through :class:`StoreHolder`.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Path, Query, Request, params
-
-# FastAPI's own test of a list-valued parameter (private: an upgrade that moves it fails loudly)
-from fastapi._compat import field_annotation_is_sequence
-from fastapi.dependencies.models import Dependant
-from fastapi.dependencies.utils import get_flat_params
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import params as params_module
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from starlette.datastructures import QueryParams
 
 from rag_pipeline import __version__
@@ -51,9 +47,18 @@ from rag_pipeline.embed.base import embedder_source
 from rag_pipeline.models import validate_book_id
 from rag_pipeline.recipes.lazy import LazyRecipe
 from rag_pipeline.recipes.recipe import IndexRecipe
-from rag_pipeline.retrieve import SearchFilters, expand_context, get_document, parse_equals
+from rag_pipeline.retrieve import expand_context, get_document
 from rag_pipeline.retrieve.lineage import trace_point
-from rag_pipeline.retrieve.request import SearchRequest, results_json
+from rag_pipeline.retrieve.params import (
+    BOOK,
+    CONTEXT_PARAMS,
+    SEARCH_PARAMS,
+    Param,
+    repeated,
+    search_request,
+    single_valued,
+)
+from rag_pipeline.retrieve.request import results_json
 from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
@@ -75,7 +80,6 @@ from rag_pipeline.store.filters import check_point_id
 __all__ = [
     "CachedQueryEmbedder",
     "CliJSONResponse",
-    "OneMeaningRoute",
     "Service",
     "create_app",
     "query_recipe",
@@ -276,57 +280,74 @@ def _point(value: str) -> str:
         raise HTTPException(400, str(exc)) from None
 
 
-def _one_meaning_names(dependant: Dependant) -> tuple[frozenset[str], frozenset[str]]:
-    """The query parameters of a route that take one value, and its path parameters: what
-    the route declares (its dependencies' parameters included). A parameter is multi-valued
-    exactly when FastAPI reads it as a list, by the same test FastAPI applies."""
-    fields = get_flat_params(dependant)
-    single = frozenset(
-        f.alias
-        for f in fields
-        if isinstance(f.field_info, params.Query)
-        and not field_annotation_is_sequence(f.field_info.annotation)
-    )
-    in_path = frozenset(f.alias for f in fields if isinstance(f.field_info, params.Path))
-    return single, in_path
-
-
 def _refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: frozenset[str]) -> None:
     """400 naming the first parameter that would give the request two meanings: one that takes
-    one value given more than once (FastAPI would silently keep the last, so a gateway that
-    checked or set the first ``book`` would be bypassed), or a path parameter repeated in the
-    query."""
+    one value given more than once (:func:`~rag_pipeline.retrieve.params.repeated`), or a
+    path parameter repeated in the query."""
     for name in query:  # each name once, in the request's order
         if name in in_path:
             raise HTTPException(
                 400, f"{name!r} is a path parameter: it cannot also be given in the query"
             )
-        count = len(query.getlist(name))
-        if name in single and count > 1:
-            raise HTTPException(
-                400, f"query parameter {name!r} is given {count} times: it takes one value"
+    twice = repeated([name for name, _ in query.multi_items()], single)
+    if twice is not None:
+        raise HTTPException(
+            400, f"query parameter {twice[0]!r} is given {twice[1]} times: it takes one value"
+        )
+
+
+def one_meaning(
+    params: Sequence[Param], *, query: Sequence[str] = (), path: Sequence[str] = ()
+) -> params_module.Depends:
+    """A route's dependency that refuses an ambiguous request before any parameter is read:
+    the route's declared ``params`` (and its ``query`` names) take one value each unless
+    repeatable; its ``path`` names cannot be given in the query too."""
+    single = single_valued(params) | frozenset(query)
+    in_path = frozenset(path)
+
+    def refuse(request: Request) -> None:
+        _refuse_ambiguous(request.query_params, single, in_path)
+
+    depends: params_module.Depends = Depends(refuse)
+    return depends
+
+
+def declared(params: Sequence[Param]) -> Callable[..., dict[str, Any]]:
+    """A dependency whose query parameters are ``params`` (name, type, default, bounds,
+    choices, repeatable: :mod:`rag_pipeline.retrieve.params`), returning their values."""
+
+    def values(**given: Any) -> dict[str, Any]:
+        return given
+
+    values.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                p.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=Query(
+                    None if p.repeatable else p.default,
+                    ge=p.minimum,
+                    le=p.maximum,
+                    description=p.help,
+                ),
+                annotation=_annotation(p),
             )
+            for p in params
+        ]
+    )
+    return values
 
 
-class OneMeaningRoute(APIRoute):
-    """A route that refuses an ambiguous request (:func:`_refuse_ambiguous`) before reading any
-    parameter; the single-valued names come from the route's own declaration, so every
-    endpoint added to the app is covered."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-        single, in_path = _one_meaning_names(self.dependant)
-
-        async def one_meaning(request: Request) -> Response:
-            _refuse_ambiguous(request.query_params, single, in_path)
-            return await handler(request)
-
-        return one_meaning
+def _annotation(p: Param) -> Any:
+    kind: Any = Literal[p.choices] if p.choices else p.kind
+    if p.repeatable:
+        return list[kind] | None
+    return kind if p.default is not None else kind | None
 
 
-BookParam = Annotated[
-    str | None, Query(description="book id (tenant); required: answers never cross books")
-]
+BookParam = Annotated[str | None, Query(description=BOOK.help)]
+SearchValues = Annotated[dict[str, Any], Depends(declared(SEARCH_PARAMS))]
+ContextValues = Annotated[dict[str, Any], Depends(declared(CONTEXT_PARAMS))]
 
 
 def create_app(
@@ -359,7 +380,6 @@ def create_app(
         lifespan=lifespan,
         default_response_class=CliJSONResponse,
     )
-    app.router.route_class = OneMeaningRoute  # every endpoint below: one request, one meaning
     app.state.service = service
 
     @app.exception_handler(StoreError)
@@ -422,57 +442,17 @@ def create_app(
         }
         return CliJSONResponse(body)
 
-    @app.get("/search")
+    @app.get("/search", dependencies=[one_meaning([BOOK, *SEARCH_PARAMS], query=["q"])])
     def search(
+        values: SearchValues,
         q: Annotated[str, Query(description="the query text")],
         book: BookParam = None,
-        limit: Annotated[int, Query(ge=1, le=1000, description="hits (groups)")] = 5,
-        mode: Literal["dense", "sparse", "hybrid"] = "hybrid",
-        fusion: Annotated[
-            Literal["minmax", "dbsf", "rrf"], Query(description="hybrid fusion")
-        ] = "minmax",
-        rrf_k: Annotated[int, Query(ge=1, le=100_000)] = 60,
-        module: str | None = None,
-        chapter_min: int | None = None,
-        chapter_max: int | None = None,
-        lesson: int | None = None,
-        hardware_tier: Annotated[int | None, Query(description="this tier or lower")] = None,
-        proficiency: Annotated[list[str] | None, Query(description="repeatable")] = None,
-        where: Annotated[
-            list[str] | None, Query(description="key=value payload filter; repeatable")
-        ] = None,
-        score_threshold: Annotated[
-            float | None, Query(description="minimum (fused, in hybrid mode) score")
-        ] = None,
-        group_by: Annotated[
-            Literal["file"] | None, Query(description="the best chunks of each file")
-        ] = None,
-        group_size: Annotated[int, Query(ge=1, le=100)] = 3,
     ) -> Response:
         """`rag-pipeline search --json`: hits, or groups `{source_file, parent_doc_id, title,
         score, hits}` with `group_by=file`."""
         book_id = _book(book)
         try:
-            request = SearchRequest(
-                q,
-                book_id,
-                SearchFilters(
-                    module=module,
-                    chapter_min=chapter_min,
-                    chapter_max=chapter_max,
-                    lesson=lesson,
-                    hardware_tier=hardware_tier,
-                    proficiency_levels=tuple(proficiency or ()),
-                    equals=parse_equals(where or ()),
-                ),
-                limit=limit,
-                mode=mode,
-                fusion=fusion,
-                rrf_k=rrf_k,
-                score_threshold=score_threshold,
-                group_by=group_by,
-                group_size=group_size,
-            )
+            request = search_request(q, book_id, values)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
 
@@ -487,19 +467,25 @@ def create_app(
             raise HTTPException(400, str(exc)) from None
         return CliJSONResponse(results_json(results))
 
-    @app.get("/context/{chunk_id}")
+    @app.get(
+        "/context/{chunk_id}",
+        dependencies=[one_meaning([BOOK, *CONTEXT_PARAMS], path=["chunk_id"])],
+    )
     def context(
         chunk_id: Annotated[str, Path(description="a chunk's point id")],
+        values: ContextValues,
         book: BookParam = None,
-        prev: Annotated[int, Query(ge=0, le=100)] = 1,
-        next: Annotated[int, Query(ge=0, le=100)] = 1,
     ) -> Response:
         """`rag-pipeline context --json`: the chunk and its neighbours, in order."""
         book_id, point = _book(book), _point(chunk_id)
-        hits = service.read(lambda s: expand_context(s, book_id, point, prev=prev, next=next))
+        hits = service.read(
+            lambda s: expand_context(s, book_id, point, prev=values["prev"], next=values["next"])
+        )
         return _found(hits and results_json(hits), f"no chunk {point} in book {book_id}")
 
-    @app.get("/document/{parent_doc_id}")
+    @app.get(
+        "/document/{parent_doc_id}", dependencies=[one_meaning([BOOK], path=["parent_doc_id"])]
+    )
     def document(
         parent_doc_id: Annotated[str, Path(description="a document's id (parent_doc_id)")],
         book: BookParam = None,
@@ -509,7 +495,7 @@ def create_app(
         hits = service.read(lambda s: get_document(s, book_id, doc))
         return _found(hits and results_json(hits), f"no document {doc} in book {book_id}")
 
-    @app.get("/lineage/{point_id}")
+    @app.get("/lineage/{point_id}", dependencies=[one_meaning([BOOK], path=["point_id"])])
     def lineage(
         point_id: Annotated[str, Path(description="a point id")],
         book: BookParam = None,

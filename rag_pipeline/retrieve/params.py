@@ -1,0 +1,161 @@
+"""The retrieval commands' parameters, declared once: ``rag-pipeline search`` (and ``context``)
+builds its options from these, ``GET /search`` (and ``/context``) its query parameters, and
+both read the values into one :class:`~rag_pipeline.retrieve.request.SearchRequest`, so a
+default, a bound or a choice cannot differ between the CLI and the HTTP service.
+
+The one-value rule is stated here too (:func:`repeated`): a parameter that takes one value may
+be given once; the CLI and the service each apply it to what they were given.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from rag_pipeline.retrieve.filters import SearchFilters, parse_equals
+from rag_pipeline.retrieve.request import MAX_GROUP_SIZE, MAX_LIMIT, SEARCH_MODES, SearchRequest
+from rag_pipeline.retrieve.search import (
+    DEFAULT_FUSION,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_MODE,
+    DEFAULT_RRF_K,
+    FUSIONS,
+    GROUP_KEYS,
+    GroupBy,
+    SearchMode,
+)
+from rag_pipeline.store import FusionMethod
+
+__all__ = [
+    "BOOK",
+    "CONTEXT_PARAMS",
+    "SEARCH_PARAMS",
+    "Param",
+    "repeated",
+    "search_request",
+]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: its name (the HTTP query name; the CLI option is ``--name`` with
+    dashes), type, default (None: not given), help, bounds or choices, and whether it may be
+    given several times (its value is then a sequence)."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] | None = None
+    repeatable: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+#: the tenant of every retrieval command (required: answers never cross books)
+BOOK = Param("book", str, None, "book id (tenant); required: answers never cross books")
+
+#: what a search takes besides its query text and its book
+SEARCH_PARAMS: tuple[Param, ...] = (
+    Param("module", str, None, "exact module"),
+    Param("chapter_min", int, None, "chapters from this one"),
+    Param("chapter_max", int, None, "chapters up to this one"),
+    Param("lesson", int, None, "this lesson"),
+    Param("hardware_tier", int, None, "this tier or lower"),
+    Param("proficiency", str, None, "any of these levels; repeatable", repeatable=True),
+    Param("where", str, None, "payload equality filter key=value; repeatable", repeatable=True),
+    Param("limit", int, 5, "hits (with group_by: groups)", minimum=1, maximum=MAX_LIMIT),
+    Param(
+        "score_threshold",
+        float,
+        None,
+        "minimum score: cosine (dense), BM25 (sparse) or the fused score (hybrid; min-max "
+        "scores lie in [0, 1])",
+    ),
+    Param(
+        "mode",
+        str,
+        DEFAULT_MODE,
+        "dense, sparse or hybrid (the default, chosen by measurement)",
+        choices=SEARCH_MODES,
+    ),
+    Param(
+        "fusion",
+        str,
+        DEFAULT_FUSION,
+        "how hybrid mode fuses its dense and sparse lists: minmax (client-side min-max, "
+        "alpha 0.5; the default, chosen by measurement), dbsf or rrf (the engine's)",
+        choices=FUSIONS,
+    ),
+    Param("rrf_k", int, DEFAULT_RRF_K, "k of fusion rrf", minimum=1, maximum=100_000),
+    Param(
+        "group_by",
+        str,
+        None,
+        "the best chunks of each of the limit best files",
+        choices=tuple(GROUP_KEYS),
+    ),
+    Param(
+        "group_size",
+        int,
+        DEFAULT_GROUP_SIZE,
+        "chunks per group with group_by",
+        minimum=1,
+        maximum=MAX_GROUP_SIZE,
+    ),
+)
+
+#: what ``context`` takes besides its chunk id and its book
+CONTEXT_PARAMS: tuple[Param, ...] = (
+    Param("prev", int, 1, "chunks before it", minimum=0, maximum=100),
+    Param("next", int, 1, "chunks after it", minimum=0, maximum=100),
+)
+
+
+def search_request(query: str, book_id: str, values: Mapping[str, Any]) -> SearchRequest:
+    """The search the values of :data:`SEARCH_PARAMS` describe (``ValueError`` naming the
+    first thing wrong: see :class:`SearchRequest`)."""
+    given = {p.name: values.get(p.name, p.default) for p in SEARCH_PARAMS}
+    return SearchRequest(
+        query,
+        book_id,
+        SearchFilters(
+            module=given["module"],
+            chapter_min=given["chapter_min"],
+            chapter_max=given["chapter_max"],
+            lesson=given["lesson"],
+            hardware_tier=given["hardware_tier"],
+            proficiency_levels=tuple(given["proficiency"] or ()),
+            equals=parse_equals(given["where"] or ()),
+        ),
+        limit=given["limit"],
+        mode=cast("SearchMode", given["mode"]),
+        fusion=cast("FusionMethod", given["fusion"]),
+        rrf_k=given["rrf_k"],
+        score_threshold=given["score_threshold"],
+        group_by=cast("GroupBy | None", given["group_by"]),
+        group_size=given["group_size"],
+    )
+
+
+def single_valued(params: Sequence[Param]) -> frozenset[str]:
+    """The names of ``params`` that take one value."""
+    return frozenset(p.name for p in params if not p.repeatable)
+
+
+def repeated(given: Iterable[str], single: Collection[str]) -> tuple[str, int] | None:
+    """The one-value rule: the first name of ``single`` that ``given`` (the names of a
+    request's parameters, in order, once per value) holds more than once, and how often;
+    None when there is none. Both interfaces refuse such a request instead of keeping one of
+    the values silently (a gateway that checked the first ``book`` would be bypassed)."""
+    counts = Counter(given)
+    for name in dict.fromkeys(given):
+        if name in single and counts[name] > 1:
+            return name, counts[name]
+    return None
