@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, cast
 
 from rag_pipeline.retrieve.filters import SearchFilters, parse_equals
@@ -121,26 +122,27 @@ CONTEXT_PARAMS: tuple[Param, ...] = (
 def search_request(query: str, book_id: str, values: Mapping[str, Any]) -> SearchRequest:
     """The search the values of :data:`SEARCH_PARAMS` describe (``ValueError`` naming the
     first thing wrong: see :class:`SearchRequest`)."""
-    given = {p.name: values.get(p.name, p.default) for p in SEARCH_PARAMS}
+    # read by attribute: each is a parameter's name (the payload keys are schema.py's)
+    v = SimpleNamespace(**{p.name: values.get(p.name, p.default) for p in SEARCH_PARAMS})
     return SearchRequest(
         query,
         book_id,
         SearchFilters(
-            module=given["module"],
-            chapter_min=given["chapter_min"],
-            chapter_max=given["chapter_max"],
-            lesson=given["lesson"],
-            hardware_tier=given["hardware_tier"],
-            proficiency_levels=tuple(given["proficiency"] or ()),
-            equals=parse_equals(given["where"] or ()),
+            module=v.module,
+            chapter_min=v.chapter_min,
+            chapter_max=v.chapter_max,
+            lesson=v.lesson,
+            hardware_tier=v.hardware_tier,
+            proficiency_levels=tuple(v.proficiency or ()),
+            equals=parse_equals(v.where or ()),
         ),
-        limit=given["limit"],
-        mode=cast("SearchMode", given["mode"]),
-        fusion=cast("FusionMethod", given["fusion"]),
-        rrf_k=given["rrf_k"],
-        score_threshold=given["score_threshold"],
-        group_by=cast("GroupBy | None", given["group_by"]),
-        group_size=given["group_size"],
+        limit=v.limit,
+        mode=cast("SearchMode", v.mode),
+        fusion=cast("FusionMethod", v.fusion),
+        rrf_k=v.rrf_k,
+        score_threshold=v.score_threshold,
+        group_by=cast("GroupBy | None", v.group_by),
+        group_size=v.group_size,
     )
 
 
