@@ -34,9 +34,10 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 	echo; echo "Sample search in book '$$book': $(SAMPLE_QUERY)"; \
 	$(BIN)/rag-pipeline search "$(SAMPLE_QUERY)" --book "$$book" --limit 3
 
-# `dagster dev` runs from $(DAGSTER_HOME), so that it uses the instance's dagster.yaml (from the
-# repository folder it would warn that the folder's dagster.yaml is not used); the paths the
-# code location reads are made absolute first, so they still mean what they mean here.
+# `dg dev` (Dagster's `dagster dev`, by the command Dagster recommends) runs from $(DAGSTER_HOME),
+# so that it uses the instance's dagster.yaml (from the repository folder it would warn that the
+# folder's dagster.yaml is not used); the paths the code location reads are made absolute first,
+# so they still mean what they mean here.
 ABSPATH = $(CURDIR)/$(BIN)/python -c 'import os, sys; v = sys.argv[1]; print(v if v == ":memory:" else os.path.abspath(v))'
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	@export RAG_DATA_DIR="$$($(ABSPATH) "$${RAG_DATA_DIR:-data/books}")" \
@@ -44,8 +45,7 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	  RAG_CACHE_DIR="$$($(ABSPATH) "$${RAG_CACHE_DIR:-.rag/cache}")"; \
 	if [ -n "$$RAG_LOCAL_MODEL_DIR" ]; then \
 	  export RAG_LOCAL_MODEL_DIR="$$($(ABSPATH) "$$RAG_LOCAL_MODEL_DIR")"; fi; \
-	export PYTHONWARNINGS='ignore:Function `dev_command` is superseded'; \
-	cd "$(DAGSTER_HOME)" && set -m && exec "$(CURDIR)/$(BIN)/dagster" dev -w "$(CURDIR)/workspace.yaml"
+	cd "$(DAGSTER_HOME)" && set -m && exec "$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml"
 
 # The suite's temporary folders go to tmpfs where it has room: its ingests commit SQLite and
 # Qdrant files, and on a VM's shared disk those fsyncs are most of an ingest's time (kill -9,

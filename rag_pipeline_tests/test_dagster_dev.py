@@ -1,6 +1,6 @@
-"""The real `dagster dev` (webserver + daemon) on a temp workspace, driven as a user would:
-the sensor ingests new books and follows an edit, a partition is materialized through the
-webserver's GraphQL API (what the UI's Materialize button sends), and headless Chromium loads
+"""The real `dg dev` (what `make ui` runs: webserver + daemon) on a temp workspace, driven as a
+user would: the sensor ingests new books and follows an edit, a partition is materialized
+through the webserver's GraphQL API (what the UI's Materialize button sends), and Chromium loads
 the asset graph page."""
 
 import json
@@ -69,10 +69,10 @@ class DagsterDev:
             check=True,
             timeout=120,
         )
-        dagster = Path(sys.executable).with_name("dagster")
+        dg = Path(sys.executable).with_name("dg")  # what `make ui` runs
         self.proc = subprocess.Popen(
             [
-                str(dagster),
+                str(dg),
                 "dev",
                 "-w",
                 str(REPO / "workspace.yaml"),

@@ -16,8 +16,8 @@ from typing import Any
 from dagster import (
     DagsterInvariantViolationError,
     InitResourceContext,
+    InMemoryIOManager,
     InputContext,
-    IOManager,
     OutputContext,
     io_manager,
 )
@@ -25,23 +25,21 @@ from dagster import (
 __all__ = ["RunMemory", "run_memory_io_manager"]
 
 
-class RunMemory(IOManager):
-    """The outputs of one run, by step and output name (a run is one book partition)."""
+class RunMemory(InMemoryIOManager):
+    """Dagster's in-memory IO manager (``mem_io_manager``'s), one per run, whose miss says
+    what happened: an input asked of a run that did not produce it (a step re-executed from
+    failure, an asset materialized without the ones upstream of it)."""
 
     def __init__(self) -> None:
-        self._values: dict[tuple[str, str], Any] = {}
-
-    def handle_output(self, context: OutputContext, obj: Any) -> None:
-        self._values[(context.step_key, context.name)] = obj
+        super().__init__()  # type: ignore[no-untyped-call]  # Dagster's is not annotated
 
     def load_input(self, context: InputContext) -> Any:
         upstream = context.upstream_output
         if upstream is None:  # an input with no upstream step: nothing this run could hold
             raise DagsterInvariantViolationError(f"input {context.name!r} has no upstream step")
-        key = (upstream.step_key, upstream.name)
-        if key not in self._values:
+        if tuple(context.get_identifier()) not in self.values:
             raise DagsterInvariantViolationError(_not_in_this_run(context, upstream))
-        return self._values[key]
+        return super().load_input(context)
 
 
 def _not_in_this_run(context: InputContext, upstream: OutputContext) -> str:
