@@ -196,7 +196,7 @@ def test_a_log_record_prints_without_its_trace_unless_v():
     traceback, nor the ``Stack Trace:`` block of a Dagster failure message."""
     import logging
 
-    from rag_pipeline.cli import _TracelessFormatter
+    from rag_pipeline.cli.app import _TracelessFormatter
 
     try:
         raise ValueError("bad vector")
@@ -505,7 +505,7 @@ def test_a_missing_api_key_is_still_a_setting_error(env):
 def test_the_ingest_summary_lists_what_changed_and_counts_the_unchanged_books(capsys):
     """A thousand rows of "unchanged" would hide the book that ran (and cost seconds to draw):
     past a few, unchanged books are one line."""
-    from rag_pipeline.cli import LISTED_UNCHANGED, _print_ingest
+    from rag_pipeline.cli.ingest import LISTED_UNCHANGED, _print_ingest
     from rag_pipeline.ingest.report import BookResult, IngestReport
 
     many = LISTED_UNCHANGED + 5

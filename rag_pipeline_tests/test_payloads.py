@@ -165,11 +165,12 @@ NOT_PAYLOAD_KEYS = {
     ("rag_pipeline/ingest/report.py", "run_id"),
     ("rag_pipeline/ingest/report.py", "warnings"),
     # plan --json's top-level fields (a CLI contract: the recipe's model, the plan's warnings)
-    ("rag_pipeline/cli.py", "embedding_model"),
-    ("rag_pipeline/cli.py", "warnings"),
+    ("rag_pipeline/cli/ingest.py", "embedding_model"),
+    ("rag_pipeline/cli/ingest.py", "warnings"),
     # plan --json's per-book model, eval --compare's recipe fields (CLI contracts)
     ("rag_pipeline/ingest/plan.py", "embedding_model"),
-    ("rag_pipeline/cli.py", "signature"),
+    ("rag_pipeline/cli/evaluation.py", "embedding_model"),
+    ("rag_pipeline/cli/evaluation.py", "signature"),
     # Dagster metadata: column names of the UI's tables and entry names of a materialization
     # (what a person reads on the asset's page, not payload reads)
     ("rag_pipeline/defs/assets.py", "status"),
