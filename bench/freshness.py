@@ -47,6 +47,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from common import scenario_env
+
 REPO = Path(__file__).resolve().parents[1]
 BOOK = "ros2-fundamentals"
 EDITED_FILE = "01-chapter-1-ros2-fundamentals/03-nodes-communication.md"
@@ -150,19 +152,8 @@ class Setup:
         (self.home / "dagster.yaml").write_text(
             old_dagster_yaml(config) if name == "old" else config
         )
-        self.env = {
-            **os.environ,
-            "DAGSTER_HOME": str(self.home),
-            "RAG_DATA_DIR": str(self.data),
-            "RAG_QDRANT_PATH": str(work / "qdrant"),
-            "RAG_CACHE_DIR": str(work / "cache"),
-            "RAG_EMBEDDER": "hash",
-            "DO_NOT_TRACK": "1",
-            "PYTHONWARNINGS": "ignore",
-            "PYTHONPATH": str(REPO),
-        }
-        for var in ("RAG_QDRANT_URL", "RAG_COLLECTION", "RAG_SENSOR_INTERVAL_S"):
-            self.env.pop(var, None)
+        self.env = scenario_env(self.data, work, DAGSTER_HOME=str(self.home))
+        self.env.pop("RAG_SENSOR_INTERVAL_S", None)
         if name == "old":
             self.env["RAG_SENSOR_INTERVAL_S"] = str(OLD_DEFAULTS[0])
         self.dequeue_interval_s = dequeue_interval((self.home / "dagster.yaml").read_text())

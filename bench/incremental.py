@@ -19,8 +19,9 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from common import run_json, save_results
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books"
@@ -29,19 +30,10 @@ DELETE_FILE = "learn/ps101/09-functions.md"
 
 
 def ingest(env: dict, cwd: Path) -> tuple[dict, float]:
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
+    report, wall, _ = run_json(
+        [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"], env, cwd
     )
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"ingest failed with exit {proc.returncode}")
-    return json.loads(proc.stdout), wall
+    return report, wall
 
 
 def totals(report: dict) -> dict:
@@ -192,11 +184,7 @@ def main() -> None:
     }
 
     figures["sensor"] = sensor_tick(args.files_for_sensor, workdir)
-    print(json.dumps(figures, indent=2))
-    (REPO / "bench" / "results").mkdir(exist_ok=True)
-    (REPO / "bench" / "results" / f"incremental-{args.engine}.json").write_text(
-        json.dumps(figures, indent=2)
-    )
+    save_results(f"incremental-{args.engine}", figures)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from common import run_json, save_results
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "powershell-docs" / "books"
@@ -77,31 +78,12 @@ def run_ingest(
         env=env,
         check=True,
     )
-    started = time.perf_counter()
     # a launcher whose only child is the ingest, so the peak it reports is the ingest's own
     # (RUSAGE_CHILDREN here would include the warm-up, which quantizes the model)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            PEAK_OF,
-            sys.executable,
-            "-m",
-            "rag_pipeline.cli",
-            "ingest",
-            "--json",
-        ],
-        env=env,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"ingest failed with exit {proc.returncode}")
-    usage = dict(kv.split("=") for kv in proc.stderr.rstrip().rsplit("\n", 1)[-1].split())
-    return json.loads(proc.stdout), wall, float(usage["peak_kb"]) / 1024, float(usage["cpu_s"])
+    ingest = [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"]
+    report, wall, stderr = run_json([sys.executable, "-c", PEAK_OF, *ingest], env, workdir)
+    usage = dict(kv.split("=") for kv in stderr.rstrip().rsplit("\n", 1)[-1].split())
+    return report, wall, float(usage["peak_kb"]) / 1024, float(usage["cpu_s"])
 
 
 PEAK_OF = """
@@ -226,9 +208,7 @@ def compare_precisions(args: argparse.Namespace, workdir: Path) -> None:
             median("auto", "wall_s") / median("fp32", "embed_s_in_run"), 3
         ),
     }
-    print(json.dumps(figures, indent=2))
-    (REPO / "bench" / "results").mkdir(exist_ok=True)
-    (REPO / "bench" / "results" / "ingest-precision.json").write_text(json.dumps(figures, indent=2))
+    save_results("ingest-precision", figures)
 
 
 def main() -> None:
@@ -284,13 +264,9 @@ def main() -> None:
         figures["ratio_wall_to_pure_fp32_char_sorted"] = round(
             wall / scan["seconds_char_sorted"], 3
         )
-    print(json.dumps(figures, indent=2))
+    save_results(f"ingest-{args.engine}", figures)
     for message in errors:
         print(f"  file error: {message}")
-    (REPO / "bench" / "results").mkdir(exist_ok=True)
-    (REPO / "bench" / "results" / f"ingest-{args.engine}.json").write_text(
-        json.dumps(figures, indent=2)
-    )
 
 
 if __name__ == "__main__":

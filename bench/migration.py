@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from common import save_results, scenario_env
 from powershell_queries import QUERIES  # bench/, the script's own folder
 from scale import run_cli
 from serve_latency import Client
@@ -63,20 +64,8 @@ print(json.dumps(out))
 
 
 def bench_env(data: Path, work: Path) -> dict[str, str]:
-    out = {
-        **os.environ,
-        "RAG_DATA_DIR": str(data),
-        "RAG_QDRANT_PATH": str(work / "qdrant"),
-        "RAG_QDRANT_EMBEDDED": "edge",
-        "RAG_CACHE_DIR": str(work / "cache"),
-        "DAGSTER_HOME": str(work / "dagster_home"),
-        "RAG_EMBEDDER": "hash",
-        "DO_NOT_TRACK": "1",
-        "PYTHONWARNINGS": "ignore",
-        "PYTHONPATH": str(REPO),
-    }
-    for name in ("RAG_QDRANT_URL", "RAG_COLLECTION", "RAG_KEEP_OLD_RECIPE"):
-        out.pop(name, None)
+    out = scenario_env(data, work, RAG_QDRANT_EMBEDDED="edge")
+    out.pop("RAG_KEEP_OLD_RECIPE", None)
     for name in [n for n in out if n.startswith("RAG_CHUNK_")]:
         out.pop(name)  # the first ingest uses the default budget
     return out
@@ -309,9 +298,7 @@ def main() -> None:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
     results["load_avg_at_end"] = os.getloadavg()
-    print(json.dumps(results, indent=2))
-    (REPO / "bench" / "results").mkdir(exist_ok=True)
-    (REPO / "bench" / "results" / "migration.json").write_text(json.dumps(results, indent=2))
+    save_results("migration", results)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import numpy as np
+from common import save_results
 from powershell_queries import QUERIES  # bench/, the script's own folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -383,9 +384,7 @@ def main() -> None:
         results["ingest_while_serving"] = ingest_while_serving(books, copies, searchers=2)
         print("ingest", json.dumps(results["ingest_while_serving"]), flush=True)
     results["load_avg_at_end"] = os.getloadavg()
-    print(json.dumps(results, indent=2))
-    (REPO / "bench" / "results").mkdir(exist_ok=True)
-    (REPO / "bench" / "results" / "serve-latency.json").write_text(json.dumps(results, indent=2))
+    save_results("serve-latency", results)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,44 @@ def write_book(data_dir: Path) -> BookWriter:
     return write
 
 
+#: every asset of the code location, by name (the names the UI and dg list)
+ASSET_NAMES = {
+    "source_files",
+    "documents",
+    "chunks",
+    "chunk_embeddings",
+    "qdrant_points",
+    "qdrant_collection",
+}
+
+
+def step_failure(result: Any) -> str:
+    """The error of a run's failed step (a materialize() or execute_in_process result)."""
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    return str(failure.step_failure_data.error.to_string())
+
+
+def materialized(result: Any) -> set[str]:
+    """The assets a run materialized, by name."""
+    return {
+        e.materialization.asset_key.to_user_string()
+        for e in result.get_asset_materialization_events()
+    }
+
+
+def denied(real: Callable[..., Any], suffix: str) -> Callable[..., Any]:
+    """``real`` (an open, a hash, a listing), refused with EACCES for a path ending in
+    ``suffix``: what an unreadable file or folder gives a user who is not root."""
+    import errno
+
+    def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith(suffix):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real(path, *args, **kwargs)
+
+    return call
+
+
 def settle_files() -> None:
     """Wait until files written just now are past the racy window of change detection
     (:mod:`rag_pipeline.sources.filekeys`): a stat recorded later is one a plan may trust."""
@@ -167,6 +205,20 @@ def make_source(data_dir: Path, *, max_file_bytes: int = 10 * 1024 * 1024):
     from rag_pipeline.sources.folder import FolderSource
 
     return FolderSource(Path(data_dir), max_file_bytes=max_file_bytes)
+
+
+def hash_settings(data_dir: Path | str, tmp_path: Path, **overrides: Any):  # type: ignore[no-untyped-def]
+    """Settings of the books of ``data_dir`` with the hash embedder, the store and cache under
+    ``tmp_path`` (``overrides``: other settings, by field name)."""
+    from rag_pipeline.config import load_settings
+
+    return load_settings(
+        data_dir=data_dir,
+        qdrant_path=str(tmp_path / "qdrant"),
+        embedder="hash",
+        cache_dir=tmp_path / "cache",
+        **overrides,
+    )
 
 
 def store_config(path: Path | str, embedded: str = "edge", collection: str = "rag_chunks"):

@@ -52,18 +52,17 @@ def install(point: str) -> None:
     from rag_pipeline.ingest import pipeline, plan
     from rag_pipeline.store.base import VectorStore
 
-    if point == "plan":
-        kill_in(plan, "plan_book")
-    elif point == "runner":
-        kill_in(runner, "reap_dead_runs")
-    elif point == "source_files":
-        kill_in(pipeline, "take_inventory")
-    elif point == "documents":
-        kill_in(pipeline, "parse_book")
-    elif point == "chunks":
-        kill_in(pipeline, "chunk_book")
-    elif point == "embed-batch":
-        kill_in(HashEmbedder, "_embed_batch")
+    functions: dict[str, tuple[Any, str]] = {  # point -> where the process dies: a call of
+        "plan": (plan, "plan_book"),
+        "runner": (runner, "reap_dead_runs"),
+        "source_files": (pipeline, "take_inventory"),
+        "documents": (pipeline, "parse_book"),
+        "chunks": (pipeline, "chunk_book"),
+        "embed-batch": (HashEmbedder, "_embed_batch"),
+        "purge": (jobs, "book_filter"),
+    }
+    if point in functions:
+        kill_in(*functions[point])
     elif point in ("upsert", "commit"):
         real_upsert = VectorStore.upsert
 
@@ -89,8 +88,6 @@ def install(point: str) -> None:
             return calls["n"] == 25
 
         kill_in(DagsterInstance, "handle_new_event", nth)
-    elif point == "purge":
-        kill_in(jobs, "book_filter")
     else:
         raise SystemExit(f"unknown point {point!r}; known: {', '.join(POINTS)}")
 

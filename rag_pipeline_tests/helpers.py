@@ -60,6 +60,22 @@ def index_sample_books(root: Path, embedder: Any = None) -> Path:
     return books
 
 
+def fresh_cli(
+    args: list[str], env: dict[str, str], cwd: Path, *, timeout: float = 600, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """``python -m rag_pipeline.cli ARGS`` started from scratch (what only a fresh process
+    shows: its imports, a bad setting at start, limits set before it runs), unchecked."""
+    return subprocess.run(
+        [sys.executable, "-m", "rag_pipeline.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **options,
+    )
+
+
 class Cli:
     """``rag-pipeline`` in a real process per command. By default the process is forked from
     the warm interpreter (the same process semantics without the imports, see warm.py);

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from rag_pipeline.cli import main
 from rag_pipeline_tests.fakes import FakeOpenAI
-from rag_pipeline_tests.helpers import assert_no_trace, index_books
+from rag_pipeline_tests.helpers import assert_no_trace, cli_env, fresh_cli, index_books
 
 GOOD_ID = str(uuid.uuid4())
 
@@ -178,14 +178,7 @@ def test_missing_ids_are_exit_1_with_a_message(env):
 @pytest.mark.integration
 def test_a_real_process_prints_no_traceback_on_a_bad_setting(tmp_path):
     env = {**os.environ, "RAG_CHUNK_OVERLAP": "7", "DAGSTER_HOME": str(tmp_path / "h")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_pipeline.cli", "plan"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    proc = fresh_cli(["plan"], env, tmp_path, timeout=120)
     assert proc.returncode == 2
     assert "RAG_CHUNK_OVERLAP" in proc.stderr
     assert_no_trace(proc.stderr)
@@ -229,15 +222,10 @@ def test_a_failed_step_prints_no_dagster_stack_trace_without_v(tmp_path, sample_
         for flags in ((), ("-v",)):  # both at once: the step retries' waits overlap
             home = tmp_path / f"home{''.join(flags)}"
             env = {
-                **{k: v for k, v in os.environ.items() if not k.startswith(("RAG_", "OPENAI_"))},
-                "RAG_DATA_DIR": str(sample_books),
-                "RAG_QDRANT_PATH": str(home / "qdrant"),
-                "RAG_CACHE_DIR": str(home / "cache"),
-                "RAG_EMBEDDER": "openai",
+                **cli_env(home, sample_books, "openai"),
                 "RAG_OPENAI_MAX_RETRIES": "0",
                 "OPENAI_API_KEY": "sk-test",
                 "OPENAI_BASE_URL": server.base_url,
-                "DAGSTER_HOME": str(home),
             }
             command = [*flags, "ingest", "--book", "ros2-fundamentals", "--json"]
             procs[flags] = subprocess.Popen(

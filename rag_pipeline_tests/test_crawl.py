@@ -22,6 +22,7 @@ from rag_pipeline.sources.crawl import (
     scan_book,
     unreadable_reason,
 )
+from rag_pipeline_tests.conftest import denied
 
 
 def discover_files(data_dir, book_id, patterns=DEFAULT_PATH_PATTERNS):
@@ -188,14 +189,7 @@ def test_an_unlistable_folder_is_an_error_and_its_files_are_not_gone(
     data_dir, write_book, monkeypatch
 ):
     root = write_book("b", {"ok.md": "# ok", "locked/secret.md": "# s"})
-    real_scandir = os.scandir
-
-    def scandir(path):
-        if str(path).endswith("locked"):
-            raise PermissionError(errno.EACCES, "Permission denied")
-        return real_scandir(path)
-
-    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "scandir", denied(os.scandir, "locked"))
     files, errors = discover_files(data_dir, "b")
     assert [f[0] for f in files] == ["ok.md"]
     assert errors[0].source_file == "locked" and "Permission denied" in errors[0].reason

@@ -22,19 +22,20 @@ from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter, chunks_of
 from rag_pipeline.store import open_store
-from rag_pipeline_tests.conftest import make_recipe
+from rag_pipeline_tests.conftest import (
+    ASSET_NAMES,
+    hash_settings,
+    make_recipe,
+    materialized,
+    step_failure,
+)
 
 BOOKS = ("humanoid-robotics-ros2", "ros2-fundamentals")
 
 
 @pytest.fixture
 def settings(sample_books, tmp_path):
-    return load_settings(
-        data_dir=sample_books,
-        qdrant_path=str(tmp_path / "qdrant"),
-        embedder="hash",
-        cache_dir=tmp_path / "cache",
-    )
+    return hash_settings(sample_books, tmp_path)
 
 
 def resources_for(settings, tmp_path, recipe=None):
@@ -53,6 +54,18 @@ def instance():
     return inst
 
 
+def run_of(book, instance, resources, **options):
+    """A run of the book's ingestion assets whose failure is looked at, not raised."""
+    return materialize(
+        ingestion_assets,
+        partition_key=book,
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+        **options,
+    )
+
+
 def chunk_count(settings, book):
     with open_store(settings.store(), COLLECTION_SCHEMA) as store:
         return store.count(chunks_of(book))
@@ -65,14 +78,7 @@ def test_definitions_load_with_everything_bound(monkeypatch, tmp_path):
     Definitions.validate_loadable(defs)
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {
-        "source_files",
-        "documents",
-        "chunks",
-        "chunk_embeddings",
-        "qdrant_points",
-        "qdrant_collection",
-    }
+    assert keys == ASSET_NAMES
     checks = {k.name for k in graph.asset_check_keys}
     assert checks == {
         "parse_errors",
@@ -255,18 +261,9 @@ def test_blocking_chunk_check_stops_publishing(settings, resources, instance, mo
         "rag_pipeline.ingest.stages.check_chunks",
         lambda chunks, limit: ["chunk 3: broken chain (injected)"],
     )
-    result = materialize(
-        ingestion_assets,
-        partition_key=book,
-        instance=instance,
-        resources=resources,
-        raise_on_error=False,
-    )
+    result = run_of(book, instance, resources)
     assert not result.success
-    done = {
-        e.materialization.asset_key.to_user_string()
-        for e in result.get_asset_materialization_events()
-    }
+    done = materialized(result)
     assert "chunk_embeddings" not in done and "qdrant_points" not in done
     assert chunk_count(settings, book) == before  # nothing already indexed is lost
 
@@ -513,8 +510,7 @@ def test_a_step_reads_only_what_an_earlier_step_of_its_own_run_produced(
         raise_on_error=False,
     )
     assert not alone.success
-    failure = next(e for e in alone.all_events if e.is_step_failure)
-    message = failure.step_failure_data.error.to_string()
+    message = step_failure(alone)
     assert f"chunk_embeddings of book {book!r} was not produced by this run" in message
     assert "ingest_books" in message and "all steps" in message
 
@@ -660,13 +656,7 @@ def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died
 
     # the chunking step has no retry policy: the run fails at once (embedding would retry twice)
     monkeypatch.setattr(pipeline_module, "chunk_book", fail)
-    failed = materialize(
-        ingestion_assets,
-        partition_key=book,
-        instance=instance,
-        resources=resources,
-        raise_on_error=False,
-    )
+    failed = run_of(book, instance, resources)
     monkeypatch.undo()
     assert good.success and not failed.success
     latest = {
@@ -747,10 +737,7 @@ def test_a_blocking_check_failing_for_one_book_of_a_batch_publishes_none_of_it(
         raise_on_error=False,
     )
     assert not result.success
-    done = {
-        e.materialization.asset_key.to_user_string()
-        for e in result.get_asset_materialization_events()
-    }
+    done = materialized(result)
     assert "chunk_embeddings" not in done and "qdrant_points" not in done
     checks = {
         c.partition: c.passed

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.helpers import cli_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,17 +47,11 @@ class DagsterDev:
         config = (REPO / "dagster.yaml").read_text()
         (self.home / "dagster.yaml").write_text(config)
         self.env = {
-            **os.environ,
+            **cli_env(tmp_path, data_dir),
             "DAGSTER_HOME": str(self.home),
-            "RAG_DATA_DIR": str(data_dir),
-            "RAG_QDRANT_PATH": str(tmp_path / "qdrant"),
-            "RAG_CACHE_DIR": str(tmp_path / "cache"),
-            "RAG_EMBEDDER": "hash",
             "RAG_SENSOR_INTERVAL_S": "3",
-            "DO_NOT_TRACK": "1",
             "PYTHONWARNINGS": "ignore",
         }
-        self.env.pop("RAG_QDRANT_URL", None)
         self.log = open(tmp_path / "dagster-dev.log", "w")  # noqa: SIM115
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None

@@ -15,19 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.conftest import ASSET_NAMES, REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DG = Path(sys.executable).with_name("dg")
-ASSETS = {
-    "source_files",
-    "documents",
-    "chunks",
-    "chunk_embeddings",
-    "qdrant_points",
-    "qdrant_collection",
-}
+ASSETS = ASSET_NAMES
 CHECKS = {
     "documents:parse_errors",
     "chunks:chunks_valid",

@@ -24,9 +24,9 @@ from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.schema import book_filter as tenant_filter
 from rag_pipeline.store import CollectionSpec, StoreUnavailableError
 from rag_pipeline.store.qdrant import QdrantStore
-from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.conftest import REPO, hash_settings, step_failure
 from rag_pipeline_tests.fakes import BAD_ANSWERS, FakeOpenAI, FakeQdrant, _vector
-from rag_pipeline_tests.helpers import assert_no_trace
+from rag_pipeline_tests.helpers import assert_no_trace, fresh_cli
 
 
 @pytest.fixture(autouse=True)
@@ -428,14 +428,7 @@ def test_ingest_against_an_unreachable_server_names_the_cause(tmp_path, sample_b
         "RAG_QDRANT_RETRIES": "2",
         "DAGSTER_HOME": str(tmp_path / "home"),
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_pipeline.cli", "ingest"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = fresh_cli(["ingest"], env, tmp_path, timeout=300)
     assert proc.returncode == 2
     assert "unreachable after 2 attempts" in proc.stderr
     assert_no_trace(proc.stderr)
@@ -450,19 +443,13 @@ def test_a_failed_purge_run_prints_no_dagster_stack_trace(
 
     from dagster import DagsterInstance
 
-    from rag_pipeline.config import load_settings
     from rag_pipeline.defs import jobs
     from rag_pipeline_tests.conftest import section
     from rag_pipeline_tests.test_runner import ingest_books
 
     write_book("alpha", {"a.md": "# Alpha\n\n" + section("One")})
     write_book("beta", {"b.md": "# Beta\n\n" + section("Two", seed="b")})
-    settings = load_settings(
-        data_dir=data_dir,
-        qdrant_path=str(tmp_path / "qdrant"),
-        embedder="hash",
-        cache_dir=tmp_path / "cache",
-    )
+    settings = hash_settings(data_dir, tmp_path)
 
     def refuse(book_id: str) -> None:
         raise RuntimeError(f"the store refused to delete {book_id}")
@@ -602,8 +589,7 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
         raise_on_error=False,
     )
     assert not failed.success
-    failure = next(e for e in failed.all_events if e.is_step_failure)
-    message = failure.step_failure_data.error.to_string()
+    message = step_failure(failed)
     assert "HTTP 500" in message and openai_server.base_url in message
 
     healed = materialize(

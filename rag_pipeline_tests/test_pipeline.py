@@ -10,7 +10,7 @@ from rag_pipeline.ingest.consistency import check_index
 from rag_pipeline.ingest.parse import parse_document
 from rag_pipeline.models import ParsedDocument, document_id
 from rag_pipeline.schema import DOCUMENT, book_filter, chunks_of, documents_of
-from rag_pipeline_tests.conftest import make_pipeline, make_recipe, section
+from rag_pipeline_tests.conftest import denied, make_pipeline, make_recipe, section
 
 BOOK = "guide"
 
@@ -346,20 +346,13 @@ def test_repeated_text_within_a_document_is_not_a_duplicate(store, data_dir, wri
 
 def test_an_unreadable_file_keeps_its_chunks_and_is_an_error(env, store, monkeypatch):
     """Permission denied (chmod 000, as a non-root user sees it) is not a deletion."""
-    import errno
 
     from rag_pipeline.sources import folder
 
     env.run()
     before = {pid for pid, p in env.chunk_points().items() if p["source_file"] == "c.md"}
     real_hash = folder.hash_file
-
-    def hash_file(path):
-        if str(path).endswith("c.md"):
-            raise PermissionError(errno.EACCES, "Permission denied")
-        return real_hash(path)
-
-    monkeypatch.setattr(folder, "hash_file", hash_file)
+    monkeypatch.setattr(folder, "hash_file", denied(real_hash, "c.md"))
     os.chmod(env.root / "c.md", 0)  # its ctime and mode move: the plan reads it again
     plan = env.plan()
     assert plan.action == "run" and plan.changes.unreadable == ("c.md",)

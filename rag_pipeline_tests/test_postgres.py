@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.helpers import fresh_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -106,14 +107,7 @@ def test_ingest_two_books_through_a_postgres_instance(postgres, tmp_path, sample
         "DO_NOT_TRACK": "1",
     }
     env.pop("RAG_QDRANT_URL", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = fresh_cli(["ingest", "--json"], env, tmp_path)
     assert proc.returncode == 0, proc.stderr
     books = json.loads(proc.stdout)["books"]
     assert {b["status"] for b in books.values()} == {"ingested"}

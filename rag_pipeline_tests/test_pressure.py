@@ -9,7 +9,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from rag_pipeline_tests.helpers import (
     Cli,
     InProcessCli,
     assert_no_trace,
+    fresh_cli,
     index_books,
     index_sample_books,
 )
@@ -136,13 +136,10 @@ def test_the_service_answers_for_more_books_than_it_may_open_files(tmp_path):
         server.stop()
     # a plan that reads every book (a recipe change to price) under the same limit
     env = {**cli.env, "RAG_HASH_DIMENSION": "256"}
-    planned = subprocess.run(
-        [sys.executable, "-m", "rag_pipeline.cli", "plan", "--json"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    planned = fresh_cli(
+        ["plan", "--json"],
+        env,
+        tmp_path,
         preexec_fn=lambda: resource.setrlimit(
             resource.RLIMIT_NOFILE, (SERVE_FILES_LIMIT, SERVE_FILES_LIMIT)
         ),

@@ -5,7 +5,6 @@ import uuid
 import pytest
 from dagster import AssetRecordsFilter, DagsterInstance, RunsFilter
 
-from rag_pipeline.config import load_settings
 from rag_pipeline.defs.metadata import table_rows
 from rag_pipeline.defs.runner import execute_plan
 from rag_pipeline.embed import create_embedder
@@ -15,7 +14,7 @@ from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.sources.crawl import DataDirError
 from rag_pipeline.store import PointRecord, open_store
-from rag_pipeline_tests.conftest import section
+from rag_pipeline_tests.conftest import hash_settings, section
 
 
 def pipeline_of(settings, recipe=None):
@@ -42,12 +41,7 @@ def ingest_books(settings, instance, book_ids=None, force=False, batching=None):
 def settings(data_dir, tmp_path, write_book):
     write_book("alpha", {"a.md": "# Alpha\n\n" + section("One") + section("Two", seed="t")})
     write_book("beta", {"b.md": "# Beta\n\n" + section("Three", seed="b")})
-    return load_settings(
-        data_dir=data_dir,
-        qdrant_path=str(tmp_path / "qdrant"),
-        embedder="hash",
-        cache_dir=tmp_path / "cache",
-    )
+    return hash_settings(data_dir, tmp_path)
 
 
 @pytest.fixture
@@ -450,13 +444,7 @@ def test_one_busy_book_fails_alone_and_the_rest_of_its_batch_is_ingested(
 
     for book in ("alpha", "beta", "gamma"):
         write_book(book, {f"{book}.md": f"# {book}\n\n" + section("One", seed=book)})
-    settings = load_settings(
-        data_dir=data_dir,
-        qdrant_path=str(tmp_path / "qdrant"),
-        embedder="hash",
-        cache_dir=tmp_path / "cache",
-        busy_wait_s=0.5,
-    )
+    settings = hash_settings(data_dir, tmp_path, busy_wait_s=0.5)
     ingest_books(settings, instance)
     for book in ("alpha", "beta", "gamma"):
         write_book(book, {f"{book}.md": f"# {book}\n\n" + section("Two", seed=book + "2")})
@@ -481,12 +469,7 @@ def test_a_book_lock_taken_by_a_run_names_the_run(
     from rag_pipeline.store.lock import FolderLock, describe_holder
 
     write_book("alpha", {"alpha.md": "# alpha\n\n" + section("One", seed="alpha")})
-    settings = load_settings(
-        data_dir=data_dir,
-        qdrant_path=str(tmp_path / "qdrant"),
-        embedder="hash",
-        cache_dir=tmp_path / "cache",
-    )
+    settings = hash_settings(data_dir, tmp_path)
     seen: list[str] = []
     write_and_check = pipeline_module.write_and_check
 

@@ -286,27 +286,23 @@ def test_the_single_valued_list_is_derived_from_every_endpoint():
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    ("path", "param"), SINGLE_VALUED, ids=lambda v: v["name"] if isinstance(v, dict) else v
+    ("path", "param"),
+    [*SINGLE_VALUED, *IN_PATH],
+    ids=lambda v: f"{v['in']}:{v['name']}" if isinstance(v, dict) else v,
 )
-def test_a_single_valued_parameter_given_twice_is_400_naming_it(served, path, param):
+def test_a_request_with_two_meanings_is_400_naming_the_parameter(served, path, param):
+    """A single-valued parameter given twice, or a path parameter given in the query too."""
     server, _ = served
     url, query = _request(path)
-    value = query.get(param["name"], _valid_value(param))
-    response = server.get(url, **{**query, param["name"]: [value, value]})
+    if param["in"] == "path":
+        response = server.get(url, **query, **{param["name"]: str(uuid.uuid4())})
+        said = f"{param['name']!r} is a path parameter"
+    else:
+        value = query.get(param["name"], _valid_value(param))
+        response = server.get(url, **{**query, param["name"]: [value, value]})
+        said = f"{param['name']!r} is given 2 times"
     assert response.status_code == 400, response.text
-    assert f"{param['name']!r} is given 2 times" in response.json()["detail"]
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    ("path", "param"), IN_PATH, ids=lambda v: v["name"] if isinstance(v, dict) else v
-)
-def test_a_path_parameter_given_in_the_query_too_is_400_naming_it(served, path, param):
-    server, _ = served
-    url, query = _request(path)
-    response = server.get(url, **query, **{param["name"]: str(uuid.uuid4())})
-    assert response.status_code == 400, response.text
-    assert f"{param['name']!r} is a path parameter" in response.json()["detail"]
+    assert said in response.json()["detail"]
 
 
 @pytest.mark.integration

@@ -11,14 +11,33 @@ import click
 from rich.table import Table
 
 from rag_pipeline.cli.app import _settings, book_pipeline, emit_json, err, fail, main, out
-from rag_pipeline.cli.query import _fusion_option
+from rag_pipeline.cli.query import _declared, _fusion_option
 from rag_pipeline.config import Settings, load_settings
+from rag_pipeline.embed.registry import LOCAL_PRECISIONS
+from rag_pipeline.retrieve.params import param
 
 if TYPE_CHECKING:
     from rag_pipeline.evaluation.metrics import EvalReport
     from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.retrieve.search import SearchMode
     from rag_pipeline.store import FusionMethod
+
+
+def _candidate_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--candidate-*``: what a candidate recipe changes of the current one (``--compare``)."""
+    candidate = {
+        "--candidate-precision": (
+            click.Choice(list(LOCAL_PRECISIONS)),
+            "the candidate's local model precision [default: the current one]",
+        ),
+        "--candidate-target-tokens": (
+            click.IntRange(16, 100_000),
+            "the candidate's chunk target tokens [default: RAG_CHUNK_TARGET_TOKENS]",
+        ),
+    }
+    for flag, (kind, text) in reversed(candidate.items()):
+        fn = click.option(flag, type=kind, default=None, help=f"with --compare: {text}")(fn)
+    return fn
 
 
 @main.command(name="eval")
@@ -34,17 +53,11 @@ if TYPE_CHECKING:
     "--mode",
     "modes",
     multiple=True,
-    type=click.Choice(["dense", "sparse", "hybrid"]),
+    type=click.Choice(list(param("mode").choices or ())),
     help="repeatable; default: the default search mode",
 )
 @_fusion_option(multiple=True)
-@click.option(
-    "--rrf-k",
-    type=click.IntRange(1, 100_000),
-    default=60,
-    show_default=True,
-    help="k of --fusion rrf",
-)
+@_declared([param("rrf_k")])
 @click.option(
     "--collection",
     default=None,
@@ -56,18 +69,7 @@ if TYPE_CHECKING:
     help="evaluate the current recipe and a candidate (the --candidate-* options) side by "
     "side, each indexed once in the evaluation collection",
 )
-@click.option(
-    "--candidate-precision",
-    type=click.Choice(["fp32", "int8"]),
-    default=None,
-    help="with --compare: the candidate's local model precision [default: the current one]",
-)
-@click.option(
-    "--candidate-target-tokens",
-    type=click.IntRange(16, 100_000),
-    default=None,
-    help="with --compare: the candidate's chunk target tokens [default: RAG_CHUNK_TARGET_TOKENS]",
-)
+@_candidate_options
 @click.option("--json", "as_json", is_flag=True)
 def eval_command(
     dataset_dir: Path,

@@ -4,6 +4,7 @@ executed through Dagster."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -166,10 +167,7 @@ def _print_ingest(report: IngestReport) -> None:
             err.print(f"[yellow]{book_id}[/]: {message}", highlight=False)
         for warning in r.warnings:
             err.print(f"[yellow]{book_id}[/] warning: {warning}", highlight=False)
-    for rejected in report.rejected:
-        err.print(f"[yellow]skipped folder[/] {rejected}", highlight=False)
-    for warning in report.warnings:
-        err.print(f"[yellow]warning[/] {warning}", highlight=False)
+    _print_notes(report.rejected, report.warnings)
     unchanged = [r for r in report.books.values() if r.status == "unchanged"]
     if unchanged:
         held = sum(r.chunks for r in unchanged)
@@ -243,9 +241,14 @@ def _print_plan(the_plan: IngestPlan, model: str, price: float) -> None:
             err.print(f"[cyan]{book_id}[/]: {reason}", highlight=False)
         for message in p.errors:
             err.print(f"[yellow]{book_id}[/]: {message}", highlight=False)
-    for rejected in the_plan.rejected:
-        err.print(f"[yellow]skipped folder[/] {rejected}", highlight=False)
-    for warning in the_plan.warnings:
+    _print_notes(the_plan.rejected, the_plan.warnings)
+
+
+def _print_notes(rejected: Sequence[str], warnings: Sequence[str]) -> None:
+    """The folders refused as books, and the warnings of the whole command, on stderr."""
+    for folder in rejected:
+        err.print(f"[yellow]skipped folder[/] {folder}", highlight=False)
+    for warning in warnings:
         err.print(f"[yellow]warning[/] {warning}", highlight=False)
 
 

@@ -19,7 +19,15 @@ from rag_pipeline.cli.app import (
     opened_store,
     out,
 )
-from rag_pipeline.retrieve.params import CONTEXT_PARAMS, SEARCH_PARAMS, Param
+from rag_pipeline.retrieve.params import (
+    BOOK,
+    CONTEXT_PARAMS,
+    SEARCH_PARAMS,
+    Param,
+    param,
+    repeated,
+    search_request,
+)
 from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
@@ -35,8 +43,6 @@ class _OneValueCommand(click.Command):
     an option added later is covered."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from rag_pipeline.retrieve.params import repeated
-
         if not ctx.resilient_parsing:  # shell completion parses half-typed lines
             _, _, order = self.make_parser(ctx).parse_args(args=list(args))
             options = {p: max(p.opts, key=len) for p in order if isinstance(p, click.Option)}
@@ -59,8 +65,6 @@ def _takes_one_value(param: click.Parameter) -> bool:
 
 
 def _book_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    from rag_pipeline.retrieve.params import BOOK
-
     return click.option(BOOK.flag, "book_id", default=None, help=BOOK.help)(fn)
 
 
@@ -109,7 +113,7 @@ def _click_type(p: Param) -> Any:
 
 
 def _fusion_option(multiple: bool = False) -> Callable[..., Any]:
-    fusion = next(p for p in SEARCH_PARAMS if p.name == "fusion")
+    fusion = param("fusion")
     return click.option(
         fusion.flag,
         "fusion",
@@ -127,7 +131,6 @@ def _fusion_option(multiple: bool = False) -> Callable[..., Any]:
 @click.option("--json", "as_json", is_flag=True)
 def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> None:
     """Search one book for QUERY."""
-    from rag_pipeline.retrieve.params import search_request
     from rag_pipeline.retrieve.request import results_json
 
     book = _require_book(book_id)

@@ -11,7 +11,8 @@ records each book's metadata and checks on the book's own partition (:mod:`.batc
 """
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from dagster import (
@@ -19,6 +20,7 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
+    AssetsDefinition,
     Backoff,
     Config,
     DynamicPartitionsDefinition,
@@ -100,17 +102,56 @@ BOOK_ASSET = _BookAsset(
 STEP_RETRY = RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL)
 
 
-def book_check(
-    name: str, *, asset: str, description: str, blocking: bool = False
-) -> AssetCheckSpec:
-    """A check of one book's partition of ``asset`` (its result is kept per book)."""
-    return AssetCheckSpec(
-        name,
-        asset=asset,
-        partitions_def=book_partitions_def,
-        blocking=blocking,
-        description=description,
-    )
+@dataclass(frozen=True)
+class BookCheckSpec:
+    """A check of one book's partition of the asset it is declared on (its result is kept
+    per book)."""
+
+    name: str
+    description: str
+    blocking: bool = False
+
+
+def book_asset(
+    *,
+    kinds: set[str],
+    description: str,
+    check: BookCheckSpec | None = None,
+    pool: str | None = None,
+    retry: bool = False,
+    code_version: str = "2",
+    run_config: bool = False,
+) -> Callable[[Callable[..., Any]], AssetsDefinition]:
+    """What every per-book asset is (:data:`BOOK_ASSET`), with its kinds, description, check,
+    pool and :data:`STEP_RETRY` (``retry``); an empty run config unless it takes one
+    (``run_config``: the Launchpad refuses any entry, see :data:`NO_RUN_CONFIG`)."""
+
+    def decorate(fn: Callable[..., Any]) -> AssetsDefinition:
+        specs = (
+            [
+                AssetCheckSpec(
+                    check.name,
+                    asset=fn.__name__,
+                    partitions_def=book_partitions_def,
+                    blocking=check.blocking,
+                    description=check.description,
+                )
+            ]
+            if check is not None
+            else []
+        )
+        return asset(
+            **BOOK_ASSET,
+            kinds=kinds,
+            code_version=code_version,
+            pool=pool,
+            retry_policy=STEP_RETRY if retry else None,
+            description=description,
+            check_specs=specs,
+            config_schema=None if run_config else NO_RUN_CONFIG,
+        )(fn)
+
+    return decorate
 
 
 class IngestRunConfig(Config):
@@ -128,11 +169,10 @@ class IngestRunConfig(Config):
 Books = dict[str, Any]
 
 
-@asset(
-    **BOOK_ASSET,
+@book_asset(
     kinds={"markdown", "qdrant"},
-    code_version="2",
     pool=STORE_POOL,
+    run_config=True,
     description="Markdown files of the book on disk (path, size, sha256, module/chapter/lesson "
     "from the path) and what each needs compared with the index: new, modified, unchanged, "
     "deleted or unreadable (kept). The index state is read from Qdrant payloads; there is no "
@@ -197,22 +237,15 @@ def _inventory_metadata(book: AssessedBook) -> dict[str, Any]:
     }
 
 
-@asset(
-    **BOOK_ASSET,
-    config_schema=NO_RUN_CONFIG,
+@book_asset(
     kinds={"markdown"},
-    code_version="2",
     description="New and modified files parsed: frontmatter split off and normalized (title, "
     "module, chapter, lesson, hardware tier, proficiency level, tags), sha256 of the bytes "
     "parsed. A file that cannot be read or parsed is an error record naming the reason (its "
     "last good chunks stay); the rest of the book goes on.",
-    check_specs=[
-        book_check(
-            "parse_errors",
-            asset="documents",
-            description="Warns with the file names when files fail to parse or are empty.",
-        )
-    ],
+    check=BookCheckSpec(
+        "parse_errors", "Warns with the file names when files fail to parse or are empty."
+    ),
 )
 def documents(
     context: AssetExecutionContext,
@@ -268,24 +301,19 @@ def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
     return metadata, check
 
 
-@asset(
-    **BOOK_ASSET,
-    config_schema=NO_RUN_CONFIG,
+@book_asset(
     kinds={"python"},
     code_version=DEFAULT_CHUNKER.version,  # what every recipe's signature records
     description="Heading-aware chunks of the parsed documents: split on headings, packed to "
     "a token budget measured with the embedder's own tokenizer (never above its input limit), "
     "with overlap, no split inside code fences or tables, content-hash ids and prev/next links. "
     "A file whose chunks break an invariant is an error of that file alone.",
-    check_specs=[
-        book_check(
-            "chunks_valid",
-            asset="chunks",
-            blocking=True,
-            description="Blocks embedding and publishing when a chunk is empty, over the token "
-            "limit, duplicated, or its prev/next chain is broken.",
-        )
-    ],
+    check=BookCheckSpec(
+        "chunks_valid",
+        "Blocks embedding and publishing when a chunk is empty, over the token limit, "
+        "duplicated, or its prev/next chain is broken.",
+        blocking=True,
+    ),
 )
 def chunks(
     context: AssetExecutionContext,
@@ -319,26 +347,20 @@ def chunks(
     yield from check_books(context, "chunks_valid", checks)
 
 
-@asset(
-    **BOOK_ASSET,
-    config_schema=NO_RUN_CONFIG,
+@book_asset(
     kinds={"python"},
-    code_version="2",
     pool=EMBEDDING_POOL,
-    retry_policy=STEP_RETRY,
+    retry=True,
     description="Dense vectors (the configured embedder) and BM25 sparse vectors for every "
     "chunk. Text already in the index with the same model is not embedded again: its vector "
     "is reused, so only new text reaches the embedder. The books of one run are embedded in "
     "one pass (sorted by length together).",
-    check_specs=[
-        book_check(
-            "vector_dimension",
-            asset="chunk_embeddings",
-            blocking=True,
-            description="Blocks publishing unless every vector has the model's dimension, which "
-            "must also be the collection's, and is finite and unit length.",
-        )
-    ],
+    check=BookCheckSpec(
+        "vector_dimension",
+        "Blocks publishing unless every vector has the model's dimension, which must also be "
+        "the collection's, and is finite and unit length.",
+        blocking=True,
+    ),
 )
 def chunk_embeddings(
     context: AssetExecutionContext,
@@ -376,25 +398,19 @@ def chunk_embeddings(
     yield from check_books(context, "vector_dimension", checks)
 
 
-@asset(
-    **BOOK_ASSET,
-    config_schema=NO_RUN_CONFIG,
+@book_asset(
     kinds={"qdrant"},
-    code_version="2",
     pool=STORE_POOL,
-    retry_policy=STEP_RETRY,
+    retry=True,
     description="The book's points in the Qdrant collection (book_id is the tenant key). New "
     "points are upserted first, points they replace are deleted after, and per-file document "
     "records are committed last, so the book stays searchable and a re-run converges.",
-    check_specs=[
-        book_check(
-            "index_consistency",
-            asset="qdrant_points",
-            description="Points in Qdrant == chunks the document records promise; no orphan "
-            "points, no duplicate chunk positions, every prev/next id resolves, vector dimension "
-            "matches the model.",
-        )
-    ],
+    check=BookCheckSpec(
+        "index_consistency",
+        "Points in Qdrant == chunks the document records promise; no orphan points, no "
+        "duplicate chunk positions, every prev/next id resolves, vector dimension matches the "
+        "model.",
+    ),
 )
 def qdrant_points(
     context: AssetExecutionContext,

@@ -446,17 +446,24 @@ def write_book(
         outcomes=chunked.outcomes,
         lineage=lineage,
     )
+    _save_summary(store, inventory, lineage.run_id)
+    return report
+
+
+def _save_summary(store: VectorStore, inventory: BookInventory, run_id: str | None) -> None:
+    """The book's catalog entry as the run leaves it, with the stats of the files the run read
+    (a store without a catalog keeps none): the collection look and the plan read it, not the
+    book, until the book changes."""
     catalog = catalog_of(store)
-    if catalog is not None:  # the collection look reads it, not the book, until it changes
+    if catalog is not None:
         summary = run_summary(
             store,
             inventory.book_id,
-            run_id=lineage.run_id,
+            run_id=run_id,
             files=inventory.files,
             read_at_ns=inventory.read_at_ns,
         )
         catalog.save_summary(inventory.book_id, summary)
-    return report
 
 
 @dataclass(frozen=True)
@@ -514,13 +521,8 @@ def finish_book(
         recipe=recipe.tag(),
         keep_old=keep_old,
     )
-    catalog = catalog_of(store)
-    if switch.switched and catalog is not None:
-        inventory = chunked.inventory
-        summary = run_summary(
-            store, book_id, run_id=run_id, files=inventory.files, read_at_ns=inventory.read_at_ns
-        )
-        catalog.save_summary(book_id, summary)
+    if switch.switched:
+        _save_summary(store, chunked.inventory, run_id)
     return switch
 
 

@@ -11,22 +11,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any, cast
 
 from rag_pipeline.retrieve.filters import SearchFilters, parse_equals
 from rag_pipeline.retrieve.request import MAX_GROUP_SIZE, MAX_LIMIT, SEARCH_MODES, SearchRequest
-from rag_pipeline.retrieve.search import (
-    DEFAULT_FUSION,
-    DEFAULT_GROUP_SIZE,
-    DEFAULT_MODE,
-    DEFAULT_RRF_K,
-    FUSIONS,
-    GROUP_KEYS,
-    GroupBy,
-    SearchMode,
-)
+from rag_pipeline.retrieve.search import FUSIONS, GROUP_KEYS, GroupBy, SearchMode
 from rag_pipeline.store import FusionMethod
 
 __all__ = [
@@ -34,9 +25,15 @@ __all__ = [
     "CONTEXT_PARAMS",
     "SEARCH_PARAMS",
     "Param",
+    "param",
     "repeated",
     "search_request",
 ]
+
+
+def _default(name: str) -> Any:
+    """A search's default, as :class:`SearchRequest` declares it."""
+    return next(f.default for f in fields(SearchRequest) if f.name == name)
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,14 @@ SEARCH_PARAMS: tuple[Param, ...] = (
     Param("hardware_tier", int, None, "this tier or lower"),
     Param("proficiency", str, None, "any of these levels; repeatable", repeatable=True),
     Param("where", str, None, "payload equality filter key=value; repeatable", repeatable=True),
-    Param("limit", int, 5, "hits (with group_by: groups)", minimum=1, maximum=MAX_LIMIT),
+    Param(
+        "limit",
+        int,
+        _default("limit"),
+        "hits (with group_by: groups)",
+        minimum=1,
+        maximum=MAX_LIMIT,
+    ),
     Param(
         "score_threshold",
         float,
@@ -82,19 +86,19 @@ SEARCH_PARAMS: tuple[Param, ...] = (
     Param(
         "mode",
         str,
-        DEFAULT_MODE,
+        _default("mode"),
         "dense, sparse or hybrid (the default, chosen by measurement)",
         choices=SEARCH_MODES,
     ),
     Param(
         "fusion",
         str,
-        DEFAULT_FUSION,
+        _default("fusion"),
         "how hybrid mode fuses its dense and sparse lists: minmax (client-side min-max, "
         "alpha 0.5; the default, chosen by measurement), dbsf or rrf (the engine's)",
         choices=FUSIONS,
     ),
-    Param("rrf_k", int, DEFAULT_RRF_K, "k of fusion rrf", minimum=1, maximum=100_000),
+    Param("rrf_k", int, _default("rrf_k"), "k of fusion rrf", minimum=1, maximum=100_000),
     Param(
         "group_by",
         str,
@@ -105,7 +109,7 @@ SEARCH_PARAMS: tuple[Param, ...] = (
     Param(
         "group_size",
         int,
-        DEFAULT_GROUP_SIZE,
+        _default("group_size"),
         "chunks per group with group_by",
         minimum=1,
         maximum=MAX_GROUP_SIZE,
@@ -117,6 +121,11 @@ CONTEXT_PARAMS: tuple[Param, ...] = (
     Param("prev", int, 1, "chunks before it", minimum=0, maximum=100),
     Param("next", int, 1, "chunks after it", minimum=0, maximum=100),
 )
+
+
+def param(name: str) -> Param:
+    """The search parameter ``name`` (for a command that takes some of them)."""
+    return next(p for p in SEARCH_PARAMS if p.name == name)
 
 
 def search_request(query: str, book_id: str, values: Mapping[str, Any]) -> SearchRequest:
