@@ -76,6 +76,33 @@ def fresh_cli(
     )
 
 
+#: what runs a command as the unprivileged user ``nobody`` (root reads any file)
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def as_nobody_or_skip() -> list[str]:
+    """:data:`AS_NOBODY`, once ``nobody`` is seen to run this checkout's interpreter and
+    package; else the test is skipped with the reason (a checkout under a folder only its
+    owner can read, as a fresh clone in a private home is: nobody cannot even start its
+    Python there)."""
+    import pytest
+
+    probe = subprocess.run(
+        [*AS_NOBODY, sys.executable, "-c", "import rag_pipeline.cli"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+    if probe.returncode != 0:
+        said = (probe.stderr.strip().splitlines() or ["no message"])[-1]
+        pytest.skip(
+            f"the user nobody cannot run this checkout's Python ({sys.executable}) and package "
+            f"(a folder above it is readable by its owner only?): {said}"
+        )
+    return AS_NOBODY
+
+
 class Cli:
     """``rag-pipeline`` in a real process per command. By default the process is forked from
     the warm interpreter (the same process semantics without the imports, see warm.py);

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_pipeline_tests.helpers import Cli, assert_no_trace
+from rag_pipeline_tests.helpers import Cli, as_nobody_or_skip, assert_no_trace
 from rag_pipeline_tests.hostile import MAX_FILE_BYTES, build_hostile_books
 
 pytestmark = pytest.mark.integration
@@ -127,7 +127,7 @@ def test_unreadable_file_and_folder_as_an_ordinary_user_keep_their_chunks(sample
     cli.env["RAG_BUSY_WAIT_S"] = "5"
     for path in [root, *root.rglob("*")]:
         os.chown(path, 65534, 65534, follow_symlinks=False)
-    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    prefix = as_nobody_or_skip()
     first = cli.as_user(prefix, "ingest", "--json")
     assert first.returncode == 0, first.stderr
     book = data_dir / "ros2-fundamentals"

@@ -26,7 +26,7 @@ from rag_pipeline.models import document_id
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.store import open_store
 from rag_pipeline_tests.differential import point_sets
-from rag_pipeline_tests.helpers import Cli, assert_no_trace
+from rag_pipeline_tests.helpers import Cli, as_nobody_or_skip, assert_no_trace
 
 pytestmark = pytest.mark.integration
 
@@ -209,7 +209,7 @@ def test_a_file_made_unreadable_is_reported_by_every_ingest():
     for path in [root, *root.rglob("*")]:
         os.chown(path, 65534, 65534, follow_symlinks=False)
     cli = Cli(root, books)
-    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    prefix = as_nobody_or_skip()
 
     def as_nobody(*args: str) -> dict:
         done = cli.as_user(prefix, *args, "--json")
