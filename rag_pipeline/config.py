@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
 
 if TYPE_CHECKING:
+    from rag_pipeline.ingest.live import LiveTiming
     from rag_pipeline.sources.base import ParseOptions
     from rag_pipeline.sources.folder import FolderSource
 
@@ -201,6 +202,9 @@ class Settings(BaseSettings):
     # RAG_BATCH_BOOKS=1 gives every book a run of its own (rag_pipeline/ingest/batches.py).
     batch_books: int = Field(50, ge=1, le=10_000)
     batch_files: int = Field(500, ge=1, le=10_000_000)
+    # live mode (`rag-pipeline watch`): quiet after a file's latest change before it is
+    # applied (a writer's burst is one change), in milliseconds
+    live_debounce_ms: int = Field(100, ge=0, le=60_000)
     # where `lineage` points its run links (the Dagster webserver)
     dagster_url: str = "http://127.0.0.1:3000"
     # Local model precision: fp32, int8 (ONNX Runtime dynamic quantization, its own
@@ -232,6 +236,11 @@ class Settings(BaseSettings):
 
     def batching(self) -> BatchConfig:
         return BatchConfig(self.batch_books, self.batch_files)
+
+    def live_timing(self) -> LiveTiming:
+        from rag_pipeline.ingest.live import LiveTiming
+
+        return LiveTiming(debounce_s=self.live_debounce_ms / 1000)
 
     def chunking(self) -> ChunkingConfig:
         return ChunkingConfig(

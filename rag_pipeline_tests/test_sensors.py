@@ -3,6 +3,7 @@
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from dagster import (
@@ -17,16 +18,19 @@ from dagster import (
 from rag_pipeline.defs import sensors as sensors_module
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.sensors import build_books_sensor, read_cursor
+from rag_pipeline.sources import scan as scan_module
+from rag_pipeline.sources.folder import FolderSource
+from rag_pipeline.sources.scan import clear_scan_cache, scan_books
 
 
 class Harness:
     """Ticks the sensor and applies what the daemon would (partition requests, cursor)."""
 
-    def __init__(self, data_dir, batching=None, watch=False):
+    def __init__(self, data_dir, batching=None, watch=False, instance=None):
         # (the watcher is tested on its own: its notifications come a moment after a change)
         self.sensor = build_books_sensor(interval_s=1, batching=batching, watch=watch)
         self.pipeline = sensor_pipeline(data_dir)
-        self.instance = DagsterInstance.ephemeral()
+        self.instance = instance or DagsterInstance.ephemeral()
         self.cursor = None
 
     def context(self):
@@ -66,7 +70,7 @@ def sensor_pipeline(data_dir):
 
 @pytest.fixture
 def harness(data_dir):
-    sensors_module._stat_cache.clear()
+    clear_scan_cache()
     return Harness(data_dir)
 
 
@@ -231,7 +235,7 @@ def test_a_retried_tick_requests_the_same_run_keys(harness, write_book):
     harness.tick()
     write_book("beta", {"b.md": "# B"})
     first = harness.sensor(harness.context())
-    sensors_module._stat_cache.clear()
+    clear_scan_cache()
     second = harness.sensor(harness.context())
     # the daemon dedupes a tick that is evaluated twice from the same cursor by run key
     assert [r.run_key for r in first.run_requests] == [r.run_key for r in second.run_requests]
@@ -282,11 +286,11 @@ def test_steady_state_ticks_hash_nothing(harness, write_book, data_dir):
     write_book("alpha", {f"f{i}.md": f"# {i}" for i in range(50)})
     harness.tick()
     source = harness.pipeline.source
-    states, _ = sensors_module.scan_books(source, read_cursor(harness.cursor)[0])
+    states, _ = scan_books(source, read_cursor(harness.cursor)[0])
     assert states["alpha"].hashed == 0
     (data_dir / "alpha" / "f7.md").write_text("# changed")
     bump_mtime(data_dir / "alpha" / "f7.md")
-    states, _ = sensors_module.scan_books(source, read_cursor(harness.cursor)[0])
+    states, _ = scan_books(source, read_cursor(harness.cursor)[0])
     assert states["alpha"].hashed == 1  # only the file whose stat moved is read
 
 
@@ -436,7 +440,7 @@ def storage_calls_of_a_busy_tick(tmp_path, books, monkeypatch):
     for i in range(books):
         (data_dir / f"book-{i:03d}").mkdir(parents=True)
         (data_dir / f"book-{i:03d}" / "a.md").write_text(f"# Book {i}")
-    sensors_module._stat_cache.clear()
+    clear_scan_cache()
     harness = Harness(data_dir)
     harness.tick()
     for book_id in ("book-001", "book-002", "book-003"):
@@ -570,7 +574,7 @@ def test_books_changed_together_share_runs_of_adjacent_books(write_book, data_di
     gets its own run."""
     from rag_pipeline.config import BatchConfig
 
-    sensors_module._stat_cache.clear()
+    clear_scan_cache()
     harness = Harness(data_dir, batching=BatchConfig(max_books=2))
     for book in ("alpha", "beta", "gamma"):
         write_book(book, {"a.md": f"# {book}"})
@@ -659,16 +663,16 @@ def watched(data_dir, write_book, monkeypatch):
 
     for i in range(30):
         write_book(f"book-{i:02d}", {"a.md": f"# Book {i}"})
-    sensors_module._stat_cache.clear()
+    clear_scan_cache()
     harness = Harness(data_dir, watch=True)
     stated: list[str] = []
-    real = sensors_module._stat_digest
+    real = scan_module._stat_digest
 
     def counting(root, book_id):
         stated.append(book_id)
         return real(root, book_id)
 
-    monkeypatch.setattr(sensors_module, "_stat_digest", counting)
+    monkeypatch.setattr(scan_module, "_stat_digest", counting)
     try:
         yield harness, stated
     finally:
@@ -738,3 +742,64 @@ def test_a_sensor_that_cannot_watch_stats_every_book_each_tick(data_dir, write_b
         assert not watch._watchers[os.path.abspath(data_dir)].watching
     finally:
         watch._watchers.pop(os.path.abspath(data_dir), None)
+
+
+# -- live mode: the sensor defers to a live process and takes over from what it applied ------
+
+
+@pytest.fixture
+def home_harness(data_dir):
+    """A harness on an instance with a home (a live process shares DAGSTER_HOME's)."""
+    from dagster import instance_for_test
+
+    clear_scan_cache()
+    with instance_for_test() as instance:
+        yield Harness(data_dir, instance=instance)
+
+
+def test_the_sensor_skips_while_a_live_process_holds_the_home(home_harness, write_book, data_dir):
+    from rag_pipeline.ingest.live import LiveMark
+
+    harness = home_harness
+    write_book("alpha", {"a.md": "# A"})
+    mark = LiveMark(Path(harness.instance.root_directory), harness.pipeline.source)
+    with mark.hold():
+        skipped = harness.tick()
+        assert isinstance(skipped, SkipReason)
+        assert "live mode applies every change" in (skipped.skip_message or "")
+        assert f"pid {os.getpid()}" in (skipped.skip_message or "")
+        assert harness.cursor is None and harness.partitions == []  # nothing taken in
+    # a live process of another data folder on the same home is not this sensor's
+    other = LiveMark(Path(harness.instance.root_directory), FolderSource(data_dir / "x"))
+    with other.hold():
+        assert isinstance(harness.tick(), SensorResult)
+
+
+def test_the_sensor_takes_over_from_a_stopped_live_process_once(home_harness, write_book, data_dir):
+    """What the live process applied is not run again; the book it was applying, and a book
+    changed after it stopped, are; a second tick takes nothing over again."""
+    from rag_pipeline.ingest.live import APPLYING, LiveLoop, LiveMark
+
+    harness = home_harness
+    for book in ("alpha", "beta", "gamma"):
+        write_book(book, {"a.md": f"# {book}"})
+    harness.tick()  # the sensor's cursor, before the live process ran
+    harness.instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, ["alpha", "beta", "gamma"])
+    mark = LiveMark(Path(harness.instance.root_directory), harness.pipeline.source)
+    live = LiveLoop(harness.pipeline.source, lambda books: dict.fromkeys(books, True))
+    with mark.hold():
+        for book in ("alpha", "beta", "gamma"):  # edited while the live process ran
+            (data_dir / book / "a.md").write_text(f"# {book} edited")
+            bump_mtime(data_dir / book / "a.md")
+        live.look()  # applied all three
+        books = {**live.known, "beta": list(APPLYING)}  # killed while applying beta
+        mark.save(books)
+    (data_dir / "gamma" / "a.md").write_text("# gamma edited again")  # after it stopped
+    bump_mtime(data_dir / "gamma" / "a.md")
+    result = harness.tick()
+    assert isinstance(result, SensorResult)
+    assert sorted(b for run in requested_books(result, harness.instance) for b in run) == [
+        "beta",
+        "gamma",
+    ]
+    assert isinstance(harness.tick(), SkipReason)  # taken over once

@@ -17,6 +17,7 @@ Dagster start-up time. So the runner
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -104,9 +105,7 @@ def execute_plan(
     started = time.perf_counter()
     say = notify or log.warning
     report = IngestReport(rejected=list(plan.rejected), warnings=list(plan.warnings))
-    defs = build_defs(fixed_resources(pipeline), embedder=_provider(pipeline))
-    ingest_job = defs.resolve_job_def(INGEST_JOB_NAME)
-    purge_job = defs.resolve_job_def(PURGE_JOB_NAME)
+    ingest_job, purge_job = _jobs(pipeline)
 
     for run_id in reap_dead_runs(instance, log=say):
         report.warnings.append(f"run {run_id} had died with its process; marked failed")
@@ -172,6 +171,14 @@ def execute_plan(
             report.warnings.append(problem)
     report.seconds = plan.seconds + time.perf_counter() - started
     return report
+
+
+@functools.lru_cache(maxsize=2)
+def _jobs(pipeline: IngestPipeline) -> tuple[JobDefinition, JobDefinition]:
+    """The ingest and purge jobs bound to ``pipeline``, built once per pipeline: a live
+    process runs them at every change."""
+    defs = build_defs(fixed_resources(pipeline), embedder=_provider(pipeline))
+    return defs.resolve_job_def(INGEST_JOB_NAME), defs.resolve_job_def(PURGE_JOB_NAME)
 
 
 def _provider(pipeline: IngestPipeline) -> str:

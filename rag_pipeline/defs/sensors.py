@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -66,100 +66,21 @@ from rag_pipeline.defs.runs import (
     books_with_runs_in_flight,
 )
 from rag_pipeline.ingest.batches import batch_books, split_after
+from rag_pipeline.ingest.live import LiveMark
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.ingest.plan import decide_purges
-from rag_pipeline.models import FileKey
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
-from rag_pipeline.sources.filekeys import now_ns, settled
-from rag_pipeline.sources.watch import BookWatcher
+from rag_pipeline.sources.scan import PURGING, BookScanState, scan_books
 
 __all__ = [
-    "BookScanState",
     "FailedBooks",
     "build_books_sensor",
+    "live_mark",
     "read_cursor",
     "read_failed_books",
-    "scan_books",
+    "read_live_generation",
     "write_cursor",
 ]
-
-# source_file -> (stat, sha256) per (source, book): lives as long as the code server process,
-# so steady-state ticks hash nothing; after a restart the first tick re-hashes.
-_stat_cache: dict[tuple[BookSource, str], dict[str, tuple[FileKey, str]]] = {}
-_cache_lock = threading.Lock()
-
-
-class BookScanState:
-    """What one tick found for one book."""
-
-    __slots__ = ("book_id", "content_digest", "files", "hashed", "stat_digest")
-
-    def __init__(
-        self, book_id: str, stat_digest: str, content_digest: str, files: int, hashed: int
-    ) -> None:
-        self.book_id = book_id
-        self.stat_digest = stat_digest
-        self.content_digest = content_digest
-        self.files = files
-        self.hashed = hashed
-
-
-def _stat_digest(source: BookSource, book_id: str) -> tuple[str, int]:
-    """A digest of every file's full stat (:mod:`~rag_pipeline.sources.filekeys`); "" for a
-    book with a racy file (modified in the clock tick of this scan): it matches no cursor, so
-    its contents are fingerprinted at every tick until its files settle."""
-    scanned_at = now_ns()
-    scan = source.versions(book_id)
-    if not all(st.key is not None and settled(st.key, scanned_at) for st in scan.files):
-        return "", len(scan.files)
-    lines = [f"{st.source_file}\0{tuple(st.key or ())}\n" for st in scan.files]
-    # an entry turning unreadable is a change too
-    lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
-    digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()[:32], len(scan.files)
-
-
-def scan_books(
-    source: BookSource, previous: Mapping[str, list[str]], watcher: BookWatcher | None = None
-) -> tuple[dict[str, BookScanState], list[str]]:
-    """Scan every book (with ``watcher``: those its notifications name, those new to the
-    cursor, and those due for a look; the others keep their cursor entry): (state per book on
-    disk, refused folder names)."""
-    scan = source.list_books()
-    to_scan = watcher.to_scan(scan.book_ids) if watcher is not None else None
-    states: dict[str, BookScanState] = {}
-    for book_id in scan.book_ids:
-        before = previous.get(book_id)
-        key = (source, book_id)
-        if watcher is not None and to_scan is not None:
-            # kept as the cursor has it (a link's target is not watched)
-            if (
-                book_id not in to_scan
-                and before is not None
-                and before != PURGING
-                and source.notifies(book_id)
-            ):
-                with _cache_lock:
-                    files = len(_stat_cache.get(key, ()))
-                states[book_id] = BookScanState(book_id, before[0], before[1], files, 0)
-                continue
-            watcher.scanned(book_id)
-        stat_digest, files = _stat_digest(source, book_id)
-        if before and stat_digest and before[0] == stat_digest:
-            states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
-            continue
-        with _cache_lock:
-            cache = _stat_cache.get(key)
-        fingerprint = source.fingerprint(book_id, cache)
-        with _cache_lock:
-            _stat_cache[key] = dict(fingerprint.stats)
-        states[book_id] = BookScanState(
-            book_id, stat_digest, fingerprint.digest[:32], fingerprint.files, fingerprint.hashed
-        )
-    if watcher is not None and to_scan is None:
-        watcher.scanned_all(scan.book_ids)
-    return states, [str(e) for e in scan.rejected]
-
 
 #: after a book's runs failed (retries included), the sensor tries again after this long,
 #: doubling per consecutive failure: an outage heals without anyone touching the book
@@ -278,11 +199,6 @@ SENSOR_TRIGGER = "books_sensor"
 SENSOR_RETRY_TRIGGER = "books_sensor_retry"
 
 
-#: cursor entry of a removed book whose purge is requested but whose partition is kept until
-#: no run of the book is in flight (deleting it under a running run fails that run's outputs)
-PURGING = ["purging", ""]
-
-
 def read_cursor(cursor: str | None) -> tuple[dict[str, list[str]], int]:
     """(per-book ``[stat digest, content digest]``, request counter) from a cursor; a cursor
     that cannot be read starts afresh (every book is looked at once more)."""
@@ -316,12 +232,31 @@ def _cursor_data(cursor: str | None) -> dict[str, Any]:
 
 
 def write_cursor(
-    books: Mapping[str, list[str]], seq: int, failed: FailedBooks | None = None
+    books: Mapping[str, list[str]],
+    seq: int,
+    failed: FailedBooks | None = None,
+    *,
+    live: str | None = None,
 ) -> str:
+    """``live``: the generation of the stopped live process whose state the cursor took
+    over (:class:`~rag_pipeline.ingest.live.LiveMark`), so it is taken over once."""
     data: dict[str, Any] = {"books": books, "seq": seq}
     if failed is not None:
         data["runs"] = failed.to_json()
+    if live:
+        data["live"] = live
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def read_live_generation(cursor: str | None) -> str | None:
+    """The generation of the live process whose state the cursor took over, if any."""
+    live = _cursor_data(cursor).get("live")
+    return live if isinstance(live, str) else None
+
+
+def live_mark(instance: DagsterInstance, source: BookSource) -> LiveMark:
+    """The live-mode lock and state of the instance's home, for ``source``'s books."""
+    return LiveMark(Path(instance.root_directory), source)
 
 
 def build_books_sensor(
@@ -351,7 +286,22 @@ def build_books_sensor(
     ) -> SensorResult | SkipReason:
         started = time.perf_counter()
         source = pipeline.source
+        # (an ephemeral instance has no home that a live process could share)
+        live = None if context.instance.is_ephemeral else live_mark(context.instance, source)
+        holder = live.holder() if live is not None else None
+        if live is not None and holder is not None:  # one process starts a change's runs
+            return SkipReason(
+                f"live mode applies every change ({live.describe(holder)}): "
+                "this sensor resumes when it stops"
+            )
         previous, seq = read_cursor(context.cursor)
+        left = live.left() if live is not None else None
+        taken_over = None
+        if left is not None and left.generation != read_live_generation(context.cursor):
+            # a live process stopped: what it applied is this tick's "before" (its books
+            # being applied never match, so they run), the sensor's own purges kept
+            previous = {**{b: v for b, v in previous.items() if v == PURGING}, **left.books}
+            taken_over = left.generation
         try:
             states, rejected = scan_books(source, previous, source.watcher() if watch else None)
         except SourceUnavailableError as exc:
@@ -436,6 +386,7 @@ def build_books_sensor(
             },
             seq,
             failed,
+            live=taken_over or read_live_generation(context.cursor),
         )
         hashed = sum(s.hashed for s in states.values())
         context.log.info(

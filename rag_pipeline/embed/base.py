@@ -255,6 +255,11 @@ class Embedder(ABC):
     def cost_usd(self, tokens: int) -> float:
         return tokens * self.usd_per_million_tokens / 1_000_000
 
+    def warm_up(self) -> None:  # noqa: B027 - optional hook
+        """Load what the first :meth:`embed` would (a model, its runtime), for a long-lived
+        process whose first change must not wait for it. Nothing by default: a remote API has
+        nothing to load, and a call would cost money."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the provider holds (sessions, HTTP pools)."""
 

@@ -213,6 +213,10 @@ class LocalEmbedder(Embedder):
         vectors: np.ndarray = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
         return vectors
 
+    def warm_up(self) -> None:
+        # one short text: the session's arenas and threads start as well as its graph
+        self.embed(["warm up"])
+
     def _get_session(self) -> Any:  # an onnxruntime.InferenceSession (untyped library)
         with self._lock:
             if self._session is None:
@@ -257,9 +261,7 @@ class LocalEmbedder(Embedder):
     def _int8_model(self, fp32: str | bytes) -> str | bytes:
         """The fp32 graph quantized by ONNX Runtime's ``quantize_dynamic``; cached under a key
         of the fp32 graph's key, the quantization settings and the ONNX Runtime version."""
-        import onnx
         import onnxruntime
-        from onnxruntime.quantization import QuantType, quantize_dynamic
 
         settings = json.dumps(_QUANTIZATION, sort_keys=True)
         # the fp32 file name carries the weights' key
@@ -268,6 +270,10 @@ class LocalEmbedder(Embedder):
         name = f"{self.model_dir.name}-{key.hexdigest()[:16]}-int8.onnx"
         if self._cache_dir is not None and (self._cache_dir / name).is_file():
             return str(self._cache_dir / name)
+        # only to quantize: onnx's import alone costs ~0.5 s (ml_dtypes), a cached graph none
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
         folder = self._cache_dir or Path(tempfile.mkdtemp(prefix="rag-int8-"))
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"

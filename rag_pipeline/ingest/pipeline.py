@@ -163,6 +163,11 @@ class IngestPipeline:
         """The same store and recipes over another source (an evaluation corpus)."""
         return IngestPipeline(source, self.store, self.recipes, parsing=self.parsing)
 
+    def warm_up(self) -> None:
+        """Load the model a new book is embedded with (live mode: the first change embeds at
+        once). A book recorded under another model still loads that one on first use."""
+        self.recipes.for_model("").embedder.warm_up()  # "": what a new book gets
+
     def recipe_of(self, inventory: BookInventory) -> IndexRecipe:
         """The recipe a book's run builds with (the one its assessment chose)."""
         return self.recipes.for_model(inventory.embedding_model)

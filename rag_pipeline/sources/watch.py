@@ -38,6 +38,10 @@ class BookWatcher:
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._changed: set[str] = set()
+        #: set by every notification; live mode waits on it (:meth:`wait_for_news`)
+        self._news = threading.Event()
+        #: time.monotonic() of the latest notification (0.0: none yet)
+        self.last_news = 0.0
         self._everything = True  # nothing is known before the first full look
         self._scanned: dict[str, float] = {}  # book -> when the sensor last stat'ed it
         self._observer = None
@@ -89,6 +93,17 @@ class BookWatcher:
         if book:
             with self._lock:
                 self._changed.add(book)
+                self.last_news = time.monotonic()
+            self._news.set()
+
+    def wait_for_news(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a notification since the previous call; True if
+        one came (at once when one is already waiting). False at once when not watching."""
+        if not self.watching:
+            return False
+        got = self._news.wait(timeout)
+        self._news.clear()
+        return got
 
     def to_scan(self, books: Collection[str], now: float | None = None) -> set[str] | None:
         """The books a tick must stat (their notifications since the last call, and those not

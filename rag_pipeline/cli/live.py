@@ -1,0 +1,110 @@
+"""``rag-pipeline watch``: live mode, a saved change searchable in about a second, each change
+still a recorded Dagster run (:mod:`rag_pipeline.defs.live`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import click
+
+from rag_pipeline.cli.app import _settings, book_pipeline, err, main
+
+if TYPE_CHECKING:
+    from rag_pipeline.ingest.live import LiveLoop
+    from rag_pipeline.ingest.report import IngestReport
+
+
+@main.command()
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="print one JSON object a line: {'event': 'ready', ...} once every book is caught up, "
+    "then {'event': 'applied', 'report': <ingest --json>} for each change applied",
+)
+def watch(as_json: bool) -> None:
+    """Live mode: apply every change of the books as soon as it is saved, until stopped.
+
+    A long-lived process keeps Dagster, the model and the instance loaded, follows the data
+    folder's notifications and runs the ingest (or purge) job in process for each change:
+    each change is a Dagster run in the UI, with its metadata, checks and lineage. While it
+    runs, the books sensor of the same DAGSTER_HOME defers to it; when it stops (or dies), the
+    sensor takes over from what it applied. Ctrl-C or SIGTERM stops it after the change in
+    hand."""
+    from rag_pipeline.config import ensure_dagster_home
+    from rag_pipeline.defs.live import run_live
+
+    settings = _settings()
+    home = ensure_dagster_home()
+    pipeline = book_pipeline(settings)
+    stop = threading.Event()
+
+    def stopping(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():  # a second Ctrl-C: now
+            raise KeyboardInterrupt
+        stop.set()
+        say("stopping after the change in hand")
+
+    signal.signal(signal.SIGINT, stopping)
+    signal.signal(signal.SIGTERM, stopping)
+
+    def emit(event: dict[str, object]) -> None:
+        click.echo(json.dumps(event, ensure_ascii=False, default=str))
+        sys.stdout.flush()
+
+    def say(message: str) -> None:
+        err.print(f"{time.strftime('%H:%M:%S')} [dim]live[/] {message}", highlight=False)
+
+    def ready(loop: LiveLoop) -> None:
+        books = len(loop.known)
+        if as_json:
+            emit({"event": "ready", "books": books, "data_dir": str(settings.data_dir)})
+        say(
+            f"ready: {books} books in step; watching {pipeline.source.description} "
+            "(the books sensor defers to this process; Ctrl-C stops)"
+        )
+
+    def applied(report: IngestReport) -> None:
+        if as_json:
+            emit({"event": "applied", "report": report.as_dict()})
+        for line in report_lines(report):
+            say(line)
+
+    say(f"starting: {pipeline.description}")
+    run_live(
+        pipeline,
+        home=home,
+        stop=stop,
+        batching=settings.batching(),
+        timing=settings.live_timing(),
+        notify=lambda message: say(f"[yellow]note[/] {message}"),
+        on_report=applied,
+        on_ready=ready,
+    )
+    say("stopped")
+
+
+def report_lines(report: IngestReport) -> list[str]:
+    """One line per book that ran or failed (unchanged books are not news), then the
+    report's notes."""
+    lines = []
+    for book_id, r in report.books.items():
+        if r.status == "unchanged":
+            continue
+        run = f", run {r.run_id}" if r.run_id else ""
+        if r.status == "failed":
+            why = "; ".join(r.error_messages) or "failed"
+            lines.append(f"[red]{book_id} failed[/]: {why}{run}")
+            continue
+        counts = f"{r.embedded} embedded, {r.reused} reused, {r.deleted} deleted"
+        errors = f", [yellow]{r.errors} file errors[/]" if r.errors else ""
+        lines.append(f"{book_id} {r.status}: {counts}{errors} in {r.seconds:.1f}s{run}")
+        lines += [f"[yellow]{book_id}[/]: {m}" for m in r.error_messages]
+    lines += [f"[yellow]note[/] {w}" for w in report.warnings]
+    return lines

@@ -1,0 +1,90 @@
+"""Live mode's Dagster side: each change :class:`~rag_pipeline.ingest.live.LiveLoop` finds
+becomes runs of the ingest (or purge) job, executed in this long-lived process on the instance
+in ``DAGSTER_HOME``: the UI lists them beside the sensor's, with their metadata, checks and
+the run id on every point they write. What makes it fast is what the process keeps from one
+change to the next: Dagster imported and its definitions built, the model loaded, the
+instance open. A change is planned (:meth:`IngestPipeline.plan`) and executed
+(:func:`~rag_pipeline.defs.runner.execute_plan`) exactly as ``rag-pipeline ingest`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagster import DagsterInstance
+
+from rag_pipeline.config import BatchConfig
+from rag_pipeline.defs.instance import open_home_instance
+from rag_pipeline.defs.runner import execute_plan
+from rag_pipeline.ingest.live import LiveLoop, LiveMark, LiveTiming
+from rag_pipeline.ingest.pipeline import IngestPipeline
+from rag_pipeline.ingest.report import BookResult, IngestReport
+
+__all__ = ["LIVE_TRIGGER", "LiveRuns", "run_live"]
+
+log = logging.getLogger(__name__)
+
+#: the trigger tag of live mode's runs
+LIVE_TRIGGER = "live"
+
+
+@dataclass
+class LiveRuns:
+    """``apply`` of the live loop: plan the books, run what the plan says, report."""
+
+    pipeline: IngestPipeline
+    instance: DagsterInstance
+    home: Path
+    batching: BatchConfig
+    notify: Callable[[str], None]
+    on_report: Callable[[IngestReport], None]
+
+    def __call__(self, books: list[str]) -> dict[str, bool]:
+        try:
+            with self.pipeline.store.open() as store:
+                plan = self.pipeline.plan(store, books)
+            report = execute_plan(
+                plan,
+                self.pipeline,
+                self.instance,
+                dagster_home=self.home,
+                trigger=LIVE_TRIGGER,
+                notify=self.notify,
+                batching=self.batching,
+            )
+        except Exception as exc:  # a store busy past its wait, a damaged instance: retried
+            log.debug("live mode could not apply %s", books, exc_info=True)
+            message = f"{type(exc).__name__}: {exc}"
+            report = IngestReport(
+                {b: BookResult(b, "failed", error_messages=[message]) for b in books}
+            )
+        self.on_report(report)
+        return {b: r.status != "failed" for b, r in report.books.items()}
+
+
+def run_live(
+    pipeline: IngestPipeline,
+    *,
+    home: Path,
+    stop: threading.Event,
+    batching: BatchConfig | None = None,
+    timing: LiveTiming | None = None,
+    notify: Callable[[str], None] = log.warning,
+    on_report: Callable[[IngestReport], None] = lambda report: None,
+    on_ready: Callable[[LiveLoop], None] = lambda loop: None,
+) -> None:
+    """Apply the pipeline's source's changes until ``stop`` is set: hold the live lock of
+    ``home`` (:class:`~rag_pipeline.ingest.live.LiveBusyError` if another live process holds
+    it), load the model, catch up with every book, then follow the notifications."""
+    mark = LiveMark(home, pipeline.source)
+    with mark.hold(), open_home_instance() as instance:
+        pipeline.warm_up()
+        runs = LiveRuns(pipeline, instance, home, batching or BatchConfig(), notify, on_report)
+        loop = LiveLoop(
+            pipeline.source, runs, timing=timing or LiveTiming(), save=mark.save, notify=notify
+        )
+        loop.run(stop, on_ready=lambda: on_ready(loop))

@@ -1,0 +1,230 @@
+"""Live mode's core (rag_pipeline/ingest/live.py), without Dagster: which books a look hands
+to ``apply``, its back-off, the applied-state map it saves, the wait for notifications, and
+the lock that tells the books sensor a live process runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from rag_pipeline.ingest.live import (
+    APPLYING,
+    LIVE_STATE,
+    LiveBusyError,
+    LiveLoop,
+    LiveMark,
+    LiveTiming,
+)
+from rag_pipeline.sources import watch
+from rag_pipeline.sources.folder import FolderSource
+from rag_pipeline.sources.scan import clear_scan_cache
+from rag_pipeline_tests.conftest import settle_files
+
+
+class Applier:
+    """``apply`` that records each call and answers from ``fail`` (books it fails)."""
+
+    def __init__(self, mark_state: Path | None = None) -> None:
+        self.calls: list[list[str]] = []
+        self.fail: set[str] = set()
+        self.saved_during: list[dict[str, list[str]]] = []
+        self.mark_state = mark_state
+        self.called = threading.Event()
+
+    def __call__(self, books: list[str]) -> Mapping[str, bool]:
+        self.calls.append(list(books))
+        if self.mark_state is not None:
+            self.saved_during.append(json.loads(self.mark_state.read_text())["books"])
+        self.called.set()
+        return {b: b not in self.fail for b in books}
+
+
+class NoWatchSource(FolderSource):
+    """A folder source without notifications: every look stats every book."""
+
+    def watcher(self) -> None:  # type: ignore[override]
+        return None
+
+
+@pytest.fixture
+def loop(data_dir, write_book):
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none", "b.md": "# B\n\ntwo"})
+    write_book("beta", {"c.md": "# C\n\nthree"})
+    applier = Applier()
+    return LiveLoop(NoWatchSource(data_dir), applier), applier
+
+
+def test_the_first_look_hands_every_book_over_then_only_what_changed(loop, data_dir):
+    live, applied = loop
+    assert live.look() == ["alpha", "beta"]
+    assert live.look() == []  # nothing changed
+    (data_dir / "alpha" / "a.md").write_text("# A\n\nedited")
+    settle_files()
+    assert live.look() == ["alpha"]
+    os.utime(data_dir / "beta" / "c.md", None)  # a touch: same content
+    assert live.look() == []
+    (data_dir / "gamma").mkdir()
+    (data_dir / "gamma" / "g.md").write_text("# G")
+    settle_files()
+    assert live.look() == ["gamma"]
+    (data_dir / "beta" / "c.md").unlink()
+    (data_dir / "beta").rmdir()
+    assert live.look() == ["beta"]  # gone: its purge is apply's
+    assert "beta" not in live.known
+    assert applied.calls == [["alpha", "beta"], ["alpha"], ["gamma"], ["beta"]]
+
+
+def test_a_failed_book_is_retried_after_its_back_off_or_at_once_when_it_changes(loop, data_dir):
+    live, applied = loop
+    live.timing = LiveTiming(retry_after_s=10.0, retry_max_s=40.0)
+    applied.fail = {"alpha"}
+    t0 = time.monotonic()
+    assert live.look(now=t0) == ["alpha", "beta"]
+    assert "alpha" not in live.known and "beta" in live.known
+    assert live.look(now=t0 + 1) == []  # within its back-off
+    assert live.look(now=t0 + 11) == ["alpha"]  # due: failed again, twice the wait
+    assert live.look(now=t0 + 25) == []
+    (data_dir / "alpha" / "a.md").write_text("# A\n\nfixed")  # a new change: at once
+    settle_files()
+    applied.fail = set()
+    assert live.look(now=t0 + 26) == ["alpha"]
+    assert "alpha" in live.known
+    assert live.look(now=t0 + 100) == []
+
+
+def test_the_saved_map_marks_the_books_in_hand_and_the_failed_ones(data_dir, write_book, tmp_path):
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A"})
+    write_book("beta", {"b.md": "# B"})
+    home = tmp_path / "home"
+    home.mkdir()
+    source = NoWatchSource(data_dir)
+    mark = LiveMark(home, source)
+    applied = Applier(mark_state=home / LIVE_STATE)
+    applied.fail = {"beta"}
+    live = LiveLoop(source, applied, save=mark.save)
+    live.look()
+    assert applied.saved_during == [{"alpha": APPLYING, "beta": APPLYING}]
+    left = mark.left()
+    assert left is not None and left.generation == mark.generation
+    assert left.books["beta"] == APPLYING  # failed: whoever takes over runs it
+    assert left.books["alpha"] == live.known["alpha"] != APPLYING
+    # a mark of another data folder does not read it as its own
+    assert LiveMark(home, NoWatchSource(tmp_path / "elsewhere")).left() is None
+
+
+def test_run_applies_an_edit_within_a_second_and_stops_at_once(data_dir, write_book):
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none"})
+    source = FolderSource(data_dir)
+    applied = Applier()
+    live = LiveLoop(source, applied, timing=LiveTiming(debounce_s=0.05))
+    stop = threading.Event()
+    ready = threading.Event()
+    thread = threading.Thread(target=live.run, args=(stop, ready.set), daemon=True)
+    try:
+        thread.start()
+        assert ready.wait(10)
+        assert source.watcher().watching
+        applied.called.clear()
+        saved = time.monotonic()
+        (data_dir / "alpha" / "a.md").write_text("# A\n\nedited")
+        assert applied.called.wait(5)
+        assert time.monotonic() - saved < 1.0
+        assert applied.calls[-1] == ["alpha"]
+    finally:
+        stopped = time.monotonic()
+        stop.set()
+        thread.join(5)
+        watcher = watch._watchers.pop(os.path.abspath(data_dir), None)
+        if watcher is not None:
+            watcher.stop()
+    assert not thread.is_alive()
+    assert time.monotonic() - stopped < 1.0  # an idle loop notices stop within 0.25 s
+
+
+def test_a_burst_of_writes_settles_into_few_looks(data_dir, write_book):
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A"})
+    source = FolderSource(data_dir)
+    applied = Applier()
+    live = LiveLoop(source, applied, timing=LiveTiming(debounce_s=0.2, max_delay_s=1.0))
+    stop = threading.Event()
+    ready = threading.Event()
+    thread = threading.Thread(target=live.run, args=(stop, ready.set), daemon=True)
+    try:
+        thread.start()
+        assert ready.wait(10)
+        for i in range(20):  # 20 writes 50 ms apart: a writer that pauses less than 0.2 s
+            (data_dir / "alpha" / "a.md").write_text(f"# A\n\nversion {i}")
+            time.sleep(0.05)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        thread.join(5)
+        watcher = watch._watchers.pop(os.path.abspath(data_dir), None)
+        if watcher is not None:
+            watcher.stop()
+    later = applied.calls[1:]  # after the first look's
+    assert 1 <= len(later) <= 3, later  # at most one look a max_delay_s, one after the burst
+    assert "version 19" in (data_dir / "alpha" / "a.md").read_text()
+
+
+def test_the_lock_says_a_live_process_runs_for_this_source_only(tmp_path, data_dir):
+    home = tmp_path / "home"
+    home.mkdir()
+    source = FolderSource(data_dir)
+    mark = LiveMark(home, source)
+    assert mark.holder() is None
+    with mark.hold():
+        note = LiveMark(home, source).holder()
+        assert note is not None and note["pid"] == os.getpid()
+        assert "live mode of the data folder" in LiveMark.describe(note)
+        assert LiveMark(home, FolderSource(tmp_path / "other")).holder() is None
+        with (
+            pytest.raises(LiveBusyError, match=f"pid {os.getpid()}"),
+            LiveMark(home, source).hold(wait_s=0),
+        ):
+            pass
+    assert mark.holder() is None
+
+
+@pytest.mark.integration
+def test_a_killed_live_process_leaves_the_lock_free(tmp_path, data_dir):
+    """kill -9 of the holder: the kernel drops its flock, so the sensor takes over."""
+    home = tmp_path / "home"
+    home.mkdir()
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from rag_pipeline.ingest.live import LiveMark\n"
+        "from rag_pipeline.sources.folder import FolderSource\n"
+        "mark = LiveMark(Path(sys.argv[1]), FolderSource(sys.argv[2]))\n"
+        "with mark.hold():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(home), str(data_dir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        mark = LiveMark(home, FolderSource(data_dir))
+        assert mark.holder() is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert mark.holder() is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
