@@ -37,7 +37,10 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 # `dg dev` (Dagster's `dagster dev`, by the command Dagster recommends) runs from $(DAGSTER_HOME),
 # so that it uses the instance's dagster.yaml (from the repository folder it would warn that the
 # folder's dagster.yaml is not used); the paths the code location reads are made absolute first,
-# so they still mean what they mean here.
+# so they still mean what they mean here. Beside it, live mode (`rag-pipeline watch`) applies
+# each saved change within about a second, as a run the UI shows; the books sensor defers to it
+# while it runs and takes over when it stops. RAG_LIVE=0 leaves changes to the sensor alone.
+# Ctrl-C stops both (the live process after the change in hand).
 ABSPATH = $(CURDIR)/$(BIN)/python -c 'import os, sys; v = sys.argv[1]; print(v if v == ":memory:" else os.path.abspath(v))'
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	@export RAG_DATA_DIR="$$($(ABSPATH) "$${RAG_DATA_DIR:-data/books}")" \
@@ -45,7 +48,12 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	  RAG_CACHE_DIR="$$($(ABSPATH) "$${RAG_CACHE_DIR:-.rag/cache}")"; \
 	if [ -n "$$RAG_LOCAL_MODEL_DIR" ]; then \
 	  export RAG_LOCAL_MODEL_DIR="$$($(ABSPATH) "$$RAG_LOCAL_MODEL_DIR")"; fi; \
-	cd "$(DAGSTER_HOME)" && set -m && exec "$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml"
+	cd "$(DAGSTER_HOME)" || exit 1; \
+	if [ "$${RAG_LIVE:-1}" = 0 ]; then exec "$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml"; fi; \
+	"$(CURDIR)/$(BIN)/rag-pipeline" watch & live=$$!; \
+	trap 'kill -TERM $$live 2>/dev/null; wait $$live' EXIT; \
+	trap 'exit 130' INT TERM; \
+	"$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml"
 
 # The suite's temporary folders go to tmpfs where it has room: its ingests commit SQLite and
 # Qdrant files, and on a VM's shared disk those fsyncs are most of an ingest's time (kill -9,

@@ -29,9 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline_tests.helpers import Cli
+from rag_pipeline_tests.helpers import Cli, LiveProcess
 
-__all__ = ["Differential", "Outcome", "point_sets"]
+__all__ = [
+    "Differential",
+    "LiveDifferential",
+    "Outcome",
+    "clean_point_sets",
+    "diverging",
+    "point_sets",
+]
 
 _WORDS = (
     "robot",
@@ -86,6 +93,34 @@ def point_sets(qdrant: Path) -> dict[str, set[str]]:
     settings = load_settings(qdrant_path=str(qdrant))
     with open_store(settings.store(), COLLECTION_SCHEMA) as store:
         return {b: {r.id for r in store.scroll(book_filter(b), fields=[])} for b in store.tenants()}
+
+
+def clean_point_sets(data: Path, build: Path) -> tuple[dict[str, set[str]], str]:
+    """Every book's point ids in a clean build of the books in ``data`` as they are now (a
+    copy, a fresh store and Dagster home under ``build``, removed after), and what went wrong
+    with the build itself ("" when nothing)."""
+    shutil.copytree(data, build / "books", symlinks=True)
+    cli = Cli(build, build / "books")
+    Path(cli.env["DAGSTER_HOME"]).mkdir()
+    done = cli("ingest", "--json", check=False)
+    problem = "" if done.returncode == 0 else f"clean build exit {done.returncode}: "
+    problem += done.stderr[-400:] if problem else ""
+    sets = point_sets(Path(cli.env["RAG_QDRANT_PATH"]))
+    shutil.rmtree(build, ignore_errors=True)
+    return sets, problem
+
+
+def diverging(ours: dict[str, set[str]], clean: dict[str, set[str]]) -> list[str]:
+    """Per book that differs: how many points only one side holds."""
+    out = []
+    for book in sorted(set(ours) | set(clean)):
+        mine, theirs = ours.get(book, set()), clean.get(book, set())
+        if mine != theirs:
+            out.append(
+                f"book {book}: {len(mine - theirs)} points only here, "
+                f"{len(theirs - mine)} only in the clean build"
+            )
+    return out
 
 
 @dataclass
@@ -352,30 +387,16 @@ class Differential:
 
     def clean_build(self) -> dict[str, set[str]]:
         """The point ids of a clean build of the books as they are now."""
-        build = self.root / f"clean-{self.outcome.comparisons}"
-        shutil.copytree(self.data, build / "books", symlinks=True)
-        cli = Cli(build, build / "books")
-        Path(cli.env["DAGSTER_HOME"]).mkdir()
-        done = cli("ingest", "--json", check=False)
-        if done.returncode != 0:  # the oracle itself failed: said as such, not as divergence
-            self.outcome.failures.append(
-                f"clean build exit {done.returncode}: {done.stderr[-400:]}"
-            )
-        sets = point_sets(Path(cli.env["RAG_QDRANT_PATH"]))
-        shutil.rmtree(build, ignore_errors=True)
+        sets, problem = clean_point_sets(self.data, self.root / f"clean-{self.outcome.comparisons}")
+        if problem:  # the oracle itself failed: said as such, not as divergence
+            self.outcome.failures.append(problem)
         return sets
 
     def compare(self, what: str) -> None:
         self.outcome.comparisons += 1
         ours = point_sets(Path(self.cli.env["RAG_QDRANT_PATH"]))
         clean = self.clean_build()
-        for book in sorted(set(ours) | set(clean)):
-            mine, theirs = ours.get(book, set()), clean.get(book, set())
-            if mine != theirs:
-                self.outcome.divergences.append(
-                    f"after {what}: book {book}: {len(mine - theirs)} points only here, "
-                    f"{len(theirs - mine)} only in the clean build"
-                )
+        self.outcome.divergences += [f"after {what}: {d}" for d in diverging(ours, clean)]
 
     def run(
         self, steps: int, *, compare_every: int = 5, log: Callable[[str], None] | None = None
@@ -397,3 +418,103 @@ class Differential:
                 self.compare(what)
         self.outcome.seconds = time.perf_counter() - started
         return self.outcome
+
+
+class LiveDifferential(Differential):
+    """The same sequences with live mode applying the changes: a ``rag-pipeline watch``
+    process runs throughout, and instead of an ingest after each operation, ``plan`` must say
+    every book is unchanged within :attr:`SETTLE_S` seconds (polled). ``kill -9`` hits the live
+    process at a random moment after an edit (it is then started again: its first look
+    catches up), and an edit lands while it applies another. The live process also records
+    how many runs each book got (:attr:`runs_per_book`)."""
+
+    SETTLE_S = 60.0
+
+    def __init__(self, root: Path, seed: int, **options: Any) -> None:
+        super().__init__(root, seed, **options)
+        self.cli.fresh = True  # the live process is started as a user starts it
+        self.live: LiveProcess | None = None
+        self.killed = 0
+        self.settle_seconds: list[float] = []
+
+    def _start_live(self) -> None:
+        self.live = LiveProcess(self.cli)
+        self.live.next_event("ready", timeout=120)
+
+    def run(
+        self, steps: int, *, compare_every: int = 5, log: Callable[[str], None] | None = None
+    ) -> Outcome:
+        self._start_live()
+        try:
+            return super().run(steps, compare_every=compare_every, log=log)
+        finally:
+            if self.live is not None:
+                self.live.stop()
+                self._count_failed_runs()
+
+    def _count_failed_runs(self) -> None:
+        assert self.live is not None
+        failed = self.live.applied_books("failed")
+        if failed:
+            self.outcome.failures.append(f"live runs failed for {failed}")
+
+    def edit_during_ingest(self) -> str:
+        first = self.edit()
+        time.sleep(self.rng.uniform(0.15, 1.2))  # the live process applies the first
+        second = self.edit()
+        return f"{first}; {second} while live mode applied it"
+
+    def kill_ingest(self) -> str:
+        did = self.edit()
+        time.sleep(self.rng.uniform(0.05, 2.0))
+        assert self.live is not None
+        self._count_failed_runs()
+        self.live.kill()
+        self.killed += 1
+        self._start_live()
+        return f"{did}; live process killed, started again"
+
+    def step_ingest(self) -> dict[str, Any]:
+        """Wait until ``plan`` says every book is unchanged (live mode applied the change)."""
+        time.sleep(0.1)
+        started = time.monotonic()
+        busy: dict[str, Any] = {}
+        while time.monotonic() - started < self.SETTLE_S:
+            assert self.live is not None
+            if self.live.proc.poll() is not None:
+                self.outcome.failures.append(
+                    f"step {self.outcome.steps}: the live process exited "
+                    f"{self.live.proc.returncode}: {''.join(self.live.stderr[-10:])}"
+                )
+                self._start_live()
+            done = self.cli("plan", "--json", check=False)
+            try:
+                plan: dict[str, Any] = json.loads(done.stdout)
+            except ValueError:
+                plan = {}
+            if any("refusing to purge all" in w.lower() for w in plan.get("warnings", [])):
+                self.outcome.halts += 1  # the operator's answer, as the warning says
+                on_disk = {b.name for b in self._books()}
+                indexed = set(point_sets(Path(self.cli.env["RAG_QDRANT_PATH"])))
+                for book in sorted(indexed - on_disk):
+                    self.cli("ingest", "--book", book, "--json", check=False)
+                continue
+            books = plan.get("books", {})
+            busy = {b: p["reasons"] for b, p in books.items() if p["action"] != "unchanged"}
+            if done.returncode == 0 and not busy:
+                self.settle_seconds.append(time.monotonic() - started)
+                return {}
+            time.sleep(0.25)
+        self.outcome.failures.append(
+            f"step {self.outcome.steps}: live mode did not apply the change within "
+            f"{self.SETTLE_S:g}s: plan would still run {busy}"
+        )
+        return {}
+
+    @property
+    def runs_per_book(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        if self.live is not None:
+            for book in self.live.applied_books():
+                counts[book] = counts.get(book, 0) + 1
+        return counts

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import requests
 from click.testing import CliRunner
 
 from rag_pipeline_tests.warm import REPO, warm_server
@@ -192,6 +196,158 @@ class InProcessCli(Cli):
 
     def start(self, *args: str, point: str | None = None) -> Any:
         raise TypeError("an in-process command cannot be started in the background: use Cli")
+
+
+class Server:
+    """``rag-pipeline serve`` in its own process; ``files_limit`` lowers its open-files limit
+    (soft and hard: the service cannot raise it back)."""
+
+    def __init__(self, cli: Cli, *, files_limit: int | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        # a file, not a pipe: nobody drains a pipe while the service runs, and a full one
+        # would block its logging
+        self.log_path = Path(cli.cwd) / f"serve-{self.port}.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rag_pipeline.cli", "serve", "--port", str(self.port)],
+                env=cli.env,
+                cwd=cli.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=None if files_limit is None else lambda: _limit_files(files_limit),
+            )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if requests.get(f"{self.url}/health", timeout=5).ok:
+                    return
+            except requests.ConnectionError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the service did not start:\n{self.log_path.read_text()}")
+            time.sleep(0.2)
+
+    def get(self, path: str, **params: object) -> requests.Response:
+        return requests.get(f"{self.url}{path}", params=params, timeout=120)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _limit_files(limit: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+class LiveProcess:
+    """``rag-pipeline watch --json`` in its own process (started from scratch, as a user
+    starts it): its JSON events as they come, its stderr kept."""
+
+    def __init__(self, cli: Cli) -> None:
+        import queue
+
+        self.cli = cli
+        self.events: list[dict[str, Any]] = []
+        self._new: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.stderr: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rag_pipeline.cli", "watch", "--json"],
+            env=cli.env,
+            cwd=cli.cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._threads = [
+            threading.Thread(target=self._read_events, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _read_events(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            event = json.loads(line)
+            event["at"] = time.monotonic()
+            self.events.append(event)
+            self._new.put(event)
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr.extend(self.proc.stderr)
+
+    def next_event(self, kind: str, timeout: float = 60) -> dict[str, Any]:
+        """The next event of ``kind`` ("ready", "applied"), waiting up to ``timeout``."""
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                event = self._new.get(timeout=max(left, 0.01))
+            except queue.Empty:
+                raise AssertionError(
+                    f"no {kind!r} event in {timeout}s (exit {self.proc.poll()}):\n"
+                    + "".join(self.stderr[-30:])
+                ) from None
+            if event["event"] == kind:
+                return event
+
+    def applied_books(self, status: str = "ingested") -> list[str]:
+        """Every book of every applied event with ``status``, in order (one per run of it)."""
+        return [
+            book
+            for e in self.events
+            if e["event"] == "applied"
+            for book, r in e["report"]["books"].items()
+            if r["status"] == status
+        ]
+
+    def drain(self) -> None:
+        """Forget the events seen so far (the next :meth:`next_event` waits for a new one)."""
+        import queue
+
+        while True:
+            try:
+                self._new.get_nowait()
+            except queue.Empty:
+                return
+
+    def stop(self) -> int:
+        """SIGTERM: it stops after the change in hand; its exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._close()
+        return code
+
+    def _close(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    def kill(self) -> None:
+        """``kill -9``."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, 9)
+        self.proc.wait(timeout=30)
+        self._close()
 
 
 #: what a traceback leaves in text: Python's header, Dagster's serialized error, a frame

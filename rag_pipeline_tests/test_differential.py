@@ -14,6 +14,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 #: a sequence of 13 kinds of operation that today's code passes and the code before issue 26
 #: failed (a swap of two files of one size and time, at step 24)
 SEED, STEPS = 1, 24
+#: a live-mode sequence with a kill of the live process among its operations
+LIVE_SEED, LIVE_STEPS = 3, 16
 
 
 def test_incremental_ingest_equals_a_clean_build_after_random_changes(tmp_path):
@@ -22,6 +24,28 @@ def test_incremental_ingest_equals_a_clean_build_after_random_changes(tmp_path):
     print(f"differential seed {SEED}: {outcome}")
     assert len(outcome.operations) >= 12, outcome.operations  # most kinds were exercised
     assert outcome.comparisons >= 5
+    assert not outcome.failures, outcome.failures
+    assert not outcome.plan_disagreements, outcome.plan_disagreements
+    assert not outcome.divergences, outcome.divergences
+
+
+def test_live_mode_leaves_a_clean_build_after_random_changes(tmp_path):
+    """The same kind of sequence with `rag-pipeline watch` applying the changes (its process
+    killed with -9 mid-change and started again, edits while it applies): after each
+    operation plan says every book is unchanged within a minute, and the index equals clean
+    builds."""
+    from rag_pipeline_tests.differential import LiveDifferential
+
+    differential = LiveDifferential(tmp_path, LIVE_SEED)
+    outcome = differential.run(LIVE_STEPS, compare_every=4)
+    settle = sorted(differential.settle_seconds)
+    print(
+        f"live differential seed {LIVE_SEED}: {outcome}; killed {differential.killed}; "
+        f"settled in {settle[len(settle) // 2]:.1f}s median, {settle[-1]:.1f}s max"
+    )
+    assert len(outcome.operations) >= 9, outcome.operations
+    assert differential.killed >= 1
+    assert outcome.comparisons >= 4
     assert not outcome.failures, outcome.failures
     assert not outcome.plan_disagreements, outcome.plan_disagreements
     assert not outcome.divergences, outcome.divergences

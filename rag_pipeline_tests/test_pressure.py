@@ -20,12 +20,12 @@ from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.helpers import (
     Cli,
     InProcessCli,
+    Server,
     assert_no_trace,
     fresh_cli,
     index_books,
     index_sample_books,
 )
-from rag_pipeline_tests.test_serve import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -3,9 +3,6 @@ its coexistence with an ingest run on the embedded store."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -15,65 +12,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-import requests
 
 from rag_pipeline.embed import EmbeddingAnswerError
 from rag_pipeline_tests.conftest import make_recipe
 from rag_pipeline_tests.fakes import FakeOpenAI
-from rag_pipeline_tests.helpers import Cli, index_sample_books
+from rag_pipeline_tests.helpers import Cli, Server, index_sample_books
 
 BOOK = "ros2-fundamentals"
 OTHER = "humanoid-robotics-ros2"
-
-
-class Server:
-    """``rag-pipeline serve`` in its own process; ``files_limit`` lowers its open-files limit
-    (soft and hard: the service cannot raise it back)."""
-
-    def __init__(self, cli: Cli, *, files_limit: int | None = None) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        # a file, not a pipe: nobody drains a pipe while the service runs, and a full one
-        # would block its logging
-        self.log_path = Path(cli.cwd) / f"serve-{self.port}.log"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rag_pipeline.cli", "serve", "--port", str(self.port)],
-                env=cli.env,
-                cwd=cli.cwd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=None if files_limit is None else lambda: _limit_files(files_limit),
-            )
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(f"{self.url}/health", timeout=5).ok:
-                    return
-            except requests.ConnectionError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"the service did not start:\n{self.log_path.read_text()}")
-            time.sleep(0.2)
-
-    def get(self, path: str, **params: object) -> requests.Response:
-        return requests.get(f"{self.url}{path}", params=params, timeout=120)  # type: ignore[arg-type]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def _limit_files(limit: int) -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 
 def _indexed_cli(root, embedder=None) -> Cli:  # type: ignore[no-untyped-def]

@@ -1,0 +1,263 @@
+"""Live mode as a user drives it: a real ``rag-pipeline watch`` process, real files, ``serve``
+and the CLI searching; each change a recorded Dagster run whose id its points carry; a
+``kill -9`` of the live process mid-change caught up by its next start and by the books
+sensor; a burst of edits coalesced into few runs; the index equal to a clean build after
+each scenario."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.differential import clean_point_sets, diverging, point_sets
+from rag_pipeline_tests.helpers import Cli, LiveProcess, Server
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+BOOK = "ros2-fundamentals"
+FILE = "01-chapter-1-ros2-fundamentals/03-nodes-communication.md"
+
+
+def _books(root: Path) -> Path:
+    books = root / "books"
+    shutil.copytree(REPO / "data" / "books", books)
+    return books
+
+
+def _word() -> str:
+    return "zq" + uuid.uuid4().hex[:10]
+
+
+def _found(server: Server, word: str, book: str = BOOK, timeout: float = 30) -> dict[str, Any]:
+    """The first hit holding ``word`` through ``serve``, polled every 0.1 s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = server.get("/search", q=word, book=book, mode="sparse", limit=3)
+        if answer.status_code == 200:
+            for hit in answer.json():
+                if word in hit["text"]:
+                    return dict(hit)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{word!r} not found in {book} within {timeout}s")
+        time.sleep(0.1)
+
+
+def _gone(server: Server, word: str, book: str = BOOK, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = server.get("/search", q=word, book=book, mode="sparse", limit=3)
+        if answer.status_code == 404 or not any(word in h["text"] for h in answer.json()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{word!r} still found in {book} after {timeout}s")
+        time.sleep(0.1)
+
+
+def _settled(cli: Cli, timeout: float = 60) -> dict[str, Any]:
+    """``plan --json`` once it says every book is unchanged."""
+    deadline = time.monotonic() + timeout
+    while True:
+        plan = json.loads(cli("plan", "--json").stdout)
+        busy = {b: p["reasons"] for b, p in plan["books"].items() if p["action"] != "unchanged"}
+        if not busy:
+            return dict(plan)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still to apply after {timeout}s: {busy}")
+        time.sleep(0.25)
+
+
+def _equal_to_a_clean_build(cli: Cli, root: Path) -> None:
+    data = Path(cli.env["RAG_DATA_DIR"])
+    clean, problem = clean_point_sets(data, root / "clean")
+    assert not problem, problem
+    assert not diverging(point_sets(Path(cli.env["RAG_QDRANT_PATH"])), clean)
+
+
+def _run(cli: Cli, run_id: str) -> Any:
+    """The Dagster run ``run_id`` as the instance in the CLI's DAGSTER_HOME records it."""
+    import os
+
+    from dagster import DagsterInstance
+
+    before = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = cli.env["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            return instance.get_run_by_id(run_id)
+    finally:
+        if before is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = before
+
+
+def test_each_kind_of_change_is_found_through_serve_with_its_live_run(tmp_path):
+    from rag_pipeline.defs.live import LIVE_TRIGGER
+    from rag_pipeline.defs.runs import TRIGGER_TAG
+
+    data = _books(tmp_path)
+    cli = Cli(tmp_path, data, fresh=True)
+    live = LiveProcess(cli)
+    server = None
+    try:
+        live.next_event("ready", timeout=180)  # its first look ingested both books
+        assert sorted(live.applied_books()) == ["humanoid-robotics-ros2", BOOK]
+        server = Server(cli)
+        seconds = {}
+
+        word = _word()  # an edit
+        saved = time.monotonic()
+        with open(data / BOOK / FILE, "a", encoding="utf-8") as fh:
+            fh.write(f"\n\nThe {word} marker closes this lesson.\n")
+        hit = _found(server, word)
+        seconds["edit"] = time.monotonic() - saved
+        lineage = server.get("/lineage/" + hit["id"], book=BOOK).json()
+        run = _run(cli, lineage["run_id"])
+        assert run is not None and run.tags[TRIGGER_TAG] == LIVE_TRIGGER
+        assert lineage["source_file"] == FILE
+
+        new = _word()  # a new file
+        saved = time.monotonic()
+        (data / BOOK / "99-new.md").write_text(f"# New\n\nA {new} paragraph.\n")
+        assert _found(server, new)["source_file"] == "99-new.md"
+        seconds["add"] = time.monotonic() - saved
+
+        saved = time.monotonic()  # a rename: the same text under its new name
+        (data / BOOK / "99-new.md").rename(data / BOOK / "98-renamed.md")
+        deadline = time.monotonic() + 30
+        while _found(server, new)["source_file"] != "98-renamed.md":
+            assert time.monotonic() < deadline, "the rename was not applied"
+            time.sleep(0.1)
+        seconds["rename"] = time.monotonic() - saved
+
+        saved = time.monotonic()  # a deletion
+        (data / BOOK / "98-renamed.md").unlink()
+        _gone(server, new)
+        seconds["delete"] = time.monotonic() - saved
+
+        book_word = _word()  # a book added, then removed
+        saved = time.monotonic()
+        (data / "new-book").mkdir()
+        (data / "new-book" / "intro.md").write_text(f"# Intro\n\nThe {book_word} book.\n")
+        _found(server, book_word, book="new-book")
+        seconds["book added"] = time.monotonic() - saved
+        saved = time.monotonic()
+        shutil.rmtree(data / "new-book")
+        _gone(server, book_word, book="new-book")
+        seconds["book removed"] = time.monotonic() - saved
+        print({k: round(v, 2) for k, v in seconds.items()})
+        assert max(seconds.values()) < 20, seconds  # about a second on a quiet machine
+    finally:
+        if server is not None:
+            server.stop()
+        assert live.stop() == 0, "".join(live.stderr[-20:])
+    assert not live.applied_books("failed")
+    _settled(cli)
+    _equal_to_a_clean_build(cli, tmp_path)
+
+
+def _edit_many(data: Path, rng: random.Random, files: list[Path]) -> None:
+    for path in files:
+        path.write_text(f"# {path.stem}\n\n" + " ".join(_word() for _ in range(rng.randint(5, 80))))
+
+
+def test_kill_9_mid_change_is_caught_up_by_the_next_start_and_by_the_sensor(tmp_path):
+    """The live process is killed while it applies a change: the sensor of the same home,
+    ticked then, requests the books it was applying; the next start catches up alone."""
+    from dagster import DagsterInstance, SensorResult, build_sensor_context
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+    from rag_pipeline.defs.runs import books_of_run
+    from rag_pipeline.defs.sensors import build_books_sensor
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+
+    data = _books(tmp_path)
+    cli = Cli(tmp_path, data, fresh=True)
+    rng = random.Random(7)
+    live = LiveProcess(cli)
+    live.next_event("ready", timeout=180)
+    state = Path(cli.env["DAGSTER_HOME"]) / ".rag-live.json"
+    _edit_many(data, rng, sorted((data / BOOK).rglob("*.md")))  # every file of the book
+    deadline = time.monotonic() + 30
+    while json.loads(state.read_text())["books"].get(BOOK) != ["applying", ""]:
+        assert time.monotonic() < deadline, "the change was never taken in hand"
+        time.sleep(0.005)
+    time.sleep(rng.uniform(0.0, 0.2))  # somewhere in its run
+    live.kill()
+    left = json.loads(state.read_text())
+    assert left["books"][BOOK] == ["applying", ""], left  # what a taker-over must run
+
+    import os
+
+    os.environ["DAGSTER_HOME"] = cli.env["DAGSTER_HOME"]
+    try:
+        settings = load_settings(
+            data_dir=str(data), qdrant_path=cli.env["RAG_QDRANT_PATH"], embedder="hash"
+        )
+        with DagsterInstance.get() as instance:
+            sensor = build_books_sensor(interval_s=1, watch=False)
+            context = build_sensor_context(
+                instance=instance,
+                resources={"pipeline": IngestPipeline.from_settings(settings)},
+            )
+            result = sensor(context)
+            order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+    finally:
+        os.environ.pop("DAGSTER_HOME", None)
+    assert isinstance(result, SensorResult)
+    requested = [
+        b
+        for r in result.run_requests
+        if r.job_name == "ingest_books"
+        for b in ([r.partition_key] if r.partition_key else books_of_run(r.tags, order))
+    ]
+    assert requested == [BOOK]  # the book in doubt, not the one the live process applied
+
+    again = LiveProcess(cli)  # the next start catches up on its own
+    try:
+        again.next_event("ready", timeout=180)
+        assert again.applied_books() == [BOOK]  # the book in doubt; the other is unchanged
+    finally:
+        assert again.stop() == 0
+    _settled(cli)
+    _equal_to_a_clean_build(cli, tmp_path)
+
+
+def test_a_burst_of_100_edits_across_5_books_is_all_indexed_in_few_runs(tmp_path):
+    data = tmp_path / "books"
+    rng = random.Random(11)
+    paths = [data / f"book-{b}" / f"f{f}.md" for b in range(5) for f in range(4)]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {path.stem}\n\nfirst words")
+    cli = Cli(tmp_path, data, fresh=True)
+    live = LiveProcess(cli)
+    try:
+        live.next_event("ready", timeout=180)
+        live.drain()
+        before = len(live.applied_books())
+        started = time.monotonic()
+        for i in range(100):  # 100 edits in 10 s
+            path = rng.choice(paths)
+            path.write_text(f"# {path.stem}\n\nedit {i}: " + " ".join(_word() for _ in range(20)))
+            time.sleep(max(0.0, started + (i + 1) * 0.1 - time.monotonic()))
+        _settled(cli)
+    finally:
+        assert live.stop() == 0
+    runs: dict[str, int] = {}
+    for book in live.applied_books()[before:]:
+        runs[book] = runs.get(book, 0) + 1
+    print(f"runs per book during the burst: {runs}")
+    assert set(runs) == {f"book-{b}" for b in range(5)}
+    assert max(runs.values()) <= 10, runs
+    assert not live.applied_books("failed")
+    _equal_to_a_clean_build(cli, tmp_path)
