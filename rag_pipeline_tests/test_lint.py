@@ -55,7 +55,14 @@ def test_pure_modules_never_import_dagster():
 
 #: the harness that runs the definitions (from the CLI, or as the run launcher dagster.yaml
 #: names); the rest of defs/ is the definitions and the helpers they are built from
-HARNESS_MODULES = {"runner.py", "reaper.py", "instance.py", "partition_marker.py", "launcher.py"}
+HARNESS_MODULES = {
+    "runner.py",
+    "live.py",
+    "reaper.py",
+    "instance.py",
+    "partition_marker.py",
+    "launcher.py",
+}
 
 
 def test_the_definitions_never_import_the_harness_that_runs_them():
