@@ -3,6 +3,7 @@ its coexistence with an ingest run on the embedded store."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 import uuid
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from rag_pipeline.embed import EmbeddingAnswerError
-from rag_pipeline_tests.conftest import make_recipe
+from rag_pipeline_tests.conftest import REPO, make_recipe
 from rag_pipeline_tests.fakes import FakeOpenAI
 from rag_pipeline_tests.helpers import Cli, Server, index_sample_books
 
@@ -500,3 +501,20 @@ def test_the_service_keeps_the_books_it_serves_loaded(tmp_path, write_book, data
                 response = client.get("/search", params={"q": "nodes", "book": book})
                 assert response.status_code == 200 and response.json()
     assert dict(loads) == dict.fromkeys(books, 1)
+
+
+@pytest.mark.integration
+def test_a_service_started_before_the_first_ingest_finds_its_books(tmp_path):
+    """The store did not exist when the service opened it: after an ingest (another process)
+    the service answers from it, without a restart (it answered [] forever before)."""
+    books = tmp_path / "books"
+    shutil.copytree(REPO / "data" / "books", books)
+    cli = Cli(tmp_path, books)
+    server = Server(cli)
+    try:
+        assert server.get("/search", q="nodes", book=BOOK, mode="sparse").json() == []
+        cli("ingest")
+        hits = server.get("/search", q="nodes", book=BOOK, mode="sparse", limit=1).json()
+        assert hits and hits[0]["book_id"] == BOOK
+    finally:
+        server.stop()

@@ -366,14 +366,25 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
 
     # -- collection -------------------------------------------------------------------------
 
+    def _known_layout(self) -> _Layout | None:
+        """The layout; read again while there is none: another process may create the
+        collection after this handle opened, and a long-lived reader (the query service
+        started before the first ingest) must then see it, not "no collection" forever."""
+        if self._layout is None:
+            with contextlib.suppress(base.StoreDamagedError):
+                self._layout = _read_layout(self.folder)
+        return self._layout
+
     def collection_exists(self) -> bool:
-        return self._layout is not None
+        return self._known_layout() is not None
 
     def dense_dimension(self) -> int | None:
-        return None if self._layout is None else self._layout.dense_dim
+        layout = self._known_layout()
+        return None if layout is None else layout.dense_dim
 
     def payload_indexes(self) -> dict[str, str]:
-        return {} if self._layout is None else dict(self._layout.payload_indexes)
+        layout = self._known_layout()
+        return {} if layout is None else dict(layout.payload_indexes)
 
     def ensure_collection(self, spec: base.CollectionSpec) -> None:
         with self._lock:
