@@ -40,7 +40,9 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 # so they still mean what they mean here. Beside it, live mode (`rag-pipeline watch`) applies
 # each saved change within about a second, as a run the UI shows; the books sensor defers to it
 # while it runs and takes over when it stops. RAG_LIVE=0 leaves changes to the sensor alone.
-# Ctrl-C stops both (the live process after the change in hand).
+# Ctrl-C stops both (the live process after the change in hand). UI_ARGS go to dg dev
+# (e.g. UI_ARGS="-p 3001").
+UI_ARGS ?=
 ABSPATH = $(CURDIR)/$(BIN)/python -c 'import os, sys; v = sys.argv[1]; print(v if v == ":memory:" else os.path.abspath(v))'
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	@export RAG_DATA_DIR="$$($(ABSPATH) "$${RAG_DATA_DIR:-data/books}")" \
@@ -49,11 +51,12 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	if [ -n "$$RAG_LOCAL_MODEL_DIR" ]; then \
 	  export RAG_LOCAL_MODEL_DIR="$$($(ABSPATH) "$$RAG_LOCAL_MODEL_DIR")"; fi; \
 	cd "$(DAGSTER_HOME)" || exit 1; \
-	if [ "$${RAG_LIVE:-1}" = 0 ]; then exec "$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml"; fi; \
+	if [ "$${RAG_LIVE:-1}" = 0 ]; then \
+	  exec "$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml" $(UI_ARGS); fi; \
 	"$(CURDIR)/$(BIN)/rag-pipeline" watch & live=$$!; \
 	trap 'kill -TERM $$live 2>/dev/null; wait $$live' EXIT; \
 	trap 'exit 130' INT TERM; \
-	"$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml"
+	"$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml" $(UI_ARGS)
 
 # The suite's temporary folders go to tmpfs where it has room: its ingests commit SQLite and
 # Qdrant files, and on a VM's shared disk those fsyncs are most of an ingest's time (kill -9,

@@ -1,28 +1,31 @@
-"""Freshness under `make ui`: seconds from a saved edit to its chunk in `serve`'s answers.
+"""Freshness: seconds from a saved edit to its chunk in `serve`'s answers, with the default
+local model, for each way changes reach the index.
 
-    python bench/freshness.py [--edits 5] [--configs old,current] [--idle-s 60] [--seed 7]
+    python bench/freshness.py [--edits 10] [--configs live,ui,sensor] [--idle-s 60]
+                              [--embedder local] [--seed 7]
 
-For each configuration, on a fresh temp folder: the project's ``dagster.yaml`` in a new
-``DAGSTER_HOME``, a copy of ``data/books/ros2-fundamentals``, ``RAG_EMBEDDER=hash`` (the
-pipeline's own delay, not the model's); ``dagster dev -w workspace.yaml`` started from
-``DAGSTER_HOME`` as ``make ui`` starts it, and ``rag-pipeline serve``. Once the first ingest
-is searchable and no run is in flight:
+Configurations, each on a fresh temp folder (a copy of ``data/books/ros2-fundamentals``, the
+project's ``dagster.yaml`` in a new ``DAGSTER_HOME``), with ``rag-pipeline serve`` beside:
 
-1. the CPU seconds of the ``dagster dev`` process tree (webserver, daemon, code server;
-   ``/proc``, reaped children included) over ``--idle-s`` seconds with nothing to do: what
-   the sensor and queue intervals cost while idle;
+* ``live``: ``rag-pipeline watch`` alone (live mode, no Dagster webserver or daemon);
+* ``ui``: ``make ui`` as a user runs it (``dg dev`` and live mode; the books sensor defers);
+* ``sensor``: ``make ui`` with ``RAG_LIVE=0``: the books sensor, the daemon's run queue and a
+  run worker that loads the model (``current`` is its old name).
+
+Once the first ingest is searchable and no run is in flight:
+
+1. the CPU seconds of the process tree (``/proc``, reaped children included) over
+   ``--idle-s`` seconds with nothing to do, by process (the live process, the webserver, the
+   daemon, the code server);
 2. ``--edits`` times: a random pause (uniform over one sensor interval, so that an edit lands
    anywhere in the sensor's cycle), a unique word appended to one file, then ``/search`` for
-   that word (sparse, every 0.2 s) until a hit's text holds it. Each edit's seconds are split
-   by the ingest run's own events: to the run's creation (sensor interval and tick), queued
-   (to ``RunStartingEvent``: the daemon's dequeue pass), launch (to ``RunStartEvent``: run
-   worker start and code load), the run, and what is left (serve; negative when the point was
-   found before the run's last events).
+   that word (sparse, every 0.05 s) until a hit's text holds it. Each edit's seconds are split
+   by the ingest run's own events: to the run's creation (the sensor's tick, or live mode's
+   debounce and look), queued (to ``RunStartingEvent``: the daemon's dequeue pass), launch
+   (to ``RunStartEvent``: run worker start, code and model load), the run, and what is left
+   (serve; negative when the point was found before the run's last events).
 
-Configurations: ``current`` is the code's defaults (``RAG_SENSOR_INTERVAL_S`` unset, the
-repository's ``dagster.yaml``); ``old`` the defaults before issue 17 (a 30 s sensor interval,
-Dagster's default 5 s dequeue interval). Prints one JSON object (also written to
-bench/results/freshness.json) and a table.
+Prints one JSON object (also written to bench/results/freshness.json) and a table.
 """
 
 from __future__ import annotations
@@ -54,9 +57,11 @@ BOOK = "ros2-fundamentals"
 EDITED_FILE = "01-chapter-1-ros2-fundamentals/03-nodes-communication.md"
 #: a word every indexed copy of the book holds: its first ingest is searchable
 FIRST_INGEST_QUERY = "nodes"
-POLL_S = 0.2
-#: the defaults before issue 17: (RAG_SENSOR_INTERVAL_S, dequeue_interval_seconds)
-OLD_DEFAULTS = (30, 5)
+POLL_S = 0.05
+#: Dagster's own dequeue interval (where a dagster.yaml sets none)
+DAGSTER_DEQUEUE_S = 5
+CONFIGS = ("live", "ui", "sensor")
+ALIASES = {"current": "sensor"}
 IN_FLIGHT = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -70,13 +75,6 @@ def free_port() -> int:
 def get_json(url: str, timeout: float = 30) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
-
-
-def old_dagster_yaml(text: str) -> str:
-    """The project's dagster.yaml with the dequeue interval set back to Dagster's default."""
-    return re.sub(
-        r"dequeue_interval_seconds: *\d+", f"dequeue_interval_seconds: {OLD_DEFAULTS[1]}", text
-    )
 
 
 def current_sensor_interval() -> int:
@@ -106,7 +104,15 @@ def _label(pid: int) -> str:
     except OSError:
         return "gone"
     words = [Path(a).name for a in argv if a and not a.startswith("-")]
-    for known in ("dagster-webserver", "dagster-daemon", "grpc", "execute_run", "dev"):
+    for known in (
+        "watch",
+        "serve",
+        "dagster-webserver",
+        "dagster-daemon",
+        "grpc",
+        "execute_run",
+        "dev",
+    ):
         if known in words:
             return known
     return " ".join(words[:3])
@@ -138,27 +144,30 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 
 
 class Setup:
-    """`dagster dev` and `rag-pipeline serve` on a temp folder, as `make ui` runs them."""
+    """The processes of one configuration and `rag-pipeline serve` on a temp folder."""
 
-    def __init__(self, name: str, work: Path) -> None:
+    def __init__(self, name: str, work: Path, embedder: str) -> None:
         self.name = name
         self.work = work
         self.data = work / "books"
         shutil.copytree(REPO / "data" / "books" / BOOK, self.data / BOOK)
         self.home = work / "dagster_home"
         self.home.mkdir()
-        config = (REPO / "dagster.yaml").read_text()
-        self.sensor_interval_s = OLD_DEFAULTS[0] if name == "old" else current_sensor_interval()
-        (self.home / "dagster.yaml").write_text(
-            old_dagster_yaml(config) if name == "old" else config
-        )
-        self.env = scenario_env(self.data, work, DAGSTER_HOME=str(self.home))
+        shutil.copy(REPO / "dagster.yaml", self.home / "dagster.yaml")
+        self.sensor_interval_s = current_sensor_interval()
+        self.env = scenario_env(self.data, work, DAGSTER_HOME=str(self.home), RAG_EMBEDDER=embedder)
         self.env.pop("RAG_SENSOR_INTERVAL_S", None)
-        if name == "old":
-            self.env["RAG_SENSOR_INTERVAL_S"] = str(OLD_DEFAULTS[0])
+        self.env.pop("RAG_LIVE", None)
+        if embedder == "local":  # the model cache every run worker shares, as make ui has it
+            self.env["RAG_CACHE_DIR"] = str(REPO / ".rag" / "cache")
         self.dequeue_interval_s = dequeue_interval((self.home / "dagster.yaml").read_text())
         self.dagster_port, self.serve_port = free_port(), free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.root: subprocess.Popen[bytes] | None = None  # the tree whose CPU is measured
+
+    @property
+    def dagster(self) -> bool:
+        return self.name != "live"
 
     def start(self) -> None:
         # migrate the fresh instance first: doing it while the webserver starts races
@@ -168,15 +177,15 @@ class Setup:
             check=True,
             timeout=180,
         )
-        bin_dir = Path(sys.executable).parent
-        self.dagster = self._spawn(
-            [
-                *(str(bin_dir / "dagster"), "dev", "-w", str(REPO / "workspace.yaml")),
-                *("-h", "127.0.0.1", "-p", str(self.dagster_port)),
-            ],
-            "dagster-dev.log",
-            cwd=self.home,
-        )
+        if self.name == "live":
+            self.root = self._spawn(
+                [sys.executable, "-m", "rag_pipeline.cli", "watch"], "watch.log", cwd=self.work
+            )
+        else:  # make ui, as a user runs it (its paths under this folder, its own port)
+            env = {**self.env, "UI_ARGS": f"-h 127.0.0.1 -p {self.dagster_port}"}
+            if self.name == "sensor":
+                env["RAG_LIVE"] = "0"
+            self.root = self._spawn(["make", "-s", "-C", str(REPO), "ui"], "make-ui.log", REPO, env)
         self.serve = self._spawn(
             [
                 *(sys.executable, "-m", "rag_pipeline.cli", "serve"),
@@ -186,13 +195,16 @@ class Setup:
             cwd=self.work,
         )
         self.wait_for(lambda: get_json(f"{self.serve_url}/health", 2), 180, "serve")
-        self.wait_for(lambda: self.runs() is not None, 180, "the Dagster webserver")
+        if self.dagster:
+            self.wait_for(lambda: self.runs() is not None, 180, "the Dagster webserver")
 
-    def _spawn(self, cmd: list[str], log: str, cwd: Path) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, cmd: list[str], log: str, cwd: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with open(self.work / log, "wb") as out:
             # its own process group, so that SIGTERM reaches every child
             proc = subprocess.Popen(
-                cmd, cwd=cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                cmd, cwd=cwd, env=env or self.env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
         self.procs.append(proc)
@@ -243,22 +255,33 @@ class Setup:
             raise RuntimeError(body["errors"])
         return body["data"]
 
-    def runs(self) -> list[dict[str, Any]]:
-        data = self.graphql("""query { runsOrError(limit: 20) { ... on Runs { results {
-            runId status jobName creationTime tags { key value } } } } }""")
-        return list(data["runsOrError"]["results"])
+    def instance(self) -> Any:
+        """The configuration's Dagster instance (its DAGSTER_HOME), read from this process."""
+        from dagster import DagsterInstance
+
+        os.environ["DAGSTER_HOME"] = str(self.home)
+        return DagsterInstance.get()
+
+    def runs(self) -> list[Any]:
+        """The latest ingest and purge run records."""
+        from dagster import RunsFilter
+
+        with self.instance() as instance:
+            return list(instance.get_run_records(RunsFilter(), limit=20))
 
     def run_events(self, run_id: str) -> dict[str, float]:
-        """The first timestamp (epoch s) of each event type of a run."""
-        data = self.graphql(
-            """query($id: ID!) { runOrError(runId: $id) { ... on Run { eventConnection {
-            events { __typename ... on MessageEvent { timestamp } } } } } }""",
-            id=run_id,
-        )
+        """The first timestamp (epoch s) of each event type of a run, and of the write of its
+        points (``points_written``: the qdrant_points step's success)."""
+        with self.instance() as instance:
+            logs = instance.all_logs(run_id)
         out: dict[str, float] = {}
-        for event in data["runOrError"]["eventConnection"]["events"]:
-            if event.get("timestamp"):
-                out.setdefault(event["__typename"], int(event["timestamp"]) / 1000)
+        for entry in logs:
+            event = entry.dagster_event
+            if event is None:
+                continue
+            out.setdefault(event.event_type_value, entry.timestamp)
+            if event.event_type_value == "STEP_SUCCESS" and event.step_key == "qdrant_points":
+                out.setdefault("points_written", entry.timestamp)
         return out
 
     def tick_spacing_s(self) -> float | None:
@@ -277,7 +300,7 @@ class Setup:
         return round(statistics.median(gaps), 2) if gaps else None
 
     def idle(self) -> bool:
-        return not any(r["status"] in IN_FLIGHT for r in self.runs())
+        return not any(r.dagster_run.status.value in IN_FLIGHT for r in self.runs())
 
 
 def phases(setup: Setup, edited_at: float, found_at: float) -> dict[str, Any]:
@@ -285,49 +308,59 @@ def phases(setup: Setup, edited_at: float, found_at: float) -> dict[str, Any]:
     runs = [
         r
         for r in setup.runs()
-        if r["jobName"] == "ingest_books"
-        and r["creationTime"] >= edited_at
-        and {"key": "dagster/partition", "value": BOOK} in r["tags"]
+        if r.dagster_run.job_name == "ingest_books"
+        and r.create_timestamp.timestamp() >= edited_at
+        and r.dagster_run.tags.get("dagster/partition") == BOOK
     ]
     if not runs:
         return {}
-    run = min(runs, key=lambda r: r["creationTime"])
-    events = setup.run_events(run["runId"])
+    record = min(runs, key=lambda r: r.create_timestamp)
+    events = setup.run_events(record.dagster_run.run_id)
     points = [
-        ("to_run_created", run["creationTime"]),
-        ("queued", events.get("RunDequeuedEvent") or events.get("RunStartingEvent")),
-        ("launch", events.get("RunStartEvent")),
-        ("run", events.get("RunSuccessEvent")),
-        ("serve", found_at),
+        ("to_run_created", record.create_timestamp.timestamp()),
+        ("queued", events.get("PIPELINE_DEQUEUED") or events.get("PIPELINE_STARTING")),
+        ("launch", events.get("PIPELINE_START")),
+        ("to_points_written", events.get("points_written")),
+        ("run_end", events.get("PIPELINE_SUCCESS")),
     ]
     # a phase whose event is missing is counted in the next one
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     before = edited_at
     for name, at in points:
         if at is not None:
             out[name] = round(at - before, 2)
             before = at
-    out["events"] = {
-        k: round(v - edited_at, 2) for k, v in sorted(events.items(), key=lambda e: e[1])
-    }
+    written = events.get("points_written")
+    out["found_after_points_written"] = round(found_at - written, 2) if written else None
     return out
 
 
-def measure(name: str, edits: int, idle_s: float, rng: random.Random) -> dict[str, Any]:
+def percentile(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (inclusive method: within the values measured)."""
+    if len(values) < 2:
+        return values[0]
+    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 2)
+
+
+def measure(
+    name: str, edits: int, idle_s: float, rng: random.Random, embedder: str
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"freshness-{name}-") as tmp:
-        setup = Setup(name, Path(tmp))
+        setup = Setup(name, Path(tmp), embedder)
         try:
             started = time.monotonic()
             setup.start()
-            setup.wait_for(lambda: setup.search_holds(FIRST_INGEST_QUERY), 300, "the first ingest")
+            setup.wait_for(lambda: setup.search_holds(FIRST_INGEST_QUERY), 600, "the first ingest")
             first_s = time.monotonic() - started
             setup.wait_for(setup.idle, 120, "no run in flight")
-            cpu_before = tree_cpu_s(setup.dagster.pid)
+            time.sleep(2)  # the collection's refresh after the first ingest
+            assert setup.root is not None
+            cpu_before = tree_cpu_s(setup.root.pid)
             time.sleep(idle_s)
-            idle_cpu = cpu_delta(cpu_before, tree_cpu_s(setup.dagster.pid))
+            idle_cpu = cpu_delta(cpu_before, tree_cpu_s(setup.root.pid))
             results = []
             edited = setup.data / BOOK / EDITED_FILE
-            edits_cpu_before = tree_cpu_s(setup.dagster.pid)
+            edits_cpu_before = tree_cpu_s(setup.root.pid)
             for i in range(edits):
                 time.sleep(rng.uniform(0, setup.sensor_interval_s))
                 word = f"freshness{uuid.uuid4().hex[:12]}"
@@ -336,6 +369,7 @@ def measure(name: str, edits: int, idle_s: float, rng: random.Random) -> dict[st
                 edited_at = time.time()
                 setup.wait_for(lambda w=word: setup.search_holds(w), 600, f"edit {i}")  # type: ignore[misc]
                 found_at = time.time()
+                setup.wait_for(setup.idle, 120, "the edit's run to end")
                 results.append(
                     {
                         "seconds": round(found_at - edited_at, 2),
@@ -343,13 +377,14 @@ def measure(name: str, edits: int, idle_s: float, rng: random.Random) -> dict[st
                     }
                 )
                 print(f"{name} edit {i}: {results[-1]}", file=sys.stderr, flush=True)
-            edits_cpu = sum(cpu_delta(edits_cpu_before, tree_cpu_s(setup.dagster.pid)).values())
-            tick_spacing = setup.tick_spacing_s()
+            edits_cpu = sum(cpu_delta(edits_cpu_before, tree_cpu_s(setup.root.pid)).values())
+            tick_spacing = setup.tick_spacing_s() if name == "sensor" else None
         finally:
             setup.stop()
     seconds = [r["seconds"] for r in results]
     return {
         "config": name,
+        "embedder": embedder,
         "sensor_interval_s": setup.sensor_interval_s,
         "dequeue_interval_s": setup.dequeue_interval_s,
         "sensor_tick_spacing_s": tick_spacing,
@@ -361,6 +396,7 @@ def measure(name: str, edits: int, idle_s: float, rng: random.Random) -> dict[st
         "edit_phase_cpu_s_per_edit": round(edits_cpu / max(edits, 1), 2),
         "edits": results,
         "p50_s": round(statistics.median(seconds), 2),
+        "p95_s": percentile(seconds, 95),
         "max_s": max(seconds),
     }
 
@@ -368,23 +404,26 @@ def measure(name: str, edits: int, idle_s: float, rng: random.Random) -> dict[st
 def dequeue_interval(config: str) -> int:
     """The dequeue interval a dagster.yaml sets."""
     found = re.search(r"dequeue_interval_seconds: *(\d+)", config)
-    return int(found.group(1)) if found else OLD_DEFAULTS[1]  # Dagster's own default
+    return int(found.group(1)) if found else DAGSTER_DEQUEUE_S
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--edits", type=int, default=5)
-    parser.add_argument("--configs", default="old,current", help="comma-separated: old, current")
+    parser.add_argument("--edits", type=int, default=10)
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"comma-separated: {', '.join(CONFIGS)}"
+    )
     parser.add_argument("--idle-s", type=float, default=60, help="idle CPU window per config")
+    parser.add_argument("--embedder", default="local", choices=["local", "hash"])
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if not configs or set(configs) - {"old", "current"}:
-        parser.error("--configs takes old and/or current")
+    configs = [ALIASES.get(c.strip(), c.strip()) for c in args.configs.split(",") if c.strip()]
+    if not configs or set(configs) - set(CONFIGS):
+        parser.error(f"--configs takes {', '.join(CONFIGS)}")
     report = {
         "edits": args.edits,
-        "results": [measure(c, args.edits, args.idle_s, rng) for c in configs],
+        "results": [measure(c, args.edits, args.idle_s, rng, args.embedder) for c in configs],
     }
     out = REPO / "bench" / "results" / "freshness.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -393,10 +432,9 @@ def main() -> None:
     for r in report["results"]:
         per_edit = [e["seconds"] for e in r["edits"]]
         print(
-            f"{r['config']:<8} sensor {r['sensor_interval_s']} s (ticks every"
-            f" {r['sensor_tick_spacing_s']} s), dequeue {r['dequeue_interval_s']} s:"
-            f" p50 {r['p50_s']} s, max {r['max_s']} s, per edit {per_edit};"
-            f" idle CPU {r['idle_cpu_s_per_min']} s/min"
+            f"{r['config']:<7} {r['embedder']}: p50 {r['p50_s']} s, p95 {r['p95_s']} s,"
+            f" max {r['max_s']} s, per edit {per_edit}; idle CPU {r['idle_cpu_s_per_min']}"
+            f" s/min {r['idle_cpu_s_per_min_by_process']}"
         )
 
 

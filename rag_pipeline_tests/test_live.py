@@ -4,6 +4,7 @@ the lock that tells the books sensor a live process runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,25 @@ class NoWatchSource(FolderSource):
 
     def watcher(self) -> None:  # type: ignore[override]
         return None
+
+
+@contextlib.contextmanager
+def running(live: LiveLoop, data_dir: Path) -> Iterator[threading.Thread]:
+    """``live.run`` in a thread, once its first look is done; stopped (and the folder's
+    watcher with it) on the way out."""
+    stop = threading.Event()
+    ready = threading.Event()
+    thread = threading.Thread(target=live.run, args=(stop, ready.set), daemon=True)
+    try:
+        thread.start()
+        assert ready.wait(10)
+        yield thread
+    finally:
+        stop.set()
+        thread.join(5)
+        watcher = watch._watchers.pop(os.path.abspath(data_dir), None)
+        if watcher is not None:
+            watcher.stop()
 
 
 @pytest.fixture
@@ -129,12 +149,7 @@ def test_run_applies_an_edit_within_a_second_and_stops_at_once(data_dir, write_b
     source = FolderSource(data_dir)
     applied = Applier()
     live = LiveLoop(source, applied, timing=LiveTiming(debounce_s=0.05))
-    stop = threading.Event()
-    ready = threading.Event()
-    thread = threading.Thread(target=live.run, args=(stop, ready.set), daemon=True)
-    try:
-        thread.start()
-        assert ready.wait(10)
+    with running(live, data_dir) as thread:
         assert source.watcher().watching
         applied.called.clear()
         saved = time.monotonic()
@@ -142,13 +157,7 @@ def test_run_applies_an_edit_within_a_second_and_stops_at_once(data_dir, write_b
         assert applied.called.wait(5)
         assert time.monotonic() - saved < 1.0
         assert applied.calls[-1] == ["alpha"]
-    finally:
         stopped = time.monotonic()
-        stop.set()
-        thread.join(5)
-        watcher = watch._watchers.pop(os.path.abspath(data_dir), None)
-        if watcher is not None:
-            watcher.stop()
     assert not thread.is_alive()
     assert time.monotonic() - stopped < 1.0  # an idle loop notices stop within 0.25 s
 
@@ -159,22 +168,11 @@ def test_a_burst_of_writes_settles_into_few_looks(data_dir, write_book):
     source = FolderSource(data_dir)
     applied = Applier()
     live = LiveLoop(source, applied, timing=LiveTiming(debounce_s=0.2, max_delay_s=1.0))
-    stop = threading.Event()
-    ready = threading.Event()
-    thread = threading.Thread(target=live.run, args=(stop, ready.set), daemon=True)
-    try:
-        thread.start()
-        assert ready.wait(10)
+    with running(live, data_dir):
         for i in range(20):  # 20 writes 50 ms apart: a writer that pauses less than 0.2 s
             (data_dir / "alpha" / "a.md").write_text(f"# A\n\nversion {i}")
             time.sleep(0.05)
         time.sleep(1.0)
-    finally:
-        stop.set()
-        thread.join(5)
-        watcher = watch._watchers.pop(os.path.abspath(data_dir), None)
-        if watcher is not None:
-            watcher.stop()
     later = applied.calls[1:]  # after the first look's
     assert 1 <= len(later) <= 3, later  # at most one look a max_delay_s, one after the burst
     assert "version 19" in (data_dir / "alpha" / "a.md").read_text()
