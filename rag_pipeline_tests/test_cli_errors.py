@@ -249,7 +249,7 @@ def test_a_failed_step_prints_no_dagster_stack_trace_without_v(tmp_path, sample_
     assert_no_trace(outputs[()][1])
     verbose = outputs[("-v",)][1]
     assert "Stack Trace:" in verbose and wanted in verbose and 'File "' in verbose
-    with DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+    with DagsterInstance.from_config(str(tmp_path / "home" / "dagster_home")) as instance:
         (run,) = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.FAILURE]))
         failures = [e for e in instance.all_logs(run.run_id) if e.is_dagster_event]
         errors = [
