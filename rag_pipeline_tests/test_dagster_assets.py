@@ -445,10 +445,14 @@ def test_collection_sensor_refreshes_after_any_run_without_starting_one(
     assert context.cursor == result.cursor
 
 
-def test_a_queued_run_says_what_it_waits_for(instance):
+def test_a_queued_run_says_what_it_waits_for_and_once_started_what_it_waited_for(instance):
     """The UI says a queued run "will start soon"; the tag rag/waiting_for names the run in
-    progress that holds it back (of the same book, or any: one run at a time)."""
-    from dagster import DagsterRunStatus
+    progress that holds it back (of the same book, or any: one run at a time), only when one
+    does; at the run's start the tag turns to the past tense (how long, behind which runs), and
+    a run that waited behind none gets no tag."""
+    import time
+
+    from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus
     from dagster._core.remote_origin import (
         InProcessCodeLocationOrigin,
         RemoteJobOrigin,
@@ -457,7 +461,7 @@ def test_a_queued_run_says_what_it_waits_for(instance):
     from dagster._core.test_utils import create_run_for_test
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
-    from rag_pipeline.defs.collection import QUEUE_TAG, explain_queue
+    from rag_pipeline.defs.runs import QUEUE_TAG, explain_queue, note_queue_wait, one_book_tags
 
     # a queued run must name where its code lives (any origin does for this test)
     origin = RemoteJobOrigin(
@@ -470,26 +474,57 @@ def test_a_queued_run_says_what_it_waits_for(instance):
         "ingest_books",
     )
 
-    def run(book, status):
+    def run(book, status, tags=None):
         return create_run_for_test(
             instance,
             job_name="ingest_books",
             status=status,
-            tags={"dagster/partition": book},
+            tags=tags or {"dagster/partition": book},
             remote_job_origin=origin,
         )
 
+    def tags(of):
+        return instance.get_run_by_id(of.run_id).tags
+
+    def event(of, kind):
+        instance.report_dagster_event(
+            DagsterEvent(event_type_value=kind.value, job_name="ingest_books"), of.run_id
+        )
+
+    alone = run("third-book", DagsterRunStatus.QUEUED)
     queued = run(BOOKS[0], DagsterRunStatus.QUEUED)
     explain_queue(instance)
-    assert "no run in progress" in instance.get_run_by_id(queued.run_id).tags[QUEUE_TAG]
-    other = run(BOOKS[1], DagsterRunStatus.STARTED)
+    assert QUEUE_TAG not in tags(queued) and QUEUE_TAG not in tags(alone)  # nothing ahead
+    # a batch in progress holding both books (its book keys name them)
+    other = run(BOOKS[1], DagsterRunStatus.STARTED, one_book_tags(BOOKS[1]))
     explain_queue(instance)
-    reason = instance.get_run_by_id(queued.run_id).tags[QUEUE_TAG]
-    assert other.run_id[:8] in reason and "max_concurrent_runs" in reason
-    same = run(BOOKS[0], DagsterRunStatus.STARTED)
+    assert other.run_id[:8] in tags(queued)[QUEUE_TAG]
+    assert "max_concurrent_runs" in tags(queued)[QUEUE_TAG]
+    same = run(BOOKS[0], DagsterRunStatus.STARTED, one_book_tags(BOOKS[0]))
     explain_queue(instance)
-    reason = instance.get_run_by_id(queued.run_id).tags[QUEUE_TAG]
-    assert same.run_id[:8] in reason and "same book" in reason
+    assert same.run_id[:8] in tags(queued)[QUEUE_TAG] and "same book" in tags(queued)[QUEUE_TAG]
+
+    # both finish; the queued run starts: the tag says what it waited for, in the past tense
+    time.sleep(0.01)
+    for ahead in (other, same):
+        event(ahead, DagsterEventType.RUN_SUCCESS)
+    time.sleep(0.01)
+    event(queued, DagsterEventType.RUN_START)
+    note_queue_wait(instance, queued.run_id)
+    note = tags(queued)[QUEUE_TAG]
+    assert note.startswith("nothing now: waited") and same.run_id[:8] in note, note
+    assert other.run_id[:8] in note and "finished" in note
+    # a run started later, queued after those ended: it waited behind nothing, and says nothing
+    later = run("third-book", DagsterRunStatus.QUEUED)
+    event(later, DagsterEventType.RUN_START)
+    note_queue_wait(instance, later.run_id)
+    assert QUEUE_TAG not in tags(later)
+    # a run tagged while queued whose blockers are gone by the next look says so
+    assert "runs in progress" in tags(alone)[QUEUE_TAG]
+    for started in (queued, later):
+        event(started, DagsterEventType.RUN_SUCCESS)
+    explain_queue(instance)
+    assert tags(alone)[QUEUE_TAG].startswith("nothing now: no run in progress")
 
 
 def test_a_step_reads_only_what_an_earlier_step_of_its_own_run_produced(

@@ -401,3 +401,40 @@ def test_group_json_shape(grouped_books, hash_embedder):
     assert body["title"].startswith("File ")
     with pytest.raises(ValueError, match="cannot group by"):
         search_groups(grouped_books, hash_embedder, "x", "beta", group_by="chapter")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chunks", [0, 1, 199, 200, 201, 2_345])
+def test_a_runs_point_messages_name_every_point_once_with_its_file_and_section(chunks):
+    """What a run logs about the points it wrote: each id once, on a line naming its file and
+    section (or the file's document record), at most POINTS_PER_MESSAGE ids a message, and
+    each message says which part of the whole it is."""
+    from rag_pipeline.retrieve.lineage import (
+        POINTS_PER_MESSAGE,
+        point_log_path,
+        written_points_messages,
+    )
+
+    files = [f"part-{i % 7}/ch{i % 13}.md" for i in range(chunks)]
+    points = [(f"p{i:05d}", files[i], f"Heading {i % 5}" if i % 3 else "") for i in range(chunks)]
+    documents = [(f, f"doc-{f}") for f in sorted(set(files))]
+    messages = written_points_messages("bk", points, documents)
+    total = chunks + len(documents)
+    assert len(messages) == -(-total // POINTS_PER_MESSAGE)
+    named: dict[str, list[str]] = {}
+    for n, message in enumerate(messages, 1):
+        head, *lines = message.split("\n")
+        assert head.startswith("[bk] points written by this run, ")
+        assert f"of {total} (message {n} of {len(messages)})" in head
+        ids_here = 0
+        for line in lines:
+            where, ids = line.rsplit(": ", 1)
+            for pid in ids.split(", "):
+                named.setdefault(pid, []).append(where)
+                ids_here += 1
+        assert ids_here <= POINTS_PER_MESSAGE
+    assert set(named) == {p[0] for p in points} | {d[1] for d in documents}
+    for pid, file, heading in points:
+        assert named[pid] == [f"{file} § {heading or '(no heading)'}"]
+    for file, doc in documents:
+        assert named[doc] == [f"{file} (its document record)"]
+    assert point_log_path("r-1", "a b") == "/runs/r-1?logs=a%20b"

@@ -51,6 +51,8 @@ from rag_pipeline.ingest.stages import (
     ParsedBook,
     rebuilt_reason,
 )
+from rag_pipeline.models import document_id
+from rag_pipeline.retrieve.lineage import written_points_messages
 
 __all__ = [
     "EMBEDDING_POOL",
@@ -452,6 +454,7 @@ def _written_book(
     for reason in book.switch.held_back:
         context.log.warning(held_back(book_id, reason))
     deleted_rows = [{"point id": i, "file": f} for i, f in written.deleted_points]
+    _log_written_points(context, chunked, written)
     record_book(
         context,
         book_id,
@@ -523,9 +526,23 @@ def _summary(
     )
 
 
+def _log_written_points(
+    context: AssetExecutionContext, chunked: ChunkedBook, written: WriteReport
+) -> None:
+    """Log every point the run wrote (chunks and document records) with its file and
+    section: the run page's log filter, given a point id, shows the line that names it, for
+    runs of any size (the ``points_written`` table shows a few)."""
+    book_id = chunked.book_id
+    ids = set(written.written_ids)
+    points = [(c.id, c.source_file, c.section_title or "") for c in chunked.chunks if c.id in ids]
+    documents = [(o.source_file, document_id(book_id, o.source_file)) for o in chunked.outcomes]
+    for message in written_points_messages(book_id, points, documents):
+        context.log.info(message)
+
+
 def _written_table(chunked: ChunkedBook, written: WriteReport) -> TableMetadataValue:
-    """Which points this run wrote, those of new text first: search a point id here to find
-    the run that wrote it (``rag-pipeline lineage`` names it for any point)."""
+    """A sample of the points this run wrote, those of new text first (every id is in the
+    run's log: ``rag-pipeline lineage`` links a point to its line)."""
     inventory = chunked.inventory
     written_ids = set(written.written_ids)
     points = [c for c in chunked.chunks if c.id in written_ids]

@@ -35,7 +35,6 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     ResourceParam,
-    RunRecord,
     RunsFilter,
     SensorEvaluationContext,
     SensorResult,
@@ -58,7 +57,7 @@ from rag_pipeline.defs.assets import (
     qdrant_points,
 )
 from rag_pipeline.defs.metadata import table
-from rag_pipeline.defs.runs import BOOK_TAG, PARTITION_TAG
+from rag_pipeline.defs.runs import explain_queue
 from rag_pipeline.ingest.overview import BookHealth, describe_collection
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.sources.base import SourceUnavailableError
@@ -406,48 +405,3 @@ def collection_sensor(
     except StoreBusyError as exc:  # a run is writing: the next tick refreshes
         return SkipReason(f"store busy, refreshed next tick: {exc}")
     return SensorResult(asset_events=page.events(), cursor=str(newest))
-
-
-#: the tag that says what a queued run waits for (the UI only says it "will start soon")
-QUEUE_TAG = "rag/waiting_for"
-#: how many queued and running runs a tick looks at (two queries, whatever the history)
-_QUEUE_LOOK = 50
-
-
-def explain_queue(instance: DagsterInstance) -> None:
-    """Tag each queued run with what it waits for: a run of the same book in progress (one
-    run per book), or the runs in progress (one run at a time on an embedded store)."""
-    queued = instance.get_run_records(
-        RunsFilter(statuses=[DagsterRunStatus.QUEUED]), limit=_QUEUE_LOOK
-    )
-    if not queued:
-        return
-    running = instance.get_run_records(
-        RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]),
-        limit=_QUEUE_LOOK,
-    )
-    for record in queued:
-        run = record.dagster_run
-        reason = _waits_for(run.tags.get(BOOK_TAG) or run.tags.get(PARTITION_TAG), running)
-        if run.tags.get(QUEUE_TAG) != reason:
-            instance.add_run_tags(run.run_id, {QUEUE_TAG: reason})
-
-
-def _waits_for(book: str | None, running: Sequence[RunRecord]) -> str:
-    def name(r: RunRecord) -> str:
-        tags = r.dagster_run.tags
-        of = tags.get(BOOK_TAG) or tags.get(PARTITION_TAG) or r.dagster_run.job_name
-        return f"run {r.dagster_run.run_id[:8]} ({of})"
-
-    same = [r for r in running if book and book in _books_of(r)]
-    if same:
-        return f"a run of the same book in progress: {name(same[0])} (one run per book)"
-    if running:
-        shown = ", ".join(name(r) for r in running[:3])
-        return f"runs in progress: {shown} (max_concurrent_runs in dagster.yaml)"
-    return "the run queue: no run in progress, it starts at the daemon's next pass"
-
-
-def _books_of(record: RunRecord) -> set[str]:
-    tags = record.dagster_run.tags
-    return {v for k in (BOOK_TAG, PARTITION_TAG) if (v := tags.get(k))}

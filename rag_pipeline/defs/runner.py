@@ -47,11 +47,11 @@ from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.reaper import process_tags, reap_dead_runs, run_worker
 from rag_pipeline.defs.runs import (
-    BOOK_TAG,
     MIGRATION_TAG,
     TRIGGER_TAG,
     batch_tags,
     books_with_runs_in_flight,
+    one_book_tags,
     one_label,
 )
 from rag_pipeline.ingest.batches import batch_books, split_after
@@ -150,7 +150,7 @@ def execute_plan(
         run_id = str(uuid.uuid4())
         with watched(run_id):
             results[book_id] = _purge_book(
-                purge_job, instance, run_id, book_id, {**tags, BOOK_TAG: book_id}
+                purge_job, instance, run_id, book_id, {**tags, **one_book_tags(book_id)}
             )
         results[book_id].seconds = time.perf_counter() - t0
     for book_id, book in plan.books.items():  # in the plan's order
@@ -231,7 +231,7 @@ def _run_books(
     """One run of ``books`` (one partition, or a range of adjacent ones)."""
     run_id = str(uuid.uuid4())
     one = len(books) == 1
-    run_tags = {**tags, **({BOOK_TAG: books[0]} if one else batch_tags(books))}
+    run_tags = {**tags, **(one_book_tags(books[0]) if one else batch_tags(books))}
     with watched(run_id), _planned_per_run(not one):
         outcome = job.execute_in_process(
             run_config={**console_run_config(), **ingest_run_config(force=force)},

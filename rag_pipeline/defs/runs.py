@@ -4,30 +4,39 @@ Dagster tags every run of one partition with ``dagster/partition`` (the one filt
 all runs of a book: sensor, backfill, asset graph, Launchpad, CLI), and a run of several (a
 batch: a range of partitions) with ``dagster/asset_partition_range_start`` and ``_end``. The
 first step of each run adds ``rag/book`` (one book) or ``rag/batch`` (the number of books of
-a batch) and ``rag/trigger`` (books_sensor, backfill, ui, cli, ...) when whoever launched it
+a batch), ``rag-book/<book id>=yes`` for every book the run writes or purges (the one filter
+that finds every run of a book, batches included: Dagster's run filter matches a tag's key and
+value exactly, so a key per book is the only way one filter finds a book inside a range),
+``rag/trigger`` (books_sensor, backfill, ui, cli, ...) when whoever launched it
 did not, and the retry strategy ``dagster/retry_strategy=ALL_STEPS``; steps whose checks did
 not pass tag the run ``rag/checks``; a run that builds its books with another recipe (a
 migration, built beside the searched index) is tagged ``rag/migration`` with what changes.
 """
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from urllib.parse import quote
 
 from dagster import (
     AssetExecutionContext,
     DagsterInstance,
     DagsterRunStatus,
     OpExecutionContext,
+    RunRecord,
     RunsFilter,
 )
 
 __all__ = [
     "BATCH_TAG",
+    "BOOK_KEY_PREFIX",
+    "BOOK_KEY_VALUE",
     "BOOK_RUN_TAGS",
     "BOOK_TAG",
     "CHECKS_TAG",
     "MAX_RETRIES_TAG",
     "MIGRATION_TAG",
     "PARTITION_TAG",
+    "QUEUE_TAG",
     "RANGE_END_TAG",
     "RANGE_START_TAG",
     "RETRY_ALL_STEPS",
@@ -35,8 +44,13 @@ __all__ = [
     "RUNS_IN_FLIGHT",
     "TRIGGER_TAG",
     "batch_tags",
+    "book_keys",
+    "book_runs_path",
     "books_of_run",
     "books_with_runs_in_flight",
+    "explain_queue",
+    "note_queue_wait",
+    "one_book_tags",
     "one_label",
     "tag_checks",
     "tag_migration",
@@ -45,6 +59,10 @@ __all__ = [
 ]
 
 BOOK_TAG = "rag/book"
+#: the key of the tag every run that writes or purges a book carries, one per book: the Runs
+#: page's filter ``tag:rag-book/<id>=yes`` finds every run of the book, batches included
+BOOK_KEY_PREFIX = "rag-book/"
+BOOK_KEY_VALUE = "yes"
 #: a run of several books (a batch): how many
 BATCH_TAG = "rag/batch"
 #: the tag Dagster gives every run of one partition (no public constant names it)
@@ -91,12 +109,33 @@ def tag_run(context: AssetExecutionContext | OpExecutionContext, books: list[str
     """Tag the run with its book (or the size of its batch), its trigger and the retry
     strategy: runs launched outside the jobs (the asset graph, a backfill of selected assets)
     do not carry the jobs' tags."""
+    note_queue_wait(context.instance, context.run.run_id)
     tags = context.run.tags
-    which = {BOOK_TAG: books[0]} if len(books) == 1 else {BATCH_TAG: f"{len(books)} books"}
+    which = (
+        one_book_tags(books[0])
+        if len(books) == 1
+        else {BATCH_TAG: f"{len(books)} books", **book_keys(books)}
+    )
     wanted = {**which, TRIGGER_TAG: trigger_of(tags), **RETRY_ALL_STEPS}
     missing = {k: v for k, v in wanted.items() if tags.get(k) != v}
     if missing:
         context.instance.add_run_tags(context.run.run_id, missing)
+
+
+def book_keys(books: Sequence[str]) -> dict[str, str]:
+    """One tag per book the run writes or purges (``rag-book/<id>=yes``)."""
+    return {f"{BOOK_KEY_PREFIX}{book}": BOOK_KEY_VALUE for book in books}
+
+
+def one_book_tags(book: str) -> dict[str, str]:
+    """The tags of a run of one book (an ingest of its partition, or its purge)."""
+    return {BOOK_TAG: book, **book_keys([book])}
+
+
+def book_runs_path(book: str) -> str:
+    """The Runs page filtered to every run that wrote or purged ``book`` (a UI path)."""
+    token = quote(f"tag:{BOOK_KEY_PREFIX}{book}={BOOK_KEY_VALUE}", safe=":/=")
+    return f"/runs?q[0]={token}"
 
 
 def batch_tags(books: Sequence[str]) -> dict[str, str]:
@@ -109,6 +148,7 @@ def batch_tags(books: Sequence[str]) -> dict[str, str]:
         RANGE_START_TAG: books[0],
         RANGE_END_TAG: books[-1],
         BATCH_TAG: f"{len(books)} books",
+        **book_keys(books),
     }
 
 
@@ -165,3 +205,91 @@ def books_with_runs_in_flight(instance: DagsterInstance, order: Sequence[str]) -
     the number of books); a batch's books are resolved in ``order`` (the partition keys)."""
     runs = instance.get_runs(RUNS_IN_FLIGHT_FILTER)
     return {book for run in runs for book in books_of_run(run.tags, order)}
+
+
+#: the tag that says what a queued run waits for (the UI only says it "will start soon"), and
+#: once it started, what it waited for: set only on a run that really waited behind another
+QUEUE_TAG = "rag/waiting_for"
+#: how many queued and running runs a look at the queue reads (two queries, whatever the history)
+_QUEUE_LOOK = 50
+#: run states after which a run no longer holds others back
+_ENDED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
+
+
+def explain_queue(instance: DagsterInstance) -> None:
+    """Tag each queued run with the run in progress it waits for: one of the same book (one
+    run per book), or any (one run at a time on an embedded store). A queued run with nothing
+    ahead of it is left untagged (a tag set earlier says so): it starts at the daemon's next
+    pass."""
+    queued = instance.get_run_records(
+        RunsFilter(statuses=[DagsterRunStatus.QUEUED]), limit=_QUEUE_LOOK
+    )
+    if not queued:
+        return
+    running = instance.get_run_records(
+        RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]),
+        limit=_QUEUE_LOOK,
+    )
+    for record in queued:
+        run = record.dagster_run
+        reason = _waits_for(_books_of(run.tags), running)
+        if reason is None and QUEUE_TAG not in run.tags:
+            continue
+        reason = reason or "nothing now: no run in progress, it starts at the daemon's next pass"
+        if run.tags.get(QUEUE_TAG) != reason:
+            instance.add_run_tags(run.run_id, {QUEUE_TAG: reason})
+
+
+def note_queue_wait(instance: DagsterInstance, run_id: str) -> None:
+    """At a run's start, turn what it waited for into the past tense: how long it was queued
+    and the runs that finished meanwhile (what held it back). A run that waited for no other
+    run gets no tag (or, if it was tagged while queued, one that says it waits for nothing).
+    Two queries a run."""
+    record = instance.get_run_record_by_id(run_id)
+    if record is None or record.start_time is None:
+        return
+    created = record.create_timestamp
+    if created.tzinfo is None:  # run storage keeps UTC
+        created = created.replace(tzinfo=UTC)
+    started = datetime.fromtimestamp(record.start_time, UTC)
+    ahead = instance.get_run_records(
+        RunsFilter(statuses=_ENDED, updated_after=created, updated_before=started), limit=3
+    )
+    if not ahead and QUEUE_TAG not in record.dagster_run.tags:
+        return
+    waited = f"{(started - created).total_seconds():.1f} s"
+    note = (
+        f"nothing now: waited {waited} in the queue while "
+        + ", ".join(_name(r) for r in ahead)
+        + " finished"
+        if ahead
+        else f"nothing now: started {waited} after it was queued, behind no other run"
+    )
+    instance.add_run_tags(run_id, {QUEUE_TAG: note})
+
+
+def _waits_for(books: set[str], running: Sequence[RunRecord]) -> str | None:
+    same = [r for r in running if books & _books_of(r.dagster_run.tags)]
+    if same:
+        return f"a run of the same book in progress: {_name(same[0])} (one run per book)"
+    if running:
+        shown = ", ".join(_name(r) for r in running[:3])
+        return f"runs in progress: {shown} (max_concurrent_runs in dagster.yaml)"
+    return None
+
+
+def _name(record: RunRecord) -> str:
+    run = record.dagster_run
+    books = sorted(_books_of(run.tags))
+    of = (
+        books[0]
+        if len(books) == 1
+        else (f"{len(books)} books" if books else run.tags.get(BATCH_TAG, run.job_name))
+    )
+    return f"run {run.run_id[:8]} ({of})"
+
+
+def _books_of(tags: Mapping[str, str]) -> set[str]:
+    """The books a run is tagged with: its book keys, its book tag or its partition."""
+    keyed = {k[len(BOOK_KEY_PREFIX) :] for k in tags if k.startswith(BOOK_KEY_PREFIX)}
+    return keyed | {v for k in (BOOK_TAG, PARTITION_TAG) if (v := tags.get(k))}

@@ -56,7 +56,6 @@ from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S, BatchConfig
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.runs import (
-    BOOK_TAG,
     MAX_RETRIES_TAG,
     PARTITION_TAG,
     RANGE_START_TAG,
@@ -64,6 +63,7 @@ from rag_pipeline.defs.runs import (
     batch_tags,
     books_of_run,
     books_with_runs_in_flight,
+    one_book_tags,
 )
 from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.live import LiveMark
@@ -360,7 +360,7 @@ def build_books_sensor(
                     job_name=purge_book_job.name,
                     run_key=f"purge:{book_id}:{seq}",
                     run_config=purge_run_config(book_id),
-                    tags={BOOK_TAG: book_id, TRIGGER_TAG: SENSOR_TRIGGER},
+                    tags={**one_book_tags(book_id), TRIGGER_TAG: SENSOR_TRIGGER},
                 )
             )
         partition_requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
@@ -419,7 +419,7 @@ def _ingest_request(
             job_name=ingest_books_job.name,
             partition_key=book_id,
             run_key=f"ingest:{book_id}:{states[book_id].content_digest}:{seq}",
-            tags={BOOK_TAG: book_id, TRIGGER_TAG: trigger},
+            tags={**one_book_tags(book_id), TRIGGER_TAG: trigger},
         )
     digest = hashlib.sha256("".join(states[b].content_digest for b in books).encode())
     return RunRequest(
