@@ -846,3 +846,70 @@ def test_the_assets_run_the_pipelines_stages_and_only_they_write(
     with open_store(direct.store(), COLLECTION_SCHEMA) as store:
         by_run = {r.id for r in store.scroll(book_filter(book), fields=[])}
     assert by_job == by_run and by_job
+
+
+def test_a_healthy_run_never_leaves_parse_errors_in_progress_while_another_book_warns(
+    settings, resources, instance, monkeypatch
+):
+    """Dagster OSS draws a check as a red ✕ while its newest record is "in progress" and any
+    book has failed it: the ingest job (what the sensor, the CLI and live mode run) does not
+    plan parse_errors, its documents step writes each book's result, linked to the run; the
+    check executed on its own (the UI's Materialize) gives the same answer."""
+    from dagster import DagsterEventType
+
+    from rag_pipeline.defs.assets import PARSE_ERRORS, parse_errors
+    from rag_pipeline.defs.jobs import INGEST_JOB_NAME
+    from rag_pipeline.defs.location import build_defs
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+
+    broken, healthy = BOOKS
+    (settings.data_dir / broken / "broken.md").write_bytes(b"---\ntitle: [oops\n---\nbody")
+    job = build_defs(resources).resolve_job_def(INGEST_JOB_NAME)
+    instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, list(BOOKS))
+    storage = instance.event_log_storage
+    seen_during_run = []
+    parse = IngestPipeline.parse
+
+    def watched_parse(self, books):  # the newest parse_errors record, mid-run
+        latest = storage.get_latest_asset_check_execution_by_key([PARSE_ERRORS])
+        seen_during_run.append(latest.get(PARSE_ERRORS))
+        return parse(self, books)
+
+    monkeypatch.setattr(IngestPipeline, "parse", watched_parse)
+    runs = {}
+    for book in (broken, healthy):
+        result = job.execute_in_process(partition_key=book, instance=instance)
+        assert result.success
+        runs[book] = result.run_id
+        planned = instance.get_records_for_run(
+            result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
+        ).records
+        assert not [r for r in planned if "parse_errors" in str(r.event_log_entry)]
+    during = seen_during_run[1]  # the healthy book's run, after the broken book's
+    assert during is not None and during.status.value == "FAILED", during
+    assert during.event.asset_check_evaluation.severity == AssetCheckSeverity.WARN  # yellow
+    for book, passed in ((broken, False), (healthy, True)):
+        (record,) = storage.get_asset_check_execution_history(
+            PARSE_ERRORS, limit=1, partition_filter=_partition(book)
+        )
+        assert record.run_id == runs[book] and record.status.value == (
+            "SUCCEEDED" if passed else "FAILED"
+        )
+        assert record.event.asset_check_evaluation.target_materialization_data is not None
+    # the check on its own (with its asset, as the UI's Materialize selects it)
+    result = materialize(
+        [*ingestion_assets, parse_errors],
+        partition_key=broken,
+        instance=instance,
+        resources=resources,
+    )
+    assert result.success
+    by_step = [c for c in result.get_asset_check_evaluations() if c.check_name == "parse_errors"]
+    assert len(by_step) == 2 and {c.passed for c in by_step} == {False}
+    assert {c.metadata["errors"].value for c in by_step} == {1}
+
+
+def _partition(book):
+    from rag_pipeline.defs._dagster_private import PartitionKeyFilter
+
+    return PartitionKeyFilter(key=book)

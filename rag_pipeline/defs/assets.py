@@ -17,6 +17,9 @@ from typing import Any, TypedDict
 
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckExecutionContext,
+    AssetCheckKey,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
@@ -31,11 +34,18 @@ from dagster import (
     RetryPolicy,
     TableMetadataValue,
     asset,
+    asset_check,
 )
 from pydantic import Field
 
 from rag_pipeline.chunking import DEFAULT_CHUNKER
-from rag_pipeline.defs.batch import BookCheck, check_books, record_book, run_books
+from rag_pipeline.defs.batch import (
+    BookCheck,
+    check_books,
+    latest_materializations,
+    record_book,
+    run_books,
+)
 from rag_pipeline.defs.metadata import error_table, shorten, table
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.defs.runs import one_label, tag_checks, tag_migration, tag_run
@@ -55,15 +65,18 @@ from rag_pipeline.models import document_id
 from rag_pipeline.retrieve.lineage import written_points_messages
 
 __all__ = [
+    "BOOK_CHECK_KEYS",
     "EMBEDDING_POOL",
     "INGESTION_GROUP",
     "NO_RUN_CONFIG",
+    "PARSE_ERRORS",
     "STORE_POOL",
     "IngestRunConfig",
     "chunk_embeddings",
     "chunks",
     "documents",
     "ingestion_assets",
+    "ingestion_checks",
     "qdrant_points",
     "source_files",
 ]
@@ -102,6 +115,20 @@ BOOK_ASSET = _BookAsset(
 )
 #: transient failures of a step (a store busy past its wait, an API outage) retried in place
 STEP_RETRY = RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL)
+
+
+#: what every per-book asset's page says about what Dagster OSS draws (after the first
+#: paragraph: the asset graph shows that alone)
+READING_THE_COLOURS = (
+    "Reading this asset's colours (Dagster OSS): a green partition is a book whose run "
+    "succeeded, not a book whose every file parsed: broken files show as the documents "
+    "asset's parse_errors check (yellow ⚠), the run's rag/checks=warned tag and "
+    "qdrant_collection's health column. While a book is being re-run its partition does not "
+    'count as materialized, so "N% filled" dips during a healthy run and is back when it '
+    "ends. A purged book's partition is removed, but this page may still front that book's "
+    "last materialization until another book is materialized (OSS cannot wipe one partition's "
+    "history); the purge is an observation in the Events tab."
+)
 
 
 @dataclass(frozen=True)
@@ -148,7 +175,7 @@ def book_asset(
             code_version=code_version,
             pool=pool,
             retry_policy=STEP_RETRY if retry else None,
-            description=description,
+            description=f"{description}\n\n{READING_THE_COLOURS}",
             check_specs=specs,
             config_schema=None if run_config else NO_RUN_CONFIG,
         )(fn)
@@ -245,9 +272,6 @@ def _inventory_metadata(book: AssessedBook) -> dict[str, Any]:
     "module, chapter, lesson, hardware tier, proficiency level, tags), sha256 of the bytes "
     "parsed. A file that cannot be read or parsed is an error record naming the reason (its "
     "last good chunks stay); the rest of the book goes on.",
-    check=BookCheckSpec(
-        "parse_errors", "Warns with the file names when files fail to parse or are empty."
-    ),
 )
 def documents(
     context: AssetExecutionContext,
@@ -266,7 +290,62 @@ def documents(
             tag_checks(context, "warned")
         record_book(context, book_id, metadata)
     yield Output(parsed_books)
-    yield from check_books(context, "parse_errors", checks)
+    yield from check_books(context, PARSE_ERRORS.name, checks)
+
+
+#: broken or empty files of a book. Its results come from the documents step (which parses),
+#: but it is declared apart from the asset so that runs of the ingest job do not plan it: a
+#: planned check is "in progress" with no severity, which Dagster OSS's asset graph draws as a
+#: red ✕ while any book has failed it, even with WARN severity and during a healthy run.
+PARSE_ERRORS = AssetCheckKey(documents.key, "parse_errors")
+#: what the parse_errors results mean, where the UI shows the check
+PARSE_ERRORS_DESCRIPTION = (
+    "Warns (yellow, never red: WARN severity) with the file names when files of the book fail "
+    "to parse or are empty. Its result is written by each run's documents step, for every "
+    "book of the run; the run itself still succeeds and its other files are indexed, so the "
+    "partition bar stays green for such a book (Dagster OSS has no colour for a materialized "
+    "partition with warnings): this check, the run's rag/checks=warned tag and "
+    "qdrant_collection's problems say which books have broken files. Executing the check on "
+    "its own evaluates the book's latest documents materialization again."
+)
+
+
+# Dagster types a check's function as returning one AssetCheckResult, which in a run of
+# several books is recorded for no partition: this one yields an evaluation per book.
+@asset_check(  # type: ignore[arg-type]
+    asset=documents,
+    name=PARSE_ERRORS.name,
+    partitions_def=book_partitions_def,
+    description=PARSE_ERRORS_DESCRIPTION,
+)
+def parse_errors(
+    context: AssetCheckExecutionContext,
+) -> Iterator[Output[None] | AssetCheckEvaluation]:
+    """The check run on its own (the UI's Execute, a Materialize that selects it): each book's
+    latest documents materialization evaluated again, from what its parse recorded."""
+    books = list(context.op_execution_context.partition_keys)
+    latest = latest_materializations(context.instance, documents.key, books)
+    yield Output(None)
+    for book_id in books:
+        found = latest.get(book_id)
+        recorded = found.metadata if found else {}
+        broken = int(getattr(recorded.get("book_errors"), "value", 0) or 0)
+        empty = int(getattr(recorded.get("empty_documents"), "value", 0) or 0)
+        yield AssetCheckEvaluation(
+            asset_key=PARSE_ERRORS.asset_key,
+            check_name=PARSE_ERRORS.name,
+            passed=found is not None and not broken and not empty,
+            severity=AssetCheckSeverity.WARN,
+            partition=book_id,
+            metadata={
+                "errors": broken,
+                "empty_documents": empty,
+                **when(found is None, reason="the book has no documents materialization"),
+                **when("error_table" in recorded, files=recorded.get("error_table")),
+                **when("empty_files" in recorded, empty_files=recorded.get("empty_files")),
+            },
+            target_materialization_data=found.target if found else None,
+        )
 
 
 def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
@@ -562,3 +641,10 @@ def _written_table(chunked: ChunkedBook, written: WriteReport) -> TableMetadataV
 
 
 ingestion_assets = [source_files, documents, chunks, chunk_embeddings, qdrant_points]
+#: the per-book checks declared apart from their asset (see :data:`PARSE_ERRORS`)
+ingestion_checks: list[AssetChecksDefinition] = [parse_errors]
+#: every per-book check, in the order of the assets
+BOOK_CHECK_KEYS = (
+    PARSE_ERRORS,
+    *(key for a in ingestion_assets for key in sorted(a.check_keys, key=lambda k: k.name)),
+)

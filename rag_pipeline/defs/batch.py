@@ -24,6 +24,7 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetRecordsFilter,
+    DagsterInstance,
     Output,
 )
 
@@ -32,7 +33,14 @@ from rag_pipeline.defs._dagster_private import (
     add_partition_metadata,
 )
 
-__all__ = ["BookCheck", "check_books", "record_book", "run_books"]
+__all__ = [
+    "BookCheck",
+    "Materialized",
+    "check_books",
+    "latest_materializations",
+    "record_book",
+    "run_books",
+]
 
 
 def run_books(context: AssetExecutionContext) -> list[str]:
@@ -59,43 +67,62 @@ class BookCheck:
 def check_books(
     context: AssetExecutionContext, check_name: str, results: Mapping[str, BookCheck]
 ) -> Iterator[Output[None] | AssetCheckEvaluation]:
-    """The check's output, then one evaluation per book, each of the book's partition and
-    of the materialization this run recorded for it. Yield them after the asset's output."""
+    """The check's output (a check the asset declares), then one evaluation per book, each
+    of the book's partition and of the materialization this run recorded for it. Yield them
+    after the asset's output. A check declared apart from the asset (not planned by the run)
+    gets its evaluations only."""
     asset_key = context.assets_def.key
     check_key = AssetCheckKey(asset_key, check_name)
-    spec = context.assets_def.get_spec_for_check_key(check_key)
-    yield Output(
-        None, output_name=context.assets_def.get_output_name_for_asset_check_key(check_key)
-    )
-    targets = _recorded(context, asset_key, list(results))
+    blocking = False
+    if check_key in context.assets_def.check_keys:
+        blocking = context.assets_def.get_spec_for_check_key(check_key).blocking
+        yield Output(
+            None, output_name=context.assets_def.get_output_name_for_asset_check_key(check_key)
+        )
+    recorded = latest_materializations(context.instance, asset_key, list(results))
+    run_id = context.run.run_id
     for book_id, result in results.items():
+        found = recorded.get(book_id)
         yield AssetCheckEvaluation(
             asset_key=asset_key,
             check_name=check_name,
             passed=result.passed,
             metadata=result.metadata,
             severity=result.severity,
-            blocking=spec.blocking,
+            blocking=blocking,
             partition=book_id,
-            target_materialization_data=targets.get(book_id),
+            # the UI marks a check whose target is not the latest materialization as outdated
+            target_materialization_data=found.target if found and found.run_id == run_id else None,
         )
 
 
-def _recorded(
-    context: AssetExecutionContext, asset_key: AssetKey, books: Sequence[str]
-) -> dict[str, AssetCheckEvaluationTargetMaterializationData]:
-    """book -> the materialization of ``asset_key`` this run recorded for it: one query for
-    the whole batch (the UI marks a check whose target is not the latest materialization as
-    outdated)."""
-    records = context.instance.fetch_materializations(
+@dataclass(frozen=True)
+class Materialized:
+    """A book's latest materialization of an asset."""
+
+    run_id: str
+    metadata: Mapping[str, Any]
+    target: AssetCheckEvaluationTargetMaterializationData
+
+
+def latest_materializations(
+    instance: DagsterInstance, asset_key: AssetKey, books: Sequence[str]
+) -> dict[str, Materialized]:
+    """book -> its latest materialization of ``asset_key``: one query for the whole batch."""
+    records = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=asset_key, asset_partitions=list(books)),
         limit=len(books),
     ).records
-    out: dict[str, AssetCheckEvaluationTargetMaterializationData] = {}
+    out: dict[str, Materialized] = {}
     for record in records:  # newest first: a book's latest is the first seen
         partition = record.partition_key
-        if record.run_id == context.run.run_id and partition and partition not in out:
-            out[partition] = AssetCheckEvaluationTargetMaterializationData(
-                storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
+        materialization = record.asset_materialization
+        if partition and partition not in out and materialization is not None:
+            out[partition] = Materialized(
+                run_id=record.run_id,
+                metadata=materialization.metadata,
+                target=AssetCheckEvaluationTargetMaterializationData(
+                    storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
+                ),
             )
     return out

@@ -50,10 +50,10 @@ from rag_pipeline.defs._dagster_private import (
     PartitionKeyFilter,
 )
 from rag_pipeline.defs.assets import (
+    BOOK_CHECK_KEYS,
     NO_RUN_CONFIG,
     OWNERS,
     STORE_POOL,
-    ingestion_assets,
     qdrant_points,
 )
 from rag_pipeline.defs.metadata import table
@@ -75,9 +75,7 @@ __all__ = [
 COLLECTION_JOB_NAME = "refresh_collection"
 #: the per-book checks whose latest result the collection shows: every ingestion asset's, in
 #: the order of the assets
-BOOK_CHECKS = tuple(
-    key for a in ingestion_assets for key in sorted(a.check_keys, key=lambda k: k.name)
-)
+BOOK_CHECKS = BOOK_CHECK_KEYS
 
 
 #: the collection asset's own group: the ingestion group is all per-book assets

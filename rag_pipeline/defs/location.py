@@ -20,7 +20,12 @@ from dagster import (
 )
 
 from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S, BatchConfig
-from rag_pipeline.defs.assets import NO_RUN_CONFIG, chunk_embeddings, ingestion_assets
+from rag_pipeline.defs.assets import (
+    NO_RUN_CONFIG,
+    chunk_embeddings,
+    ingestion_assets,
+    ingestion_checks,
+)
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
@@ -109,6 +114,7 @@ def build_defs(
         # launched from the UI starts in seconds instead of one code load per step.
         executor=in_process_executor,
         assets=[*assets, qdrant_collection],
+        asset_checks=ingestion_checks,
         jobs=[ingest_books_job, purge_book_job, collection_job],
         sensors=watching,
         resources=dict(resources),
