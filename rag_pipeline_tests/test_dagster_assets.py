@@ -319,12 +319,21 @@ def test_the_collection_asset_shows_every_book_with_its_last_run_and_checks(
     assert rows[0]["health"] == "warned" and "parse_errors warned" in rows[0]["why"]
     assert rows[1]["health"] == "ok" and rows[1]["why"] == ""
     assert meta["books_with_problems"].value == 1 and BOOKS[0] in meta["problems"].value
-    assert meta["books"].value == 2 and meta["books_with_failing_checks"].value == 1
+    # a book whose files are broken warned: it is not counted as failing
+    assert meta["books"].value == 2 and meta["books_with_failing_checks"].value == 0
+    assert meta["books_with_warning_checks"].value == 1
+    # each book's last run and every run of it, as links
+    runs_md = meta["book_runs"].value
+    for book, run in runs.items():
+        assert f"[{run.run_id[:8]}](/runs/{run.run_id})" in runs_md
+        assert f"(/runs?q[0]=tag:rag-book/{book}=yes)" in runs_md
+    assert "hash-384" in meta["recipes"].value
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     assert checks["books_indexed"].passed
-    assert not checks["book_checks_pass"].passed and BOOKS[0] in str(
-        checks["book_checks_pass"].metadata["books"].value
-    )
+    warned = checks["book_checks_pass"]
+    assert not warned.passed and warned.severity == AssetCheckSeverity.WARN
+    assert BOOKS[0] in str(warned.metadata["books"].value)
+    assert warned.metadata["result"].value.startswith("warned, not failed")
     assert checks["no_orphan_books"].passed
 
 

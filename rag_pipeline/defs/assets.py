@@ -336,6 +336,9 @@ def parse_errors(
             check_name=PARSE_ERRORS.name,
             passed=found is not None and not broken and not empty,
             severity=AssetCheckSeverity.WARN,
+            description=parse_errors_verdict(["?"] * broken, ["?"] * empty)
+            if found
+            else "warned: the book has no documents materialization",
             partition=book_id,
             metadata={
                 "errors": broken,
@@ -346,6 +349,18 @@ def parse_errors(
             },
             target_materialization_data=found.target if found else None,
         )
+
+
+def parse_errors_verdict(broken: list[str], empty: list[str]) -> str:
+    """parse_errors' result in words: WARN severity, whatever the UI's label says."""
+    if not broken and not empty:
+        return "passed: every file of the book parsed and has text"
+    named = [n for n in [*broken, *empty] if n != "?"]
+    files = f": {', '.join(named[:5])}{' ...' if len(named) > 5 else ''}" if named else ""
+    return (
+        f"warned, not failed (WARN): {len(broken)} broken and {len(empty)} empty file(s)"
+        f"{files}; the run succeeded and the book's other files are indexed"
+    )
 
 
 def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
@@ -371,6 +386,7 @@ def _parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
     check = BookCheck(
         passed=parsed.clean,
         severity=AssetCheckSeverity.WARN,
+        description=parse_errors_verdict([e.source_file for e in all_errors], list(all_empty)),
         metadata={
             "errors": len(all_errors),
             "new_errors": len(parsed.errors),

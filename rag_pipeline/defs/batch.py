@@ -62,6 +62,8 @@ class BookCheck:
     passed: bool
     metadata: Mapping[str, Any] = field(default_factory=dict)
     severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
+    #: what the result means, in words (the check's page shows it beside the result)
+    description: str | None = None
 
 
 def check_books(
@@ -89,6 +91,7 @@ def check_books(
             passed=result.passed,
             metadata=result.metadata,
             severity=result.severity,
+            description=result.description,
             blocking=blocking,
             partition=book_id,
             # the UI marks a check whose target is not the latest materialization as outdated

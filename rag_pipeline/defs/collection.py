@@ -11,6 +11,7 @@ CLI, purge) as events reported by the sensor itself, so refreshes add no runs to
 a CLI ingest refreshes it at its end as well.
 """
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,8 +57,8 @@ from rag_pipeline.defs.assets import (
     STORE_POOL,
     qdrant_points,
 )
-from rag_pipeline.defs.metadata import table
-from rag_pipeline.defs.runs import explain_queue
+from rag_pipeline.defs.metadata import shorten, table
+from rag_pipeline.defs.runs import book_runs_path, explain_queue
 from rag_pipeline.ingest.overview import BookHealth, describe_collection
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.sources.base import SourceUnavailableError
@@ -103,8 +104,11 @@ COLLECTION_GROUP = "collection"
         AssetCheckSpec(
             "book_checks_pass",
             asset="qdrant_collection",
-            description="Fails, naming the books and checks, when a book's latest check failed "
-            "(blocking, consistency); warns when one warned (broken or empty files).",
+            description="Fails (red), naming the books and checks, when a book's latest check "
+            "failed (blocking, consistency); warns (yellow: warned, not failed) when a book's "
+            "only problem is a warning check (broken or empty files, the rest of the book "
+            'indexed). The UI labels any result that did not pass "Failed": its severity '
+            "and its result entry say which it is.",
         ),
         AssetCheckSpec(
             "no_orphan_books",
@@ -148,8 +152,10 @@ class CollectionPage:
 
 #: a book's health on the collection's page, worst first: the order of the table's rows
 HEALTH_ORDER = ("failed", "warned", "ok")
-#: the collection table's columns: the book, its health and why, counts, recipe, last run, checks
-#: (narrow enough for a 1,600 px window: the checks that did not pass are named in "why")
+#: the collection table's columns: the book, its health and why, counts, last run (the checks
+#: that did not pass are named in "why"; each book's recipe is in ``recipes``): about 1,100 px
+#: of table for ids of 20-odd characters, so a 1,280 px window shows it whole with the
+#: navigation collapsed, and its rows wrap at the spaces of "why" otherwise
 BOOK_COLUMNS = (
     "book",
     "health",
@@ -158,9 +164,14 @@ BOOK_COLUMNS = (
     "chunks",
     "files",
     "errors",
-    "recipe",
     "last_run",
 )
+#: books named on the one-line ``problems`` entry (the table lists every one, problems first)
+PROBLEMS_NAMED = 5
+#: the longest "why" the ``problems`` line quotes for a book
+PROBLEM_WHY_CHARS = 60
+#: books listed in a check's result (under the UI's 1,000 characters, so shown without a click)
+CHECK_BOOKS_LISTED = 12
 #: rows of the per-book table (books with a problem come first, so they are always shown)
 BOOK_ROWS = 200
 
@@ -211,23 +222,22 @@ def collection_page(
     totals = state.totals
     missing = [b for b in state.books if b.on_disk and (not b.files or not b.consistent)]
     orphans = [b.book_id for b in state.books if not b.on_disk]
-    problems = [f"{r['book']} ({r['health']}: {r['why']})" for r in rows if r["health"] != "ok"]
-    any_failed = any(" failed" in c for checks in failing.values() for c in checks)
+    problems = [r for r in rows if r["health"] != "ok"]
+    failed = {b for b, checks in failing.items() if any(c.endswith(" failed") for c in checks)}
     return CollectionPage(
         metadata={
-            "problems": MetadataValue.text(
-                f"{len(problems)} of {len(rows)} books: " + "; ".join(problems[:20])
-                if problems
-                else f"none: all {len(rows)} books ok"
-            ),
+            "problems": MetadataValue.text(_problems_line(problems, len(rows))),
             "book_table": table(rows, limit=BOOK_ROWS, columns=BOOK_COLUMNS),
+            "book_runs": _book_runs(rows),
             "books": totals["books"],
             "books_with_problems": len(problems),
             "points": totals["points"],
             "chunks": totals["chunks"],
             "files": totals["files"],
             "file_errors": totals["errors"],
-            "books_with_failing_checks": len(failing),
+            "books_with_failing_checks": len(failed),
+            "books_with_warning_checks": len(set(failing) - failed),
+            "recipes": MetadataValue.md(_recipes(state.books)),
             "schema": MetadataValue.json(state.schema()),
             "store": state.store,
         },
@@ -246,8 +256,13 @@ def collection_page(
                 not failing,
                 # a failed check (a blocking one, or the index's consistency) fails this one;
                 # warnings (broken files) warn
-                AssetCheckSeverity.ERROR if any_failed else AssetCheckSeverity.WARN,
-                {"books": _md_list([f"{b}: {', '.join(c)}" for b, c in sorted(failing.items())])},
+                AssetCheckSeverity.ERROR if failed else AssetCheckSeverity.WARN,
+                {
+                    "result": _checks_verdict(failed, set(failing) - failed),
+                    "books": _md_list(
+                        _listed([f"{b}: {', '.join(c)}" for b, c in sorted(failing.items())])
+                    ),
+                },
             ),
             "no_orphan_books": (
                 not orphans,
@@ -269,6 +284,55 @@ def report_collection(instance: DagsterInstance, pipeline: IngestPipeline) -> No
         instance.report_runless_asset_event(event)
 
 
+def _problems_line(problems: list[dict[str, Any]], books: int) -> str:
+    """One short line: how many books have a problem, the first few and why."""
+    if not problems:
+        return f"none: all {books} books ok"
+    named = [
+        f"{r['book']} ({r['health']}: {shorten(r['why'], PROBLEM_WHY_CHARS)})"
+        for r in problems[:PROBLEMS_NAMED]
+    ]
+    more = len(problems) - len(named)
+    tail = f"; and {more} more (book_table lists them first)" if more else ""
+    return f"{len(problems)} of {books} books: " + "; ".join(named) + tail
+
+
+def _book_runs(rows: list[dict[str, Any]]) -> MarkdownMetadataValue:
+    """Each book's last run and every run of it, as links (a table's cells cannot link)."""
+    lines = ["| book | last run | every run of it |", "| --- | --- | --- |"]
+    for row in rows:
+        run_id = row["last_run"]
+        last = f"[{run_id[:8]}](/runs/{run_id})" if run_id else "(none)"
+        lines.append(f"| {row['book']} | {last} | [runs]({book_runs_path(row['book'])}) |")
+    return MetadataValue.md("\n".join(lines))
+
+
+def _recipes(books: Sequence[BookHealth]) -> str:
+    """Each index recipe in use and how many books it built."""
+    counts = Counter(b.recipe for b in books if b.recipe)
+    return "\n".join(f"- `{r}`: {n} book{'s' * (n != 1)}" for r, n in counts.most_common())
+
+
+def _checks_verdict(failed: set[str], warned: set[str]) -> str:
+    """What book_checks_pass found, in the words of its severity."""
+    parts = []
+    if failed:
+        parts.append(f"failed: {len(failed)} book(s) with a failed check")
+    if warned:
+        parts.append(
+            f"warned, not failed: {len(warned)} book(s) with a warning check only "
+            "(broken or empty files; the rest of each book is indexed)"
+        )
+    return "; ".join(parts) or "passed: every book's latest checks passed"
+
+
+def _listed(items: list[str]) -> list[str]:
+    """The first :data:`CHECK_BOOKS_LISTED` items, then how many more."""
+    shown = items[:CHECK_BOOKS_LISTED]
+    more = len(items) - len(shown)
+    return [*shown, f"... and {more} more: see book_table"] if more else shown
+
+
 def _md_list(items: list[str], empty: str = "(none)") -> MarkdownMetadataValue:
     return MetadataValue.md("\n".join(f"- {item}" for item in items) or empty)
 
@@ -284,7 +348,6 @@ def _row(book: BookHealth, run_id: str | None, checks: dict[str, str]) -> dict[s
         "chunks": book.chunks,
         "files": book.files,
         "errors": book.errors,
-        "recipe": book.recipe,
         "last_run": run_id or "",
     }
 
