@@ -922,3 +922,40 @@ def _partition(book):
     from rag_pipeline.defs._dagster_private import PartitionKeyFilter
 
     return PartitionKeyFilter(key=book)
+
+
+def test_a_store_lock_taken_by_the_collection_sensor_names_the_sensor(
+    settings, resources, instance, monkeypatch
+):
+    """What a waiter (the query service, a CLI) says about the holder of a book's lock, when
+    the holder is the code server refreshing the collection page: the sensor, not the code
+    server's command line."""
+    import os
+    from pathlib import Path
+
+    from dagster import build_sensor_context
+
+    from rag_pipeline.defs import collection as collection_module
+    from rag_pipeline.defs.collection import collection_sensor
+    from rag_pipeline.store.lock import FolderLock, describe_holder
+
+    assert materialize(
+        ingestion_assets, partition_key=BOOKS[0], instance=instance, resources=resources
+    ).success
+    seen: list[str] = []
+    describe = collection_module.describe_collection
+
+    def spy(store, on_disk):  # type: ignore[no-untyped-def]
+        state = describe(store, on_disk)  # reads the book without a summary under its lock
+        for lock in sorted(Path(settings.qdrant_path).rglob("*.lock")):
+            holder = FolderLock(lock, "book").holder()
+            if holder and holder["pid"] == os.getpid():
+                seen.append(describe_holder(holder))
+        return state
+
+    monkeypatch.setattr(collection_module, "describe_collection", spy)
+    with build_sensor_context(instance=instance, resources=resources) as context:
+        assert isinstance(collection_sensor(context), SensorResult)
+    assert seen and all(
+        "for collection_sensor, refreshing the qdrant_collection" in h for h in seen
+    )

@@ -63,6 +63,7 @@ from rag_pipeline.ingest.overview import BookHealth, describe_collection
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.sources.base import SourceUnavailableError
 from rag_pipeline.store import StoreBusyError
+from rag_pipeline.store.lock import holding_for
 
 __all__ = [
     "BOOK_CHECKS",
@@ -435,8 +436,11 @@ _ENDED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.C
 SENSOR_STORE_WAIT_S = 5.0
 
 
+COLLECTION_SENSOR_NAME = "collection_sensor"
+
+
 @sensor(
-    name="collection_sensor",
+    name=COLLECTION_SENSOR_NAME,
     minimum_interval_seconds=15,
     default_status=DefaultSensorStatus.RUNNING,
     description="Refreshes the collection asset (its per-book table and checks) after any run "
@@ -460,9 +464,11 @@ def collection_sensor(
         return SkipReason("no run ended since the last refresh")
     newest = ended[0].update_timestamp.timestamp()
     try:
-        page = collection_page(
-            context.instance, pipeline, context.log.warning, busy_wait_s=SENSOR_STORE_WAIT_S
-        )
+        # a query service waiting meanwhile names this, not the code server's command line
+        with holding_for(f"{COLLECTION_SENSOR_NAME}, refreshing the qdrant_collection page"):
+            page = collection_page(
+                context.instance, pipeline, context.log.warning, busy_wait_s=SENSOR_STORE_WAIT_S
+            )
     except StoreBusyError as exc:  # a run is writing: the next tick refreshes
         return SkipReason(f"store busy, refreshed next tick: {exc}")
     return SensorResult(asset_events=page.events(), cursor=str(newest))
