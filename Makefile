@@ -41,7 +41,9 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 # each saved change within about a second, as a run the UI shows; the books sensor defers to it
 # while it runs and takes over when it stops. RAG_LIVE=0 leaves changes to the sensor alone.
 # Ctrl-C stops both (the live process after the change in hand). UI_ARGS go to dg dev
-# (e.g. UI_ARGS="-p 3001").
+# (e.g. UI_ARGS="-p 3001"). The terminal shows warnings, errors and a line per run start and
+# end: dg dev logs at warning (the daemon's INFO lines repeat every second while a run is in
+# progress), and rag_pipeline.ui_terminal drops the run workers' DEBUG and INFO lines.
 UI_ARGS ?=
 ABSPATH = $(CURDIR)/$(BIN)/python -c 'import os, sys; v = sys.argv[1]; print(v if v == ":memory:" else os.path.abspath(v))'
 ui: install $(DAGSTER_HOME)/dagster.yaml
@@ -50,13 +52,15 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	  RAG_CACHE_DIR="$$($(ABSPATH) "$${RAG_CACHE_DIR:-.rag/cache}")"; \
 	if [ -n "$$RAG_LOCAL_MODEL_DIR" ]; then \
 	  export RAG_LOCAL_MODEL_DIR="$$($(ABSPATH) "$$RAG_LOCAL_MODEL_DIR")"; fi; \
-	cd "$(DAGSTER_HOME)" || exit 1; \
-	if [ "$${RAG_LIVE:-1}" = 0 ]; then \
-	  exec "$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml" $(UI_ARGS); fi; \
-	"$(CURDIR)/$(BIN)/rag-pipeline" watch & live=$$!; \
-	trap 'kill -TERM $$live 2>/dev/null; wait $$live' EXIT; \
+	cd "$(DAGSTER_HOME)" || exit 1; set -o pipefail; \
+	port=$$(echo " $(UI_ARGS) " | sed -nE 's/.* (-p|--port)[ =]?([0-9]+) .*/\2/p'); \
+	echo "Dagster UI: http://127.0.0.1:$${port:-3000} (this terminal: warnings, errors and a line per run; Ctrl-C stops it)"; \
+	if [ "$${RAG_LIVE:-1}" != 0 ]; then \
+	  "$(CURDIR)/$(BIN)/rag-pipeline" watch & live=$$!; \
+	  trap 'kill -TERM $$live 2>/dev/null; wait $$live' EXIT; fi; \
 	trap 'exit 130' INT TERM; \
-	"$(CURDIR)/$(BIN)/dg" dev -w "$(CURDIR)/workspace.yaml" $(UI_ARGS)
+	"$(CURDIR)/$(BIN)/dg" dev --log-level warning -w "$(CURDIR)/workspace.yaml" $(UI_ARGS) 2>&1 \
+	  | "$(CURDIR)/$(BIN)/python" -m rag_pipeline.ui_terminal
 
 # The suite's temporary folders go to tmpfs where it has room: its ingests commit SQLite and
 # Qdrant files, and on a VM's shared disk those fsyncs are most of an ingest's time (kill -9,

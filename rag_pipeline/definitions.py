@@ -17,7 +17,8 @@ __all__ = ["build_definitions", "defs"]
 
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or load_settings()
-    resources = fixed_resources(IngestPipeline.from_settings(settings))
+    # its runs are launched by the daemon: each says on the terminal when it starts and ends
+    resources = fixed_resources(IngestPipeline.from_settings(settings), announce=True)
     return build_defs(
         resources,
         embedder=settings.embedder,

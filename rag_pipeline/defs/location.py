@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 from dagster import (
     BackfillPolicy,
     BetaWarning,
+    DagsterEventType,
     Definitions,
     InitResourceContext,
     ResourceDefinition,
@@ -29,6 +32,7 @@ from rag_pipeline.defs.assets import (
 from rag_pipeline.defs.collection import collection_job, collection_sensor, qdrant_collection
 from rag_pipeline.defs.io import run_memory_io_manager
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job
+from rag_pipeline.defs.runs import run_ended_line, run_started_line
 from rag_pipeline.embed.registry import kind_of
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.store.lock import holding_for
@@ -52,17 +56,32 @@ DEPLOYMENT_SETTINGS = (
 )
 
 
-def _kept_for_the_run(pipeline: IngestPipeline) -> ResourceDefinition:
+def _kept_for_the_run(pipeline: IngestPipeline, announce: bool) -> ResourceDefinition:
     """The pipeline, whose store handles a run keeps open from step to step (a book's shard
     is loaded once per run, not once per step) until another process waits for them, and
     closes when the run ends; no run config (the Launchpad refuses any entry: a hard-coded
-    resource would accept and ignore anything)."""
+    resource would accept and ignore anything). ``announce``: write a line to the terminal
+    when the run starts and when it ends (a run worker under ``make ui``)."""
 
     def for_the_run(context: InitResourceContext) -> Iterator[IngestPipeline]:
         run = context.run
         what = f"Dagster run {run.run_id} ({run.job_name})" if run else "a Dagster run"
-        with kept_open(), holding_for(what):
-            yield pipeline
+        started = time.monotonic()
+        if announce and run:
+            say(run_started_line(run.run_id, run.job_name, run.tags))
+        try:
+            with kept_open(), holding_for(what):
+                yield pipeline
+        finally:
+            if announce and run:
+                failed = (
+                    context.instance.get_records_for_run(
+                        run.run_id, of_type=DagsterEventType.STEP_FAILURE, limit=1
+                    ).records
+                    if context.instance
+                    else []
+                )
+                say(run_ended_line(run.run_id, time.monotonic() - started, failed=bool(failed)))
 
     return ResourceDefinition(
         resource_fn=for_the_run,
@@ -71,11 +90,21 @@ def _kept_for_the_run(pipeline: IngestPipeline) -> ResourceDefinition:
     )
 
 
-def fixed_resources(pipeline: IngestPipeline) -> dict[str, Any]:
+def fixed_resources(pipeline: IngestPipeline, *, announce: bool = False) -> dict[str, Any]:
     """The resources, bound so that no run can override them from its run config: the
     pipeline every step calls a stage of, and the IO manager that keeps their outputs in
-    the run's memory."""
-    return {"io_manager": run_memory_io_manager, "pipeline": _kept_for_the_run(pipeline)}
+    the run's memory. ``announce``: each run writes a line to the terminal when it starts
+    and ends (the code location's run workers; not the CLI's runs, which report
+    themselves)."""
+    return {
+        "io_manager": run_memory_io_manager,
+        "pipeline": _kept_for_the_run(pipeline, announce),
+    }
+
+
+def say(line: str) -> None:
+    """One line on the terminal of the process tree (stderr: never a command's output)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def build_defs(

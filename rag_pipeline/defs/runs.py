@@ -26,6 +26,8 @@ from dagster import (
     RunsFilter,
 )
 
+from rag_pipeline.ui_terminal import RUN_LINE_PREFIX
+
 __all__ = [
     "BATCH_TAG",
     "BOOK_KEY_PREFIX",
@@ -52,6 +54,8 @@ __all__ = [
     "note_queue_wait",
     "one_book_tags",
     "one_label",
+    "run_ended_line",
+    "run_started_line",
     "tag_checks",
     "tag_migration",
     "tag_run",
@@ -293,3 +297,22 @@ def _books_of(tags: Mapping[str, str]) -> set[str]:
     """The books a run is tagged with: its book keys, its book tag or its partition."""
     keyed = {k[len(BOOK_KEY_PREFIX) :] for k in tags if k.startswith(BOOK_KEY_PREFIX)}
     return keyed | {v for k in (BOOK_TAG, PARTITION_TAG) if (v := tags.get(k))}
+
+
+def run_started_line(run_id: str, job_name: str, tags: Mapping[str, str]) -> str:
+    """The terminal's line for a run that starts: its id, job, books and who started it."""
+    books = sorted(_books_of(tags))
+    named = ", ".join(books[:3]) + (f" and {len(books) - 3} more" if len(books) > 3 else "")
+    if not books and RANGE_START_TAG in tags:  # a backfill's range, before its first step
+        named = f"books {tags[RANGE_START_TAG]} to {tags.get(RANGE_END_TAG, '?')}"
+    return (
+        f"{RUN_LINE_PREFIX} run {run_id[:8]} started: {job_name}"
+        + (f", {named}" if named else "")
+        + f" (by {trigger_of(tags)})"
+    )
+
+
+def run_ended_line(run_id: str, seconds: float, *, failed: bool) -> str:
+    """The terminal's line for a run that ends, and where to read it in the UI."""
+    outcome = f"failed, see /runs/{run_id}" if failed else "done"
+    return f"{RUN_LINE_PREFIX} run {run_id[:8]} ended after {seconds:.1f} s: {outcome}"
