@@ -15,7 +15,7 @@ from rag_pipeline.config import load_settings
 from rag_pipeline.definitions import build_definitions
 from rag_pipeline.defs.assets import ingestion_assets
 from rag_pipeline.defs.location import fixed_resources
-from rag_pipeline.defs.metadata import table_rows
+from rag_pipeline.defs.metadata import markdown_rows, table_rows
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.ingest.pipeline import IngestPipeline
@@ -311,7 +311,7 @@ def test_the_collection_asset_shows_every_book_with_its_last_run_and_checks(
     assert result.success
     meta = result.get_asset_materialization_events()[0].materialization.metadata
     # the per-book table is table metadata (the UI draws it as a table), the broken book first
-    rows = table_rows(meta["book_table"])
+    rows = markdown_rows(meta["book_table"])
     assert [row["book"] for row in rows] == [BOOKS[0], BOOKS[1]]
     for row in rows:
         assert row["last_run"] == runs[row["book"]].run_id
@@ -322,11 +322,12 @@ def test_the_collection_asset_shows_every_book_with_its_last_run_and_checks(
     # a book whose files are broken warned: it is not counted as failing
     assert meta["books"].value == 2 and meta["books_with_failing_checks"].value == 0
     assert meta["books_with_warning_checks"].value == 1
-    # each book's last run and every run of it, as links
-    runs_md = meta["book_runs"].value
+    # each book's last run and every run of it, as links; long enough for the UI's dialog
+    table_md = meta["book_table"].value
+    assert len(table_md) >= 1000
     for book, run in runs.items():
-        assert f"[{run.run_id[:8]}](/runs/{run.run_id})" in runs_md
-        assert f"(/runs?q[0]=tag:rag-book/{book}=yes)" in runs_md
+        assert f"[{run.run_id}](/runs/{run.run_id})" in table_md
+        assert f"[all runs](/runs?q[0]=tag:rag-book/{book}=yes)" in table_md
     assert "hash-384" in meta["recipes"].value
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     assert checks["books_indexed"].passed
@@ -422,7 +423,7 @@ def test_collection_sensor_refreshes_after_any_run_without_starting_one(
     result, _ = tick(None)
     assert isinstance(result, SensorResult) and not result.run_requests
     page = next(e for e in result.asset_events if isinstance(e, AssetMaterialization))
-    rows = table_rows(page.metadata["book_table"])
+    rows = markdown_rows(page.metadata["book_table"])
     assert [(r["book"], r["health"]) for r in rows] == [(BOOKS[0], "warned"), (BOOKS[1], "ok")]
     assert rows[0]["last_run"] == broken.run_id and "parse_errors warned" in rows[0]["why"]
     checks = {e.check_name: e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)}
@@ -435,7 +436,7 @@ def test_collection_sensor_refreshes_after_any_run_without_starting_one(
     later, _ = tick(result.cursor)
     assert isinstance(later, SensorResult)
     page = next(e for e in later.asset_events if isinstance(e, AssetMaterialization))
-    rows = table_rows(page.metadata["book_table"])
+    rows = markdown_rows(page.metadata["book_table"])
     assert [(r["book"], r["health"]) for r in rows] == [(BOOKS[0], "warned"), (BOOKS[1], "ok")]
     assert rows[1]["last_run"] == other.run_id
     checks = {e.check_name: e for e in later.asset_events if isinstance(e, AssetCheckEvaluation)}
@@ -667,7 +668,9 @@ def test_a_collection_refresh_asks_the_instance_as_much_at_30_books_as_at_3(
         calls = count_storage_calls(instance, monkeypatch)
         page = collection_page(instance, resources)
         monkeypatch.undo()
-        return sum(calls.values()), {r["book"]: r for r in table_rows(page.metadata["book_table"])}
+        return sum(calls.values()), {
+            r["book"]: r for r in markdown_rows(page.metadata["book_table"])
+        }
 
     add_books(0, 1)  # 3 books: the two samples and one more
     at_3, rows = refresh()
@@ -711,7 +714,7 @@ def test_the_collection_shows_the_last_completed_checks_of_a_book_whose_run_died
     assert latest["vector_dimension"] == AssetCheckExecutionRecordStatus.PLANNED
     pipeline = IngestPipeline.from_settings(settings)
     page = collection_page(instance, pipeline)
-    row = next(r for r in table_rows(page.metadata["book_table"]) if r["book"] == book)
+    row = next(r for r in markdown_rows(page.metadata["book_table"]) if r["book"] == book)
     assert row["last_run"] == good.run_id
     assert row["health"] == "ok" and row["why"] == ""
     assert page.checks["book_checks_pass"][0]
@@ -808,7 +811,7 @@ def test_the_collection_page_takes_each_books_last_run_from_its_summary(
     calls = count_storage_calls(instance, monkeypatch)
     page = collection_page(instance, pipeline)
     monkeypatch.undo()
-    rows = {r["book"]: r for r in table_rows(page.metadata["book_table"])}
+    rows = {r["book"]: r for r in markdown_rows(page.metadata["book_table"])}
     assert {b: rows[b]["last_run"] for b in BOOKS} == dict.fromkeys(BOOKS, run.run_id)
     assert (
         "fetch_materializations" not in calls and "get_latest_storage_id_by_partition" not in calls
@@ -823,7 +826,7 @@ def test_the_collection_page_takes_each_books_last_run_from_its_summary(
     del saved["data"]["last_run"]
     path.write_text(json.dumps(saved))  # (a new file: its fingerprint check is done again)
     page = collection_page(instance, pipeline)
-    rows = {r["book"]: r for r in table_rows(page.metadata["book_table"])}
+    rows = {r["book"]: r for r in markdown_rows(page.metadata["book_table"])}
     assert rows[BOOKS[0]]["last_run"] == run.run_id
 
 

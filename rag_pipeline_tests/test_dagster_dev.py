@@ -11,11 +11,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import requests
 
+from rag_pipeline.defs.metadata import markdown_rows
 from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.helpers import cli_env
 
@@ -40,7 +42,11 @@ def free_port() -> int:
 
 
 class DagsterDev:
-    def __init__(self, tmp_path: Path, data_dir: Path):
+    """``dg dev`` as ``make ui`` runs it; ``webserver_only``: the webserver alone (no daemon:
+    no sensor starts a run), to read what runs recorded."""
+
+    def __init__(self, tmp_path: Path, data_dir: Path, *, webserver_only: bool = False):
+        self.webserver_only = webserver_only
         self.port = free_port()
         self.home = tmp_path / "dagster_home"
         self.home.mkdir()
@@ -52,9 +58,11 @@ class DagsterDev:
             "RAG_SENSOR_INTERVAL_S": "3",
             "PYTHONWARNINGS": "ignore",
         }
-        self.log = open(tmp_path / "dagster-dev.log", "w")  # noqa: SIM115
+        self.log_path = tmp_path / "dagster-dev.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        self.terminal: subprocess.Popen | None = None
 
     def start(self) -> None:
         # migrate the fresh instance first: doing it while the webserver starts races
@@ -64,24 +72,32 @@ class DagsterDev:
             check=True,
             timeout=120,
         )
-        dg = Path(sys.executable).with_name("dg")  # what `make ui` runs
+        dg = Path(sys.executable).with_name("dg")  # what `make ui` runs, as it runs it
+        command = [str(dg), "dev", "--log-level", "warning"]
+        if self.webserver_only:
+            command = [str(Path(sys.executable).with_name("dagster-webserver"))]
         self.proc = subprocess.Popen(
             [
-                str(dg),
-                "dev",
-                "-w",
-                str(REPO / "workspace.yaml"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
+                *command,
+                *("-w", str(REPO / "workspace.yaml")),
+                *("-h", "127.0.0.1", "-p", str(self.port)),
             ],
             cwd=REPO,
             env=self.env,
-            stdout=self.log,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # its own process group, so SIGTERM reaches every child
+        # the terminal as `make ui` shows it
+        self.terminal = subprocess.Popen(
+            [sys.executable, "-m", "rag_pipeline.ui_terminal"],
+            stdin=self.proc.stdout,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
         self.wait_for(
             lambda: requests.get(f"{self.url}/server_info", timeout=2).ok,
             120,
@@ -96,7 +112,13 @@ class DagsterDev:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        if self.terminal is not None:
+            self.terminal.wait(30)  # at the end of dg dev's output
         self.log.close()
+
+    def terminal_lines(self) -> list[str]:
+        """What the terminal of `make ui` showed so far."""
+        return self.log_path.read_text().splitlines()
 
     def wait_for(self, predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout
@@ -224,7 +246,7 @@ def chromium_shot(page: str, name: str, tmp_path: Path) -> str:
         "--disable-component-update",
         "--disable-sync",
         f"--user-data-dir={tmp_path / 'chromium'}",
-        "--window-size=1600,1000",
+        "--window-size=1280,900",  # the window the collection page is laid out for
         "--virtual-time-budget=20000",
     ]
     dom = subprocess.run(
@@ -280,7 +302,8 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     def collection_rows(expect=lambda rows: True) -> dict[str, dict]:
         events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
         found = events["assetNodeOrError"]["assetMaterializations"]
-        rows = {r["book"]: r for r in metadata(found[0])["book_table"]} if found else {}
+        table = metadata(found[0])["book_table"] if found else ""
+        rows = {r["book"]: r for r in markdown_rows(table)}
         return rows if set(books) <= set(rows) and expect(rows) else {}
 
     #: one collection_sensor interval (15 s), its tick, and a store a run may still hold
@@ -388,12 +411,15 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     cli_run = cli.json("ingest", "--book", "ros2-fundamentals", "--force", "--json")
     cli_run_id = cli_run["books"]["ros2-fundamentals"]["run_id"]
 
-    # 5. every run says who started it; runs of one book alone carry rag/book=X (the one
-    # filter), runs of several the range of their partitions
+    # 5. every run says who started it; every run that wrote or purged a book carries
+    # rag-book/<book>=yes (the one filter, batches and backfills included)
     def runs_of(book: str) -> list[dict]:
-        return dev.graphql(RUNS_OF_BOOK, filter={"tags": [{"key": "rag/book", "value": book}]})[
-            "runsOrError"
-        ]["results"]
+        return dev.graphql(
+            RUNS_OF_BOOK, filter={"tags": [{"key": f"rag-book/{book}", "value": "yes"}]}
+        )["runsOrError"]["results"]
+
+    for book in books:
+        assert {first["runId"], backfill_runs[book]} <= {r["runId"] for r in runs_of(book)}
 
     for book in books:
         assert {"books_sensor", "backfill", "ui"} <= {trigger(r) for r in dev.book_runs(book)}
@@ -463,11 +489,10 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     assert requests.get(url, timeout=30).ok
     writer = dev.graphql(RUN_STATUS, runId=lineage["run_id"])["runOrError"]
     assert writer["status"] == "SUCCESS"
-    written = dev.graphql(ASSET_EVENTS, path=["qdrant_points"], partitions=["ros2-fundamentals"])[
-        "assetNodeOrError"
-    ]["assetMaterializations"]
-    by_run = {e["runId"]: metadata(e) for e in written}
-    assert hits[0]["id"] in {r["point id"] for r in by_run[lineage["run_id"]]["points_written"]}
+    # ... and the run's page filtered to the line that names the point, its file and section
+    assert lineage["dagster_point_url"] == f"{url}?logs={hits[0]['id']}"
+    named = [m for m in run_messages(dev, lineage["run_id"]) if hits[0]["id"] in m]
+    assert len(named) == 1 and f"{lineage['source_file']} § " in named[0], named
 
     # 8. pages render in a real browser: the asset graph and the collection asset
     dom = chromium_shot(
@@ -476,8 +501,12 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     assert "qdrant_points" in dom and "chunk_embeddings" in dom
     dom = chromium_shot(f"{dev.url}/assets/qdrant_collection", "collection-asset.png", tmp_path)
     assert "qdrant_collection" in dom and "book_table" in dom
-    # the broken book is named on the collection's page without opening anything
-    assert "ros2-fundamentals (warned" in dom
+    # the broken book is named on the collection's page without opening anything; the
+    # per-book table (with its links) opens in a dialog
+    assert "ros2-fundamentals (warned" in dom and "Show Markdown" in dom
+    # the point's line on its run's page
+    dom = chromium_shot(lineage["dagster_point_url"], "point-in-run-logs.png", tmp_path)
+    assert hits[0]["id"] in dom and lineage["source_file"] in dom
     chromium_shot(f"{dev.url}/assets", "catalog.png", tmp_path)
     chromium_shot(
         f"{dev.url}/assets/documents?view=checks&checkDetail=parse_errors",
@@ -503,6 +532,28 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
 
     # 10. after the webserver is gone, the index holds exactly the expected points
     dev.stop()
+    # ... and its terminal (as `make ui` shows it) had a line per run start and end, and
+    # neither Dagster's INFO and DEBUG lines nor anything repeated every second
+    terminal = dev.terminal_lines()
+    daemon_runs = {
+        first["runId"]: "books_sensor",
+        run_id: "ui",
+        backfill_runs[books[0]]: "backfill",
+        launchpad_run: "ui",
+        purge["runId"]: "books_sensor",
+    }
+    for launched, by in daemon_runs.items():
+        started = f"[rag_pipeline] run {launched[:8]} started: "
+        assert [t for t in terminal if t.startswith(started) and t.endswith(f"(by {by})")], (
+            launched,
+            terminal,
+        )
+        ended = f"[rag_pipeline] run {launched[:8]} ended after "
+        assert [t for t in terminal if t.startswith(ended) and t.endswith(": done")], terminal
+    assert not [t for t in terminal if " - DEBUG - " in t or " - INFO - " in t], terminal
+    assert "won't launch more" not in "\n".join(terminal)
+    repeats = Counter(t.split(" - ", 1)[-1] for t in terminal if not t.startswith("[rag_pipeline]"))
+    assert not [t for t, n in repeats.items() if n > 10], repeats.most_common(5)
     from rag_pipeline.config import load_settings
     from rag_pipeline.ingest.consistency import check_index
     from rag_pipeline.schema import COLLECTION_SCHEMA
@@ -591,3 +642,122 @@ def test_a_killed_run_worker_is_reaped_and_the_run_retried_without_a_manual_step
     with open_store(config, COLLECTION_SCHEMA) as store:
         report = check_index(store, "ros2-fundamentals", 1536)
         assert report.passed and report.points > 10, report.problems()
+
+
+#: a run's whole event log, a page at a time (what the run page reads)
+RUN_LOGS = """query Logs($runId: ID!, $after: String) {
+  logsForRun(runId: $runId, afterCursor: $after, limit: 1000) { __typename
+    ... on EventConnection { cursor hasMore events { __typename
+      ... on MessageEvent { message level } } } } }"""
+
+
+def run_messages(dev: DagsterDev, run_id: str) -> list[str]:
+    messages, after = [], None
+    while True:
+        page = dev.graphql(RUN_LOGS, runId=run_id, after=after)["logsForRun"]
+        assert page["__typename"] == "EventConnection", page
+        messages += [e["message"] for e in page["events"] if e.get("message")]
+        if not page["hasMore"]:
+            return messages
+        after = page["cursor"]
+
+
+def big_book(root: Path, files: int = 40, sections: int = 50) -> Path:
+    """A generated book of ``files * sections`` chunks (one per section, hash embedder)."""
+    from rag_pipeline_tests.conftest import section
+
+    for f in range(files):
+        path = root / f"part-{f % 4}" / f"ch{f:02d}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            f"# Chapter {f}\n\n"
+            + "\n".join(
+                section(f"Topic {f} {s}", paragraphs=2, words=150, seed=f"c{f}s{s}")
+                for s in range(sections)
+            )
+        )
+    return root
+
+
+def test_from_a_point_id_the_ui_reaches_its_run_and_line_and_one_filter_every_run_of_a_book(
+    tmp_path, sample_books
+):
+    """Through the webserver's GraphQL API, after CLI ingests: a first ingest of three books
+    together (one batch run writing thousands of points), an edit of one book, the removal of
+    another. From any point id, ``lineage`` links the run page filtered to the point; that
+    run's log has the line naming the point with its file and section, for every point it
+    wrote (and its materialization lists a sample of 10, not all); the tag filter
+    rag-book/<book>=yes finds every run that wrote or purged a book, batches included."""
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter
+    from rag_pipeline.store import open_store
+    from rag_pipeline_tests.helpers import Cli
+
+    big_book(sample_books / "big-book")
+    dev = DagsterDev(tmp_path, sample_books, webserver_only=True)  # its home, not started
+    cli = Cli(tmp_path, sample_books)
+    cli.env["DAGSTER_HOME"] = str(dev.home)
+    first = cli.json("ingest", "--json")["books"]
+    assert first["big-book"]["points"] >= 2000
+    batch = {b: r["run_id"] for b, r in first.items()}
+    assert len(set(batch.values())) == 1, batch  # new together: one run
+    edited = sample_books / "ros2-fundamentals" / "00-intro.md"
+    edited.write_text(edited.read_text() + "\n\n## Lineage check\n\nVelvet comet ladder.\n")
+    edit_run = cli.json("ingest", "--json")["books"]["ros2-fundamentals"]["run_id"]
+    shutil.rmtree(sample_books / "humanoid-robotics-ros2")
+    purged = cli.json("ingest", "--json")["books"]["humanoid-robotics-ros2"]
+    assert purged["status"] == "removed", purged
+
+    config = load_settings(qdrant_path=str(tmp_path / "qdrant")).store()
+    with open_store(config, COLLECTION_SCHEMA) as store:
+        big_ids = {str(p.id) for p in store.scroll(book_filter("big-book"))}
+    assert len(big_ids) >= 2040  # 2,000 chunks and 40 document records
+
+    try:
+        dev.start()
+        cli.env["RAG_DAGSTER_URL"] = dev.url
+        # 1. a point of the big batch run: lineage links its line on the run's page
+        hit = cli.json("search", "c17s33topic1733w1x7", "--book", "big-book", "--mode", "sparse")[0]
+        lineage = cli.json("lineage", hit["id"], "--book", "big-book")
+        run_id = lineage["run_id"]
+        assert run_id == batch["big-book"]
+        assert lineage["dagster_point_url"] == f"{dev.url}/runs/{run_id}?logs={hit['id']}"
+        assert requests.get(lineage["dagster_point_url"], timeout=30).ok
+        messages = run_messages(dev, run_id)
+        lines = [
+            line for m in messages if hit["id"] in m for line in m.splitlines() if hit["id"] in line
+        ]
+        assert lines == [lines[0]] and lines[0].startswith(
+            f"{lineage['source_file']} § {lineage['section_title']}: "
+        ), lines
+        # every point the run wrote is on a line of its log, once; each message is short
+        logged: list[str] = []
+        for m in messages:
+            if m.startswith("[big-book] points written by this run"):
+                assert len(m) < 20_000
+                logged += [
+                    i for line in m.splitlines()[1:] for i in line.rsplit(": ", 1)[1].split(", ")
+                ]
+        assert sorted(logged) == sorted(big_ids)
+        # the materialization's table is a sample, whatever the run's size
+        written = dev.graphql(ASSET_EVENTS, path=["qdrant_points"], partitions=["big-book"])[
+            "assetNodeOrError"
+        ]["assetMaterializations"]
+        (event,) = [e for e in written if e["runId"] == run_id]
+        assert len(metadata(event)["points_written"]) <= 10
+
+        # 2. one filter per book finds every run that wrote or purged it, batches included
+        def runs_of(book: str) -> set[str]:
+            found = dev.graphql(
+                RUNS_OF_BOOK, filter={"tags": [{"key": f"rag-book/{book}", "value": "yes"}]}
+            )["runsOrError"]["results"]
+            return {r["runId"] for r in found}
+
+        assert runs_of("big-book") == {batch["big-book"]}
+        assert runs_of("ros2-fundamentals") == {batch["ros2-fundamentals"], edit_run}
+        assert runs_of("humanoid-robotics-ros2") == {
+            batch["humanoid-robotics-ros2"],
+            purged["run_id"],
+        }
+    finally:
+        dev.stop()

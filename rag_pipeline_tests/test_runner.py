@@ -5,7 +5,7 @@ import uuid
 import pytest
 from dagster import AssetRecordsFilter, DagsterInstance, RunsFilter
 
-from rag_pipeline.defs.metadata import table_rows
+from rag_pipeline.defs.metadata import markdown_rows
 from rag_pipeline.defs.runner import execute_plan
 from rag_pipeline.embed import create_embedder
 from rag_pipeline.ingest.consistency import check_index
@@ -161,7 +161,7 @@ def test_a_removed_book_is_purged_when_others_remain(settings, instance, data_di
         assert latest.run_id == report.books["beta"].run_id
     page = instance.get_latest_materialization_event(AssetKey("qdrant_collection"))
     table = page.asset_materialization.metadata["book_table"]
-    assert [row["book"] for row in table_rows(table)] == ["alpha"]
+    assert [row["book"] for row in markdown_rows(table)] == ["alpha"]
 
 
 def test_a_purge_keeps_the_partition_while_another_run_of_the_book_is_in_flight(

@@ -57,7 +57,7 @@ from rag_pipeline.defs.assets import (
     STORE_POOL,
     qdrant_points,
 )
-from rag_pipeline.defs.metadata import shorten, table
+from rag_pipeline.defs.metadata import breakable, link, markdown_table, shorten
 from rag_pipeline.defs.runs import book_runs_path, explain_queue
 from rag_pipeline.ingest.overview import BookHealth, describe_collection
 from rag_pipeline.ingest.pipeline import IngestPipeline
@@ -153,10 +153,10 @@ class CollectionPage:
 
 #: a book's health on the collection's page, worst first: the order of the table's rows
 HEALTH_ORDER = ("failed", "warned", "ok")
-#: the collection table's columns: the book, its health and why, counts, last run (the checks
-#: that did not pass are named in "why"; each book's recipe is in ``recipes``): about 1,100 px
-#: of table for ids of 20-odd characters, so a 1,280 px window shows it whole with the
-#: navigation collapsed, and its rows wrap at the spaces of "why" otherwise
+#: the collection table's columns: the book, its health and why, counts, its last run and
+#: every run of it (links); the checks that did not pass are named in "why", each book's
+#: recipe is in ``recipes``. A markdown table, opened in a dialog: table metadata cannot
+#: link, and at 1,280 px the asset page's value column is too narrow for it
 BOOK_COLUMNS = (
     "book",
     "health",
@@ -166,6 +166,17 @@ BOOK_COLUMNS = (
     "files",
     "errors",
     "last_run",
+    "runs",
+)
+#: what the collection table's columns mean, under it
+BOOK_TABLE_LEGEND = (
+    "**health**: failed (not indexed, inconsistent, or a check failed), warned (broken or "
+    "empty files, a warning check, or no folder: the rest of the book is indexed), ok. "
+    "**why**: the book's state and its checks whose latest result did not pass. **points**: "
+    "in the index; **chunks**: what its document records promise; **files**: on disk; "
+    "**errors**: files that did not parse or read. **last_run**: the run of its latest "
+    "qdrant_points materialization; **runs**: every run that wrote or purged it (the Runs "
+    "page filtered to the tag rag-book/BOOK=yes)."
 )
 #: books named on the one-line ``problems`` entry (the table lists every one, problems first)
 PROBLEMS_NAMED = 5
@@ -228,8 +239,9 @@ def collection_page(
     return CollectionPage(
         metadata={
             "problems": MetadataValue.text(_problems_line(problems, len(rows))),
-            "book_table": table(rows, limit=BOOK_ROWS, columns=BOOK_COLUMNS),
-            "book_runs": _book_runs(rows),
+            "book_table": markdown_table(
+                [_linked(r) for r in rows[:BOOK_ROWS]], BOOK_COLUMNS, BOOK_TABLE_LEGEND
+            ),
             "books": totals["books"],
             "books_with_problems": len(problems),
             "points": totals["points"],
@@ -240,7 +252,7 @@ def collection_page(
             "books_with_warning_checks": len(set(failing) - failed),
             "recipes": MetadataValue.md(_recipes(state.books)),
             "schema": MetadataValue.json(state.schema()),
-            "store": state.store,
+            "store": breakable(state.store),
         },
         checks={
             "books_indexed": (
@@ -298,14 +310,14 @@ def _problems_line(problems: list[dict[str, Any]], books: int) -> str:
     return f"{len(problems)} of {books} books: " + "; ".join(named) + tail
 
 
-def _book_runs(rows: list[dict[str, Any]]) -> MarkdownMetadataValue:
-    """Each book's last run and every run of it, as links (a table's cells cannot link)."""
-    lines = ["| book | last run | every run of it |", "| --- | --- | --- |"]
-    for row in rows:
-        run_id = row["last_run"]
-        last = f"[{run_id[:8]}](/runs/{run_id})" if run_id else "(none)"
-        lines.append(f"| {row['book']} | {last} | [runs]({book_runs_path(row['book'])}) |")
-    return MetadataValue.md("\n".join(lines))
+def _linked(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of the collection table with its runs as links."""
+    run_id = row["last_run"]
+    return {
+        **row,
+        "last_run": link(run_id, f"/runs/{run_id}") if run_id else "",
+        "runs": link("all runs", book_runs_path(row["book"])),
+    }
 
 
 def _recipes(books: Sequence[BookHealth]) -> str:
