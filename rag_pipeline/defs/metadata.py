@@ -124,7 +124,7 @@ def markdown_table(
     return MetadataValue.md(text.ljust(DIALOG_MARKDOWN_CHARS, "\n"))
 
 
-_LINK = re.compile(r"^\[(?P<text>.*)\]\((?P<url>[^)]*)\)$")
+_LINK = re.compile(r"^\[(?P<label>.*)\]\((?P<url>[^)]*)\)$")
 
 
 def markdown_rows(value: Any) -> list[dict[str, str | int]]:
@@ -143,7 +143,7 @@ def markdown_rows(value: Any) -> list[dict[str, str | int]]:
         for part in parts:
             cell = part.strip().replace("\\|", "|")
             found = _LINK.match(cell)
-            text = found["text"] if found else cell
+            text = found["label"] if found else cell
             out.append(int(text) if text.isdigit() else text)
         return out
 
