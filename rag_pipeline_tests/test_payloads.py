@@ -173,10 +173,11 @@ NOT_PAYLOAD_KEYS = {
     ("rag_pipeline/cli/evaluation.py", "signature"),
     # Dagster metadata: column names of the UI's tables and entry names of a materialization
     # (what a person reads on the asset's page, not payload reads)
-    ("rag_pipeline/defs/assets.py", "status"),
-    ("rag_pipeline/defs/assets.py", "warnings"),
     ("rag_pipeline/defs/assets.py", "embedding_model"),
-    ("rag_pipeline/defs/assets.py", "signature"),
+    ("rag_pipeline/defs/book_metadata.py", "status"),
+    ("rag_pipeline/defs/book_metadata.py", "warnings"),
+    ("rag_pipeline/defs/book_metadata.py", "embedding_model"),
+    ("rag_pipeline/defs/book_metadata.py", "signature"),
     # the purge op's run config field (a Launchpad contract)
     ("rag_pipeline/defs/jobs.py", "book_id"),
     # the service's /health body (an HTTP contract)
