@@ -131,6 +131,28 @@ def test_precision_choice(tmp_path, monkeypatch):
     assert create_embedder(settings.embedding()).model_name.endswith("#int8")
 
 
+CPU_KINDS = {
+    kind: spec
+    for kind, spec in json.loads((FIXTURES / "cpuinfo_kinds.json").read_text()).items()
+    if not kind.startswith("_")
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CPU_KINDS))
+def test_precision_auto_on_each_cpu_kind(kind, tmp_path, monkeypatch):
+    """``auto`` reads the /proc/cpuinfo of each kind of CPU sessions and users get: int8 where
+    ONNX Runtime has int8 dot products (AMX, AVX-512 VNNI, AVX-VNNI), fp32 on AVX2 alone and on
+    aarch64 (whose cpuinfo has 'Features', not 'flags')."""
+    import rag_pipeline.embed.local as local
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(CPU_KINDS[kind]["cpuinfo"])
+    expected = CPU_KINDS[kind]["fast_int8"]
+    assert cpu_has_fast_int8(cpuinfo) is expected
+    monkeypatch.setattr(local, "cpu_has_fast_int8", lambda: cpu_has_fast_int8(cpuinfo))
+    assert resolve_precision("auto") == ("int8" if expected else "fp32")
+
+
 def test_local_batches_are_sorted_by_tokens_and_results_keep_input_order(local_embedder):
     """Texts of equal length in characters but very different token counts go to different
     batches; every vector still lands on its own text's row."""
