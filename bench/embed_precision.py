@@ -14,12 +14,12 @@ bench/results/embed_precision.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime
@@ -57,10 +57,31 @@ def cpu_name() -> str:
     return platform.processor()
 
 
+def timings(
+    chunks: int, rounds: int, seconds: dict[str, list[float]], cpu_seconds: dict[str, list[float]]
+) -> dict[str, Any]:
+    """The machine and each variant's speed: chunks a second (best and median round), wall
+    and process CPU seconds of every round."""
+    return {
+        "cpu": cpu_name(),
+        "fast_int8_cpu (VNNI/AMX)": cpu_has_fast_int8(),
+        "onnxruntime": onnxruntime.__version__,
+        "chunks": chunks,
+        "rounds": rounds,
+        "chunks_per_s_best": {n: round(chunks / min(s), 2) for n, s in seconds.items()},
+        "chunks_per_s_median": {
+            n: round(chunks / statistics.median(s), 2) for n, s in seconds.items()
+        },
+        "seconds_per_round": {n: [round(x, 2) for x in s] for n, s in seconds.items()},
+        "cpu_seconds_per_round": {n: [round(x, 2) for x in s] for n, s in cpu_seconds.items()},
+    }
+
+
 def main() -> None:
     import sys
 
     sys.path.insert(0, str(REPO / "bench"))
+    from common import save_results
     from embed_runtime import sample_texts
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -92,18 +113,8 @@ def main() -> None:
     cos = (vectors["int8_tokens"] * vectors["fp32_tokens"]).sum(1)
     same = (vectors["fp32_chars"] * vectors["fp32_tokens"]).sum(1)
     results = {
-        "cpu": cpu_name(),
-        "fast_int8_cpu (VNNI/AMX)": cpu_has_fast_int8(),
-        "onnxruntime": onnxruntime.__version__,
-        "chunks": len(texts),
+        **timings(len(texts), args.rounds, seconds, cpu_seconds),
         "tokens": tokens,
-        "rounds": args.rounds,
-        "chunks_per_s_best": {n: round(len(texts) / min(s), 2) for n, s in seconds.items()},
-        "chunks_per_s_median": {
-            n: round(len(texts) / statistics.median(s), 2) for n, s in seconds.items()
-        },
-        "seconds_per_round": {n: [round(x, 2) for x in s] for n, s in seconds.items()},
-        "cpu_seconds_per_round": {n: [round(x, 2) for x in s] for n, s in cpu_seconds.items()},
         "padding_share": {
             "chars": round(padding_share(fp32, texts, by_chars=True), 4),
             "tokens": round(padding_share(fp32, texts, by_chars=False), 4),
@@ -122,19 +133,16 @@ def main() -> None:
     }
     # speed-up = time of the second / time of the first, per round (the runs of a round are
     # close in time, so load from other processes mostly cancels out), then their median
-    for label, timings in (("speedup", seconds), ("speedup_cpu_time", cpu_seconds)):
+    for label, measured in (("speedup", seconds), ("speedup_cpu_time", cpu_seconds)):
         per_round = {
-            k: [round(b / a, 3) for a, b in zip(timings[x], timings[y], strict=True)]
+            k: [round(b / a, 3) for a, b in zip(measured[x], measured[y], strict=True)]
             for k, (x, y) in pairs.items()
         }
         results[f"{label}_per_round"] = per_round
         results[f"{label}_median"] = {
             k: round(statistics.median(v), 3) for k, v in per_round.items()
         }
-    print(json.dumps(results, indent=2))
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "embed_precision.json").write_text(json.dumps(results, indent=2))
+    save_results("embed_precision", results)
 
 
 if __name__ == "__main__":

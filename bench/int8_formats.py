@@ -33,7 +33,6 @@ vectors (mean and min). Prints JSON and writes bench/results/int8_formats.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -42,14 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime
 
-from rag_pipeline.embed.local import _QUANTIZATION, LocalEmbedder, cpu_has_fast_int8
+from rag_pipeline.embed.local import _QUANTIZATION, LocalEmbedder
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from embed_precision import cpu_name  # noqa: E402
+from common import save_results  # noqa: E402
+from embed_precision import timings  # noqa: E402
 from embed_runtime import sample_texts  # noqa: E402
 
 
@@ -167,24 +166,11 @@ def main() -> None:
         cos = (vectors[name] * vectors["fp32"]).sum(1)
         cosine[name] = {"mean": round(float(cos.mean()), 4), "min": round(float(cos.min()), 4)}
     results = {
-        "cpu": cpu_name(),
-        "fast_int8_cpu (VNNI/AMX)": cpu_has_fast_int8(),
-        "onnxruntime": onnxruntime.__version__,
-        "chunks": len(texts),
-        "rounds": args.rounds,
-        "chunks_per_s_best": {n: round(len(texts) / min(w), 2) for n, w in wall.items()},
-        "chunks_per_s_median": {
-            n: round(len(texts) / statistics.median(w), 2) for n, w in wall.items()
-        },
-        "wall_s_per_round": {n: [round(x, 2) for x in w] for n, w in wall.items()},
-        "cpu_s_per_round": {n: [round(x, 2) for x in c] for n, c in cpu.items()},
+        **timings(len(texts), args.rounds, wall, cpu),
         "wall_ratio_to_fp32_median": ratio,
         "cosine_to_fp32": cosine,
     }
-    print(json.dumps(results, indent=2))
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "int8_formats.json").write_text(json.dumps(results, indent=2))
+    save_results("int8_formats", results)
 
 
 if __name__ == "__main__":
