@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -252,16 +253,22 @@ class LiveProcess:
     """``rag-pipeline watch --json`` in its own process (started from scratch, as a user
     starts it): its JSON events as they come, its stderr kept."""
 
-    def __init__(self, cli: Cli) -> None:
+    def __init__(self, cli: Cli, signal_in_run: str | None = None) -> None:
+        """``signal_in_run`` (e.g. "SIGTERM"): the process sends itself that signal from
+        inside the run that embeds :data:`~rag_pipeline_tests.signalpoint.MARKER`."""
         import queue
 
         self.cli = cli
         self.events: list[dict[str, Any]] = []
         self._new: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stderr: list[str] = []
+        entry, env = ["rag_pipeline.cli"], cli.env
+        if signal_in_run is not None:
+            entry = ["rag_pipeline_tests.signalpoint", signal_in_run]
+            env = {**env, "PYTHONPATH": str(REPO)}  # the signal point's module
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rag_pipeline.cli", "watch", "--json"],
-            env=cli.env,
+            [sys.executable, "-m", *entry, "watch", "--json"],
+            env=env,
             cwd=cli.cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -330,10 +337,24 @@ class LiveProcess:
         try:
             code = self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
+            print(f"the live process did not stop within 60 s of SIGTERM:\n{self._stack()}")
             self.proc.kill()
             code = self.proc.wait()
         self._close()
+        if code != 0:  # shown with the failure: what it was doing
+            print("".join(self.stderr[-40:]))
         return code
+
+    def _stack(self) -> str:
+        """The live process's Python stacks (py-spy, where installed), for a failure's report."""
+        spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which(
+            "py-spy"
+        )
+        if spy is None:
+            return "(py-spy is not installed: no stacks)"
+        dump = [spy, "dump", "--pid", str(self.proc.pid)]
+        done = subprocess.run(dump, capture_output=True, text=True, timeout=60, check=False)
+        return done.stdout + done.stderr
 
     def _close(self) -> None:
         for thread in self._threads:

@@ -232,6 +232,39 @@ def test_kill_9_mid_change_is_caught_up_by_the_next_start_and_by_the_sensor(tmp_
     _equal_to_a_clean_build(cli, tmp_path)
 
 
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_during_a_run_stops_after_that_change_and_the_run_succeeds(
+    tmp_path, signal_name
+):
+    """SIGTERM (a service manager, the test harness) or Ctrl-C arriving while a change's
+    Dagster run embeds: that run finishes and succeeds, then the process exits 0. (Dagster's
+    in-process execution took the signal for the run from the main thread: the run failed as
+    interrupted and the process never stopped.)"""
+    from dagster import DagsterRunStatus
+
+    from rag_pipeline_tests.signalpoint import MARKER
+
+    data = _books(tmp_path)
+    cli = Cli(tmp_path, data, fresh=True)
+    live = LiveProcess(cli, signal_in_run=signal_name)
+    try:
+        live.next_event("ready", timeout=180)
+        with open(data / BOOK / FILE, "a", encoding="utf-8") as fh:
+            fh.write(f"\n\nThe {MARKER} closes this lesson.\n")
+        applied = live.next_event("applied", timeout=60)
+        code = live.proc.wait(timeout=30)  # stops after the change in hand, by itself
+    finally:
+        live.stop()
+    assert code == 0, "".join(live.stderr[-30:])
+    book = applied["report"]["books"][BOOK]
+    assert book["status"] == "ingested", book
+    run = _run(cli, book["run_id"])
+    assert run is not None and run.status == DagsterRunStatus.SUCCESS
+    assert "stopping after the change in hand" in "".join(live.stderr)
+    plan = _settled(cli, timeout=5)  # the edit is in the index
+    assert plan["books"][BOOK]["action"] == "unchanged"
+
+
 def test_a_burst_of_100_edits_across_5_books_is_all_indexed_in_few_runs(tmp_path):
     data = tmp_path / "books"
     rng = random.Random(11)

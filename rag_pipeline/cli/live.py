@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -76,18 +77,47 @@ def watch(as_json: bool) -> None:
         for line in report_lines(report):
             say(line)
 
+    def live() -> None:
+        run_live(
+            pipeline,
+            home=home,
+            stop=stop,
+            batching=settings.batching(),
+            timing=settings.live_timing(),
+            notify=lambda message: say(f"[yellow]note[/] {message}"),
+            on_report=applied,
+            on_ready=ready,
+        )
+
     say(f"starting: {pipeline.description}")
-    run_live(
-        pipeline,
-        home=home,
-        stop=stop,
-        batching=settings.batching(),
-        timing=settings.live_timing(),
-        notify=lambda message: say(f"[yellow]note[/] {message}"),
-        on_report=applied,
-        on_ready=ready,
-    )
+    in_worker_thread(live)
     say("stopped")
+
+
+def in_worker_thread(work: Callable[[], None]) -> None:
+    """Run ``work`` in a thread while this (the main) thread keeps the signal handlers; its
+    exception is raised here.
+
+    Dagster's in-process execution, run from the main thread, takes SIGINT and SIGTERM for
+    the run it executes: the run fails as interrupted and the handler that would stop the
+    live process after the change in hand never hears of it, so the process runs on. From
+    any other thread Dagster leaves the signals alone. A second Ctrl-C raises
+    KeyboardInterrupt here and the process exits at once (the thread is a daemon; the
+    kernel releases its locks, as after a kill)."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to the main thread, which reports it
+            failure.append(exc)
+
+    worker = threading.Thread(target=target, name="live", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=0.25)  # a signal's handler runs in this thread, between waits
+    if failure:
+        raise failure[0]
 
 
 def report_lines(report: IngestReport) -> list[str]:
