@@ -103,13 +103,18 @@ def test_grouped_search_over_http(served):
     assert [g["score"] for g in groups] == sorted((g["score"] for g in groups), reverse=True)
 
 
+def absent(n: int) -> str:
+    """An id no test writes, the same in every process (xdist workers collect the same ids)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"absent-{n}"))
+
+
 NO_BOOK_REQUESTS = [
     ("/search", {"q": "x"}),
     ("/search", {"q": "x", "book": ""}),
     ("/search", {"limit": "abc"}),  # wrong in more ways than one: the book comes first
-    ("/context/" + str(uuid.uuid4()), {}),
-    ("/document/" + str(uuid.uuid4()), {}),
-    ("/lineage/" + str(uuid.uuid4()), {"book": ""}),
+    ("/context/" + absent(1), {}),
+    ("/document/" + absent(2), {}),
+    ("/lineage/" + absent(3), {"book": ""}),
     ("/lineage/not-an-id", {}),
 ]
 
@@ -142,10 +147,10 @@ BAD_REQUESTS = [
     ("/search", {"q": "x", "book": BOOK, "group_by": "chapter"}, 422, "group_by"),
     ("/search", {"book": BOOK}, 422, "q"),
     ("/context/not-an-id", {"book": BOOK}, 400, "not a point id"),
-    ("/context/" + str(uuid.uuid4()), {"book": BOOK}, 404, "no chunk"),
-    ("/document/" + str(uuid.uuid4()), {"book": BOOK}, 404, "no document"),
-    ("/lineage/" + str(uuid.uuid4()), {"book": BOOK}, 404, "no point"),
-    ("/context/" + str(uuid.uuid4()), {"book": BOOK, "prev": -1}, 422, "prev"),
+    ("/context/" + absent(4), {"book": BOOK}, 404, "no chunk"),
+    ("/document/" + absent(5), {"book": BOOK}, 404, "no document"),
+    ("/lineage/" + absent(6), {"book": BOOK}, 404, "no point"),
+    ("/context/" + absent(7), {"book": BOOK, "prev": -1}, 422, "prev"),
 ]
 
 
