@@ -66,7 +66,12 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 # Qdrant files, and on a VM's shared disk those fsyncs are most of an ingest's time (kill -9,
 # what the crash tests do, loses nothing that fsync would keep). TEST_TMPDIR= keeps $$TMPDIR.
 TEST_TMPDIR ?= $(shell df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 && $$4 > 4194304 {print "/dev/shm"}')
-PYTEST = $(if $(TEST_TMPDIR),TMPDIR=$(TEST_TMPDIR) )$(BIN)/python -m pytest
+# The suite runs on every core (pytest-xdist, work stealing: its longest tests differ 100-fold):
+# a serial run keeps 0.7 of one core busy, most of it waiting on the processes the tests start.
+# TEST_WORKERS=0 runs it in this process alone (a debugger, -x, one test's output).
+TEST_WORKERS ?= auto
+PYTEST = $(if $(TEST_TMPDIR),TMPDIR=$(TEST_TMPDIR) )$(BIN)/python -m pytest \
+	$(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 test: install
 	$(PYTEST) $(PYTEST_ARGS)

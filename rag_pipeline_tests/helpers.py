@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -273,6 +274,7 @@ class LiveProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its group: what kill() ends, as a service manager does
         )
         self._threads = [
             threading.Thread(target=self._read_events, daemon=True),
@@ -359,14 +361,20 @@ class LiveProcess:
     def _close(self) -> None:
         for thread in self._threads:
             thread.join(timeout=5)
+        if any(thread.is_alive() for thread in self._threads):
+            # a child of the process still holds its pipes open: closing one under a reader
+            # blocked in read() would wait on that reader forever
+            return
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
 
     def kill(self) -> None:
-        """``kill -9``."""
+        """``kill -9`` of the process and its group (the `tail` Dagster starts to mirror a
+        step's compute log, and its orphan watcher, would otherwise outlive it holding its
+        pipes when the kill falls between the two starts)."""
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, 9)
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
         self._close()
 
