@@ -45,6 +45,8 @@ def details(problems: list[str]) -> dict[str, Any]:
 
 
 def inventory_metadata(book: AssessedBook) -> dict[str, Any]:
+    """source_files' entries for a book: its files, what changed and why, its recipe and any
+    migration or crawl errors."""
     inventory, build = book.inventory, book.build
     changes = inventory.changes
     status = changes.statuses()
@@ -90,6 +92,7 @@ def parse_errors_verdict(broken: list[str], empty: list[str]) -> str:
 
 
 def parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
+    """documents' entries for a book and its parse_errors result (warned, never failed)."""
     # the check covers the whole book: files that stay broken or empty are reported every run
     all_errors, all_empty = parsed.book_errors, parsed.book_empty_documents
     files = len(parsed.inventory.files)
@@ -142,6 +145,7 @@ def recipe_metadata(before: dict[str, str] | None, switch: SwitchOutcome) -> dic
 def write_summary(
     chunked: ChunkedBook, embedded: EmbeddedBook, written: WriteReport, points: int
 ) -> str:
+    """The write step's result in one line, as the book's ``summary`` entry reads."""
     if not chunked.inventory.changes.has_work:
         return f"{points} chunks already indexed, 0 embedded: nothing changed"
     return (
