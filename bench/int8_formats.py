@@ -12,7 +12,7 @@ them alike. Each variant is one ONNX graph and session settings:
 
 - ``fp32``: the graph the product builds (ORT_ENABLE_ALL fuses LayerNorm and GELU itself).
 - ``fp32_fused``: that graph after ONNX Runtime's BERT optimizer (``onnxruntime.transformers
-  .optimizer``: fused Attention, SkipLayerNormalization, BiasGelu).
+  .optimizer``, which prints the operators it fused: BiasGelu and LayerNormalization here).
 - ``int8``: the product's int8 graph (``quantize_dynamic`` of the MatMuls, per-channel QInt8
   weights, QOperator: DynamicQuantizeLinear + MatMulInteger, fused by ORT into
   DynamicQuantizeMatMul).

@@ -115,12 +115,7 @@ def test_precision_choice(tmp_path, monkeypatch):
     assert resolve_precision("fp32") == "fp32" and resolve_precision("int8") == "int8"
     with pytest.raises(EmbedError, match="unknown local precision"):
         resolve_precision("fp16")
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
-    assert not cpu_has_fast_int8(cpuinfo)  # AVX2 only: int8 gains little and may saturate
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
-    assert cpu_has_fast_int8(cpuinfo)
-    assert not cpu_has_fast_int8(tmp_path / "absent")
+    assert not cpu_has_fast_int8(tmp_path / "absent")  # each CPU kind: the test below
     import rag_pipeline.embed.local as local
 
     monkeypatch.setattr(local, "cpu_has_fast_int8", lambda: True)
