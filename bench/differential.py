@@ -5,6 +5,12 @@ point-id set must equal a clean build's. The suite runs a short sequence
 (``rag_pipeline_tests/test_differential.py``); this runs the long ones and prints the figures.
 
     python bench/differential.py --steps 1000 --seeds 1,2,3 [--compare-every 10] [--json]
+    python bench/differential.py --live --steps 300 --seeds 21 [--compare-every 10]
+
+``--live``: the changes are applied by a ``rag-pipeline watch`` process instead of an ingest
+after each step (:class:`~rag_pipeline_tests.differential.LiveDifferential`: edits timed
+against the live run's phases, edits reverted inside one run, kill -9 of the live process);
+after each step ``plan`` must say every book is unchanged within a minute.
 
 The operations, the checks and what they compare are in
 ``rag_pipeline_tests/differential.py``. Exit 1 on any divergence, plan disagreement or failed
@@ -26,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     sys.path.insert(0, str(REPO))  # the sequences live with the suite's helpers
-    from rag_pipeline_tests.differential import Differential
+    from rag_pipeline_tests.differential import Differential, LiveDifferential
     from rag_pipeline_tests.warm import warm_server
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,15 +41,26 @@ def main() -> int:
     parser.add_argument("--compare-every", type=int, default=10)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="print every step")
+    parser.add_argument("--live", action="store_true", help="live mode applies the changes")
     args = parser.parse_args()
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         root = Path(tempfile.mkdtemp(prefix=f"rag-differential-{seed}-"))
         cpu_before = warm_server().children_cpu_s()  # every command is forked by it
         started = time.perf_counter()
-        outcome = Differential(root, seed).run(
+        differential = (LiveDifferential if args.live else Differential)(root, seed)
+        outcome = differential.run(
             args.steps, compare_every=args.compare_every, log=print if args.verbose else None
         )
+        live: dict[str, object] = {}
+        if isinstance(differential, LiveDifferential):
+            settle = sorted(differential.settle_seconds) or [0.0]
+            live = {
+                "live_killed": differential.killed,
+                "phases_missed": differential.phases_missed,
+                "settle_p50_s": round(settle[len(settle) // 2], 2),
+                "settle_max_s": round(settle[-1], 2),
+            }
         cpu = warm_server().children_cpu_s() - cpu_before
         rows.append(
             {
@@ -57,6 +74,7 @@ def main() -> int:
                 "wall_s": round(time.perf_counter() - started, 1),
                 "commands_cpu_s": round(cpu, 1),
                 "operations": outcome.operations,
+                **live,
                 "first_problems": (
                     outcome.divergences + outcome.plan_disagreements + outcome.failures
                 )[:5],
@@ -72,6 +90,8 @@ def main() -> int:
                 f"{row['commands_cpu_s']} CPU s of the commands",
                 flush=True,
             )
+            if live:
+                print(f"    live: {live}; operations: {row['operations']}", flush=True)
             for problem in row["first_problems"]:
                 print(f"    {problem}", flush=True)
     if args.json:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_pipeline_tests.helpers import Cli, LiveProcess
+from rag_pipeline_tests.phasepoint import PHASES, Phases
 
 __all__ = [
     "Differential",
@@ -178,6 +179,8 @@ class Differential:
             "add_book": self.add_book,
             "remove_book": self.remove_book,
         }
+        #: an operation's weight in the draw, where it is not 1 (none: a uniform draw)
+        self.weights: dict[str, float] = {}
 
     # -- the books ------------------------------------------------------------------------
 
@@ -404,8 +407,10 @@ class Differential:
         started = time.perf_counter()
         self.step_ingest()
         names = sorted(self.operations)
+        weights = [self.weights.get(n, 1.0) for n in names]
         for step in range(1, steps + 1):
-            name = self.rng.choice(names)
+            # (a uniform draw without weights: the one the recorded seeds were found with)
+            name = self.rng.choices(names, weights)[0] if self.weights else self.rng.choice(names)
             self.outcome.steps = step
             self.outcome.operations[name] = self.outcome.operations.get(name, 0) + 1
             did = self.operations[name]()
@@ -425,10 +430,16 @@ class LiveDifferential(Differential):
     process runs throughout, and instead of an ingest after each operation, ``plan`` must say
     every book is unchanged within :attr:`SETTLE_S` seconds (polled). ``kill -9`` hits the live
     process at a random moment after an edit (it is then started again: its first look
-    catches up), and an edit lands while it applies another. The live process also records
-    how many runs each book got (:attr:`runs_per_book`)."""
+    catches up), and an edit lands while it applies another. Edits are also timed against
+    the live run's phases (:mod:`rag_pipeline_tests.phasepoint`): a second edit right after
+    its look scanned the books, after its run read the files, or after it wrote the points,
+    and an edit saved as the run starts and reverted after the run read it. The live process
+    also records how many runs each book got (:attr:`runs_per_book`)."""
 
     SETTLE_S = 60.0
+    #: how long a timed edit waits for its phase (a change the plan finds unchanged, or one
+    #: whose look came before the arming, never reaches the run's phases: counted, not failed)
+    PHASE_WAIT_S = 15.0
 
     def __init__(self, root: Path, seed: int, **options: Any) -> None:
         super().__init__(root, seed, **options)
@@ -436,10 +447,67 @@ class LiveDifferential(Differential):
         self.live: LiveProcess | None = None
         self.killed = 0
         self.settle_seconds: list[float] = []
+        self.phases = Phases(root / "phases")
+        self.phases_missed = 0
+        self.operations["edit_at_phase"] = self.edit_at_phase
+        self.operations["edit_reverted_in_run"] = self.edit_reverted_in_run
+        self.weights = {"edit_at_phase": 3.0, "edit_reverted_in_run": 3.0}
 
     def _start_live(self) -> None:
-        self.live = LiveProcess(self.cli)
+        for left in self.phases.folder.iterdir():  # held phases die with a killed process
+            left.unlink()
+        self.live = LiveProcess(self.cli, phases=self.phases.folder)
         self.live.next_event("ready", timeout=120)
+
+    def _reached(self, phase: str) -> bool:
+        try:
+            self.phases.wait(phase, timeout=self.PHASE_WAIT_S)
+        except AssertionError:
+            (self.phases.folder / f"arm-{phase}").unlink(missing_ok=True)
+            self.phases.go(phase)  # a hold that began just now goes on at once
+            self.phases_missed += 1
+            return False
+        return True
+
+    def edit_at_phase(self) -> str:
+        """An edit, and a second one (the same file or another of its book) while the live
+        run of the first holds at one of its phases."""
+        path = self._pick_file()
+        if path is None:
+            return self.add()
+        phase = self.rng.choice(PHASES)
+        self.phases.arm(phase)
+        self._write(path)
+        if not self._reached(phase):
+            return f"edit {path.relative_to(self.data)} ({phase} not reached)"
+        book = self.data / path.relative_to(self.data).parts[0]
+        second = path if self.rng.random() < 0.5 else self.rng.choice(self._files(book))
+        self._write(second)
+        self.phases.go(phase)
+        first, then = path.relative_to(self.data), second.relative_to(self.data)
+        return f"edit {first}; edit {then} after its run's {phase}"
+
+    def edit_reverted_in_run(self) -> str:
+        """A file that reads A when live mode looks, B as its run starts, A again once the
+        run read it (issue 43.1)."""
+        path = self._pick_file()
+        if path is None:
+            return self.add()
+        self.serial += 1
+        a_text = _text(self.rng, f"Part {self.serial}", self.rng.randint(8, 60))
+        self.phases.arm("scan", "read")
+        self._write(path, a_text)
+        if not self._reached("scan"):
+            (self.phases.folder / "arm-read").unlink(missing_ok=True)
+            return f"edit {path.relative_to(self.data)} (scan not reached)"
+        self._write(path)  # B
+        self.phases.go("scan")
+        if self._reached("read"):
+            self._write(path, a_text)
+            self.phases.go("read")
+            return f"{path.relative_to(self.data)}: A, B as its run started, A after it read"
+        self._write(path, a_text)
+        return f"{path.relative_to(self.data)}: A, B, A (read not reached)"
 
     def run(
         self, steps: int, *, compare_every: int = 5, log: Callable[[str], None] | None = None

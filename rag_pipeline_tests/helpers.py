@@ -254,9 +254,13 @@ class LiveProcess:
     """``rag-pipeline watch --json`` in its own process (started from scratch, as a user
     starts it): its JSON events as they come, its stderr kept."""
 
-    def __init__(self, cli: Cli, signal_in_run: str | None = None) -> None:
+    def __init__(
+        self, cli: Cli, signal_in_run: str | None = None, phases: Path | None = None
+    ) -> None:
         """``signal_in_run`` (e.g. "SIGTERM"): the process sends itself that signal from
-        inside the run that embeds :data:`~rag_pipeline_tests.signalpoint.MARKER`."""
+        inside the run that embeds :data:`~rag_pipeline_tests.signalpoint.MARKER`.
+        ``phases``: the folder through which a test holds it at a phase of a live run
+        (:mod:`rag_pipeline_tests.phasepoint`)."""
         import queue
 
         self.cli = cli
@@ -267,6 +271,9 @@ class LiveProcess:
         if signal_in_run is not None:
             entry = ["rag_pipeline_tests.signalpoint", signal_in_run]
             env = {**env, "PYTHONPATH": str(REPO)}  # the signal point's module
+        elif phases is not None:
+            entry = ["rag_pipeline_tests.phasepoint", str(phases)]
+            env = {**env, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *entry, "watch", "--json"],
             env=env,

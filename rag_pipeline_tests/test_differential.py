@@ -45,6 +45,9 @@ def test_live_mode_leaves_a_clean_build_after_random_changes(tmp_path):
     )
     assert len(outcome.operations) >= 9, outcome.operations
     assert differential.killed >= 1
+    # edits timed against the live run's phases, an edit reverted inside one run among them
+    timed = outcome.operations.get("edit_at_phase", 0)
+    assert timed >= 1 and outcome.operations.get("edit_reverted_in_run", 0) >= 1, outcome
     assert outcome.comparisons >= 4
     assert not outcome.failures, outcome.failures
     assert not outcome.plan_disagreements, outcome.plan_disagreements

@@ -226,3 +226,94 @@ def test_a_killed_live_process_leaves_the_lock_free(tmp_path, data_dir):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+class WritingApplier(Applier):
+    """``apply`` during which a writer saves ``during`` over a file and then puts its bytes
+    back (an edit saved as the run starts and reverted after the run read it)."""
+
+    def __init__(self, path: Path, during: str) -> None:
+        super().__init__()
+        self.path = path
+        self.during: str | None = during
+
+    def __call__(self, books: list[str]) -> Mapping[str, bool]:
+        if self.during is not None:
+            before = self.path.read_bytes()
+            self.path.write_text(self.during)
+            self.path.write_bytes(before)
+            self.during = None
+        return super().__call__(books)
+
+
+def test_a_book_written_while_it_was_applied_is_applied_again(data_dir, write_book):
+    """What is recorded as applied must be what the run read (issue 43.1): a book written
+    during its apply, back to the bytes its look saw, is applied again at the next look
+    (its digests say nothing changed), and saved as in doubt meanwhile."""
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none"})
+    write_book("beta", {"b.md": "# B\n\ntwo"})
+    settle_files()
+    applier = WritingApplier(data_dir / "alpha" / "a.md", "# A\n\nan edit in between")
+    saved: list[dict[str, list[str]]] = []
+    live = LiveLoop(NoWatchSource(data_dir), applier, save=lambda books: saved.append(dict(books)))
+    assert live.look() == ["alpha", "beta"]
+    assert saved[-1]["alpha"] == APPLYING and saved[-1]["beta"] != APPLYING  # in doubt
+    assert live._idle_wait() <= live.timing.debounce_s  # looked at again soon
+    settle_files()
+    assert live.look() == ["alpha"]  # same digests, applied again
+    assert saved[-1]["alpha"] != APPLYING
+    assert live.look() == []  # nothing written since: in step
+    assert applier.calls == [["alpha", "beta"], ["alpha"]]
+
+
+def test_a_watched_book_in_doubt_is_stated_afresh(data_dir, write_book):
+    """A book in doubt is looked at with a fresh stat even where notifications are
+    followed (a kept digest could never prove it settled)."""
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none"})
+    settle_files()
+    applier = WritingApplier(data_dir / "alpha" / "a.md", "# A\n\nan edit in between")
+    live = LiveLoop(FolderSource(data_dir), applier)
+    try:
+        assert live.look() == ["alpha"]
+        watcher = live.source.watcher()
+        assert watcher is not None and watcher.watching
+        time.sleep(0.7)  # the writer's own notifications have come and gone
+        watcher.to_scan(["alpha"])
+        settle_files()
+        assert live.look() == ["alpha"]
+        assert live.look() == []
+    finally:
+        stale = watch._watchers.pop(os.path.abspath(data_dir), None)
+        if stale is not None:
+            stale.stop()
+
+
+def test_a_replaced_data_folder_is_watched_again(tmp_path):
+    """A data folder moved away and replaced by a copy: the old watcher says it no longer
+    watches, and the source's next watcher follows the new folder (issue 44.4)."""
+    data = tmp_path / "books"
+    (data / "alpha").mkdir(parents=True)
+    (data / "alpha" / "a.md").write_text("# A")
+    first = watch.watcher_for(data)
+    try:
+        assert first.watching
+        data.rename(tmp_path / "old")
+        assert first.replaced and not first.watching  # the path names no folder now
+        assert watch.watcher_for(data) is first  # nothing to watch yet: no new one
+        (tmp_path / "old").rename(tmp_path / "gone")
+        import shutil
+
+        shutil.copytree(tmp_path / "gone", data)
+        second = watch.watcher_for(data)
+        assert second is not first and second.watching and not first.watching
+        second.wait_for_news(0)
+        (data / "alpha" / "a.md").write_text("# A edited")
+        assert second.wait_for_news(5)  # the new folder's edits are news
+        assert "alpha" in (second.to_scan(["alpha"]) or {"alpha"})
+    finally:
+        stale = watch._watchers.pop(os.path.abspath(data), None)
+        if stale is not None:
+            stale.stop()
+        first.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -293,4 +294,114 @@ def test_a_burst_of_100_edits_across_5_books_is_all_indexed_in_few_runs(tmp_path
     assert set(runs) == {f"book-{b}" for b in range(5)}
     assert max(runs.values()) <= 10, runs
     assert not live.applied_books("failed")
+    _equal_to_a_clean_build(cli, tmp_path)
+
+
+def _small_books(root: Path, books: int = 1, files: int = 3) -> Path:
+    data = root / "books"
+    for b in range(books):
+        for f in range(files):
+            path = data / f"book-{b}" / f"f{f}.md"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"# Part {b}.{f}\n\nThe opening words of part {b}.{f}.\n")
+    return data
+
+
+def _search_words(cli: Cli, book: str, word: str) -> list[str]:
+    hits = json.loads(cli("search", word, "--book", book, "--mode", "sparse", "--json").stdout)
+    return [h["text"] for h in hits if word in h["text"]]
+
+
+def test_an_edit_saved_as_a_live_run_starts_and_reverted_after_it_read_is_applied(tmp_path):
+    """Issue 43.1: a file that reads A when live mode looks, is saved as B as the run starts
+    and put back to A after the run read it. The run indexed B; live mode must not record A
+    as applied (it did: search served B for good, plan said run, and the books sensor
+    adopted the belief). Held at the run's phases (rag_pipeline_tests/phasepoint.py)."""
+    from rag_pipeline_tests.phasepoint import Phases
+
+    data = _small_books(tmp_path)
+    cli = Cli(tmp_path, data, fresh=True)
+    phases = Phases(tmp_path / "phases")
+    live = LiveProcess(cli, phases=phases.folder)
+    path = data / "book-0" / "f1.md"
+    a_word, b_word = _word(), _word()
+    a_text = f"# Part A\n\nThe {a_word} version.\n"
+    try:
+        live.next_event("ready", timeout=120)
+        phases.arm("scan", "read")
+        path.write_text(a_text)  # A: what the look sees
+        phases.wait("scan")
+        path.write_text(f"# Part B\n\nThe {b_word} version.\n")  # B: saved as the run starts
+        phases.go("scan")
+        phases.wait("read")  # the run read B
+        path.write_text(a_text)  # A again: the look's digests as they were
+        phases.go("read")
+        live.next_event("applied", timeout=60)
+        plan = _settled(cli, timeout=20)  # applied again at once (was: never)
+        assert plan["books"]["book-0"]["action"] == "unchanged"
+    finally:
+        assert live.stop() == 0, "".join(live.stderr[-20:])
+    assert _search_words(cli, "book-0", a_word) and not _search_words(cli, "book-0", b_word)
+    state = json.loads((Path(cli.env["DAGSTER_HOME"]) / ".rag-live.json").read_text())
+    assert state["books"]["book-0"] != ["applying", ""]  # in step when it stopped
+    _equal_to_a_clean_build(cli, tmp_path)
+
+
+def test_a_data_folder_replaced_under_live_mode_is_watched_again(tmp_path):
+    """Issue 44.4: RAG_DATA_DIR moved away and a copy put in its place (a deploy's swap, a
+    restore): the inotify watch stayed on the old folder and every later edit waited for the
+    once-a-minute look. The new folder is watched: an edit is applied within seconds."""
+    data = _small_books(tmp_path)
+    cli = Cli(tmp_path, data, fresh=True)
+    live = LiveProcess(cli)
+    try:
+        live.next_event("ready", timeout=120)
+        data.rename(tmp_path / "books.old")
+        shutil.copytree(tmp_path / "books.old", data)
+        time.sleep(0.5)  # the swap is done; a person edits in the new folder
+        word = _word()
+        saved = time.monotonic()
+        (data / "book-0" / "f0.md").write_text(f"# Part\n\nThe {word} edit.\n")
+        deadline = saved + 15  # about a second; the idle look of a minute is far off
+        while not _search_words(cli, "book-0", word):
+            assert time.monotonic() < deadline, "the edit in the new folder was not applied"
+            time.sleep(0.2)
+        print(f"applied {time.monotonic() - saved:.2f}s after the save")
+    finally:
+        assert live.stop() == 0, "".join(live.stderr[-20:])
+
+
+def test_a_stop_during_the_first_catch_up_stops_after_the_batch_in_hand(tmp_path):
+    """Issue 44.5: SIGTERM while the first look catches up with many books (batches of 2
+    here) stops after the batch in hand: no further run starts, the rest is left to the next
+    start (or the books sensor), which applies it."""
+    from rag_pipeline_tests.phasepoint import Phases
+
+    data = _small_books(tmp_path, books=8, files=1)
+    cli = Cli(tmp_path, data, fresh=True)
+    cli.env["RAG_BATCH_BOOKS"] = "2"
+    phases = Phases(tmp_path / "phases")
+    phases.arm("write")  # the first batch's run holds after its write
+    live = LiveProcess(cli, phases=phases.folder)
+    try:
+        phases.wait("write")
+        live.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the signal is taken in the main thread
+        phases.go("write")
+        code = live.proc.wait(timeout=30)
+    finally:
+        live.stop()
+    assert code == 0, "".join(live.stderr[-30:])
+    report = live.next_event("applied", timeout=5)["report"]["books"]
+    ran = sorted(b for b, r in report.items() if r["status"] == "ingested")
+    deferred = sorted(b for b, r in report.items() if r["status"] == "deferred")
+    assert len(ran) == 2 and len(deferred) == 6, report  # one batch, then it stopped
+    state = json.loads((Path(cli.env["DAGSTER_HOME"]) / ".rag-live.json").read_text())
+    assert all(state["books"][b] == ["applying", ""] for b in deferred)  # the sensor's to run
+    again = LiveProcess(cli)
+    try:
+        again.next_event("ready", timeout=120)
+        assert sorted(again.applied_books()) == deferred
+    finally:
+        assert again.stop() == 0
     _equal_to_a_clean_build(cli, tmp_path)

@@ -803,3 +803,27 @@ def test_the_sensor_takes_over_from_a_stopped_live_process_once(home_harness, wr
         "gamma",
     ]
     assert isinstance(harness.tick(), SkipReason)  # taken over once
+
+
+@pytest.mark.parametrize("run_status", ["STARTED", "SUCCESS"])
+def test_a_book_written_while_its_run_was_in_flight_runs_again(
+    harness, write_book, data_dir, run_status
+):
+    """Issue 43.1's class in the sensor: edited and reverted between two ticks while a run of
+    the book was in flight (running, or finished since the previous tick), so its content
+    digest is as the cursor has it: that run may have read the version in between, and the
+    book runs again. A touch with no run in flight still starts nothing."""
+    from dagster import DagsterRunStatus
+
+    write_book("alpha", {"a.md": "# A"})
+    write_book("beta", {"b.md": "# B"})
+    harness.tick()
+    fail_run(harness.instance, "alpha", DagsterRunStatus[run_status])
+    path = data_dir / "alpha" / "a.md"
+    path.write_text("# A, an edit the run may have read")
+    path.write_text("# A")  # reverted
+    bump_mtime(path)
+    bump_mtime(data_dir / "beta" / "b.md")  # a touch of a book with no run
+    result = harness.tick()
+    assert requested_books(result, harness.instance) == [["alpha"]]
+    assert isinstance(harness.tick(), SkipReason)  # in step once its run is requested

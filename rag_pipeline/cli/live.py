@@ -124,8 +124,9 @@ def report_lines(report: IngestReport) -> list[str]:
     """One line per book that ran or failed (unchanged books are not news), then the
     report's notes."""
     lines = []
+    deferred = [b for b, r in report.books.items() if r.status == "deferred"]
     for book_id, r in report.books.items():
-        if r.status == "unchanged":
+        if r.status in ("unchanged", "deferred"):
             continue
         run = f", run {r.run_id}" if r.run_id else ""
         if r.status == "failed":
@@ -136,5 +137,10 @@ def report_lines(report: IngestReport) -> list[str]:
         errors = f", [yellow]{r.errors} file errors[/]" if r.errors else ""
         lines.append(f"{book_id} {r.status}: {counts}{errors} in {r.seconds:.1f}s{run}")
         lines += [f"[yellow]{book_id}[/]: {m}" for m in r.error_messages]
+    if deferred:
+        lines.append(
+            f"{len(deferred)} books not applied (stopping): the next start, or the books "
+            "sensor, applies them"
+        )
     lines += [f"[yellow]note[/] {w}" for w in report.warnings]
     return lines

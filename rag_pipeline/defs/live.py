@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster import DagsterInstance
@@ -42,6 +42,8 @@ class LiveRuns:
     batching: BatchConfig
     notify: Callable[[str], None]
     on_report: Callable[[IngestReport], None]
+    #: set when the process is asked to stop: no run starts after the one in hand
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, books: list[str]) -> dict[str, bool]:
         try:
@@ -55,6 +57,7 @@ class LiveRuns:
                 trigger=LIVE_TRIGGER,
                 notify=self.notify,
                 batching=self.batching,
+                stopping=self.stop.is_set,
             )
         except Exception as exc:  # a store busy past its wait, a damaged instance: retried
             log.debug("live mode could not apply %s", books, exc_info=True)
@@ -63,7 +66,7 @@ class LiveRuns:
                 {b: BookResult(b, "failed", error_messages=[message]) for b in books}
             )
         self.on_report(report)
-        return {b: r.status != "failed" for b, r in report.books.items()}
+        return {b: r.status not in ("failed", "deferred") for b, r in report.books.items()}
 
 
 def run_live(
@@ -83,7 +86,9 @@ def run_live(
     mark = LiveMark(home, pipeline.source)
     with mark.hold(), open_home_instance() as instance:
         pipeline.warm_up()
-        runs = LiveRuns(pipeline, instance, home, batching or BatchConfig(), notify, on_report)
+        runs = LiveRuns(
+            pipeline, instance, home, batching or BatchConfig(), notify, on_report, stop
+        )
         loop = LiveLoop(
             pipeline.source, runs, timing=timing or LiveTiming(), save=mark.save, notify=notify
         )

@@ -84,12 +84,14 @@ def execute_plan(
     trigger: str = "cli",
     notify: Callable[[str], None] | None = None,
     batching: BatchConfig | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> IngestReport:
     """Run and purge the books the plan says; unchanged and missing books are reported as
     planned. Books to run go through runs of several books where they are adjacent in
     partition order (``batching``, :mod:`rag_pipeline.ingest.batches`); a batch that fails
-    for one of its books is run again book by book. Returns the ingest report. Without
-    ``instance``, the one in ``DAGSTER_HOME``."""
+    for one of its books is run again book by book. Once ``stopping()`` says so (asked before
+    each run), no further run starts: the books left are ``deferred``. Returns the ingest
+    report. Without ``instance``, the one in ``DAGSTER_HOME``."""
     batching = batching or BatchConfig()
     if instance is None:
         with open_home_instance() as home_instance:
@@ -101,6 +103,7 @@ def execute_plan(
                 trigger=trigger,
                 notify=notify,
                 batching=batching,
+                stopping=stopping,
             )
     started = time.perf_counter()
     say = notify or log.warning
@@ -136,16 +139,22 @@ def execute_plan(
         return _run_books(ingest_job, instance, books, plan.force, {**tags, **migration}, watched)
 
     for batch in batch_books(to_run, order, batching, files):
+        if stopping():
+            results.update({b: _deferred(b) for b in batch})
+            continue
         t0 = time.perf_counter()
         ran = run(batch)
         if ran.split:  # a batch failed for one of its books: each book alone
             say(f"a run of {len(batch)} books failed ({ran.message}); running them one by one")
-            ran = _Ran({b: run([b]).results[b] for b in batch})
+            ran = _Ran({b: _deferred(b) if stopping() else run([b]).results[b] for b in batch})
         share = (time.perf_counter() - t0) / len(batch)  # a book's part of the batch's time
         for book_id in batch:
             results[book_id] = ran.results[book_id]
             results[book_id].seconds = share
     for book_id in plan.with_action("purge"):
+        if stopping():
+            results[book_id] = _deferred(book_id)
+            continue
         t0 = time.perf_counter()
         run_id = str(uuid.uuid4())
         with watched(run_id):
@@ -171,6 +180,10 @@ def execute_plan(
             report.warnings.append(problem)
     report.seconds = plan.seconds + time.perf_counter() - started
     return report
+
+
+def _deferred(book_id: str) -> BookResult:
+    return BookResult(book_id, "deferred", warnings=["not run: the process was stopping"])
 
 
 @functools.lru_cache(maxsize=2)

@@ -107,11 +107,13 @@ class FailedBooks:
     the previous one instead of every book's run history.
     """
 
-    __slots__ = ("books", "since")
+    __slots__ = ("books", "finished", "since")
 
     def __init__(self, books: Mapping[str, list[float]] | None = None, since: float = 0.0):
         self.books = {b: list(v) for b, v in (books or {}).items()}
         self.since = since
+        #: the books of the runs :meth:`follow` read (not kept in the cursor)
+        self.finished: set[str] = set()
 
     def to_json(self) -> dict[str, Any]:
         return {"failed": dict(sorted(self.books.items())), "since": self.since}
@@ -151,6 +153,7 @@ class FailedBooks:
         if PARTITION_TAG not in run.tags and RANGE_START_TAG not in run.tags:
             return  # not a run of book partitions
         books = books_of_run(run.tags, order)
+        self.finished.update(books)
         failed = run.status == DagsterRunStatus.FAILURE
         # a batch that failed for one of its books: its books are run one by one at once
         split = failed and len(books) > 1 and split_after(_failure_classes(instance, run.run_id))
@@ -339,7 +342,14 @@ def build_books_sensor(
             before = previous.get(book_id)
             if book_id in new_books or before is None:
                 changed[book_id] = state.files
-            elif before[1] != state.content_digest:
+            # or written (its stat moved) while a run of it was in flight, its content digest
+            # as before: that run may have read a version in between (saved as it started,
+            # reverted after it read), which no digest shows. What is recorded as indexed
+            # must be what a run read, so the book runs again (unchanged files embed nothing)
+            elif before[1] != state.content_digest or (
+                before[0] != state.stat_digest
+                and (book_id in failed.finished or book_id in runs_in_flight())
+            ):
                 changed[book_id] = max(state.hashed, 1)
             # a book with a run queued or running is not retried: that run may succeed
             elif book_id in due and book_id not in runs_in_flight():

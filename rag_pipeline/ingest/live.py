@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
-from rag_pipeline.sources.scan import scan_books
+from rag_pipeline.sources.scan import scan_books, written_since
 from rag_pipeline.sources.watch import RESCAN_EVERY_S, BookWatcher
 from rag_pipeline.store.errors import StoreBusyError
 from rag_pipeline.store.lock import FolderLock, describe_holder, holding_for
@@ -194,14 +194,21 @@ class LiveLoop:
     _failed: dict[str, _Failed] = field(default_factory=dict)
     _unavailable: str = ""
     _rejected: set[str] = field(default_factory=set)
+    #: books applied while something wrote them: what their run read may not be what their
+    #: look saw, so the next look applies them again whatever its digests say
+    _doubtful: set[str] = field(default_factory=set)
 
     def look(self, now: float | None = None) -> list[str]:
         """Look at the books due (all of them the first time), apply those that changed;
         returns them."""
         now = time.monotonic() if now is None else now
         self.looks += 1
+        watcher = self.source.watcher()
+        if watcher is not None:  # a book in doubt is stat'ed afresh: a kept digest proves nothing
+            for book_id in self._doubtful:
+                watcher.look_again(book_id)
         try:
-            states, rejected = scan_books(self.source, self.known, self.source.watcher())
+            states, rejected = scan_books(self.source, self.known, watcher)
         except SourceUnavailableError as exc:
             if str(exc) != self._unavailable:  # said once, not at every look
                 self.notify(f"{exc}; nothing is applied until it is back")
@@ -222,6 +229,7 @@ class LiveLoop:
             books.add(book_id)
         books.update(b for b in self.known if b not in states)  # gone: purged
         books.update(b for b, f in self._failed.items() if now >= f.next_try)
+        books.update(b for b in self._doubtful if b not in self._failed)
         if not books:
             return []
         applying = sorted(books)
@@ -231,11 +239,20 @@ class LiveLoop:
             seen = states.get(book_id)
             if done.get(book_id, False):
                 self._failed.pop(book_id, None)
+                self._doubtful.discard(book_id)
                 if seen is None:
                     self.known.pop(book_id, None)
-                else:
-                    self.known[book_id] = [seen.stat_digest, seen.content_digest]
+                    continue
+                self.known[book_id] = [seen.stat_digest, seen.content_digest]
+                # What is recorded as applied must be what the run read. The run read the
+                # files after this look; if nothing was written since, that is the look's
+                # version. If something was (an edit saved as the run started and reverted
+                # after it read the files leaves the look's digests as they were), the run
+                # may have indexed a version in between: the book is applied again.
+                if written_since(self.source, book_id, seen.stat_digest):
+                    self._doubtful.add(book_id)
                 continue
+            self._doubtful.discard(book_id)  # failed: retried as a failure is
             before_failed = self._failed.get(book_id)
             failures = (before_failed.failures if before_failed else 0) + 1
             wait = min(self.timing.retry_after_s * 2 ** (failures - 1), self.timing.retry_max_s)
@@ -247,7 +264,7 @@ class LiveLoop:
     def _save(self, applying: Sequence[str]) -> None:
         if self.save is None:
             return
-        doubtful = {*applying, *self._failed}
+        doubtful = {*applying, *self._failed, *self._doubtful}
         books = {b: list(v) for b, v in self.known.items()}
         books.update({b: list(APPLYING) for b in doubtful})
         self.save(books)
@@ -277,9 +294,13 @@ class LiveLoop:
                 return False
             if watcher.wait_for_news(min(left, _STOP_CHECK_S)):
                 return True
+            if not watcher.watching:  # stopped, or its folder replaced: look (a new one) now
+                return True
         return False
 
     def _idle_wait(self) -> float:
+        if self._doubtful:  # applied again once its writer has paused
+            return self.timing.debounce_s
         wait = min(self.timing.idle_look_s, RESCAN_EVERY_S)
         if self._failed:
             soonest = min(f.next_try for f in self._failed.values()) - time.monotonic()

@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 __all__ = ["BookResult", "BookStatus", "IngestReport"]
 
-BookStatus = Literal["ingested", "unchanged", "removed", "failed", "missing"]
+#: ``deferred``: not run, the process was asked to stop first (live mode stops after the run
+#: in hand; the next live process or the books sensor runs the book)
+BookStatus = Literal["ingested", "unchanged", "removed", "failed", "missing", "deferred"]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from rag_pipeline.sources.base import BookSource
 from rag_pipeline.sources.filekeys import now_ns, settled
 from rag_pipeline.sources.watch import BookWatcher
 
-__all__ = ["PURGING", "BookScanState", "clear_scan_cache", "scan_books"]
+__all__ = ["PURGING", "BookScanState", "clear_scan_cache", "scan_books", "written_since"]
 
 #: a look's entry of a removed book whose purge is requested but not done yet (the sensor's
 #: cursor): it matches no scan, and a later look does not take it as the book's state
@@ -60,6 +60,20 @@ def _stat_digest(source: BookSource, book_id: str) -> tuple[str, int]:
     lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
     digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32], len(scan.files)
+
+
+def written_since(source: BookSource, book_id: str, stat_digest: str) -> bool:
+    """Whether a file of the book may have been written since a look that found
+    ``stat_digest``: its stat digest moved (a write moves a file's ctime, git's rule), or a
+    look was racy (""), which proves nothing. What a run read is the version that look saw
+    only when this is False after the run: then nothing was written in between."""
+    if not stat_digest:
+        return True
+    try:
+        now, _ = _stat_digest(source, book_id)
+    except Exception:  # the book cannot be looked at now: nothing is proved
+        return True
+    return now != stat_digest
 
 
 def clear_scan_cache() -> None:

@@ -7,7 +7,10 @@ happened in since it last said; the books sensor stats only those, the books new
 cursor, and a share of the others in turn so that every book is stat'ed again at least every
 :data:`RESCAN_EVERY_S` seconds, whatever the notifications missed (a network file system, a
 queue overflow, a link to a folder outside the data folder). A watcher that cannot start, or
-whose observer stopped, says "all": the tick stats every book, as without one.
+whose observer stopped, says "all": the tick stats every book, as without one. A data folder
+moved away and replaced (a deploy's swap, a restore) leaves inotify watching the old folder:
+a watcher whose folder is no longer the one it started on stops watching, and
+:func:`watcher_for` starts a new one at once.
 
 Notifications arrive shortly after the change (watchdog holds them up to half a second to pair
 renames): a change just before a tick is seen by the next one.
@@ -36,6 +39,8 @@ class BookWatcher:
     def __init__(self, data_dir: Path) -> None:
         self.root = os.path.abspath(data_dir)
         self.started = time.monotonic()
+        #: the folder this watcher's inotify watches are on (None: it was missing)
+        self.folder = _identity(self.root)
         self._lock = threading.Lock()
         self._changed: set[str] = set()
         #: set by every notification; live mode waits on it (:meth:`wait_for_news`)
@@ -83,7 +88,14 @@ class BookWatcher:
 
     @property
     def watching(self) -> bool:
-        return self._observer is not None and self._observer.is_alive()
+        return self._observer is not None and self._observer.is_alive() and not self.replaced
+
+    @property
+    def replaced(self) -> bool:
+        """The data folder's path now names another folder than the one watched (moved away
+        and replaced, or created since a start that found none): its notifications are not
+        this watcher's. A stat, as often as live mode waits for news (4 a second)."""
+        return _identity(self.root) != self.folder
 
     def _saw(self, path: str | bytes) -> None:
         text = os.fsdecode(path)
@@ -95,6 +107,11 @@ class BookWatcher:
                 self._changed.add(book)
                 self.last_news = time.monotonic()
             self._news.set()
+
+    def look_again(self, book: str) -> None:
+        """The next :meth:`to_scan` includes ``book``, as if a notification named it."""
+        with self._lock:
+            self._changed.add(book)
 
     def wait_for_news(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a notification since the previous call; True if
@@ -136,6 +153,15 @@ class BookWatcher:
             self._observer = None
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the folder at ``path``; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 _watchers: dict[str, BookWatcher] = {}
 _watchers_lock = threading.Lock()
 
@@ -145,10 +171,12 @@ def watcher_for(data_dir: Path) -> BookWatcher:
     key = os.path.abspath(data_dir)
     with _watchers_lock:
         watcher = _watchers.get(key)
-        # a stopped observer, or one that could not start a while ago (the folder was
-        # missing, say): a new one
-        if watcher is None or (
-            not watcher.watching and time.monotonic() - watcher.started >= RESCAN_EVERY_S
+        # a stopped observer, or one that could not start a while ago, or one watching a
+        # folder that is no longer the data folder (at once: its edits are news): a new one
+        if (
+            watcher is None
+            or (watcher.replaced and _identity(key) is not None)
+            or (not watcher.watching and time.monotonic() - watcher.started >= RESCAN_EVERY_S)
         ):
             if watcher is not None:
                 watcher.stop()
