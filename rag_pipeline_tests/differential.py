@@ -24,7 +24,7 @@ import random
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,15 +402,26 @@ class Differential:
         self.outcome.divergences += [f"after {what}: {d}" for d in diverging(ours, clean)]
 
     def run(
-        self, steps: int, *, compare_every: int = 5, log: Callable[[str], None] | None = None
+        self,
+        steps: int,
+        *,
+        compare_every: int = 5,
+        log: Callable[[str], None] | None = None,
+        first: Sequence[str] = (),
     ) -> Outcome:
+        """``first``: operations done first, in this order (a short sequence sure to hold
+        them), then drawn at random."""
         started = time.perf_counter()
         self.step_ingest()
         names = sorted(self.operations)
         weights = [self.weights.get(n, 1.0) for n in names]
         for step in range(1, steps + 1):
-            # (a uniform draw without weights: the one the recorded seeds were found with)
-            name = self.rng.choices(names, weights)[0] if self.weights else self.rng.choice(names)
+            if step <= len(first):
+                name = first[step - 1]
+            else:  # (uniform without weights: the draw the recorded seeds were found with)
+                name = (
+                    self.rng.choices(names, weights)[0] if self.weights else self.rng.choice(names)
+                )
             self.outcome.steps = step
             self.outcome.operations[name] = self.outcome.operations.get(name, 0) + 1
             did = self.operations[name]()
@@ -451,7 +462,7 @@ class LiveDifferential(Differential):
         self.phases_missed = 0
         self.operations["edit_at_phase"] = self.edit_at_phase
         self.operations["edit_reverted_in_run"] = self.edit_reverted_in_run
-        self.weights = {"edit_at_phase": 3.0, "edit_reverted_in_run": 3.0}
+        self.weights = {"edit_at_phase": 2.0, "edit_reverted_in_run": 2.0}
 
     def _start_live(self) -> None:
         for left in self.phases.folder.iterdir():  # held phases die with a killed process
@@ -510,11 +521,16 @@ class LiveDifferential(Differential):
         return f"{path.relative_to(self.data)}: A, B, A (read not reached)"
 
     def run(
-        self, steps: int, *, compare_every: int = 5, log: Callable[[str], None] | None = None
+        self,
+        steps: int,
+        *,
+        compare_every: int = 5,
+        log: Callable[[str], None] | None = None,
+        first: Sequence[str] = (),
     ) -> Outcome:
         self._start_live()
         try:
-            return super().run(steps, compare_every=compare_every, log=log)
+            return super().run(steps, compare_every=compare_every, log=log, first=first)
         finally:
             if self.live is not None:
                 self.live.stop()

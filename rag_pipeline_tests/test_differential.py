@@ -14,8 +14,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 #: a sequence of 13 kinds of operation that today's code passes and the code before issue 26
 #: failed (a swap of two files of one size and time, at step 24)
 SEED, STEPS = 1, 24
-#: a live-mode sequence with a kill of the live process among its operations
+#: a live-mode sequence: first an edit reverted inside one run (issue 43.1), a kill of the
+#: live process and an edit timed against a run's phase, then operations drawn at random
 LIVE_SEED, LIVE_STEPS = 3, 16
+LIVE_FIRST = ("edit_reverted_in_run", "kill_ingest", "edit_at_phase")
 
 
 def test_incremental_ingest_equals_a_clean_build_after_random_changes(tmp_path):
@@ -37,7 +39,7 @@ def test_live_mode_leaves_a_clean_build_after_random_changes(tmp_path):
     from rag_pipeline_tests.differential import LiveDifferential
 
     differential = LiveDifferential(tmp_path, LIVE_SEED)
-    outcome = differential.run(LIVE_STEPS, compare_every=4)
+    outcome = differential.run(LIVE_STEPS, compare_every=4, first=LIVE_FIRST)
     settle = sorted(differential.settle_seconds)
     print(
         f"live differential seed {LIVE_SEED}: {outcome}; killed {differential.killed}; "
