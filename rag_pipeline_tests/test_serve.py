@@ -523,3 +523,31 @@ def test_a_service_started_before_the_first_ingest_finds_its_books(tmp_path):
         assert hits and hits[0]["book_id"] == BOOK
     finally:
         server.stop()
+
+
+@pytest.mark.integration
+def test_a_switch_to_another_model_between_embedding_and_search_is_searched_again(tmp_path):
+    """A real ingest switches the book from hash-384 to hash-256 after the service embedded a
+    query and before it searched (the service had let go of the book, as it does when another
+    request backs off): the query is embedded again with hash-256 and answered 200. It was a
+    500 with the engine's "Vector dimension error: expected dim: 256, got 384"."""
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store.edge import EdgeStore
+    from rag_pipeline_tests.switchpoint import MARKER
+
+    cli = _indexed_cli(tmp_path)
+    server = Server(cli, entry=["rag_pipeline_tests.switchpoint", BOOK, "256"])
+    try:
+        for mode in ("dense", "hybrid"):
+            response = server.get("/search", q=f"nodes {mode}", book=BOOK, mode=mode)
+            assert response.status_code == 200 and response.json(), response.text
+        response = server.get("/search", q=f"nodes and topics {MARKER}", book=BOOK)
+        assert response.status_code == 200, response.text
+        hits = response.json()
+        assert hits and {h["book_id"] for h in hits} == {BOOK}
+        assert hits == server.get("/search", q=f"nodes and topics {MARKER}", book=BOOK).json()
+        assert server.get("/search", q="nodes", book=OTHER).status_code == 200
+    finally:
+        server.stop()
+    with EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA) as store:
+        assert (store.current_recipe(BOOK) or {}).get("embedding_model") == "hash-256"
