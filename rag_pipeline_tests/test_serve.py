@@ -3,7 +3,9 @@ its coexistence with an ingest run on the embedded store."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 
 from rag_pipeline.embed import EmbeddingAnswerError
 from rag_pipeline_tests.conftest import REPO, make_recipe
@@ -551,3 +554,55 @@ def test_a_switch_to_another_model_between_embedding_and_search_is_searched_agai
         server.stop()
     with EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA) as store:
         assert (store.current_recipe(BOOK) or {}).get("embedding_model") == "hash-256"
+
+
+#: the service's open-files limit in the slow-clients test: about 18 descriptors are its own
+SLOW_FILES_LIMIT = 64
+#: clients that send half a request: more than the limit leaves for connections
+SLOW_CLIENTS = 50
+
+
+@pytest.mark.integration
+def test_half_sent_requests_are_closed_and_complete_ones_answered_meanwhile(tmp_path):
+    """Clients that send half a request and stay: before, each held a descriptor for as long
+    as it stayed, the process ran out of them and every other client was reset. Now at most
+    half the open-files limit is held (the one that waited longest makes room), a complete
+    request is answered meanwhile, and each half-sent one is answered 408 or 503 and closed
+    within RAG_SERVE_READ_TIMEOUT_S."""
+    from collections import Counter
+
+    cli = _indexed_cli(tmp_path)
+    cli.env["RAG_SERVE_READ_TIMEOUT_S"] = "1"
+    server = Server(cli, files_limit=SLOW_FILES_LIMIT)
+    slow: list[socket.socket] = []
+    try:
+        assert server.get("/search", q="nodes", book=BOOK).status_code == 200  # the store open
+        started = time.monotonic()
+        half = f"GET /search?q=nodes&book={BOOK} HTTP/1.1\r\nHost: x\r\n".encode()
+        for _ in range(SLOW_CLIENTS):
+            slow.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+            slow[-1].sendall(half)  # the headers never end
+        held = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+        assert held < SLOW_FILES_LIMIT - 8, held
+        response = requests.get(
+            f"{server.url}/search", params={"q": "nodes", "book": BOOK}, timeout=10
+        )
+        assert response.status_code == 200 and response.json(), response.text
+        # each is answered and closed by the service (its reads end), within the bound
+        answers = Counter(_read_to_end(s).split(b"\r\n")[0] for s in slow)
+        assert time.monotonic() - started < 8
+        timed_out, refused = b"HTTP/1.1 408 Request Timeout", b"HTTP/1.1 503 Service Unavailable"
+        assert set(answers) == {timed_out, refused}, answers
+        assert server.get("/search", q="nodes", book=BOOK).status_code == 200
+    finally:
+        for s in slow:
+            s.close()
+        server.stop()
+
+
+def _read_to_end(sock: socket.socket) -> bytes:
+    """What the peer sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
