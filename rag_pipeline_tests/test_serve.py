@@ -606,3 +606,51 @@ def _read_to_end(sock: socket.socket) -> bytes:
     while chunk := sock.recv(4096):
         data += chunk
     return data
+
+
+def test_a_book_whose_view_keeps_changing_or_disagrees_is_503_naming_it(
+    tmp_path, write_book, data_dir, monkeypatch
+):
+    """The bounds of Service.search: a book switched under every try is 503 after 3 tries,
+    and a generation tagged with a model of another dimension than its vectors' is 503 naming
+    both (it was the engine's "Vector dimension error" as a 500)."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve import app as app_module
+    from rag_pipeline_tests.conftest import section
+
+    write_book("b", {"a.md": "# b\n\n" + section("Nodes", seed="b")})
+    settings = load_settings(
+        data_dir=data_dir, qdrant_path=str(tmp_path / "q"), embedder="hash", cache_dir=tmp_path
+    )
+    IngestPipeline.from_settings(settings, make_recipe(HashEmbedder())).run(["b"], run_id="r")
+    recipes = app_module.query_recipe(settings)[0]
+    with TestClient(app_module.create_app(settings, recipes, cache_size=0)) as client:
+        looks = iter(range(1000))
+        with monkeypatch.context() as patched:  # a new generation at every look
+            patched.setattr(app_module, "searched_signature", lambda s, b: str(next(looks)))
+            response = client.get("/search", params={"q": "nodes", "book": "b"})
+        assert response.status_code == 503
+        assert response.json()["detail"] == (
+            "book 'b': it switched to another model 3 times while this search ran "
+            "(an ingest is migrating it): ask again"
+        )
+    # the generation's tag says hash-256, its vectors are 384-dimension ones
+    pointer = tmp_path / "q" / "rag_chunks" / "books" / "b" / "current.json"
+    data = json.loads(pointer.read_text())
+    data["recipe"] = make_recipe(HashEmbedder(256)).tag()
+    pointer.write_text(json.dumps(data))
+    with TestClient(app_module.create_app(settings, recipes, cache_size=0)) as client:
+        response = client.get("/search", params={"q": "nodes", "book": "b"})
+        assert response.status_code == 503, response.text
+        assert response.json()["detail"] == (
+            "book 'b': its searched index holds 384-dimension vectors while the model it "
+            "records (hash-256) makes 256"
+        )
+        sparse = client.get("/search", params={"q": "nodes", "book": "b", "mode": "sparse"})
+        assert sparse.status_code == 200 and sparse.json()

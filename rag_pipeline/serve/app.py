@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
@@ -74,7 +74,7 @@ from rag_pipeline.store import (
     VectorStore,
     open_store,
 )
-from rag_pipeline.store.capabilities import generations_of, searched_recipe
+from rag_pipeline.store.capabilities import searched_recipe
 from rag_pipeline.store.errors import resource_limit
 from rag_pipeline.store.filters import check_point_id
 
@@ -241,12 +241,11 @@ class Service:
         :class:`RecordedModelUnavailableError` (503) when this process cannot embed with it."""
         return self.book_view(store, book_id)[0]
 
-    def book_view(self, store: VectorStore, book_id: str) -> tuple[IndexRecipe, BookView]:
-        """The book's recipe (see :meth:`book_recipe`) and the view of the book it was read
-        in (:func:`view_of`)."""
+    def book_view(self, store: VectorStore, book_id: str) -> tuple[IndexRecipe, str | None]:
+        """The book's recipe (see :meth:`book_recipe`) and the signature of the generation
+        it was read for (:func:`searched_signature`)."""
         opening, now = self.holder.stats.opens, time.monotonic()
-        view = view_of(store, book_id)  # pointer reads: the generation searched now
-        signature = view.signature
+        signature = searched_signature(store, book_id)  # the generation searched now
         with self._lock:
             known = self._books.get(book_id)
         if (
@@ -254,42 +253,44 @@ class Service:
             and known[2:] == (opening, signature)
             and now - known[1] < self._book_ttl_s
         ):
-            return known[0], view
+            return known[0], signature
         recipe = self.recipes.for_book(store, book_id, purpose="search").recipe
         with self._lock:
             self._books[book_id] = (recipe, now, opening, signature)
-        return recipe, view
+        return recipe, signature
 
     def search(self, store: VectorStore, request: SearchRequest) -> list[Hit] | list[HitGroup]:
         """``request`` run with its query embedded by the model of the generation it searches,
-        under one view of the book (:class:`BookView`): the view is read before the model is
+        under one view of the book: the generation's signature is read before the model is
         chosen and again after the last read. The handle may let go of the book meanwhile
         (another request backs off, see LockGroup), and an ingest may switch it to another
         model; then the query is embedded again with the new model and searched again, at
         most :data:`VIEW_TRIES` times (then :class:`BookViewError`, 503). An engine error
-        under a view that changed is such a switch, never a client's 500."""
+        under a view that changed is such a switch, never a client's 500; one under an
+        unchanged view, where the generation holds vectors of another dimension than the
+        model makes, is a :class:`BookViewError` naming both."""
         book_id = request.book_id
         if not request.needs_embedder:
             return request.run(store, None, self.recipe.sparse)
         for _ in range(VIEW_TRIES):
-            recipe, view = self.book_view(store, book_id)
+            recipe, signature = self.book_view(store, book_id)
             embedder = self._embedder_of(recipe)
-            made = embedder.dimension
             try:
-                if view.dimension is not None and made not in (None, view.dimension):
-                    raise BookViewError(
-                        book_id,
-                        f"its searched index holds {view.dimension}-dimension vectors while "
-                        f"the model it records ({recipe.embedding_model}) makes {made}",
-                    )
                 results = request.run(store, embedder, self.recipe.sparse)
             except (StoreBusyError, StoreUnavailableError, StoreResourceError):
                 raise  # waited for already: answered as it is
-            except (StoreError, BookViewError):
-                if view_of(store, book_id) == view:
+            except StoreError:
+                if searched_signature(store, book_id) == signature:
+                    held, made = store.dimension_of(book_id), embedder.dimension
+                    if held is not None and made is not None and held != made:
+                        raise BookViewError(
+                            book_id,
+                            f"its searched index holds {held}-dimension vectors while the "
+                            f"model it records ({recipe.embedding_model}) makes {made}",
+                        ) from None
                     raise  # not a switch: the error stands
             else:
-                if view_of(store, book_id) == view:
+                if searched_signature(store, book_id) == signature:
                     return results
             log.info("book %s switched to another recipe during a search: searched again", book_id)
         raise BookViewError(
@@ -303,23 +304,13 @@ class Service:
 VIEW_TRIES = 3
 
 
-@dataclass(frozen=True, slots=True)
-class BookView:
-    """What a search of a book must see unchanged from the choice of its query's model to its
-    last read: the recipe signature of the generation the store handle searches and that
-    generation's dimension (None: a store without generations, which changes no dimension)."""
-
-    signature: str | None
-    dimension: int | None
-
-
-def view_of(store: VectorStore, book_id: str) -> BookView:
-    """The book as ``store`` searches it now (pointer reads, taking the book's lock if the
-    handle let go of it)."""
-    if generations_of(store) is None:
-        return BookView(None, None)
+def searched_signature(store: VectorStore, book_id: str) -> str | None:
+    """The recipe signature of the generation ``store`` searches for the book now (one pointer
+    read, taking the book's lock if the handle let go of it; None: a store without
+    generations, whose one collection keeps its dimension): what a search must see unchanged
+    from the choice of its query's model to its last read."""
     tag = searched_recipe(store, book_id)
-    return BookView(tag.get(RECIPE_SIGNATURE) if tag else None, store.dimension_of(book_id))
+    return tag.get(RECIPE_SIGNATURE) if tag else None
 
 
 class BookViewError(Exception):
