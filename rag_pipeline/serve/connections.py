@@ -7,7 +7,8 @@ client is reset. :func:`guarded_protocol` is uvicorn's HTTP protocol with two bo
 
 * **read timeout**: a request (its headers and body) must arrive within ``read_timeout_s`` of
   its first byte, or of the connection's opening; else it is answered 408 and the connection
-  closed. A request being answered is never timed: the bound is on the client, not the work.
+  closed (closed silently when nothing came). A request being answered is never timed: the
+  bound is on the client, not the work.
 * **connections**: at most ``max_connections`` are held. One more makes room by closing the
   connection that has waited longest for a request (a half-sent one, or an idle kept-alive
   one), so that slow clients cannot keep a complete request out; when every connection held
@@ -90,6 +91,7 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type[asynci
 
         _reading_since = 0.0
         _idle = False  # its last response was sent and no byte of the next one came yet
+        _partial = False  # bytes of a request came and no response was sent for it yet
         _timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,10 +104,12 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type[asynci
             if self._idle:  # the first bytes of the next request of a kept-alive connection
                 self._idle = False
                 self._reading(time.monotonic())
+            self._partial = True
             super().data_received(data)
 
         def on_response_complete(self) -> None:
             self._idle = True  # idle from now: uvicorn's keep-alive timeout closes it
+            self._partial = False
             super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -137,10 +141,7 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type[asynci
             if left > 0:
                 self._timer = self.loop.call_later(left, self._expire)
                 return
-            cycle = self.cycle
-            if cycle is None or cycle.response_complete:  # no response begun: say why
-                self.transport.write(timed_out)
-            self.transport.close()
+            self._close(timed_out)
 
         def _make_room(self) -> None:
             """Close the connection that has waited longest for its request (not this
@@ -158,8 +159,15 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type[asynci
                 self.transport.close()
                 return
             oldest = min(waiting, key=lambda c: (not c._idle, c._reading_since))
-            if not oldest._idle:
-                oldest.transport.write(made_room)
-            oldest.transport.close()
+            oldest._close(made_room)
+
+        def _close(self, answer: bytes) -> None:
+            """Close the connection, with ``answer`` when part of a request came and no
+            response began (one that sent nothing is closed silently, as uvicorn closes an
+            idle one: a client may be sending its request on it just now)."""
+            cycle = self.cycle
+            if self._partial and (cycle is None or cycle.response_complete):
+                self.transport.write(answer)
+            self.transport.close()
 
     return GuardedProtocol
