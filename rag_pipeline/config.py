@@ -187,6 +187,10 @@ class Settings(BaseSettings):
     max_file_bytes: int = Field(10 * 1024 * 1024, ge=1, le=1 << 30)
     # how long a command waits for an embedded store that another process holds
     busy_wait_s: float = Field(30.0, ge=0, le=86400)
+    # `serve`: the time a client has to send a whole request (its headers and body), and
+    # the connections held at most (default: 1024, at most half the open-files limit)
+    serve_read_timeout_s: float = Field(10.0, gt=0, le=3600)
+    serve_max_connections: int | None = Field(None, ge=1, le=1_000_000)
     # after a book switches to a new recipe (built beside the old one), keep the old index
     keep_old_recipe: bool = False
     # read as raw text, so that malformed JSON is reported by the validator below

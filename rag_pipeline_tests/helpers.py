@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +205,11 @@ class Server:
     """``rag-pipeline serve`` in its own process; ``files_limit`` lowers its open-files limit
     (soft and hard: the service cannot raise it back)."""
 
-    def __init__(self, cli: Cli, *, files_limit: int | None = None) -> None:
+    def __init__(
+        self, cli: Cli, *, files_limit: int | None = None, entry: Sequence[str] = ()
+    ) -> None:
+        """``entry``: a test module (and its arguments) that runs the CLI, in place of
+        ``rag_pipeline.cli`` (a fault injection: see switchpoint.py)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -213,9 +218,11 @@ class Server:
         # would block its logging
         self.log_path = Path(cli.cwd) / f"serve-{self.port}.log"
         with open(self.log_path, "w") as log:
+            module = entry or ["rag_pipeline.cli"]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rag_pipeline.cli", "serve", "--port", str(self.port)],
-                env=cli.env,
+                [sys.executable, "-m", *module, "serve", "--port", str(self.port)],
+                # a test module is found from the repository
+                env={**cli.env, "PYTHONPATH": str(REPO)} if entry else cli.env,
                 cwd=cli.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,

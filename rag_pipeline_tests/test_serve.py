@@ -3,7 +3,9 @@ its coexistence with an ingest run on the embedded store."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 
 from rag_pipeline.embed import EmbeddingAnswerError
 from rag_pipeline_tests.conftest import REPO, make_recipe
@@ -523,3 +526,134 @@ def test_a_service_started_before_the_first_ingest_finds_its_books(tmp_path):
         assert hits and hits[0]["book_id"] == BOOK
     finally:
         server.stop()
+
+
+@pytest.mark.integration
+def test_a_switch_to_another_model_between_embedding_and_search_is_searched_again(tmp_path):
+    """A real ingest switches the book from hash-384 to hash-256 after the service embedded a
+    query and before it searched (the service had let go of the book, as it does when another
+    request backs off): the query is embedded again with hash-256 and answered 200. It was a
+    500 with the engine's "Vector dimension error: expected dim: 256, got 384"."""
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store.edge import EdgeStore
+    from rag_pipeline_tests.switchpoint import MARKER
+
+    cli = _indexed_cli(tmp_path)
+    server = Server(cli, entry=["rag_pipeline_tests.switchpoint", BOOK, "256"])
+    try:
+        for mode in ("dense", "hybrid"):
+            response = server.get("/search", q=f"nodes {mode}", book=BOOK, mode=mode)
+            assert response.status_code == 200 and response.json(), response.text
+        response = server.get("/search", q=f"nodes and topics {MARKER}", book=BOOK)
+        assert response.status_code == 200, response.text
+        hits = response.json()
+        assert hits and {h["book_id"] for h in hits} == {BOOK}
+        assert hits == server.get("/search", q=f"nodes and topics {MARKER}", book=BOOK).json()
+        assert server.get("/search", q="nodes", book=OTHER).status_code == 200
+    finally:
+        server.stop()
+    with EdgeStore("rag_chunks", cli.env["RAG_QDRANT_PATH"], COLLECTION_SCHEMA) as store:
+        assert (store.current_recipe(BOOK) or {}).get("embedding_model") == "hash-256"
+
+
+#: the service's open-files limit in the slow-clients test: about 18 descriptors are its own
+SLOW_FILES_LIMIT = 64
+#: clients that send half a request: more than the limit leaves for connections
+SLOW_CLIENTS = 50
+
+
+@pytest.mark.integration
+def test_half_sent_requests_are_closed_and_complete_ones_answered_meanwhile(tmp_path):
+    """Clients that send half a request and stay: before, each held a descriptor for as long
+    as it stayed, the process ran out of them and every other client was reset. Now at most
+    half the open-files limit is held (the one that waited longest makes room), a complete
+    request is answered meanwhile, and each half-sent one is answered 408 or 503 and closed
+    within RAG_SERVE_READ_TIMEOUT_S."""
+    from collections import Counter
+
+    cli = _indexed_cli(tmp_path)
+    cli.env["RAG_SERVE_READ_TIMEOUT_S"] = "1"
+    server = Server(cli, files_limit=SLOW_FILES_LIMIT)
+    slow: list[socket.socket] = []
+    try:
+        assert server.get("/search", q="nodes", book=BOOK).status_code == 200  # the store open
+        started = time.monotonic()
+        slow.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+        silent = slow[-1]  # sends nothing
+        half = f"GET /search?q=nodes&book={BOOK} HTTP/1.1\r\nHost: x\r\n".encode()
+        for _ in range(SLOW_CLIENTS):
+            slow.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+            slow[-1].sendall(half)  # the headers never end
+        held = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+        assert held < SLOW_FILES_LIMIT - 8, held
+        response = requests.get(
+            f"{server.url}/search", params={"q": "nodes", "book": BOOK}, timeout=10
+        )
+        assert response.status_code == 200 and response.json(), response.text
+        # each is answered and closed by the service (its reads end), within the bound
+        assert _read_to_end(silent) == b""  # closed without an answer to no request
+        answers = Counter(_read_to_end(s).split(b"\r\n")[0] for s in slow[1:])
+        assert time.monotonic() - started < 8
+        timed_out, refused = b"HTTP/1.1 408 Request Timeout", b"HTTP/1.1 503 Service Unavailable"
+        assert set(answers) == {timed_out, refused}, answers
+        assert server.get("/search", q="nodes", book=BOOK).status_code == 200
+    finally:
+        for s in slow:
+            s.close()
+        server.stop()
+
+
+def _read_to_end(sock: socket.socket) -> bytes:
+    """What the peer sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+def test_a_book_whose_view_keeps_changing_or_disagrees_is_503_naming_it(
+    tmp_path, write_book, data_dir, monkeypatch
+):
+    """The bounds of Service.search: a book switched under every try is 503 after 3 tries,
+    and a generation tagged with a model of another dimension than its vectors' is 503 naming
+    both (it was the engine's "Vector dimension error" as a 500)."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve import app as app_module
+    from rag_pipeline_tests.conftest import section
+
+    write_book("b", {"a.md": "# b\n\n" + section("Nodes", seed="b")})
+    settings = load_settings(
+        data_dir=data_dir, qdrant_path=str(tmp_path / "q"), embedder="hash", cache_dir=tmp_path
+    )
+    IngestPipeline.from_settings(settings, make_recipe(HashEmbedder())).run(["b"], run_id="r")
+    recipes = app_module.query_recipe(settings)[0]
+    with TestClient(app_module.create_app(settings, recipes, cache_size=0)) as client:
+        looks = iter(range(1000))
+        with monkeypatch.context() as patched:  # a new generation at every look
+            patched.setattr(app_module, "searched_signature", lambda s, b: str(next(looks)))
+            response = client.get("/search", params={"q": "nodes", "book": "b"})
+        assert response.status_code == 503
+        assert response.json()["detail"] == (
+            "book 'b': it switched to another model 3 times while this search ran "
+            "(an ingest is migrating it): ask again"
+        )
+    # the generation's tag says hash-256, its vectors are 384-dimension ones
+    pointer = tmp_path / "q" / "rag_chunks" / "books" / "b" / "current.json"
+    data = json.loads(pointer.read_text())
+    data["recipe"] = make_recipe(HashEmbedder(256)).tag()
+    pointer.write_text(json.dumps(data))
+    with TestClient(app_module.create_app(settings, recipes, cache_size=0)) as client:
+        response = client.get("/search", params={"q": "nodes", "book": "b"})
+        assert response.status_code == 503, response.text
+        assert response.json()["detail"] == (
+            "book 'b': its searched index holds 384-dimension vectors while the model it "
+            "records (hash-256) makes 256"
+        )
+        sparse = client.get("/search", params={"q": "nodes", "book": "b", "mode": "sparse"})
+        assert sparse.status_code == 200 and sparse.json()

@@ -331,4 +331,11 @@ def serve(
         f"serving {settings.store().target} on http://{host}:{port} (docs: /docs)",
         highlight=False,
     )
-    run_server(app, host, port, access_log=access_log)
+    run_server(
+        app,
+        host,
+        port,
+        access_log=access_log,
+        read_timeout_s=settings.serve_read_timeout_s,
+        max_connections=settings.serve_max_connections,
+    )

@@ -12,8 +12,29 @@ from rag_pipeline.serve.holder import StoreHolder
 __all__ = ["CachedQueryEmbedder", "Service", "StoreHolder", "create_app", "query_recipe", "serve"]
 
 
-def serve(app: object, host: str, port: int, *, access_log: bool = False) -> None:
-    """Run the application until interrupted (uvicorn, one worker)."""
+def serve(
+    app: object,
+    host: str,
+    port: int,
+    *,
+    access_log: bool = False,
+    read_timeout_s: float = 10.0,
+    max_connections: int | None = None,
+) -> None:
+    """Run the application until interrupted (uvicorn, one worker), closing requests not
+    complete within ``read_timeout_s`` and holding at most ``max_connections`` connections
+    (default: see :func:`~rag_pipeline.serve.connections.max_connections`)."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=access_log)  # type: ignore[arg-type]  # a FastAPI app is an ASGI app
+    from rag_pipeline.serve.connections import guarded_protocol
+    from rag_pipeline.serve.connections import max_connections as held_at_most
+
+    protocol = guarded_protocol(read_timeout_s, held_at_most(max_connections))
+    uvicorn.run(
+        app,  # type: ignore[arg-type]  # a FastAPI app is an ASGI app
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=access_log,
+        http=protocol,
+    )

@@ -6,7 +6,8 @@ prints with ``--json`` (the same request objects build it); errors are ``{"detai
 book does not hold, 422 for a parameter of the wrong type, 502 for a bad answer of the
 embedder (a NaN or zero vector, a malformed body), 503 while the store stays busy past its busy
 wait or the embedder is unavailable (timeout, 429 after retries, no connection, or a book
-indexed with a model this process cannot embed queries with). An embedded
+indexed with a model this process cannot embed queries with), or a book switched to another
+model under a search again and again (:meth:`Service.search`). An embedded
 store is shared with ingestion runs through :class:`StoreHolder`.
 """
 
@@ -58,7 +59,7 @@ from rag_pipeline.retrieve.params import (
     search_request,
     single_valued,
 )
-from rag_pipeline.retrieve.request import results_json
+from rag_pipeline.retrieve.request import SearchRequest, results_json
 from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
@@ -238,9 +239,13 @@ class Service:
         the store was reopened, or when the handle reads another generation of the book: it
         may let go of a book and route it again, see LockGroup);
         :class:`RecordedModelUnavailableError` (503) when this process cannot embed with it."""
+        return self.book_view(store, book_id)[0]
+
+    def book_view(self, store: VectorStore, book_id: str) -> tuple[IndexRecipe, str | None]:
+        """The book's recipe (see :meth:`book_recipe`) and the signature of the generation
+        it was read for (:func:`searched_signature`)."""
         opening, now = self.holder.stats.opens, time.monotonic()
-        tag = searched_recipe(store, book_id)  # a pointer read: the generation searched now
-        signature = tag.get(RECIPE_SIGNATURE) if tag else None
+        signature = searched_signature(store, book_id)  # the generation searched now
         with self._lock:
             known = self._books.get(book_id)
         if (
@@ -248,15 +253,72 @@ class Service:
             and known[2:] == (opening, signature)
             and now - known[1] < self._book_ttl_s
         ):
-            return known[0]
+            return known[0], signature
         recipe = self.recipes.for_book(store, book_id, purpose="search").recipe
         with self._lock:
             self._books[book_id] = (recipe, now, opening, signature)
-        return recipe
+        return recipe, signature
 
-    def query_embedder(self, store: VectorStore, book_id: str) -> CachedQueryEmbedder:
-        """Embeds the queries of ``book_id``: with the model its vectors were made by."""
-        return self._embedder_of(self.book_recipe(store, book_id))
+    def search(self, store: VectorStore, request: SearchRequest) -> list[Hit] | list[HitGroup]:
+        """``request`` run with its query embedded by the model of the generation it searches,
+        under one view of the book: the generation's signature is read before the model is
+        chosen and again after the last read. The handle may let go of the book meanwhile
+        (another request backs off, see LockGroup), and an ingest may switch it to another
+        model; then the query is embedded again with the new model and searched again, at
+        most :data:`VIEW_TRIES` times (then :class:`BookViewError`, 503). An engine error
+        under a view that changed is such a switch, never a client's 500; one under an
+        unchanged view, where the generation holds vectors of another dimension than the
+        model makes, is a :class:`BookViewError` naming both."""
+        book_id = request.book_id
+        if not request.needs_embedder:
+            return request.run(store, None, self.recipe.sparse)
+        for _ in range(VIEW_TRIES):
+            recipe, signature = self.book_view(store, book_id)
+            embedder = self._embedder_of(recipe)
+            try:
+                results = request.run(store, embedder, self.recipe.sparse)
+            except (StoreBusyError, StoreUnavailableError, StoreResourceError):
+                raise  # waited for already: answered as it is
+            except StoreError:
+                if searched_signature(store, book_id) == signature:
+                    held, made = store.dimension_of(book_id), embedder.dimension
+                    if held is not None and made is not None and held != made:
+                        raise BookViewError(
+                            book_id,
+                            f"its searched index holds {held}-dimension vectors while the "
+                            f"model it records ({recipe.embedding_model}) makes {made}",
+                        ) from None
+                    raise  # not a switch: the error stands
+            else:
+                if searched_signature(store, book_id) == signature:
+                    return results
+            log.info("book %s switched to another recipe during a search: searched again", book_id)
+        raise BookViewError(
+            book_id,
+            f"it switched to another model {VIEW_TRIES} times while this search ran "
+            "(an ingest is migrating it): ask again",
+        )
+
+
+#: searches of one request, each under a view of its book (see :meth:`Service.search`)
+VIEW_TRIES = 3
+
+
+def searched_signature(store: VectorStore, book_id: str) -> str | None:
+    """The recipe signature of the generation ``store`` searches for the book now (one pointer
+    read, taking the book's lock if the handle let go of it; None: a store without
+    generations, whose one collection keeps its dimension): what a search must see unchanged
+    from the choice of its query's model to its last read."""
+    tag = searched_recipe(store, book_id)
+    return tag.get(RECIPE_SIGNATURE) if tag else None
+
+
+class BookViewError(Exception):
+    """A search of a book that could not be run under one view of it (503)."""
+
+    def __init__(self, book: str, problem: str) -> None:
+        super().__init__(f"book {book!r}: {problem}")
+        self.book = book
 
 
 NO_BOOK = "the book query parameter is required: every answer is scoped to one book"
@@ -424,6 +486,10 @@ def create_app(
             status = 500
         return CliJSONResponse({"detail": str(exc)}, status_code=status)
 
+    @app.exception_handler(BookViewError)
+    async def book_view_error(request: Request, exc: BookViewError) -> Response:
+        return CliJSONResponse({"detail": str(exc)}, status_code=503)
+
     @app.get("/health")
     def health() -> Response:
         """Liveness and what the service serves (does not touch the store)."""
@@ -456,13 +522,8 @@ def create_app(
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
 
-        def run(store: VectorStore) -> list[Hit] | list[HitGroup]:
-            # the book's queries are embedded by the model its vectors were made by
-            embedder = service.query_embedder(store, book_id) if request.needs_embedder else None
-            return request.run(store, embedder, recipe.sparse)
-
         try:
-            results = service.read(run)
+            results = service.read(lambda store: service.search(store, request))
         except ValueError as exc:  # a filter the engine refuses
             raise HTTPException(400, str(exc)) from None
         return CliJSONResponse(results_json(results))
