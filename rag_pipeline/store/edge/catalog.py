@@ -30,6 +30,7 @@ from rag_pipeline.store.edge.files import (
     _write_json,
 )
 from rag_pipeline.store.edge.handle import Handle, RoutedBook
+from rag_pipeline.store.errors import limit_error
 
 #: files of an Edge shard that a read-only load, search, count, scroll or facet rewrites (their
 #: times, and edge_config.json's size at the first load; tracker_journal.dat is deleted), as
@@ -178,7 +179,12 @@ def _sound_summary(
             written_ns = os.fstat(fh.fileno()).st_mtime_ns  # the time of what is read
             raw = fh.read()
         saved = json.loads(raw)
-    except (OSError, ValueError):
+    except OSError as exc:
+        limit = limit_error(exc, f"cannot read {folder / _SUMMARY}")
+        if limit is not None:  # no descriptor left is not a summary to distrust
+            raise limit from exc
+        return None
+    except ValueError:
         return None
     stamp = saved.get("store") if isinstance(saved, dict) else None
     data = saved.get("data") if isinstance(saved, dict) else None

@@ -17,6 +17,7 @@ from typing import Any
 
 from rag_pipeline.store import base
 from rag_pipeline.store.edge.common import log
+from rag_pipeline.store.errors import limit_error
 
 LAYOUT_FILE = "layout.json"
 
@@ -77,11 +78,19 @@ def _signature(pointer: Mapping[str, Any]) -> str | None:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON in ``path``; None when it is missing or unreadable (the caller says what that
+    makes it). A limit of the machine met reading it (no descriptor left, no memory) is
+    :class:`~rag_pipeline.store.errors.StoreResourceError`: the file is not damaged."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except OSError as exc:
+        limit = limit_error(exc, f"cannot read {path}")
+        if limit is not None:
+            raise limit from exc
+        return None
+    except ValueError:
         return None
 
 
