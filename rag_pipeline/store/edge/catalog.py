@@ -22,6 +22,7 @@ from rag_pipeline.store.edge.common import log
 from rag_pipeline.store.edge.files import (
     _CONFIG_FILE,
     _CURRENT,
+    _DAMAGED,
     _SUMMARY,
     _listed_books,
     _Pointer,
@@ -264,6 +265,8 @@ class EdgeCatalog(BookCatalog):
         if state is not None and (state.summary_dropped or state.pending):
             return None
         folder = f"{self.books_folder}{os.sep}{tenant}"  # (str: a plan asks per book, 4 times)
+        if os.path.exists(f"{folder}{os.sep}{_DAMAGED}"):
+            return None  # being rebuilt: whoever may read it reads the shard
         try:  # both files are replaced, never rewritten in place: a new inode at every change
             pointer_st = os.stat(f"{folder}{os.sep}{_CURRENT}")
             summary_st = os.stat(f"{folder}{os.sep}{_SUMMARY}")
