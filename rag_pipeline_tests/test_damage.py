@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.helpers import Cli, assert_no_trace
+from rag_pipeline_tests.helpers import Cli, Server, assert_no_trace
 
 pytestmark = pytest.mark.integration
 BOOK = "ros2-fundamentals"
@@ -111,3 +113,53 @@ def test_overwritten_vectors_are_never_served_and_the_next_ingest_repairs_them(c
     assert report[BOOK]["status"] == "ingested" and report[BOOK]["reused"] == 0
     healed = search(cli, "dense")
     assert healed.returncode == 0 and -1.0 <= json.loads(healed.stdout)[0]["score"] <= 1.0
+
+
+@pytest.mark.slow
+def test_a_book_being_repaired_is_refused_as_damaged_never_answered_empty(cli):
+    """Issue 43: while the next ingest rebuilds a damaged book, the service and CLI searches
+    polled all along answer "damaged" (503, exit 1) or, once the rebuild is checked, hits:
+    never an empty answer (the book was removed first, and read as holding nothing)."""
+    (shard(cli) / "edge_config.json").unlink()
+    cli.env["RAG_BUSY_WAIT_S"] = "30"
+    server = Server(cli)
+    served: list[tuple[int, int, str]] = []  # (status, hits, detail)
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            answer = server.get("/search", q="nodes and topics", book=BOOK)
+            body = answer.json()
+            hits = len(body) if answer.status_code == 200 else 0
+            served.append((answer.status_code, hits, "" if hits else str(body)))
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    try:
+        assert server.get("/search", q="nodes", book=BOOK).status_code == 503
+        poller.start()
+        ingest = cli.start("ingest", "--json")
+        searched: list[tuple[int, str, str]] = []  # (exit code, stdout, stderr)
+        while ingest.poll() is None:
+            proc = search(cli)
+            searched.append((proc.returncode, proc.stdout, proc.stderr))
+        stdout, stderr = ingest.communicate()
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        if poller.is_alive():
+            poller.join(timeout=120)
+        server.stop()
+    assert ingest.returncode == 0, stderr[-3000:]
+    assert any("damaged" in r for r in json.loads(stdout)["books"][BOOK]["reasons"])
+    assert served and searched
+    refused = f"rag-pipeline ingest --book {BOOK}"  # what BookDamagedError says to do
+    for status, hits, detail in served:
+        assert (status == 503 and refused in detail) or (status == 200 and hits), (status, detail)
+    assert served[-1][0] == 200  # the rebuild, once checked, is served
+    for code, out, err in searched:
+        assert_no_trace(out + err)
+        assert (code == 1 and refused in err) or (code == 0 and json.loads(out)), (code, out, err)
+    healed = search(cli)
+    assert healed.returncode == 0 and json.loads(healed.stdout)
+    assert not (folder(cli) / "books" / BOOK / "damaged.json").exists()

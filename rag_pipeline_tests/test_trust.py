@@ -307,6 +307,22 @@ def test_the_service_answers_503_naming_a_limit_of_the_machine(world, monkeypatc
         (OSError(28, "No space left on device"), "ENOSPC"),
         (RuntimeError("mmap failed: Cannot allocate memory (os error 12)"), "max_map_count"),
         (RuntimeError("failed to load segment: range 0..4 is out of bounds"), None),
+        # issue 43: Qdrant Edge's WAL error carries Rust's Debug form of the os error
+        (
+            RuntimeError(
+                "Service runtime error: failed to open WAL /s/wal: Can't init WAL: Custom { kind: "
+                "TooManyOpenFiles, error: Error { kind: OpenFile, source: Os { code: 24, kind: "
+                'TooManyOpenFiles, message: "Too many open files" }, path: "/s/wal/open-2" } }'
+            ),
+            "EMFILE",
+        ),
+        (RuntimeError('Os { code: 23, kind: Uncategorized, message: "..." }'), "ENFILE"),
+        (RuntimeError('Os { code: 122, kind: QuotaExceeded, message: "..." }'), "EDQUOT"),
+        (RuntimeError("write failed: No space left on device"), "ENOSPC"),  # no number
+        (RuntimeError("mmap: Too many open files in system"), "ENFILE"),
+        (RuntimeError("cannot open segment: Too many open files"), "EMFILE"),
+        (OSError(12, "Cannot allocate memory"), "ENOMEM"),
+        (RuntimeError('Os { code: 2, kind: NotFound, message: "No such file" }'), None),
     ],
 )
 def test_a_limit_of_the_machine_is_told_from_damage(error, named):
@@ -314,6 +330,71 @@ def test_a_limit_of_the_machine_is_told_from_damage(error, named):
 
     found = resource_limit(error)
     assert (found is None) if named is None else (found is not None and named in found)
+
+
+#: run in its own process: a search of b1 with 0, 1, 2, ... descriptors left under a lowered
+#: open-files limit (soft and hard, so the store cannot raise it): each answer as JSON
+_SEARCH_OUT_OF_DESCRIPTORS = r"""
+import json, os, resource, sys, traceback
+from click.testing import CliRunner
+from rag_pipeline.cli import main
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+args = ["search", "fox", "--book", "b1", "--mode", "sparse", "--json"]
+runner = CliRunner()
+assert runner.invoke(main, args).exit_code == 0  # every import done with descriptors to spare
+answers = []
+for free in range(8):
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    for fd in held[len(held) - free :]:
+        os.close(fd)
+    del held[len(held) - free :]
+    try:
+        result = runner.invoke(main, args)
+    finally:
+        for fd in held:
+            os.close(fd)
+    escaped = result.exception is not None and not isinstance(result.exception, SystemExit)
+    trace = traceback.format_exception(result.exception) if escaped else []
+    said = result.stderr + "".join(trace)
+    answers.append([free, result.exit_code, result.stdout, said])
+print(json.dumps(answers))
+"""
+
+
+def test_descriptors_running_out_anywhere_in_a_search_are_named_never_damage(world):
+    """Issue 43: a real search process whose open-files limit is met at each step in turn (the
+    store's lock, ``current.json``, the shard's config, its WAL): every failure exits 1 naming
+    the limit, never "damaged ... ingest --rebuild" (the WAL's error carries Rust's
+    ``Os { code: 24 }``, and a pointer that could not be read was called unreadable), nor a
+    traceback (the error's own printing needed a descriptor)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SEARCH_OUT_OF_DESCRIPTORS],
+        env=world.env,
+        cwd=world.cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(done.stdout)
+    failed = [said for _, code, _, said in answers if code != 0]
+    for free, code, out, said in answers:
+        assert_no_trace(out + said)
+        assert "damaged" not in said and "--rebuild" not in said, (free, said)
+        named = code == 1 and "(EMFILE)" in said
+        assert (code == 0 and json.loads(out)) or named, (free, code, said)
+    assert answers[-1][1] == 0 and failed
+    assert any("current.json" in said for said in failed), failed  # the pointer's read
+    assert any("WAL" in said for said in failed), failed  # the engine's open of its WAL
 
 
 def test_a_limit_hit_while_a_run_reads_its_book_never_discards_it(world, monkeypatch):

@@ -56,7 +56,16 @@ err = _Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    try:
+        err.print(
+            f"[bold red]error:[/] {message}",
+            highlight=False,
+            markup=True,
+            emoji=False,
+            soft_wrap=True,
+        )
+    except OSError:  # rich imports parts of itself on first use: no descriptor left for them
+        sys.stderr.write(f"error: {message}\n")
     sys.exit(code)
 
 

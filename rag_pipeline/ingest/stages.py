@@ -81,7 +81,7 @@ def discard_if_damaged(store: VectorStore, book_id: str) -> str | None:
     try:
         store.verify(book_id)
     except BookDamagedError as exc:
-        store.discard_damaged(book_id)
+        store.discard_damaged(book_id, exc.problem)
         return exc.problem
     return None
 
@@ -106,7 +106,7 @@ def take_inventory(
     try:
         inventory = assess_book(source, book_id, store, recipe, force=force)
     except BookDamagedError as exc:
-        store.discard_damaged(book_id)
+        store.discard_damaged(book_id, exc.problem)
         inventory = assess_book(source, book_id, store, recipe, force=force)
         damage = exc.problem
     if damage is None:
@@ -511,7 +511,8 @@ def finish_book(
     """The end of a run of a book (``store``: a reader handle, opened after the run's
     builders closed): its pending recipe build switched in if it is complete and lost nothing
     (:func:`~rag_pipeline.ingest.migration.finish_build`), and the new generation's summary
-    saved (plans need not open it)."""
+    saved (plans need not open it); a book rebuilt for damage is given back to its readers
+    once its check passed (:meth:`~rag_pipeline.store.VectorStore.end_repair`)."""
     book_id = chunked.book_id
     switch = finish_build(
         store,
@@ -523,6 +524,8 @@ def finish_book(
     )
     if switch.switched:
         _save_summary(store, chunked.inventory, run_id)
+    if consistency.passed:  # a book rebuilt for damage is searched from here on, not before
+        store.end_repair(book_id)
     return switch
 
 

@@ -507,11 +507,17 @@ class VectorStore(ABC):
         """Raise :class:`BookDamagedError` when the tenant's index is not what this program
         wrote, as far as the store can tell (default: it cannot; a server checks its own)."""
 
-    def discard_damaged(self, tenant: str) -> None:
+    def discard_damaged(self, tenant: str, problem: str) -> None:
         """Remove what is left of a tenant whose index was found damaged
-        (:class:`BookDamagedError`), without reading it, so that its run rebuilds it from
-        its files. Default: every point of the tenant deleted."""
+        (:class:`BookDamagedError` saying ``problem``), without reading it, so that its run
+        rebuilds it from its files. Default: every point of the tenant deleted (a store that
+        can, Qdrant Edge, refuses its other readers with ``problem`` until
+        :meth:`end_repair`)."""
         self._delete(TenantFilter(tenant))
+
+    def end_repair(self, tenant: str) -> None:  # noqa: B027 - optional hook
+        """The rebuild of a tenant discarded by :meth:`discard_damaged` is written and
+        checked: readers may see it (default: they always did)."""
 
     # -- per tenant ---------------------------------------------------------------------------
 

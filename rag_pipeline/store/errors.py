@@ -12,6 +12,7 @@ __all__ = [
     "StorePathError",
     "StoreResourceError",
     "StoreUnavailableError",
+    "limit_error",
     "resource_limit",
 ]
 
@@ -51,18 +52,41 @@ _LIMITS = {
     28: "no space left on the device (ENOSPC): free disk space",
     122: "disk quota exceeded (EDQUOT): free space or raise the quota",
 }
-_OS_ERROR = re.compile(r"os error (\d+)|\[Errno (\d+)\]")
+#: the number as Python (``[Errno 24]``) and Rust write it: ``os error 24`` (Display) and
+#: ``Os { code: 24, kind: ..., message: "Too many open files" }`` (Debug, as Qdrant Edge
+#: reports a WAL it could not open)
+_OS_ERROR = re.compile(r"os error (\d+)|\[Errno (\d+)\]|\bOs \{ code: (\d+)")
+#: the C library's words for each limit, for a message that lost the number
+_LIMIT_WORDS = {
+    "too many open files in system": 23,
+    "too many open files": 24,
+    "cannot allocate memory": 12,
+    "out of memory": 12,
+    "no space left on device": 28,
+    "disk quota exceeded": 122,
+}
 
 
 def resource_limit(exc: BaseException) -> str | None:
     """What limit of the machine ``exc`` reports (an OSError, or an engine error whose message
-    carries the os error number), in words; None for anything else."""
+    carries the os error number or the C library's words for it), in words; None for
+    anything else."""
     codes: list[int] = []
     if isinstance(exc, OSError) and exc.errno is not None:
         codes.append(exc.errno)
-    for match in _OS_ERROR.finditer(str(exc)):
-        codes.append(int(match.group(1) or match.group(2)))
+    text = str(exc)
+    for match in _OS_ERROR.finditer(text):
+        codes.append(int(next(g for g in match.groups() if g is not None)))
+    lowered = text.lower()
+    codes += [code for words, code in _LIMIT_WORDS.items() if words in lowered]
     return next((_LIMITS[c] for c in codes if c in _LIMITS), None)
+
+
+def limit_error(exc: BaseException, what: str) -> StoreResourceError | None:
+    """:class:`StoreResourceError` saying that ``what`` failed on a limit of the machine
+    (:func:`resource_limit`), never damage; None when ``exc`` is no such limit."""
+    limit = resource_limit(exc)
+    return None if limit is None else StoreResourceError(f"{what}: {limit} ({exc})")
 
 
 class StoreDamagedError(StoreError):

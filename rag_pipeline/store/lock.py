@@ -139,6 +139,9 @@ class FolderLock:
         try:
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644))
         except OSError as exc:
+            limit = resource_limit(exc)
+            if limit is not None:  # no descriptor left: a limit, not a setting to fix
+                raise StoreResourceError(f"cannot open {self.path}: {limit}") from None
             raise StorePathError(f"cannot create {self.path}: {_reason(exc, self.path)}") from None
 
     def acquire(self, wait_s: float, notify: Callable[[str], None] | None = None) -> None:

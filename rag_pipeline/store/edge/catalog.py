@@ -22,6 +22,7 @@ from rag_pipeline.store.edge.common import log
 from rag_pipeline.store.edge.files import (
     _CONFIG_FILE,
     _CURRENT,
+    _DAMAGED,
     _SUMMARY,
     _listed_books,
     _Pointer,
@@ -30,6 +31,7 @@ from rag_pipeline.store.edge.files import (
     _write_json,
 )
 from rag_pipeline.store.edge.handle import Handle, RoutedBook
+from rag_pipeline.store.errors import limit_error
 
 #: files of an Edge shard that a read-only load, search, count, scroll or facet rewrites (their
 #: times, and edge_config.json's size at the first load; tracker_journal.dat is deleted), as
@@ -178,7 +180,12 @@ def _sound_summary(
             written_ns = os.fstat(fh.fileno()).st_mtime_ns  # the time of what is read
             raw = fh.read()
         saved = json.loads(raw)
-    except (OSError, ValueError):
+    except OSError as exc:
+        limit = limit_error(exc, f"cannot read {folder / _SUMMARY}")
+        if limit is not None:  # no descriptor left is not a summary to distrust
+            raise limit from exc
+        return None
+    except ValueError:
         return None
     stamp = saved.get("store") if isinstance(saved, dict) else None
     data = saved.get("data") if isinstance(saved, dict) else None
@@ -258,6 +265,8 @@ class EdgeCatalog(BookCatalog):
         if state is not None and (state.summary_dropped or state.pending):
             return None
         folder = f"{self.books_folder}{os.sep}{tenant}"  # (str: a plan asks per book, 4 times)
+        if os.path.exists(f"{folder}{os.sep}{_DAMAGED}"):
+            return None  # being rebuilt: whoever may read it reads the shard
         try:  # both files are replaced, never rewritten in place: a new inode at every change
             pointer_st = os.stat(f"{folder}{os.sep}{_CURRENT}")
             summary_st = os.stat(f"{folder}{os.sep}{_SUMMARY}")

@@ -16,7 +16,7 @@ import qdrant_edge as qe
 
 from rag_pipeline.store import base, native
 from rag_pipeline.store.edge.files import _CONFIG_FILE, _CURRENT, _Layout
-from rag_pipeline.store.errors import resource_limit
+from rag_pipeline.store.errors import limit_error
 
 EDGE = native.Dialect(
     models=qe,
@@ -188,11 +188,9 @@ def _load(folder: Path, description: str) -> qe.EdgeShard:
     try:
         return qe.EdgeShard.load(str(folder))
     except Exception as exc:
-        limit = resource_limit(exc)
+        limit = limit_error(exc, f"{description}: cannot open book {book!r}'s shard")
         if limit is not None:  # the machine's limit, not damage: never discarded or rebuilt
-            raise base.StoreResourceError(
-                f"{description}: cannot open book {book!r}'s shard: {limit} ({exc})"
-            ) from exc
+            raise limit from exc
         raise base.BookDamagedError(
             book, f"cannot open its shard {folder} ({description}): {exc}"
         ) from exc

@@ -17,6 +17,7 @@ from typing import Any
 
 from rag_pipeline.store import base
 from rag_pipeline.store.edge.common import log
+from rag_pipeline.store.errors import limit_error
 
 LAYOUT_FILE = "layout.json"
 
@@ -31,6 +32,10 @@ _CURRENT = "current.json"
 _PENDING = "pending.json"
 
 _SUMMARY = "summary.json"
+
+#: a book found damaged and being rebuilt: readers are refused with the damage it names until
+#: the rebuild is checked and this file removed (see EdgeStore.discard_damaged)
+_DAMAGED = "damaged.json"
 
 #: a generation pointer as read: (its folder name, the whole pointer)
 _Pointer = tuple[str, dict[str, Any]]
@@ -68,7 +73,11 @@ def _check_book_name(book: str, *, writing: bool = False) -> None:
 def _listed_books(books: Path) -> list[str]:
     if not books.is_dir():
         return []
-    return sorted(p.name for p in books.iterdir() if _readable(p.name) and (p / _CURRENT).is_file())
+    return sorted(
+        p.name
+        for p in books.iterdir()
+        if _readable(p.name) and ((p / _CURRENT).is_file() or (p / _DAMAGED).is_file())
+    )
 
 
 def _signature(pointer: Mapping[str, Any]) -> str | None:
@@ -77,12 +86,35 @@ def _signature(pointer: Mapping[str, Any]) -> str | None:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON in ``path``; None when it is missing or unreadable (the caller says what that
+    makes it). A limit of the machine met reading it (no descriptor left, no memory) is
+    :class:`~rag_pipeline.store.errors.StoreResourceError`: the file is not damaged."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except OSError as exc:
+        limit = limit_error(exc, f"cannot read {path}")
+        if limit is not None:
+            raise limit from exc
         return None
+    except ValueError:
+        return None
+
+
+def _read_damage(book_folder: Path) -> str | None:
+    """The damage a book is being rebuilt for (its ``damaged.json``), or None."""
+    path = book_folder / _DAMAGED
+    if not path.exists():
+        return None
+    data = _read_json(path)
+    problem = data.get("problem") if isinstance(data, dict) else None
+    return problem if isinstance(problem, str) else f"{path} says it is damaged"
+
+
+def _mark_damaged(book_folder: Path, problem: str) -> None:
+    """Write the book's ``damaged.json`` (see :data:`_DAMAGED`), durably."""
+    _write_json(book_folder / _DAMAGED, {"book": book_folder.name, "problem": problem})
 
 
 def _read_pointer(path: Path) -> _Pointer | None:

@@ -36,6 +36,7 @@ from rag_pipeline.store.edge.files import (
     _write_layout,
 )
 from rag_pipeline.store.edge.rebuild import _REBUILT, _finish_rebuild, rebuild_root
+from rag_pipeline.store.errors import limit_error
 from rag_pipeline.store.lock import FolderLock
 
 _MIGRATE_PAGE = 512
@@ -116,6 +117,9 @@ def migrate_single_shard(root: Path, collection: str, schema: base.CollectionSch
     try:
         old = qe.EdgeShard.load(str(folder))
     except Exception as exc:
+        limit = limit_error(exc, f"cannot open the single-shard Qdrant Edge folder {folder}")
+        if limit is not None:  # the machine's limit: nothing to rebuild
+            raise limit from exc
         raise base.StoreDamagedError(
             f"cannot migrate the single-shard Qdrant Edge folder {folder} ({exc}): rebuild the "
             f"store from the books with `{_REBUILD}`."
@@ -157,6 +161,9 @@ def migrate_single_shard(root: Path, collection: str, schema: base.CollectionSch
     except base.StoreError:
         raise
     except Exception as exc:
+        limit = limit_error(exc, f"migrating the single-shard Qdrant Edge folder {folder}")
+        if limit is not None:  # the copy is redone whole at the next open
+            raise limit from exc
         raise base.StoreDamagedError(
             f"migrating the single-shard Qdrant Edge folder {folder} to one shard per book "
             f"failed ({exc}): rebuild the store from the books with `{_REBUILD}`."

@@ -39,14 +39,18 @@ from rag_pipeline.store.edge.engine import (
 )
 from rag_pipeline.store.edge.files import (
     _CURRENT,
+    _DAMAGED,
     _FOLDER_NAME,
     _PENDING,
     _REBUILD,
     _SUMMARY,
     LAYOUT_FILE,
     _check_book_name,
+    _fsync_folder,
     _Layout,
     _listed_books,
+    _mark_damaged,
+    _read_damage,
     _read_layout,
     _read_pointer,
     _readable,
@@ -100,6 +104,9 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
         allow_open_files()
         self._books: dict[str, RoutedBook] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # books with a loaded shard, LRU first
+        #: books this handle found damaged and discarded: it reads them as their rebuild
+        #: leaves them (every other reader is refused until the rebuild is checked)
+        self._repairing: set[str] = set()
         #: book -> (summary file and generation seen, until when, its data): see summary()
         #: the recipe tag of a builder handle (see the module's docstring)
         self._recipe: dict[str, str] | None = None
@@ -190,6 +197,9 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
         _check_book_name(book)
         self._hold(book)
         folder = self.books_folder / book
+        damage = _read_damage(folder)
+        if damage is not None and self._recipe is None and book not in self._repairing:
+            raise base.BookDamagedError(book, f"{damage} (its rebuild is not complete yet)")
         current = _read_pointer(folder / _CURRENT)
         pending = _read_pointer(folder / _PENDING)
         if pending is not None and current is not None and pending[0] == current[0]:
@@ -462,9 +472,11 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
             if _readable(tenant) and self.summary(tenant) is None:
                 self._reader(tenant)
 
-    def discard_damaged(self, tenant: str) -> None:
-        """The book's folder removed under its lock without loading it (see
-        :meth:`VectorStore.discard_damaged`)."""
+    def discard_damaged(self, tenant: str, problem: str) -> None:
+        """The book's index removed under its lock without loading it (see
+        :meth:`VectorStore.discard_damaged`), its ``damaged.json`` written first: every
+        other reader is refused with ``problem`` until :meth:`end_repair`, so the rebuild
+        (in place, by the run's builders) is never seen half done nor as an empty book."""
         with self._lock:
             _check_book_name(tenant)
             self._hold(tenant)
@@ -473,7 +485,36 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
             if state is not None and state.shard is not None:
                 _close_shard(state.shard, flush=False)
             log.warning("book %s: its damaged index is removed to be rebuilt", tenant)
-            _remove_folder(self.books_folder / tenant)
+            folder = self.books_folder / tenant
+            folder.mkdir(parents=True, exist_ok=True)
+            _mark_damaged(folder, problem)  # first: a kill from here on leaves it refused
+            # the pointers before the folders they name: a kill never leaves one naming none
+            for child in sorted(folder.iterdir(), key=lambda path: path.is_dir()):
+                if child.name == _DAMAGED:
+                    continue
+                if child.is_dir() and not child.is_symlink():
+                    _remove_folder(child)
+                else:
+                    _unlink(child)
+            self._repairing.add(tenant)
+
+    def end_repair(self, tenant: str) -> None:
+        """The book's rebuild is complete and checked: its ``damaged.json`` removed (one
+        unlink), so readers see the rebuilt index; a rebuild that wrote nothing leaves the
+        book holding nothing (its folder removed)."""
+        if not _readable(tenant) or not (self.books_folder / tenant / _DAMAGED).exists():
+            return
+        with self._lock:
+            self._hold(tenant)
+            self._forget(tenant)
+            folder = self.books_folder / tenant
+            if (folder / _CURRENT).exists():
+                _unlink(folder / _DAMAGED)
+                _fsync_folder(folder)
+            else:
+                _remove_folder(folder)
+            self._repairing.discard(tenant)
+            log.info("book %s: rebuilt from its files and checked: searched again", tenant)
 
     # -- primitives -------------------------------------------------------------------------
 
