@@ -65,6 +65,12 @@ class RefusedPathError(SourceReadError):
         super().__init__(code, reason)
 
 
+def _read_failure(exc: OSError | SourceReadError) -> str:
+    """Why a file gave no bytes, in words (a SourceReadError says it all: "cannot read file:
+    ...", or the boundary's refusal)."""
+    return f"cannot read file: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
+
+
 @dataclass(frozen=True, slots=True)
 class BookListing:
     """The books a source holds (sorted), and the entries it refused as books."""
@@ -216,12 +222,8 @@ class BookSource(ABC):
                 except RefusedPathError as exc:
                     return FileNow(False, None, str(exc))
                 except (OSError, SourceReadError) as exc:
-                    reason = (
-                        f"cannot read file: {exc.strerror}"
-                        if isinstance(exc, OSError)
-                        else str(exc)
-                    )
-                    return FileNow(not self.is_gone(book_id, source_file), None, reason)
+                    gone = self.is_gone(book_id, source_file)
+                    return FileNow(not gone, None, None if gone else _read_failure(exc))
         return FileNow(False, None)
 
     def hash(self, book_id: str, file: FileVersion, boundary: str) -> str:
@@ -274,13 +276,7 @@ class BookSource(ABC):
                 except (OSError, SourceReadError) as exc:
                     if self.is_gone(book_id, v.source_file):
                         continue  # vanished since it was listed: it is gone
-                    # a SourceReadError says it all ("cannot read file: ...", a refusal)
-                    reason = (
-                        f"cannot read file: {exc.strerror}"
-                        if isinstance(exc, OSError)
-                        else str(exc)
-                    )
-                    errors.append(FileError(book_id, v.source_file, "read", reason))
+                    errors.append(FileError(book_id, v.source_file, "read", _read_failure(exc)))
                     continue
             files.append(SourceFile(book_id, v.source_file, v.location, digest, v.key))
         return BookFilesRead(

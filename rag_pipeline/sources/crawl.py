@@ -5,8 +5,11 @@ when it is a safe identifier (it becomes a Dagster partition key, a payload valu
 segment). Files are ``*.md`` / ``*.mdx`` anywhere below the book folder.
 
 The book folder is the tenant boundary: a symlink (file or folder) is followed only when it
-resolves inside its own book's folder, and that is checked again on the file actually opened
-(:func:`read_source`), so a link re-pointed between the scan and the read is refused too.
+resolves inside its own book's folder. Every file of a book that is opened by its path (read,
+hashed, looked at for why it cannot be read, by a run or by ``lineage``) is opened by
+:func:`open_in_book`, which checks that again before opening and on the file actually opened,
+so a link re-pointed between the scan and the read is refused too, and nothing outside the book
+(nor a device or a FIFO) is ever opened.
 
 Nothing here raises for one bad entry: every problem becomes a :class:`FileError` naming the
 path and the reason, and the rest of the book goes on. A path that exists but cannot be read
