@@ -14,7 +14,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -401,3 +402,31 @@ def assert_no_trace(text: str) -> None:
     """No Python traceback, no Dagster ``Stack Trace:`` block, no ``File "...", line N`` frame."""
     found = TRACE_MARKS.search(text)
     assert found is None, f"{found.group(0)!r} in:\n{text}"
+
+
+@contextmanager
+def small_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``mount -o size=``) mounted at ``mount`` for the block: a small
+    disk a test can fill. Needs root: the test is skipped otherwise, saying so."""
+    import pytest
+
+    mount.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"mounting a small tmpfs needs root: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_disk(disk: Path, leave: int) -> Path:
+    """A file that takes the disk's free space but ``leave`` bytes."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(disk).free - leave)
+    return filler

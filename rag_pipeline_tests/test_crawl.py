@@ -29,7 +29,7 @@ def discover_files(data_dir, book_id, patterns=DEFAULT_PATH_PATTERNS):
     """(files as (name, sha256, path meta), errors) of one book."""
     scan = scan_book(data_dir, book_id)
     files = [
-        (f.source_file, hash_file(f.location), path_meta(f.source_file, patterns), f)
+        (f.source_file, hash_file(f.location, scan.boundary), path_meta(f.source_file, patterns), f)
         for f in scan.files
     ]
     return files, list(scan.errors)

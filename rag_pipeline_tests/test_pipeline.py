@@ -499,28 +499,26 @@ def test_a_books_bm25_average_is_measured_once_recorded_and_kept(env, store, wri
 def test_a_plan_hashes_each_file_once_and_reads_only_what_runs(env, store, monkeypatch):
     """The plan's decision and its preview come from one assessment: every file is hashed once,
     and only the files that run are read to be parsed (the ingest pre-plan reads none)."""
-    import builtins
     import collections
 
-    from rag_pipeline.sources import crawl
+    from rag_pipeline.sources import folder
 
     env.run()
     (env.root / "a.md").write_text(long_doc("A edited", seed="edited"))
     hashed: collections.Counter[str] = collections.Counter()
     read: collections.Counter[str] = collections.Counter()
-    real_open, real_os_open = builtins.open, os.open
+    real_hash, real_read = folder.hash_file, folder.read_source
 
-    def counting_open(path, *args, **kwargs):  # hash_file streams a file through open()
+    def counting_hash(path, *args):  # a hash streams the file
         hashed[os.path.relpath(path, env.root)] += 1
-        return real_open(path, *args, **kwargs)
+        return real_hash(path, *args)
 
-    def counting_os_open(path, *args, **kwargs):  # read_source opens the file it parses
-        if str(path).startswith(str(env.root)):
-            read[os.path.relpath(path, env.root)] += 1
-        return real_os_open(path, *args, **kwargs)
+    def counting_read(path, *args):  # a read takes the file it parses whole
+        read[os.path.relpath(path, env.root)] += 1
+        return real_read(path, *args)
 
-    monkeypatch.setattr(crawl, "open", counting_open, raising=False)
-    monkeypatch.setattr(os, "open", counting_os_open)
+    monkeypatch.setattr(folder, "hash_file", counting_hash)
+    monkeypatch.setattr(folder, "read_source", counting_read)
     plan = env.plan()
     assert plan.action == "run" and plan.preview is not None
     # the files whose stat its last run recorded (in the book's summary, on a store that

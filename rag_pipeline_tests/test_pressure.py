@@ -8,7 +8,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,9 +21,11 @@ from rag_pipeline_tests.helpers import (
     InProcessCli,
     Server,
     assert_no_trace,
+    fill_disk,
     fresh_cli,
     index_books,
     index_sample_books,
+    small_tmpfs,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -218,27 +219,8 @@ def _generations(collection: Path) -> dict[str, str]:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 MiB tmpfs mounted for the test (needs root; skipped otherwise)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mounting a small tmpfs needs root: {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "256m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(disk: Path, leave: int) -> Path:
-    """A file that takes the disk's free space but ``leave`` bytes."""
-    filler = disk / "filler"
-    with open(filler, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(disk).free - leave)
-    return filler
 
 
 def test_a_full_disk_fails_the_write_with_a_message_and_loses_nothing(tmp_path, small_disk):
@@ -253,7 +235,7 @@ def test_a_full_disk_fails_the_write_with_a_message_and_loses_nothing(tmp_path, 
     cli("ingest")
     edited = books / "ros2-fundamentals" / "99-quokkatron.md"
     edited.write_text("# Quokkatron\n\n## Flux\n\nThe quokkatron flux needs 1.21 gigawatts.\n")
-    filler = _fill(small_disk, 1 << 20)
+    filler = fill_disk(small_disk, 1 << 20)
     done = cli("ingest", "--json", check=False)
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     assert_no_trace(done.stderr)

@@ -484,3 +484,54 @@ def test_a_book_lock_taken_by_a_run_names_the_run(
     run_id = report.books["alpha"].run_id
     assert report.books["alpha"].status == "ingested", report.books["alpha"].error_messages
     assert seen and f"for Dagster run {run_id} (" in seen[0], seen
+
+
+def test_a_run_its_dead_process_created_but_never_started_is_reaped(instance):
+    """Issue 43, item 6: a run the CLI created in process and could not start (a full
+    DAGSTER_HOME) stays NOT_STARTED, which nothing else moves: reaped once its process is gone.
+    Runs waiting for a launcher (no process of ours, or a re-execution that copied our tags)
+    and runs of a live process are left alone."""
+    import os
+    import socket
+
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from rag_pipeline.defs.reaper import HOST_TAG, PID_TAG, process_tags, reap_dead_runs
+
+    gone = {PID_TAG: str(2**22 + 1), HOST_TAG: socket.gethostname()}  # above any pid_max
+
+    def created(tags, **kwargs):  # type: ignore[no-untyped-def]
+        return create_run_for_test(
+            instance,
+            job_name="ingest_books",
+            status=DagsterRunStatus.NOT_STARTED,
+            tags=tags,
+            **kwargs,
+        ).run_id
+
+    orphan = created(gone)
+    waiting = created({})
+    parent = created({})
+    reexecuted = created(gone, parent_run_id=parent, root_run_id=parent)
+    ours = created(process_tags())
+    assert process_tags()[PID_TAG] == str(os.getpid())
+    assert reap_dead_runs(instance) == [orphan]
+    status = {r: instance.get_run_by_id(r).status for r in (orphan, waiting, reexecuted, ours)}
+    assert status[orphan] == DagsterRunStatus.FAILURE
+    assert {status[r] for r in (waiting, reexecuted, ours)} == {DagsterRunStatus.NOT_STARTED}
+
+
+def test_only_a_write_the_disk_refused_is_a_full_dagster_home(tmp_path):
+    """SQLite's "disk is full" and ENOSPC name a full home; its "disk I/O error" does only when
+    the home's file system is nearly full (here it is not), any other error never."""
+    import sqlite3
+
+    from rag_pipeline.defs.instance import home_full
+
+    wrapped = RuntimeError("a run failed")
+    wrapped.__cause__ = sqlite3.OperationalError("database or disk is full")
+    assert "is full (database or disk is full)" in str(home_full(tmp_path, wrapped))
+    assert home_full(tmp_path, OSError(28, "No space left on device")) is not None
+    assert home_full(tmp_path, sqlite3.OperationalError("disk I/O error")) is None
+    assert home_full(tmp_path, sqlite3.OperationalError("no such table: runs")) is None

@@ -8,15 +8,18 @@ processes that do not take it (``dagster dev`` starting at the same moment) are 
 
 A bad ``dagster.yaml`` is a setting error naming the file; a damaged SQLite database under
 ``DAGSTER_HOME`` (at open or later, while runs write) is a :class:`DagsterStateError` naming
-the file and how to recover, never a bare ``sqlite3.DatabaseError``.
+the file and how to recover, never a bare ``sqlite3.DatabaseError``; a full one is a
+:class:`DagsterHomeFullError` naming the folder and the space left (:func:`home_full`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -28,7 +31,7 @@ from rag_pipeline.config import DagsterStateError, SettingsError
 from rag_pipeline.defs._dagster_private import dagster_instance_config
 from rag_pipeline.defs.partition_marker import PARTITIONS_MARKER
 
-__all__ = ["open_home_instance"]
+__all__ = ["DagsterHomeFullError", "home_full", "open_home_instance"]
 
 _RACE = re.compile(r"already exists|database is locked", re.IGNORECASE)
 _ATTEMPTS = 5
@@ -76,6 +79,9 @@ def open_home_instance() -> Iterator[DagsterInstance]:
     except Exception as exc:
         if _is_damaged_database(exc):
             raise _damaged(home, exc) from None
+        full = home_full(home, exc)
+        if full is not None:
+            raise full from None
         raise
 
 
@@ -148,3 +154,46 @@ def _damaged_files(home: Path) -> list[Path]:
 def _driver_message(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)
     return str(orig if orig is not None else exc).splitlines()[0]
+
+
+class DagsterHomeFullError(DagsterStateError):
+    """The file system of ``DAGSTER_HOME`` is full: Dagster cannot record runs (nothing is
+    damaged; the index is not affected)."""
+
+
+#: SQLite's words for a write the disk refused: "database or disk is full" (SQLITE_FULL);
+#: "disk I/O error" (SQLITE_IOERR) is what some refused writes say (a new file's first pages)
+_FULL = re.compile(r"disk is full", re.IGNORECASE)
+_IO_ERROR = re.compile(r"disk I/O error", re.IGNORECASE)
+#: free space under which an I/O error of the instance's database is taken for a full disk
+NEARLY_FULL_BYTES = 16 << 20
+
+
+def home_full(home: Path, exc: BaseException) -> DagsterHomeFullError | None:
+    """The error naming a full ``DAGSTER_HOME`` (and the space left on its file system) when
+    ``exc`` or one of its causes is a write the disk refused there; else None."""
+    try:
+        free: int | None = shutil.disk_usage(home).free
+    except OSError:
+        free = None
+    said = None
+    seen: BaseException | None = exc
+    while seen is not None and said is None:
+        for error in (seen, getattr(seen, "orig", None)):  # sqlalchemy wraps the driver's
+            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+                said = str(error)
+            elif isinstance(error, sqlite3.DatabaseError):
+                text = str(error)
+                low = free is not None and free < NEARLY_FULL_BYTES
+                if _FULL.search(text) or (_IO_ERROR.search(text) and low):
+                    said = text.splitlines()[0]
+        seen = seen.__cause__ or seen.__context__
+    if said is None:
+        return None
+    space = "an unknown amount" if free is None else f"{free / 2**10:.0f} KiB"
+    return DagsterHomeFullError(
+        f"the Dagster instance's folder DAGSTER_HOME={str(home)!r} is full ({said}): "
+        f"{space} free on its file system. Free space there (or point DAGSTER_HOME at a larger "
+        "disk) and run it again; the index is not affected, and a run this left unfinished is "
+        "marked failed by the next ingest."
+    )

@@ -5,7 +5,9 @@ Dagster's run storage and keeps the pool slots its steps claimed: every later ru
 those slots would wait forever. Each run records which process runs it, either as tags (runs the
 CLI executes in process: :func:`process_tags`) or as Dagster's own "Started process for run
 (pid: N)" engine event (runs a launcher started). A run is dead when that process no longer
-exists, or when a process that started after the run has taken over its pid.
+exists, or when a process that started after the run has taken over its pid. A run the CLI
+created in process but could not start (its process failed in between: a full
+``DAGSTER_HOME``) stays NOT_STARTED, which nothing else moves: it is reaped the same way.
 
 :func:`reap_dead_runs` is called by the CLI before it starts runs; the daemon does the same
 through the health check of :class:`rag_pipeline.defs.launcher.LocalRunLauncher`
@@ -38,6 +40,10 @@ PID_TAG = "rag/pid"
 HOST_TAG = "rag/host"
 STARTED_TAG = "rag/process_started"
 _LIVE_STATUSES = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.CANCELING]
+#: a run a process executes itself (it has :func:`process_tags`) is created NOT_STARTED and
+#: started by that same process at once: one whose process is gone failed in between (a full
+#: ``DAGSTER_HOME``) and nothing else would ever start or end it
+_CREATED = DagsterRunStatus.NOT_STARTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +116,12 @@ def reap_dead_runs(
     """Mark failed every run of this host whose process died, and free its pool slots."""
     host = socket.gethostname()
     reaped = []
-    for record in instance.get_run_records(RunsFilter(statuses=_LIVE_STATUSES)):
+    for record in instance.get_run_records(RunsFilter(statuses=[*_LIVE_STATUSES, _CREATED])):
         run = record.dagster_run
+        if run.status == _CREATED and (PID_TAG not in run.tags or run.parent_run_id):
+            # a run to be launched (the UI's, a launcher's; a re-execution copies the tags of
+            # the run it re-executes): not ours to end
+            continue
         worker = run_worker(instance, run)
         if worker is None or (worker.host is not None and worker.host != host):
             continue
@@ -121,6 +131,9 @@ def reap_dead_runs(
         message = (
             f"The process that ran this run ({worker}) died without finishing it (killed or "
             "crashed); marked failed so that its pool slots are freed and later runs start."
+            if run.status != _CREATED
+            else f"The process that created this run ({worker}) ended before it could start it "
+            "(a full DAGSTER_HOME, say); marked failed: nothing else would ever start it."
         )
         instance.report_run_failed(run, message)
         free_slots(instance, run.run_id)

@@ -17,6 +17,7 @@ Dagster start-up time. So the runner
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -34,7 +35,7 @@ from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 from rag_pipeline.config import BatchConfig
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
-from rag_pipeline.defs.instance import open_home_instance
+from rag_pipeline.defs.instance import DagsterHomeFullError, home_full, open_home_instance
 from rag_pipeline.defs.jobs import (
     INGEST_JOB_NAME,
     PURGE_JOB_NAME,
@@ -45,7 +46,7 @@ from rag_pipeline.defs.jobs import (
 from rag_pipeline.defs.location import build_defs, fixed_resources
 from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.defs.reaper import process_tags, reap_dead_runs, run_worker
+from rag_pipeline.defs.reaper import free_slots, process_tags, reap_dead_runs, run_worker
 from rag_pipeline.defs.runs import (
     MIGRATION_TAG,
     TRIGGER_TAG,
@@ -75,6 +76,10 @@ QUIET_CONSOLE_LEVEL = "CRITICAL"
 VERBOSE_CONSOLE_LEVEL = "ERROR"
 
 
+#: the reason of a book whose folder went away while its run read it (purged after the run)
+REMOVED_DURING_ITS_RUN = "book folder removed while its run read it: purged after the run"
+
+
 def execute_plan(
     plan: IngestPlan,
     pipeline: IngestPipeline,
@@ -86,28 +91,89 @@ def execute_plan(
     batching: BatchConfig | None = None,
     stopping: Callable[[], bool] = lambda: False,
 ) -> IngestReport:
-    """Run and purge the books the plan says; unchanged and missing books are reported as
-    planned. Books to run go through runs of several books where they are adjacent in
-    partition order (``batching``, :mod:`rag_pipeline.ingest.batches`); a batch that fails
-    for one of its books is run again book by book. Once ``stopping()`` says so (asked before
-    each run), no further run starts: the books left are ``deferred``. Returns the ingest
-    report. Without ``instance``, the one in ``DAGSTER_HOME``."""
+    """Run and purge the books the plan says (and purge a book removed while its run read
+    it); unchanged and missing books are reported as planned. Books to run go through runs of
+    several books where they are adjacent in partition order (``batching``,
+    :mod:`rag_pipeline.ingest.batches`); a batch that fails for one of its books is run again
+    book by book. Once ``stopping()`` says so (asked before each run), no further run starts:
+    the books left are ``deferred``. Returns the ingest report. Without ``instance``, the one
+    in ``DAGSTER_HOME``."""
     batching = batching or BatchConfig()
     if instance is None:
-        with open_home_instance() as home_instance:
-            return execute_plan(
-                plan,
-                pipeline,
-                home_instance,
-                dagster_home=dagster_home,
-                trigger=trigger,
-                notify=notify,
-                batching=batching,
-                stopping=stopping,
-            )
+        try:
+            with open_home_instance() as home_instance:
+                return execute_plan(
+                    plan,
+                    pipeline,
+                    home_instance,
+                    dagster_home=dagster_home,
+                    trigger=trigger,
+                    notify=notify,
+                    batching=batching,
+                    stopping=stopping,
+                )
+        except DagsterHomeFullError as exc:  # before any run: every book that needed one failed
+            (notify or log.warning)(str(exc))
+            return _not_recorded(plan, exc)
     started = time.perf_counter()
     say = notify or log.warning
     report = IngestReport(rejected=list(plan.rejected), warnings=list(plan.warnings))
+    results: dict[str, BookResult] = {}
+    vanished: list[str] = []
+    full: DagsterHomeFullError | None = None
+    try:
+        _run_plan(
+            plan, pipeline, instance, results, vanished, report, trigger, say, batching, stopping
+        )
+    except Exception as exc:
+        # a full DAGSTER_HOME: Dagster can record nothing more. Named, and the report says
+        # what was done; a run it left unfinished is reaped by the next ingest
+        full = home_full(dagster_home or Path(instance.root_directory), exc)
+        if full is None:
+            raise
+        say(str(full))
+        report.warnings.append(str(full))
+        for book_id, book in plan.books.items():
+            if book_id not in results:
+                planned = book.action in ("unchanged", "missing")
+                results[book_id] = book.result() if planned else _failed(book_id, None, str(full))
+    for book_id, book in plan.books.items():  # in the plan's order
+        report.books[book_id] = results[book_id]
+        if book.action in ("run", "purge"):
+            report.books[book_id].reasons = list(book.reasons)
+        if book_id in vanished:
+            report.books[book_id].reasons.append(REMOVED_DURING_ITS_RUN)
+
+    if plan.needs_runs and full is None:  # one refresh of the collection's page
+        try:
+            report_collection(instance, pipeline)
+        except Exception as exc:  # the books are ingested; only the overview is late
+            report.warnings.append(f"the collection asset was not refreshed: {exc}")
+    if dagster_home is not None and full is None:  # a hint for the next ingest: best effort
+        problem = write_partitions_marker(
+            dagster_home, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+        )
+        if problem is not None:
+            report.warnings.append(problem)
+    report.seconds = plan.seconds + time.perf_counter() - started
+    return report
+
+
+def _run_plan(
+    plan: IngestPlan,
+    pipeline: IngestPipeline,
+    instance: DagsterInstance,
+    results: dict[str, BookResult],
+    vanished: list[str],
+    report: IngestReport,
+    trigger: str,
+    say: Callable[[str], None],
+    batching: BatchConfig,
+    stopping: Callable[[], bool],
+) -> None:
+    """The runs and purges of :func:`execute_plan`: each book's result in ``results`` as it
+    comes (what an error part way leaves is what was done), the books purged because they
+    went away while their run read them in ``vanished``."""
     ingest_job, purge_job = _jobs(pipeline)
 
     for run_id in reap_dead_runs(instance, log=say):
@@ -119,7 +185,6 @@ def execute_plan(
     add_book_partitions(instance, [*to_run, *plan.with_action("unchanged")])
     tags = {TRIGGER_TAG: trigger, **process_tags()}
     wait_s = pipeline.store.busy_wait_s
-    results: dict[str, BookResult] = {}
 
     def watched(run_id: str) -> PoolWatch:
         return PoolWatch(instance, run_id, [STORE_POOL, EMBEDDING_POOL], wait_s, say)
@@ -151,7 +216,11 @@ def execute_plan(
         for book_id in batch:
             results[book_id] = ran.results[book_id]
             results[book_id].seconds = share
-    for book_id in plan.with_action("purge"):
+    # a book removed (or renamed) while its run read it: the run wrote nothing (a "missing"
+    # result); it is purged now, as the next plan would purge it: a change like any other,
+    # not a failure (a rebuild is swapped in, and its catch-up ingests a renamed book)
+    vanished += [b for b in to_run if results[b].status == "missing" and pipeline.source.is_gone(b)]
+    for book_id in [*plan.with_action("purge"), *vanished]:
         if stopping():
             results[book_id] = _deferred(book_id)
             continue
@@ -162,24 +231,6 @@ def execute_plan(
                 purge_job, instance, run_id, book_id, {**tags, **one_book_tags(book_id)}
             )
         results[book_id].seconds = time.perf_counter() - t0
-    for book_id, book in plan.books.items():  # in the plan's order
-        report.books[book_id] = results[book_id]
-        if book.action in ("run", "purge"):
-            report.books[book_id].reasons = list(book.reasons)
-
-    if plan.needs_runs:  # one refresh of the collection's page for the whole command
-        try:
-            report_collection(instance, pipeline)
-        except Exception as exc:  # the books are ingested; only the overview is late
-            report.warnings.append(f"the collection asset was not refreshed: {exc}")
-    if dagster_home is not None:  # a hint for the next ingest: best effort
-        problem = write_partitions_marker(
-            dagster_home, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
-        )
-        if problem is not None:
-            report.warnings.append(problem)
-    report.seconds = plan.seconds + time.perf_counter() - started
-    return report
 
 
 def _deferred(book_id: str) -> BookResult:
@@ -245,7 +296,7 @@ def _run_books(
     run_id = str(uuid.uuid4())
     one = len(books) == 1
     run_tags = {**tags, **(one_book_tags(books[0]) if one else batch_tags(books))}
-    with watched(run_id), _planned_per_run(not one):
+    with watched(run_id), _planned_per_run(not one), _failed_if_left(instance, run_id):
         outcome = job.execute_in_process(
             run_config={**console_run_config(), **ingest_run_config(force=force)},
             partition_key=books[0] if one else None,
@@ -283,6 +334,22 @@ def _planned_per_run(batch: bool) -> Iterator[None]:
         os.environ.pop(PLANNED_PER_RUN, None)
 
 
+@contextmanager
+def _failed_if_left(instance: DagsterInstance, run_id: str) -> Iterator[None]:
+    """A run that an error escaping its execution left unfinished (its failure could not be
+    recorded: a full ``DAGSTER_HOME``) is marked failed now where the instance can still
+    record that; where it cannot, the next ingest's :func:`reap_dead_runs` does."""
+    try:
+        yield
+    except Exception:
+        with contextlib.suppress(Exception):  # the error that escaped is the one to report
+            run = instance.get_run_by_id(run_id)
+            if run is not None and not run.is_finished:
+                instance.report_run_failed(run, "the process could not record this run's end")
+                free_slots(instance, run_id)
+        raise
+
+
 class _InProcess(TypedDict):
     instance: DagsterInstance
     run_id: str
@@ -299,10 +366,11 @@ def _in_process(instance: DagsterInstance, run_id: str, tags: dict[str, str]) ->
 def _purge_book(
     job: JobDefinition, instance: DagsterInstance, run_id: str, book_id: str, tags: dict[str, str]
 ) -> BookResult:
-    outcome = job.execute_in_process(
-        run_config={**console_run_config(), **purge_run_config(book_id)},
-        **_in_process(instance, run_id, tags),
-    )
+    with _failed_if_left(instance, run_id):
+        outcome = job.execute_in_process(
+            run_config={**console_run_config(), **purge_run_config(book_id)},
+            **_in_process(instance, run_id, tags),
+        )
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))
     warnings = []
@@ -338,6 +406,21 @@ def book_runs_in_flight(instance: DagsterInstance, book_id: str) -> bool:
     :func:`~rag_pipeline.defs.runs.books_with_runs_in_flight` finds."""
     order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
     return book_id in books_with_runs_in_flight(instance, order)
+
+
+def _not_recorded(plan: IngestPlan, full: DagsterHomeFullError) -> IngestReport:
+    """The report of a plan none of whose runs could be recorded: unchanged and missing
+    books as planned, every other one failed, naming the full ``DAGSTER_HOME``."""
+    report = IngestReport(
+        rejected=list(plan.rejected), warnings=[*plan.warnings, str(full)], seconds=plan.seconds
+    )
+    for book_id, book in plan.books.items():
+        if book.action in ("unchanged", "missing"):
+            report.books[book_id] = book.result()
+        else:
+            report.books[book_id] = _failed(book_id, None, str(full))
+            report.books[book_id].reasons = list(book.reasons)
+    return report
 
 
 def _failed(book_id: str, run_id: str | None, message: str) -> BookResult:

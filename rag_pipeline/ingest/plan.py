@@ -348,7 +348,11 @@ def plan_book(
     if detail and book.action == "run":
         preview, chunked = pipeline.preview(assessment, recipe)
         book.preview = preview
-        book.errors = [str(e) for e in (*assessment.crawl_errors, *chunked.errors)]
+        # a file the crawl refused is also an unreadable file of the run, with the crawl's
+        # reason (parse_book): one fact, listed once
+        crawl = {(e.source_file, e.reason) for e in assessment.crawl_errors}
+        run = [e for e in chunked.errors if (e.source_file, e.reason) not in crawl]
+        book.errors = [str(e) for e in (*assessment.crawl_errors, *run)]
         book.errors += [str(e) for e in chunked.inventory.recorded_errors]
     return book
 

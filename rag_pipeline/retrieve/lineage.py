@@ -51,11 +51,14 @@ def trace_point(
     info: dict[str, Any] = {"point_id": point_id}
     info.update({k: payload.get(k) for k in LINEAGE_FIELDS})
     source_file = str(payload.get(SOURCE_FILE) or "")
-    current = source.current_hash(book_id, source_file)
+    # read within the book's boundary, as a run reads: a file replaced by a link out of the
+    # book is refused, never hashed (the hash of any file the service can read, otherwise)
+    now = source.file_now(book_id, source_file)
     info["file_path"] = source.locate(book_id, source_file)
-    info["file_exists"] = not source.is_gone(book_id, source_file)
-    info["current_file_hash"] = current
-    info["file_changed_since_indexed"] = current != payload.get(SOURCE_FILE_HASH)
+    info["file_exists"] = now.exists
+    info["current_file_hash"] = now.sha256
+    info["file_changed_since_indexed"] = now.sha256 != payload.get(SOURCE_FILE_HASH)
+    info["file_problem"] = now.problem
     if payload.get(RECORD_TYPE) != DOCUMENT and payload.get(PARENT_DOC_ID):
         record = store.retrieve(book_filter(book_id), [str(payload[PARENT_DOC_ID])])
         if record:

@@ -15,6 +15,7 @@ book).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -33,8 +34,10 @@ __all__ = [
     "BookListing",
     "BookSource",
     "BookVersions",
+    "FileNow",
     "FileVersion",
     "ParseOptions",
+    "RefusedPathError",
     "SourceReadError",
     "SourceUnavailableError",
 ]
@@ -51,6 +54,21 @@ class SourceReadError(Exception):
     def __init__(self, code: int | None, reason: str) -> None:
         super().__init__(reason)
         self.errno = code
+
+
+class RefusedPathError(SourceReadError):
+    """A path the book boundary refuses (:func:`~rag_pipeline.sources.crawl.open_in_book`):
+    it leads outside its book folder (a symlink out or into another book, a ``..``) or to
+    something that is not a regular file (a device, a FIFO, a folder). Nothing was opened."""
+
+    def __init__(self, reason: str, code: int = errno.EPERM) -> None:
+        super().__init__(code, reason)
+
+
+def _read_failure(exc: OSError | SourceReadError) -> str:
+    """Why a file gave no bytes, in words (a SourceReadError says it all: "cannot read file:
+    ...", or the boundary's refusal)."""
+    return f"cannot read file: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +102,17 @@ class BookVersions:
     boundary: str
     files: tuple[FileVersion, ...]
     errors: tuple[FileError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FileNow:
+    """One file of a book as it is now, for lineage."""
+
+    #: a file of the book is there (False: gone, or what is there is refused by the boundary)
+    exists: bool
+    sha256: str | None  # None: no bytes were read
+    #: why there are no bytes: the boundary's refusal or the read error (None: read, or gone)
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -182,16 +211,20 @@ class BookSource(ABC):
         """Where a person finds the file (a path, for a folder)."""
         return f"{book_id}/{source_file}"
 
-    def current_hash(self, book_id: str, source_file: str) -> str | None:
-        """The SHA-256 of the file as it is now (None: gone, or it cannot be read)."""
+    def file_now(self, book_id: str, source_file: str) -> FileNow:
+        """The file as it is now (what lineage compares with the index); a source reads it
+        within the book's boundary, as a run does."""
         versions = self.versions(book_id)
         for v in versions.files:
             if v.source_file == source_file:
                 try:
-                    return v.sha256 or self.hash(book_id, v, versions.boundary)
-                except (OSError, SourceReadError):
-                    return None
-        return None
+                    return FileNow(True, v.sha256 or self.hash(book_id, v, versions.boundary))
+                except RefusedPathError as exc:
+                    return FileNow(False, None, str(exc))
+                except (OSError, SourceReadError) as exc:
+                    gone = self.is_gone(book_id, source_file)
+                    return FileNow(not gone, None, None if gone else _read_failure(exc))
+        return FileNow(False, None)
 
     def hash(self, book_id: str, file: FileVersion, boundary: str) -> str:
         """The SHA-256 of the file's bytes (``OSError`` or :class:`SourceReadError` when it
@@ -243,10 +276,7 @@ class BookSource(ABC):
                 except (OSError, SourceReadError) as exc:
                     if self.is_gone(book_id, v.source_file):
                         continue  # vanished since it was listed: it is gone
-                    reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-                    errors.append(
-                        FileError(book_id, v.source_file, "read", f"cannot read file: {reason}")
-                    )
+                    errors.append(FileError(book_id, v.source_file, "read", _read_failure(exc)))
                     continue
             files.append(SourceFile(book_id, v.source_file, v.location, digest, v.key))
         return BookFilesRead(

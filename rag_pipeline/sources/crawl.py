@@ -5,8 +5,11 @@ when it is a safe identifier (it becomes a Dagster partition key, a payload valu
 segment). Files are ``*.md`` / ``*.mdx`` anywhere below the book folder.
 
 The book folder is the tenant boundary: a symlink (file or folder) is followed only when it
-resolves inside its own book's folder, and that is checked again on the file actually opened
-(:func:`read_source`), so a link re-pointed between the scan and the read is refused too.
+resolves inside its own book's folder. Every file of a book that is opened by its path (read,
+hashed, looked at for why it cannot be read, by a run or by ``lineage``) is opened by
+:func:`open_in_book`, which checks that again before opening and on the file actually opened,
+so a link re-pointed between the scan and the read is refused too, and nothing outside the book
+(nor a device or a FIFO) is ever opened.
 
 Nothing here raises for one bad entry: every problem becomes a :class:`FileError` naming the
 path and the reason, and the rest of the book goes on. A path that exists but cannot be read
@@ -35,6 +38,7 @@ from rag_pipeline.sources.base import (
     BookListing,
     BookVersions,
     FileVersion,
+    RefusedPathError,
     SourceReadError,
     SourceUnavailableError,
 )
@@ -43,12 +47,15 @@ from rag_pipeline.sources.filekeys import file_key
 __all__ = [
     "MARKDOWN_SUFFIXES",
     "DataDirError",
+    "RefusedPathError",
     "SourceReadError",
+    "book_file_path",
     "book_folder_problem",
     "compile_path_patterns",
     "discover_books",
     "extract_path_meta",
     "hash_file",
+    "open_in_book",
     "path_is_gone",
     "path_meta",
     "read_source",
@@ -283,20 +290,14 @@ def _file_kind(mode: int) -> str:
 
 def unreadable_reason(book_dir: Path | str, source_file: str) -> str:
     """Why a known file that is not gone (:func:`path_is_gone`) gave no bytes: a directory or
-    a FIFO where the file was, a permission, or an I/O error; for change reports and errors."""
-    path = Path(book_dir) / source_file
+    a FIFO where the file was, a link the boundary refuses, a permission, or an I/O error; for
+    change reports and errors. Looked at through :func:`open_in_book`, as a read is."""
     try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        return _link_failure(exc) or f"cannot read file: {exc.strerror}"
-    if stat.S_ISDIR(mode):
-        return "is a directory, not a file"
-    if not stat.S_ISREG(mode):
-        return f"not a regular file: {_file_kind(mode)}"
-    try:
-        os.close(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)))
-    except OSError as exc:
-        return f"cannot read file: {exc.strerror}"
+        path = book_file_path(book_dir, source_file)
+        fd, _ = open_in_book(path, os.path.realpath(book_dir))
+    except SourceReadError as exc:
+        return str(exc)
+    os.close(fd)
     return "file exists but could not be read"
 
 
@@ -330,34 +331,86 @@ def book_folder_problem(data_dir: Path | str, book_id: str) -> str:
 
 def path_is_gone(book_dir: Path | str, source_file: str) -> bool:
     """True only when the file no longer exists: a path that exists but cannot be read or
-    listed (permissions, I/O errors) is not gone, and its indexed chunks must stay."""
+    listed (permissions, I/O errors) is not gone, and its indexed chunks must stay. Nor is a
+    name the boundary refuses (:func:`book_file_path`), or a file below a folder that now
+    leads out of the book (the crawl names that refusal): nothing outside is looked at."""
     try:
-        os.lstat(Path(book_dir) / source_file)
+        path = book_file_path(book_dir, source_file)
+    except RefusedPathError:
+        return False
+    if not _within(os.path.realpath(os.path.dirname(path)), os.path.realpath(book_dir)):
+        return False
+    try:
+        os.lstat(path)
     except OSError as exc:
         return exc.errno in _GONE
     return False
 
 
-def read_source(path: str, folder: str, max_bytes: int) -> bytes:
-    """The bytes of one source file, read once from the file actually opened.
+def book_file_path(book_dir: Path | str, source_file: str) -> str:
+    """The path of a book's file named ``source_file`` (its path inside the book folder, as
+    the crawl names it); :class:`RefusedPathError` for a name that is not one: absolute, empty,
+    or with a ``..`` or ``.`` part (such a name reaches outside the book whatever the links)."""
+    parts = source_file.split("/")
+    if not source_file or os.path.isabs(source_file) or "\0" in source_file:
+        raise RefusedPathError(f"{source_file!r} is not a path inside its book folder; refused")
+    if any(part in ("", ".", "..") for part in parts):
+        raise RefusedPathError(f"{source_file!r} is not a path inside its book folder; refused")
+    return os.path.join(os.fspath(book_dir), source_file)
 
-    Refuses (:class:`SourceReadError`) a file that resolves outside ``folder`` at the moment it
-    is opened (a symlink re-pointed after the scan), that is not a regular file, or that is
-    larger than ``max_bytes``."""
+
+def open_in_book(path: str, folder: str) -> tuple[int, os.stat_result]:
+    """The book boundary: every file of a book opened by a path is opened here (its reads,
+    its hashes, the look at why it cannot be read). Returns the open descriptor and its stat.
+
+    Refuses (:class:`RefusedPathError`) a path that resolves outside ``folder`` (the book
+    folder's real path: a symlink out, to another book, a ``..``) or that is not a regular
+    file (a device, a FIFO, a folder, directly or through a link): both before the path is
+    opened, so nothing outside the book and no device is ever opened, and again on the file
+    actually opened, so a link re-pointed in between is refused too. A file that cannot be
+    opened is a :class:`SourceReadError` naming why."""
+    if not _within(os.path.realpath(path), folder):
+        if os.path.islink(path):
+            raise RefusedPathError("symlink points outside its book folder; refused")
+        raise RefusedPathError("leads outside its book folder through a symlinked folder; refused")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        st = os.stat(path)
+    except OSError as exc:
+        why = _link_failure(exc) if os.path.islink(path) else None
+        raise SourceReadError(exc.errno, why or f"cannot read file: {exc.strerror}") from None
+    _require_regular(st.st_mode)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
         raise SourceReadError(exc.errno, f"cannot read file: {exc.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SourceReadError(errno.EINVAL, "not a regular file")
-        opened = _opened_path(fd, path, st)
-        if opened is None or not _within(opened, folder):
-            raise SourceReadError(
-                errno.EPERM,
-                "resolves outside its book folder when opened (a symlink changed); refused",
+        opened = os.fstat(fd)
+        _require_regular(opened.st_mode)
+        real = _opened_path(fd, path, opened)
+        if real is None or not _within(real, folder):
+            raise RefusedPathError(
+                "resolves outside its book folder when opened (a symlink changed); refused"
             )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, opened
+
+
+def _require_regular(mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise RefusedPathError("is a directory, not a file", errno.EISDIR)
+    if not stat.S_ISREG(mode):
+        raise RefusedPathError(f"not a regular file: {_file_kind(mode)}", errno.EINVAL)
+
+
+def read_source(path: str, folder: str, max_bytes: int) -> bytes:
+    """The bytes of one source file, read once from the file actually opened within the book
+    (:func:`open_in_book`); :class:`SourceReadError` also for a file larger than
+    ``max_bytes``."""
+    fd, st = open_in_book(path, folder)
+    try:
         if st.st_size > max_bytes:
             raise SourceReadError(errno.EFBIG, _too_large(st.st_size, max_bytes))
         chunks = []
@@ -402,12 +455,18 @@ def _opened_path(fd: int, path: str, st: os.stat_result) -> str | None:
     return real if (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino) else None
 
 
-def hash_file(path: str | Path) -> str:
-    """sha256 of a file's bytes, streamed so large files never sit in memory twice."""
+def hash_file(path: str | Path, folder: str) -> str:
+    """sha256 of a book's file (opened within ``folder``, :func:`open_in_book`), streamed so
+    large files never sit in memory twice; :class:`SourceReadError` when it cannot be."""
+    fd, _ = open_in_book(os.fspath(path), folder)
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
+    try:
+        for block in iter(lambda: os.read(fd, 1 << 20), b""):
             h.update(block)
+    except OSError as exc:
+        raise SourceReadError(exc.errno, f"cannot read file: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     return h.hexdigest()
 
 

@@ -13,8 +13,18 @@ import os
 from pathlib import Path
 
 from rag_pipeline.models import SourceFile
-from rag_pipeline.sources.base import BookListing, BookSource, BookVersions, FileVersion
+from rag_pipeline.sources.base import (
+    BookListing,
+    BookSource,
+    BookVersions,
+    FileNow,
+    FileVersion,
+    RefusedPathError,
+    SourceReadError,
+    SourceUnavailableError,
+)
 from rag_pipeline.sources.crawl import (
+    book_file_path,
     book_folder_problem,
     discover_books,
     hash_file,
@@ -63,17 +73,31 @@ class FolderSource(BookSource):
 
     def hash(self, book_id: str, file: FileVersion, boundary: str) -> str:
         # streamed: a large file never sits in memory (only a run reads whole files)
-        return hash_file(file.location)
+        return hash_file(file.location, boundary)
 
     def locate(self, book_id: str, source_file: str) -> str:
         return str(self.data_dir / book_id / source_file)
 
-    def current_hash(self, book_id: str, source_file: str) -> str | None:
-        path = self.data_dir / book_id / source_file
+    def file_now(self, book_id: str, source_file: str) -> FileNow:
+        # the crawl's rules, for one file: the book folder as discover_books accepts it,
+        # the file opened within it (open_in_book); nothing outside the book is looked at
         try:
-            return hash_file(path) if path.is_file() else None
-        except OSError:
-            return None
+            listing = discover_books(self.data_dir)
+        except SourceUnavailableError as exc:
+            return FileNow(False, None, str(exc))
+        if book_id not in listing.book_ids:
+            refusals = [e.reason for e in listing.rejected if e.book_id == book_id]
+            return FileNow(False, None, refusals[0] if refusals else None)
+        book_dir = self.data_dir / book_id
+        try:
+            path = book_file_path(book_dir, source_file)
+            return FileNow(True, hash_file(path, os.path.realpath(book_dir)))
+        except RefusedPathError as exc:
+            return FileNow(False, None, str(exc))
+        except SourceReadError as exc:
+            if path_is_gone(book_dir, source_file):
+                return FileNow(False, None)
+            return FileNow(True, None, str(exc))
 
     def is_gone(self, book_id: str, source_file: str | None = None) -> bool:
         if source_file is None:
