@@ -303,7 +303,7 @@ def test_a_plan_reads_no_file_its_last_run_read_unless_its_stat_moved(
     read: list[str] = []
     real = folder.hash_file
     monkeypatch.setattr(
-        folder, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+        folder, "hash_file", lambda path, *rest: read.append(Path(path).name) or real(path, *rest)
     )
     assert {b.action for b in books.plan().books.values()} == {"unchanged"} and read == []
     edited = books.data / "book-01" / "0.md"
@@ -328,7 +328,7 @@ def test_a_book_summarized_by_a_plan_keeps_the_stats_of_the_files_it_read(
     read: list[str] = []
     real = folder.hash_file
     monkeypatch.setattr(
-        folder, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+        folder, "hash_file", lambda path, *rest: read.append(Path(path).name) or real(path, *rest)
     )
     loads.clear()
     books.plan()
@@ -350,7 +350,7 @@ def test_files_read_in_the_tick_they_were_written_are_read_again_by_the_next_pla
     read: list[str] = []
     real = folder.hash_file
     monkeypatch.setattr(
-        folder, "hash_file", lambda path: read.append(Path(path).name) or real(path)
+        folder, "hash_file", lambda path, *rest: read.append(Path(path).name) or real(path, *rest)
     )
     books.plan()
     assert len(read) == 4  # 3 files and bad.md
