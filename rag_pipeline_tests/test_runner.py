@@ -484,3 +484,43 @@ def test_a_book_lock_taken_by_a_run_names_the_run(
     run_id = report.books["alpha"].run_id
     assert report.books["alpha"].status == "ingested", report.books["alpha"].error_messages
     assert seen and f"for Dagster run {run_id} (" in seen[0], seen
+
+
+def test_runs_naming_a_dead_process_under_the_old_or_the_hidden_tags_are_reaped(instance):
+    """The process tags are hidden from the UI (``.dagster/`` keys); runs an older release
+    recorded under the old ``rag/`` keys are still reaped; a re-execution, which copies its
+    parent's tags, is not judged by its parent's process."""
+    import socket
+    from pathlib import Path
+
+    from dagster import DagsterRunStatus, job, op
+
+    from rag_pipeline.defs.reaper import HOST_TAG, PID_TAG, reap_dead_runs
+
+    @op
+    def noop() -> None:
+        pass
+
+    @job
+    def one_op() -> None:
+        noop()
+
+    # no process has this pid: pids stay below pid_max
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text())
+    host = socket.gethostname()
+    assert PID_TAG.startswith(".dagster/") and HOST_TAG.startswith(".dagster/")
+
+    def started(tags: dict[str, str]) -> str:
+        run = instance.create_run_for_job(one_op, status=DagsterRunStatus.STARTED, tags=tags)
+        return run.run_id
+
+    old = started({"rag/pid": str(dead), "rag/host": host})
+    hidden = started({PID_TAG: str(dead), HOST_TAG: host})
+    child = started({PID_TAG: str(dead), HOST_TAG: host, "dagster/parent_run_id": hidden})
+    assert sorted(reap_dead_runs(instance)) == sorted([old, hidden])
+    statuses = {r: instance.get_run_by_id(r).status for r in (old, hidden, child)}
+    assert statuses == {
+        old: DagsterRunStatus.FAILURE,
+        hidden: DagsterRunStatus.FAILURE,
+        child: DagsterRunStatus.STARTED,
+    }

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
+from rag_pipeline.defs.runs import HIDDEN_TAG_PREFIX
+
 __all__ = [
     "HOST_TAG",
     "PID_TAG",
@@ -34,9 +36,17 @@ __all__ = [
     "worker_alive",
 ]
 
-PID_TAG = "rag/pid"
-HOST_TAG = "rag/host"
-STARTED_TAG = "rag/process_started"
+#: the process that executes a run, as the run's own tags say it: hidden in the UI (nobody
+#: filters runs by them)
+PID_TAG = f"{HIDDEN_TAG_PREFIX}rag/pid"
+HOST_TAG = f"{HIDDEN_TAG_PREFIX}rag/host"
+#: its start time (seconds since the epoch): a reused pid is not the run's process
+STARTED_TAG = f"{HIDDEN_TAG_PREFIX}rag/process_started"
+#: the same tags as runs recorded before they were hidden have them: still reaped
+_OLD_KEYS = {PID_TAG: "rag/pid", HOST_TAG: "rag/host", STARTED_TAG: "rag/process_started"}
+#: the tag of a re-execution (the UI's, ``run_retries``'): it copies its parent's tags, process
+#: tags included, but a launcher's run worker executes it
+_PARENT_RUN_TAG = "dagster/parent_run_id"
 _LIVE_STATUSES = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.CANCELING]
 
 
@@ -63,7 +73,7 @@ def process_tags() -> dict[str, str]:
 
 def run_worker(instance: DagsterInstance, run: DagsterRun) -> RunWorker | None:
     """Which process executes ``run``, if it said so."""
-    tags = run.tags
+    tags = _process_tags_of(run)
     if PID_TAG in tags:
         try:
             started = float(tags[STARTED_TAG]) if STARTED_TAG in tags else None
@@ -83,6 +93,18 @@ def run_worker(instance: DagsterInstance, run: DagsterRun) -> RunWorker | None:
             except ValueError:
                 return None
     return None
+
+
+def _process_tags_of(run: DagsterRun) -> dict[str, str]:
+    """The run's process tags, under their current keys, read from either key; none on a
+    re-execution (the tags it copied name its parent's process)."""
+    if _PARENT_RUN_TAG in run.tags:
+        return {}
+    return {
+        key: value
+        for key, old in _OLD_KEYS.items()
+        if (value := run.tags.get(key, run.tags.get(old))) is not None
+    }
 
 
 def worker_alive(worker: RunWorker, run_started_at: float | None) -> bool:

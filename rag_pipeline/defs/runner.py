@@ -27,11 +27,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
 from rag_pipeline.config import BatchConfig
+from rag_pipeline.defs._dagster_private import execute_location_run, location_job_origin
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
 from rag_pipeline.defs.instance import open_home_instance
@@ -42,7 +43,13 @@ from rag_pipeline.defs.jobs import (
     purge_book_points,
     purge_run_config,
 )
-from rag_pipeline.defs.location import build_defs, fixed_resources
+from rag_pipeline.defs.location import (
+    LOCATION_ATTRIBUTE,
+    LOCATION_MODULE,
+    LOCATION_NAME,
+    build_defs,
+    fixed_resources,
+)
 from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.reaper import process_tags, reap_dead_runs, run_worker
@@ -51,6 +58,7 @@ from rag_pipeline.defs.runs import (
     TRIGGER_TAG,
     batch_tags,
     books_with_runs_in_flight,
+    launcher_tags,
     one_book_tags,
     one_label,
 )
@@ -133,7 +141,11 @@ def execute_plan(
         migrations = [m for b in books if (m := plan.books[b].migration) is not None]
         # (its first step tags it too, but later)
         migration = {MIGRATION_TAG: one_label(migrations)} if migrations else {}
-        return _run_books(ingest_job, instance, books, plan.force, {**tags, **migration}, watched)
+        changed = [f"{b}/{f}" for b in books for f in plan.books[b].changes.changed]
+        launcher = launcher_tags(trigger, changed)
+        return _run_books(
+            ingest_job, instance, books, plan.force, {**tags, **launcher, **migration}, watched
+        )
 
     for batch in batch_books(to_run, order, batching, files):
         t0 = time.perf_counter()
@@ -149,9 +161,8 @@ def execute_plan(
         t0 = time.perf_counter()
         run_id = str(uuid.uuid4())
         with watched(run_id):
-            results[book_id] = _purge_book(
-                purge_job, instance, run_id, book_id, {**tags, **one_book_tags(book_id)}
-            )
+            purge_tags = {**tags, **launcher_tags(trigger, []), **one_book_tags(book_id)}
+            results[book_id] = _purge_book(purge_job, instance, run_id, book_id, purge_tags)
         results[book_id].seconds = time.perf_counter() - t0
     for book_id, book in plan.books.items():  # in the plan's order
         report.books[book_id] = results[book_id]
@@ -233,10 +244,13 @@ def _run_books(
     one = len(books) == 1
     run_tags = {**tags, **(one_book_tags(books[0]) if one else batch_tags(books))}
     with watched(run_id), _planned_per_run(not one):
-        outcome = job.execute_in_process(
-            run_config={**console_run_config(), **ingest_run_config(force=force)},
+        outcome = _execute(
+            job,
+            instance,
+            run_id,
+            ingest_run_config(force=force),
+            run_tags,
             partition_key=books[0] if one else None,
-            **_in_process(instance, run_id, run_tags),
         )
     if not outcome.success:
         failure = _failure(outcome)
@@ -270,26 +284,35 @@ def _planned_per_run(batch: bool) -> Iterator[None]:
         os.environ.pop(PLANNED_PER_RUN, None)
 
 
-class _InProcess(TypedDict):
-    instance: DagsterInstance
-    run_id: str
-    raise_on_error: bool
-    tags: dict[str, str]
-
-
-def _in_process(instance: DagsterInstance, run_id: str, tags: dict[str, str]) -> _InProcess:
-    """How the CLI runs a job: on the home instance, under the run id it recorded, its
-    failure reported (not raised), with its tags."""
-    return _InProcess(instance=instance, run_id=run_id, raise_on_error=False, tags=tags)
+def _execute(
+    job: JobDefinition,
+    instance: DagsterInstance,
+    run_id: str,
+    run_config: dict[str, Any],
+    tags: dict[str, str],
+    partition_key: str | None = None,
+) -> ExecuteInProcessResult:
+    """Execute one run of ``job`` in this process, on the home instance, under the run id it
+    recorded, its failure reported (not raised). The run is recorded as a run of the code
+    location's job, as the sensor's are: the UI lists it under the job and in the Timeline,
+    and can re-execute it (the job built here is the one the code location serves: the same
+    snapshot)."""
+    origin = location_job_origin(LOCATION_NAME, LOCATION_MODULE, LOCATION_ATTRIBUTE, job.name)
+    return execute_location_run(
+        job,
+        origin,
+        instance=instance,
+        run_id=run_id,
+        run_config={**console_run_config(), **run_config},
+        tags=tags,
+        partition_key=partition_key,
+    )
 
 
 def _purge_book(
     job: JobDefinition, instance: DagsterInstance, run_id: str, book_id: str, tags: dict[str, str]
 ) -> BookResult:
-    outcome = job.execute_in_process(
-        run_config={**console_run_config(), **purge_run_config(book_id)},
-        **_in_process(instance, run_id, tags),
-    )
+    outcome = _execute(job, instance, run_id, purge_run_config(book_id), tags)
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))
     warnings = []
