@@ -524,3 +524,27 @@ def test_runs_naming_a_dead_process_under_the_old_or_the_hidden_tags_are_reaped(
         hidden: DagsterRunStatus.FAILURE,
         child: DagsterRunStatus.STARTED,
     }
+
+
+def test_the_cli_records_its_runs_under_the_code_location_the_workspace_loads():
+    """The CLI's and live mode's runs carry the origin of the code location that workspace.yaml
+    (``make ui``) and pyproject's [tool.dg] (``dg dev``) load: the same name, module and
+    attribute, or the UI would not find them under the job."""
+    import tomllib
+
+    import yaml
+
+    from rag_pipeline.defs.location import LOCATION_ATTRIBUTE, LOCATION_MODULE, LOCATION_NAME
+    from rag_pipeline_tests.conftest import REPO
+
+    (entry,) = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"]
+    assert entry["python_module"] == {
+        "module_name": LOCATION_MODULE,
+        "attribute": LOCATION_ATTRIBUTE,
+        "location_name": LOCATION_NAME,
+    }
+    dg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["dg"]["project"]
+    assert (dg["code_location_name"], dg["code_location_target_module"]) == (
+        LOCATION_NAME,
+        LOCATION_MODULE,
+    )
