@@ -787,7 +787,10 @@ def test_cli_and_live_runs_are_runs_of_the_ingest_job_launched_by_their_command(
     (and the file live mode saw change); the tags only the project reads are hidden."""
     from dagster import DagsterInstance
 
+    from rag_pipeline.defs.live import LIVE_LAUNCHER
     from rag_pipeline.defs.reaper import run_worker
+    from rag_pipeline.defs.runner import CLI_LAUNCHER
+    from rag_pipeline.defs.runs import LAUNCHED_BY_TAG
     from rag_pipeline_tests.helpers import Cli, LiveProcess
 
     dev = DagsterDev(tmp_path, sample_books, webserver_only=True)  # its home, not started
@@ -817,8 +820,8 @@ def test_cli_and_live_runs_are_runs_of_the_ingest_job_launched_by_their_command(
         )["pipelineOrError"]
         assert {live_run, *cli_runs} <= {r["runId"] for r in job["runs"]}, job
         for run_id, launcher in [
-            (live_run, "live mode: ros2-fundamentals/00-intro.md"),
-            *[(r, "rag-pipeline ingest: ") for r in cli_runs],
+            (live_run, f"{LIVE_LAUNCHER}: ros2-fundamentals/00-intro.md"),
+            *[(r, f"{CLI_LAUNCHER}: ") for r in cli_runs],
         ]:
             run = dev.graphql(RUN_ORIGIN, runId=run_id)["runOrError"]
             assert run["repositoryOrigin"] == {
@@ -828,9 +831,9 @@ def test_cli_and_live_runs_are_runs_of_the_ingest_job_launched_by_their_command(
             # the UI's "Re-execute" warns unless the run's snapshot is the loaded job's
             assert run["pipelineSnapshotId"] == job["pipelineSnapshotId"]
             tags = {t["key"]: t["value"] for t in run["tags"]}
-            assert tags["user"].startswith(launcher), tags  # what "Launched by" shows
+            assert tags[LAUNCHED_BY_TAG].startswith(launcher), tags  # "Launched by"
             shown = {k for k in tags if not k.startswith("dagster/")}  # pinned in a run's row
-            assert shown <= {"user", "rag/trigger", "rag/book", "rag/batch"} | {
+            assert shown <= {LAUNCHED_BY_TAG, "rag/trigger", "rag/book", "rag/batch"} | {
                 k for k in tags if k.startswith("rag-book/")
             }, shown
         relaunched = dev.graphql(

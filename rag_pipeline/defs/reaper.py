@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
-from rag_pipeline.defs.runs import HIDDEN_TAG_PREFIX
+from rag_pipeline.defs.runs import HIDDEN_TAG_PREFIX, PARENT_RUN_TAG
 
 __all__ = [
     "HOST_TAG",
@@ -44,9 +44,6 @@ HOST_TAG = f"{HIDDEN_TAG_PREFIX}rag/host"
 STARTED_TAG = f"{HIDDEN_TAG_PREFIX}rag/process_started"
 #: the same tags as runs recorded before they were hidden have them: still reaped
 _OLD_KEYS = {PID_TAG: "rag/pid", HOST_TAG: "rag/host", STARTED_TAG: "rag/process_started"}
-#: the tag of a re-execution (the UI's, ``run_retries``'): it copies its parent's tags, process
-#: tags included, but a launcher's run worker executes it
-_PARENT_RUN_TAG = "dagster/parent_run_id"
 _LIVE_STATUSES = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.CANCELING]
 
 
@@ -97,8 +94,9 @@ def run_worker(instance: DagsterInstance, run: DagsterRun) -> RunWorker | None:
 
 def _process_tags_of(run: DagsterRun) -> dict[str, str]:
     """The run's process tags, under their current keys, read from either key; none on a
-    re-execution (the tags it copied name its parent's process)."""
-    if _PARENT_RUN_TAG in run.tags:
+    re-execution (the tags it copied name its parent's process; a launcher's run worker
+    executes it)."""
+    if PARENT_RUN_TAG in run.tags:
         return {}
     return {
         key: value

@@ -68,6 +68,7 @@ from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
 
 __all__ = [
+    "CLI_LAUNCHER",
     "PoolWatch",
     "add_book_partitions",
     "book_runs_in_flight",
@@ -81,6 +82,8 @@ log = logging.getLogger(__name__)
 QUIET_CONSOLE_LEVEL = "CRITICAL"
 #: with -v: a run's errors in full, not its DEBUG events
 VERBOSE_CONSOLE_LEVEL = "ERROR"
+#: who launched the runs of ``rag-pipeline ingest`` (the UI's "Launched by")
+CLI_LAUNCHER = "rag-pipeline ingest"
 
 
 def execute_plan(
@@ -90,6 +93,7 @@ def execute_plan(
     *,
     dagster_home: Path | None = None,
     trigger: str = "cli",
+    launcher: str = CLI_LAUNCHER,
     notify: Callable[[str], None] | None = None,
     batching: BatchConfig | None = None,
 ) -> IngestReport:
@@ -97,7 +101,8 @@ def execute_plan(
     planned. Books to run go through runs of several books where they are adjacent in
     partition order (``batching``, :mod:`rag_pipeline.ingest.batches`); a batch that fails
     for one of its books is run again book by book. Returns the ingest report. Without
-    ``instance``, the one in ``DAGSTER_HOME``."""
+    ``instance``, the one in ``DAGSTER_HOME``. ``trigger`` and ``launcher``: the runs' trigger
+    tag and who launched them (:func:`~rag_pipeline.defs.runs.launcher_tags`)."""
     batching = batching or BatchConfig()
     if instance is None:
         with open_home_instance() as home_instance:
@@ -107,6 +112,7 @@ def execute_plan(
                 home_instance,
                 dagster_home=dagster_home,
                 trigger=trigger,
+                launcher=launcher,
                 notify=notify,
                 batching=batching,
             )
@@ -142,9 +148,9 @@ def execute_plan(
         # (its first step tags it too, but later)
         migration = {MIGRATION_TAG: one_label(migrations)} if migrations else {}
         changed = [f"{b}/{f}" for b in books for f in plan.books[b].changes.changed]
-        launcher = launcher_tags(trigger, changed)
+        launched = launcher_tags(launcher, changed)
         return _run_books(
-            ingest_job, instance, books, plan.force, {**tags, **launcher, **migration}, watched
+            ingest_job, instance, books, plan.force, {**tags, **launched, **migration}, watched
         )
 
     for batch in batch_books(to_run, order, batching, files):
@@ -161,7 +167,7 @@ def execute_plan(
         t0 = time.perf_counter()
         run_id = str(uuid.uuid4())
         with watched(run_id):
-            purge_tags = {**tags, **launcher_tags(trigger, []), **one_book_tags(book_id)}
+            purge_tags = {**tags, **launcher_tags(launcher, []), **one_book_tags(book_id)}
             results[book_id] = _purge_book(purge_job, instance, run_id, book_id, purge_tags)
         results[book_id].seconds = time.perf_counter() - t0
     for book_id, book in plan.books.items():  # in the plan's order

@@ -44,6 +44,7 @@ __all__ = [
     "LAUNCHED_BY_TAG",
     "MAX_RETRIES_TAG",
     "MIGRATION_TAG",
+    "PARENT_RUN_TAG",
     "PARTITION_TAG",
     "QUEUE_TAG",
     "RANGE_END_TAG",
@@ -104,16 +105,17 @@ HIDDEN_TAG_PREFIX = ".dagster/"
 #: the tag the UI's "Launched by" column shows as who launched a run (its ``user`` tag; the
 #: others it reads name a schedule, a sensor or an automation condition of the code location)
 LAUNCHED_BY_TAG = "user"
-#: what launched a run the CLI executes, by its trigger tag
-_LAUNCHERS = {"cli": "rag-pipeline ingest", "live": "live mode"}
+#: the tag of a re-execution (the UI's, ``run_retries``'), naming the run it re-executes; it
+#: copies that run's tags
+PARENT_RUN_TAG = "dagster/parent_run_id"
 
 
-def launcher_tags(trigger: str, files: Sequence[str]) -> dict[str, str]:
-    """The "Launched by" of a run the CLI or live mode executes: the command, and the first
-    of the files that changed (``book/path``), e.g. ``live mode: ros2/00-intro.md``. Such a
-    run is retried by the CLI (a batch book by book) or by live mode, not by the daemon's
-    ``run_retries``: that would run the book a second time."""
-    name = _LAUNCHERS.get(trigger, trigger)
+def launcher_tags(launcher: str, files: Sequence[str]) -> dict[str, str]:
+    """The "Launched by" of a run the CLI or live mode executes: ``launcher`` (the command),
+    and the first of the files that changed (``book/path``), e.g. ``live mode:
+    ros2/00-intro.md``. Such a run is retried by the CLI (a batch book by book) or by live
+    mode, not by the daemon's ``run_retries``: that would run the book a second time."""
+    name = launcher
     if files:
         more = len(files) - 1
         name += f": {files[0]}" + (f" and {more} more file{'s' * (more > 1)}" if more else "")
@@ -132,7 +134,7 @@ def trigger_of(tags: Mapping[str, str]) -> str:
         return "schedule"
     if any(k.startswith("dagster/auto") or "automation" in k for k in tags):
         return "automation"
-    if "dagster/parent_run_id" in tags:
+    if PARENT_RUN_TAG in tags:
         return "retry"
     return "ui"
 
