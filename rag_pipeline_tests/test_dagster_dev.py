@@ -761,3 +761,92 @@ def test_from_a_point_id_the_ui_reaches_its_run_and_line_and_one_filter_every_ru
         }
     finally:
         dev.stop()
+
+
+JOB_RUNS = """query Job($params: PipelineSelector!) { pipelineOrError(params: $params) {
+  __typename ... on Pipeline { pipelineSnapshotId runs { runId } } } }"""
+RUN_ORIGIN = """query Run($runId: ID!) { runOrError(runId: $runId) { ... on Run {
+  pipelineSnapshotId repositoryOrigin { repositoryLocationName repositoryName }
+  tags { key value } } } }"""
+REEXECUTE = """mutation Reexecute($params: ReexecutionParams!) {
+  launchPipelineReexecution(reexecutionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+  }
+}"""
+
+
+def test_cli_and_live_runs_are_runs_of_the_ingest_job_launched_by_their_command(
+    tmp_path, sample_books
+):
+    """Through the webserver's GraphQL API, after a CLI ingest and a live mode change: both
+    runs are runs of the code location's ``ingest_books`` (the job's runs list them; each has
+    the repository origin the Timeline and the run's Target need, and the job's own snapshot,
+    so "Re-execute" carries no version warning and succeeds); "Launched by" names the command
+    (and the file live mode saw change); the tags only the project reads are hidden."""
+    from dagster import DagsterInstance
+
+    from rag_pipeline.defs.live import LIVE_LAUNCHER
+    from rag_pipeline.defs.reaper import run_worker
+    from rag_pipeline.defs.runner import CLI_LAUNCHER
+    from rag_pipeline.defs.runs import LAUNCHED_BY_TAG
+    from rag_pipeline_tests.helpers import Cli, LiveProcess
+
+    dev = DagsterDev(tmp_path, sample_books, webserver_only=True)  # its home, not started
+    cli = Cli(tmp_path, sample_books)
+    cli.env["DAGSTER_HOME"] = str(dev.home)
+    cli_runs = {r["run_id"] for r in cli.json("ingest")["books"].values()}
+    live = LiveProcess(cli)
+    try:
+        live.next_event("ready", timeout=180)
+        live.drain()
+        edited = sample_books / "ros2-fundamentals" / "00-intro.md"
+        edited.write_text(edited.read_text() + "\n\nA live mode origin check.\n")
+        applied = live.next_event("applied", timeout=120)["report"]["books"]
+        live_run = applied["ros2-fundamentals"]["run_id"]
+        assert applied["ros2-fundamentals"]["status"] == "ingested", applied
+    finally:
+        assert live.stop() == 0
+    try:
+        dev.start()
+        job = dev.graphql(
+            JOB_RUNS,
+            params={
+                "repositoryLocationName": LOCATION,
+                "repositoryName": REPOSITORY,
+                "pipelineName": "ingest_books",
+            },
+        )["pipelineOrError"]
+        assert {live_run, *cli_runs} <= {r["runId"] for r in job["runs"]}, job
+        for run_id, launcher in [
+            (live_run, f"{LIVE_LAUNCHER}: ros2-fundamentals/00-intro.md"),
+            *[(r, f"{CLI_LAUNCHER}: ") for r in cli_runs],
+        ]:
+            run = dev.graphql(RUN_ORIGIN, runId=run_id)["runOrError"]
+            assert run["repositoryOrigin"] == {
+                "repositoryLocationName": LOCATION,
+                "repositoryName": REPOSITORY,
+            }
+            # the UI's "Re-execute" warns unless the run's snapshot is the loaded job's
+            assert run["pipelineSnapshotId"] == job["pipelineSnapshotId"]
+            tags = {t["key"]: t["value"] for t in run["tags"]}
+            assert tags[LAUNCHED_BY_TAG].startswith(launcher), tags  # "Launched by"
+            shown = {k for k in tags if not k.startswith("dagster/")}  # pinned in a run's row
+            assert shown <= {LAUNCHED_BY_TAG, "rag/trigger", "rag/book", "rag/batch"} | {
+                k for k in tags if k.startswith("rag-book/")
+            }, shown
+        relaunched = dev.graphql(
+            REEXECUTE, params={"parentRunId": live_run, "strategy": "ALL_STEPS"}
+        )["launchPipelineReexecution"]
+        assert relaunched["__typename"] == "LaunchRunSuccess", relaunched
+        # the re-execution copied the live run's hidden process tags: they do not make the
+        # live process (now gone) its worker
+        with DagsterInstance.from_config(str(dev.home)) as instance:
+            child = instance.get_run_by_id(relaunched["run"]["runId"])
+            parent = instance.get_run_by_id(live_run)
+            assert child is not None and parent is not None
+            assert run_worker(instance, parent) is not None  # the hidden tags are read
+            assert run_worker(instance, child) is None
+    finally:
+        dev.stop()

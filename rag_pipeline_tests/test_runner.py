@@ -535,3 +535,67 @@ def test_only_a_write_the_disk_refused_is_a_full_dagster_home(tmp_path):
     assert home_full(tmp_path, OSError(28, "No space left on device")) is not None
     assert home_full(tmp_path, sqlite3.OperationalError("disk I/O error")) is None
     assert home_full(tmp_path, sqlite3.OperationalError("no such table: runs")) is None
+
+
+def test_runs_naming_a_dead_process_under_the_old_or_the_hidden_tags_are_reaped(instance):
+    """The process tags are hidden from the UI (``.dagster/`` keys); runs an older release
+    recorded under the old ``rag/`` keys are still reaped; a re-execution, which copies its
+    parent's tags, is not judged by its parent's process."""
+    import socket
+    from pathlib import Path
+
+    from dagster import DagsterRunStatus, job, op
+
+    from rag_pipeline.defs.reaper import HOST_TAG, PID_TAG, reap_dead_runs
+
+    @op
+    def noop() -> None:
+        pass
+
+    @job
+    def one_op() -> None:
+        noop()
+
+    # no process has this pid: pids stay below pid_max
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text())
+    host = socket.gethostname()
+    assert PID_TAG.startswith(".dagster/") and HOST_TAG.startswith(".dagster/")
+
+    def started(tags: dict[str, str]) -> str:
+        run = instance.create_run_for_job(one_op, status=DagsterRunStatus.STARTED, tags=tags)
+        return run.run_id
+
+    old = started({"rag/pid": str(dead), "rag/host": host})
+    hidden = started({PID_TAG: str(dead), HOST_TAG: host})
+    child = started({PID_TAG: str(dead), HOST_TAG: host, "dagster/parent_run_id": hidden})
+    assert sorted(reap_dead_runs(instance)) == sorted([old, hidden])
+    statuses = {r: instance.get_run_by_id(r).status for r in (old, hidden, child)}
+    assert statuses == {
+        old: DagsterRunStatus.FAILURE,
+        hidden: DagsterRunStatus.FAILURE,
+        child: DagsterRunStatus.STARTED,
+    }
+
+
+def test_the_cli_records_its_runs_under_the_code_location_the_workspace_loads():
+    """The CLI's and live mode's runs carry the origin of the code location that workspace.yaml
+    (``make ui``) and pyproject's [tool.dg] (``dg dev``) load: the same name, module and
+    attribute, or the UI would not find them under the job."""
+    import tomllib
+
+    import yaml
+
+    from rag_pipeline.defs.location import LOCATION_ATTRIBUTE, LOCATION_MODULE, LOCATION_NAME
+    from rag_pipeline_tests.conftest import REPO
+
+    (entry,) = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"]
+    assert entry["python_module"] == {
+        "module_name": LOCATION_MODULE,
+        "attribute": LOCATION_ATTRIBUTE,
+        "location_name": LOCATION_NAME,
+    }
+    dg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["dg"]["project"]
+    assert (dg["code_location_name"], dg["code_location_target_module"]) == (
+        LOCATION_NAME,
+        LOCATION_MODULE,
+    )

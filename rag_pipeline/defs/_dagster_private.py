@@ -9,7 +9,7 @@ release); a Dagster upgrade that moves one breaks this module alone. A test fail
 from collections.abc import Mapping
 from typing import Any
 
-from dagster import AssetExecutionContext
+from dagster import AssetExecutionContext, DagsterInstance, ExecuteInProcessResult, JobDefinition
 
 # the materialization a check evaluated: AssetCheckEvaluation takes it (a run of several
 # partitions records each book's check as an evaluation of its own partition)
@@ -17,8 +17,30 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
+# an existing run executed in this process, its outputs captured (execute_in_process creates
+# its run itself, with no origin and the snapshot of a copy of the job: neither can be passed
+# to it); the same calls as its own
+from dagster._core.definitions.job_base import InMemoryJob
+
+# the repository a Definitions object makes (GraphQL's repositoryName; no public constant)
+from dagster._core.definitions.repository_definition.valid_definitions import (
+    SINGLETON_REPOSITORY_NAME,
+)
+
 # the latest check result of one partition: get_asset_check_execution_history filters by it
 from dagster._core.event_api import PartitionKeyFilter
+
+# with InMemoryJob: the calls execute_in_process makes, which execute_location_run repeats
+from dagster._core.execution.api import (
+    ExecuteRunWithPlanIterable,
+    create_execution_plan,
+    job_execution_iterator,
+)
+from dagster._core.execution.context_creation_job import (
+    PlanOrchestrationContextManager,
+    orchestration_context_event_generator,
+)
+from dagster._core.execution.execute_in_process import merge_run_tags
 
 # validates dagster.yaml without opening its storages: DagsterInstance.get() would create them
 from dagster._core.instance.config import dagster_instance_config
@@ -26,11 +48,20 @@ from dagster._core.instance.config import dagster_instance_config
 # a run worker's health for run monitoring: RunLauncher.check_run_worker_health must return it
 from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
 
+# the origin of a run of the code location's job (what a sensor's or the UI's run carries):
+# DagsterInstance.create_run_for_job takes it, no public constructor makes it
+from dagster._core.remote_origin import (
+    ManagedGrpcPythonEnvCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
+
 # the states of a check execution record: the history's status filter and what a record says
 from dagster._core.storage.asset_check_execution_record import (
     COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
     AssetCheckExecutionRecordStatus,
 )
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 
 def add_partition_metadata(
@@ -47,13 +78,80 @@ def add_partition_metadata(
     )
 
 
+def location_job_origin(location: str, module: str, attribute: str, job: str) -> RemoteJobOrigin:
+    """The origin of a run of ``job`` of the code location ``location`` (the Python module
+    ``module``'s ``attribute``, as workspace.yaml loads it): the same origin a run the sensor
+    or the UI launches carries, so the run lists under the job and can be re-executed."""
+    target = LoadableTargetOrigin(module_name=module, attribute=attribute)
+    code_location = ManagedGrpcPythonEnvCodeLocationOrigin(target, location)
+    return RemoteJobOrigin(RemoteRepositoryOrigin(code_location, SINGLETON_REPOSITORY_NAME), job)
+
+
+def execute_location_run(
+    job_def: JobDefinition,
+    origin: RemoteJobOrigin,
+    *,
+    instance: DagsterInstance,
+    run_id: str,
+    run_config: Mapping[str, Any],
+    tags: Mapping[str, str],
+    partition_key: str | None = None,
+) -> ExecuteInProcessResult:
+    """What ``job_def.execute_in_process(...)`` does, for a run recorded as a run of the code
+    location's job: with ``origin``, and the job's own snapshot (the one the code location
+    serves; execute_in_process records that of a copy with its executor and IO manager
+    swapped). ``job_def`` must run in process (its executor and IO manager keep everything
+    in this process) and bind every resource. Failures are reported, not raised."""
+    job = InMemoryJob(job_def)
+    plan = create_execution_plan(
+        job,
+        run_config=run_config,
+        instance_ref=instance.get_ref() if instance.is_persistent else None,
+    )
+    run = instance.create_run_for_job(
+        job_def=job_def,
+        execution_plan=plan,
+        run_id=run_id,
+        run_config=run_config,
+        tags=merge_run_tags(job_def, partition_key, tags, None, instance, run_config),
+        remote_job_origin=origin,
+    )
+    output_capture: dict[Any, Any] = {}
+    events = list(
+        ExecuteRunWithPlanIterable(
+            execution_plan=plan,
+            iterator=job_execution_iterator,
+            execution_context_manager=PlanOrchestrationContextManager(
+                context_event_generator=orchestration_context_event_generator,
+                job=job,
+                execution_plan=plan,
+                dagster_run=run,
+                instance=instance,
+                run_config=run_config,
+                executor_defs=None,
+                output_capture=output_capture,
+                raise_on_error=False,
+            ),
+        )
+    )
+    return ExecuteInProcessResult(
+        event_list=events,
+        dagster_run=instance.get_run_by_id(run_id) or run,
+        output_capture=output_capture,
+        job_def=job_def,
+    )
+
+
 __all__ = [
     "COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES",
     "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "CheckRunHealthResult",
     "PartitionKeyFilter",
+    "RemoteJobOrigin",
     "WorkerStatus",
     "add_partition_metadata",
     "dagster_instance_config",
+    "execute_location_run",
+    "location_job_origin",
 ]

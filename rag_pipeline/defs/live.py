@@ -24,12 +24,14 @@ from rag_pipeline.ingest.live import LiveLoop, LiveMark, LiveTiming
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.ingest.report import BookResult, IngestReport
 
-__all__ = ["LIVE_TRIGGER", "LiveRuns", "run_live"]
+__all__ = ["LIVE_LAUNCHER", "LIVE_TRIGGER", "LiveRuns", "run_live"]
 
 log = logging.getLogger(__name__)
 
 #: the trigger tag of live mode's runs
 LIVE_TRIGGER = "live"
+#: who launched them (the UI's "Launched by", with the file that changed)
+LIVE_LAUNCHER = "live mode"
 
 
 @dataclass
@@ -55,6 +57,7 @@ class LiveRuns:
                 self.instance,
                 dagster_home=self.home,
                 trigger=LIVE_TRIGGER,
+                launcher=LIVE_LAUNCHER,
                 notify=self.notify,
                 batching=self.batching,
                 stopping=self.stop.is_set,

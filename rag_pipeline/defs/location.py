@@ -38,7 +38,19 @@ from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.store.lock import holding_for
 from rag_pipeline.store.sharing import kept_open
 
-__all__ = ["build_defs", "fixed_resources"]
+__all__ = [
+    "LOCATION_ATTRIBUTE",
+    "LOCATION_MODULE",
+    "LOCATION_NAME",
+    "build_defs",
+    "fixed_resources",
+]
+
+#: the code location, as workspace.yaml (``make ui``) and pyproject's [tool.dg] load it: the
+#: CLI's and live mode's runs are recorded as runs of its jobs
+LOCATION_NAME = "rag_pipeline"
+LOCATION_MODULE = "rag_pipeline.definitions"
+LOCATION_ATTRIBUTE = "defs"
 
 # Definitions re-creates every sensor that targets a job and passes its (empty) owners list
 # along, which Dagster itself reports as use of a beta parameter: not ours to act on.

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
+from rag_pipeline.defs.runs import HIDDEN_TAG_PREFIX, PARENT_RUN_TAG
+
 __all__ = [
     "HOST_TAG",
     "PID_TAG",
@@ -36,9 +38,14 @@ __all__ = [
     "worker_alive",
 ]
 
-PID_TAG = "rag/pid"
-HOST_TAG = "rag/host"
-STARTED_TAG = "rag/process_started"
+#: the process that executes a run, as the run's own tags say it: hidden in the UI (nobody
+#: filters runs by them)
+PID_TAG = f"{HIDDEN_TAG_PREFIX}rag/pid"
+HOST_TAG = f"{HIDDEN_TAG_PREFIX}rag/host"
+#: its start time (seconds since the epoch): a reused pid is not the run's process
+STARTED_TAG = f"{HIDDEN_TAG_PREFIX}rag/process_started"
+#: the same tags as runs recorded before they were hidden have them: still reaped
+_OLD_KEYS = {PID_TAG: "rag/pid", HOST_TAG: "rag/host", STARTED_TAG: "rag/process_started"}
 _LIVE_STATUSES = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.CANCELING]
 #: a run a process executes itself (it has :func:`process_tags`) is created NOT_STARTED and
 #: started by that same process at once: one whose process is gone failed in between (a full
@@ -69,7 +76,7 @@ def process_tags() -> dict[str, str]:
 
 def run_worker(instance: DagsterInstance, run: DagsterRun) -> RunWorker | None:
     """Which process executes ``run``, if it said so."""
-    tags = run.tags
+    tags = _process_tags_of(run)
     if PID_TAG in tags:
         try:
             started = float(tags[STARTED_TAG]) if STARTED_TAG in tags else None
@@ -89,6 +96,19 @@ def run_worker(instance: DagsterInstance, run: DagsterRun) -> RunWorker | None:
             except ValueError:
                 return None
     return None
+
+
+def _process_tags_of(run: DagsterRun) -> dict[str, str]:
+    """The run's process tags, under their current keys, read from either key; none on a
+    re-execution (the tags it copied name its parent's process; a launcher's run worker
+    executes it)."""
+    if PARENT_RUN_TAG in run.tags:
+        return {}
+    return {
+        key: value
+        for key, old in _OLD_KEYS.items()
+        if (value := run.tags.get(key, run.tags.get(old))) is not None
+    }
 
 
 def worker_alive(worker: RunWorker, run_started_at: float | None) -> bool:

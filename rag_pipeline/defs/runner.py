@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NamedTuple
 
 from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
 from rag_pipeline.config import BatchConfig
+from rag_pipeline.defs._dagster_private import execute_location_run, location_job_origin
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
 from rag_pipeline.defs.instance import DagsterHomeFullError, home_full, open_home_instance
@@ -43,7 +44,13 @@ from rag_pipeline.defs.jobs import (
     purge_book_points,
     purge_run_config,
 )
-from rag_pipeline.defs.location import build_defs, fixed_resources
+from rag_pipeline.defs.location import (
+    LOCATION_ATTRIBUTE,
+    LOCATION_MODULE,
+    LOCATION_NAME,
+    build_defs,
+    fixed_resources,
+)
 from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.reaper import free_slots, process_tags, reap_dead_runs, run_worker
@@ -52,6 +59,7 @@ from rag_pipeline.defs.runs import (
     TRIGGER_TAG,
     batch_tags,
     books_with_runs_in_flight,
+    launcher_tags,
     one_book_tags,
     one_label,
 )
@@ -61,6 +69,7 @@ from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
 
 __all__ = [
+    "CLI_LAUNCHER",
     "PoolWatch",
     "add_book_partitions",
     "book_runs_in_flight",
@@ -74,6 +83,8 @@ log = logging.getLogger(__name__)
 QUIET_CONSOLE_LEVEL = "CRITICAL"
 #: with -v: a run's errors in full, not its DEBUG events
 VERBOSE_CONSOLE_LEVEL = "ERROR"
+#: who launched the runs of ``rag-pipeline ingest`` (the UI's "Launched by")
+CLI_LAUNCHER = "rag-pipeline ingest"
 
 
 #: the reason of a book whose folder went away while its run read it (purged after the run)
@@ -87,6 +98,7 @@ def execute_plan(
     *,
     dagster_home: Path | None = None,
     trigger: str = "cli",
+    launcher: str = CLI_LAUNCHER,
     notify: Callable[[str], None] | None = None,
     batching: BatchConfig | None = None,
     stopping: Callable[[], bool] = lambda: False,
@@ -97,7 +109,8 @@ def execute_plan(
     :mod:`rag_pipeline.ingest.batches`); a batch that fails for one of its books is run again
     book by book. Once ``stopping()`` says so (asked before each run), no further run starts:
     the books left are ``deferred``. Returns the ingest report. Without ``instance``, the one
-    in ``DAGSTER_HOME``."""
+    in ``DAGSTER_HOME``. ``trigger`` and ``launcher``: the runs' trigger tag and who launched
+    them (:func:`~rag_pipeline.defs.runs.launcher_tags`)."""
     batching = batching or BatchConfig()
     if instance is None:
         try:
@@ -108,6 +121,7 @@ def execute_plan(
                     home_instance,
                     dagster_home=dagster_home,
                     trigger=trigger,
+                    launcher=launcher,
                     notify=notify,
                     batching=batching,
                     stopping=stopping,
@@ -122,9 +136,8 @@ def execute_plan(
     vanished: list[str] = []
     full: DagsterHomeFullError | None = None
     try:
-        _run_plan(
-            plan, pipeline, instance, results, vanished, report, trigger, say, batching, stopping
-        )
+        how = _How(trigger, launcher, say, batching, stopping)
+        _run_plan(plan, pipeline, instance, results, vanished, report, how)
     except Exception as exc:
         # a full DAGSTER_HOME: Dagster can record nothing more. Named, and the report says
         # what was done; a run it left unfinished is reaped by the next ingest
@@ -159,6 +172,17 @@ def execute_plan(
     return report
 
 
+class _How(NamedTuple):
+    """How :func:`execute_plan` runs: the runs' trigger tag and launcher, where it reports,
+    which books share a run, and when to stop starting runs."""
+
+    trigger: str
+    launcher: str
+    say: Callable[[str], None]
+    batching: BatchConfig
+    stopping: Callable[[], bool]
+
+
 def _run_plan(
     plan: IngestPlan,
     pipeline: IngestPipeline,
@@ -166,14 +190,12 @@ def _run_plan(
     results: dict[str, BookResult],
     vanished: list[str],
     report: IngestReport,
-    trigger: str,
-    say: Callable[[str], None],
-    batching: BatchConfig,
-    stopping: Callable[[], bool],
+    how: _How,
 ) -> None:
     """The runs and purges of :func:`execute_plan`: each book's result in ``results`` as it
     comes (what an error part way leaves is what was done), the books purged because they
     went away while their run read them in ``vanished``."""
+    trigger, launcher, say, batching, stopping = how
     ingest_job, purge_job = _jobs(pipeline)
 
     for run_id in reap_dead_runs(instance, log=say):
@@ -201,7 +223,11 @@ def _run_plan(
         migrations = [m for b in books if (m := plan.books[b].migration) is not None]
         # (its first step tags it too, but later)
         migration = {MIGRATION_TAG: one_label(migrations)} if migrations else {}
-        return _run_books(ingest_job, instance, books, plan.force, {**tags, **migration}, watched)
+        changed = [f"{b}/{f}" for b in books for f in plan.books[b].changes.changed]
+        launched = launcher_tags(launcher, changed)
+        return _run_books(
+            ingest_job, instance, books, plan.force, {**tags, **launched, **migration}, watched
+        )
 
     for batch in batch_books(to_run, order, batching, files):
         if stopping():
@@ -227,9 +253,8 @@ def _run_plan(
         t0 = time.perf_counter()
         run_id = str(uuid.uuid4())
         with watched(run_id):
-            results[book_id] = _purge_book(
-                purge_job, instance, run_id, book_id, {**tags, **one_book_tags(book_id)}
-            )
+            purge_tags = {**tags, **launcher_tags(launcher, []), **one_book_tags(book_id)}
+            results[book_id] = _purge_book(purge_job, instance, run_id, book_id, purge_tags)
         results[book_id].seconds = time.perf_counter() - t0
 
 
@@ -297,10 +322,13 @@ def _run_books(
     one = len(books) == 1
     run_tags = {**tags, **(one_book_tags(books[0]) if one else batch_tags(books))}
     with watched(run_id), _planned_per_run(not one), _failed_if_left(instance, run_id):
-        outcome = job.execute_in_process(
-            run_config={**console_run_config(), **ingest_run_config(force=force)},
+        outcome = _execute(
+            job,
+            instance,
+            run_id,
+            ingest_run_config(force=force),
+            run_tags,
             partition_key=books[0] if one else None,
-            **_in_process(instance, run_id, run_tags),
         )
     if not outcome.success:
         failure = _failure(outcome)
@@ -350,27 +378,36 @@ def _failed_if_left(instance: DagsterInstance, run_id: str) -> Iterator[None]:
         raise
 
 
-class _InProcess(TypedDict):
-    instance: DagsterInstance
-    run_id: str
-    raise_on_error: bool
-    tags: dict[str, str]
-
-
-def _in_process(instance: DagsterInstance, run_id: str, tags: dict[str, str]) -> _InProcess:
-    """How the CLI runs a job: on the home instance, under the run id it recorded, its
-    failure reported (not raised), with its tags."""
-    return _InProcess(instance=instance, run_id=run_id, raise_on_error=False, tags=tags)
+def _execute(
+    job: JobDefinition,
+    instance: DagsterInstance,
+    run_id: str,
+    run_config: dict[str, Any],
+    tags: dict[str, str],
+    partition_key: str | None = None,
+) -> ExecuteInProcessResult:
+    """Execute one run of ``job`` in this process, on the home instance, under the run id it
+    recorded, its failure reported (not raised). The run is recorded as a run of the code
+    location's job, as the sensor's are: the UI lists it under the job and in the Timeline,
+    and can re-execute it (the job built here is the one the code location serves: the same
+    snapshot)."""
+    origin = location_job_origin(LOCATION_NAME, LOCATION_MODULE, LOCATION_ATTRIBUTE, job.name)
+    return execute_location_run(
+        job,
+        origin,
+        instance=instance,
+        run_id=run_id,
+        run_config={**console_run_config(), **run_config},
+        tags=tags,
+        partition_key=partition_key,
+    )
 
 
 def _purge_book(
     job: JobDefinition, instance: DagsterInstance, run_id: str, book_id: str, tags: dict[str, str]
 ) -> BookResult:
     with _failed_if_left(instance, run_id):
-        outcome = job.execute_in_process(
-            run_config={**console_run_config(), **purge_run_config(book_id)},
-            **_in_process(instance, run_id, tags),
-        )
+        outcome = _execute(job, instance, run_id, purge_run_config(book_id), tags)
     if not outcome.success:
         return _failed(book_id, outcome.run_id, _failure_message(outcome))
     warnings = []

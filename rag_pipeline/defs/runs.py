@@ -11,6 +11,11 @@ value exactly, so a key per book is the only way one filter finds a book inside 
 did not, and the retry strategy ``dagster/retry_strategy=ALL_STEPS``; steps whose checks did
 not pass tag the run ``rag/checks``; a run that builds its books with another recipe (a
 migration, built beside the searched index) is tagged ``rag/migration`` with what changes.
+
+Those are the tags a person reads or filters by; tags only the project reads (which process
+executes a run: :mod:`rag_pipeline.defs.reaper`) are hidden (:data:`HIDDEN_TAG_PREFIX`). The
+CLI's and live mode's runs name their launcher as the UI's "Launched by" column reads it
+(:func:`launcher_tags`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -35,8 +40,11 @@ __all__ = [
     "BOOK_RUN_TAGS",
     "BOOK_TAG",
     "CHECKS_TAG",
+    "HIDDEN_TAG_PREFIX",
+    "LAUNCHED_BY_TAG",
     "MAX_RETRIES_TAG",
     "MIGRATION_TAG",
+    "PARENT_RUN_TAG",
     "PARTITION_TAG",
     "QUEUE_TAG",
     "RANGE_END_TAG",
@@ -51,6 +59,7 @@ __all__ = [
     "books_of_run",
     "books_with_runs_in_flight",
     "explain_queue",
+    "launcher_tags",
     "note_queue_wait",
     "one_book_tags",
     "one_label",
@@ -90,6 +99,27 @@ RETRY_STRATEGY_TAG = "dagster/retry_strategy"
 #: only the failed ones: step outputs live in the run's memory (defs/io.py), so the earlier
 #: run's outputs are gone; every step is idempotent, and vectors in the index are reused
 RETRY_ALL_STEPS = {RETRY_STRATEGY_TAG: "ALL_STEPS"}
+#: tags under this prefix are kept with the run but never shown: Dagster's GraphQL API leaves
+#: them out of a run's tags (its HIDDEN_TAG_PREFIX, as its ``.dagster/repository`` tag is)
+HIDDEN_TAG_PREFIX = ".dagster/"
+#: the tag the UI's "Launched by" column shows as who launched a run (its ``user`` tag; the
+#: others it reads name a schedule, a sensor or an automation condition of the code location)
+LAUNCHED_BY_TAG = "user"
+#: the tag of a re-execution (the UI's, ``run_retries``'), naming the run it re-executes; it
+#: copies that run's tags
+PARENT_RUN_TAG = "dagster/parent_run_id"
+
+
+def launcher_tags(launcher: str, files: Sequence[str]) -> dict[str, str]:
+    """The "Launched by" of a run the CLI or live mode executes: ``launcher`` (the command),
+    and the first of the files that changed (``book/path``), e.g. ``live mode:
+    ros2/00-intro.md``. Such a run is retried by the CLI (a batch book by book) or by live
+    mode, not by the daemon's ``run_retries``: that would run the book a second time."""
+    name = launcher
+    if files:
+        more = len(files) - 1
+        name += f": {files[0]}" + (f" and {more} more file{'s' * (more > 1)}" if more else "")
+    return {LAUNCHED_BY_TAG: name, MAX_RETRIES_TAG: "0"}
 
 
 def trigger_of(tags: Mapping[str, str]) -> str:
@@ -104,7 +134,7 @@ def trigger_of(tags: Mapping[str, str]) -> str:
         return "schedule"
     if any(k.startswith("dagster/auto") or "automation" in k for k in tags):
         return "automation"
-    if "dagster/parent_run_id" in tags:
+    if PARENT_RUN_TAG in tags:
         return "retry"
     return "ui"
 
