@@ -508,9 +508,10 @@ def _written_book(
 def _log_written_points(
     context: AssetExecutionContext, chunked: ChunkedBook, written: WriteReport
 ) -> None:
-    """Log every point the run wrote (chunks and document records) with its file and
-    section: the run page's log filter, given a point id, shows the line that names it, for
-    runs of any size (the ``points_written`` table shows a few)."""
+    """Log every point the run wrote (chunks and document records), each on a short line with
+    its file and section: the run page's log filter, given a point id, shows a message of a
+    few lines, its line among them, for runs of any size (the ``points_written`` table shows
+    a few)."""
     book_id = chunked.book_id
     ids = set(written.written_ids)
     points = [(c.id, c.source_file, c.section_title or "") for c in chunked.chunks if c.id in ids]
