@@ -225,7 +225,7 @@ ASSET_EVENTS = (
 CHECK_STATUS = """query Check($path: [String!]!) {
   assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
     assetChecksOrError { ... on AssetChecks { checks { name
-      executionForLatestMaterialization { status evaluation { severity } }
+      executionForLatestMaterialization { status evaluation { severity description } }
       partitionStatuses { ... on AssetCheckDefaultPartitionStatuses {
         succeededPartitions failedPartitions } } } } } } } }"""
 
@@ -475,6 +475,8 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     assert "humanoid-robotics-ros2" in statuses["succeededPartitions"], statuses
     latest = checks_of("qdrant_collection")["book_checks_pass"]["executionForLatestMaterialization"]
     assert latest["status"] == "FAILED" and latest["evaluation"]["severity"] == "WARN", latest
+    # its result line, shown beside the status, names the book (issue 44)
+    assert "1 book (ros2-fundamentals)" in latest["evaluation"]["description"], latest
     events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
     page = metadata(events["assetNodeOrError"]["assetMaterializations"][0])
     assert "ros2-fundamentals" in page["problems"]

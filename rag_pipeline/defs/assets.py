@@ -263,6 +263,9 @@ def documents(
         metadata, checks[book_id] = parsed_metadata(parsed)
         if not checks[book_id].passed:
             tag_checks(context, "warned")
+            # Dagster OSS's run log draws any check that did not pass as a red "Check ...
+            # failed" row, whatever its severity: this line says what the result is
+            context.log.warning(f"{book_id}: parse_errors {checks[book_id].description}")
         record_book(context, book_id, metadata)
     yield Output(parsed_books)
     yield from check_books(context, PARSE_ERRORS.name, checks)
