@@ -26,7 +26,13 @@ from rag_pipeline.schema import (
 from rag_pipeline.sources.base import BookSource
 from rag_pipeline.store import VectorStore
 
-__all__ = ["POINTS_PER_MESSAGE", "point_log_path", "trace_point", "written_points_messages"]
+__all__ = [
+    "POINTS_PER_MESSAGE",
+    "WHERE_CHARS",
+    "point_log_path",
+    "trace_point",
+    "written_points_messages",
+]
 
 #: point lines one log message of a run holds at most: the run page shows about 8 lines of a
 #: message before "View full message", so a filtered message shows every line whole; and a run
@@ -104,7 +110,7 @@ def written_points_messages(
     ]
     head = (
         f"[{book_id}] {len(lines):,} points written by this run, in the {len(messages):,} "
-        f"messages after this one, one a line: file § section: point id. Filter the log by a "
+        "messages after this one, one a line: file § section: point id. Filter the log by a "
         "point id to see its line."
     )
     return [head, *messages]
