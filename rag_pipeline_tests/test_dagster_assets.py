@@ -1,5 +1,7 @@
 """The Dagster layer: definitions load, assets materialize per book, checks guard publishing."""
 
+import logging
+
 import pytest
 from dagster import (
     AssetCheckSeverity,
@@ -236,6 +238,16 @@ def test_parse_errors_warn_with_file_names(settings, resources, instance, sample
     assert result.success  # a bad file does not fail the book
     check = next(c for c in result.get_asset_check_evaluations() if c.check_name == "parse_errors")
     assert not check.passed and check.severity == AssetCheckSeverity.WARN
+    # the run log's row for it reads "Check parse_errors failed" (Dagster OSS labels any check
+    # that did not pass so): a warning line beside it says what the result is (issue 44)
+    logged = [
+        r.event_log_entry.user_message
+        for r in instance.get_records_for_run(result.run_id).records
+        if r.event_log_entry.level == logging.WARNING
+    ]
+    assert f"{book}: parse_errors warned, not failed (WARN): 1 broken and 1 empty" in "\n".join(
+        logged
+    ), logged
     assert "broken.md" in str(check.metadata["files"].value)
     assert "empty.md" in check.metadata["empty_files"].value
     assert check.metadata["errors"].value == 1
@@ -334,7 +346,10 @@ def test_the_collection_asset_shows_every_book_with_its_last_run_and_checks(
     warned = checks["book_checks_pass"]
     assert not warned.passed and warned.severity == AssetCheckSeverity.WARN
     assert BOOKS[0] in str(warned.metadata["books"].value)
-    assert warned.metadata["result"].value.startswith("warned, not failed")
+    # its result line names the book, and is the evaluation's description (issue 44)
+    line = f"warned, not failed: 1 book ({BOOKS[0]}) with a warning check only"
+    assert warned.metadata["result"].value.startswith(line), warned.metadata["result"]
+    assert warned.description == warned.metadata["result"].value
     assert checks["no_orphan_books"].passed
 
 
@@ -962,3 +977,19 @@ def test_a_store_lock_taken_by_the_collection_sensor_names_the_sensor(
     assert seen and all(
         "for collection_sensor, refreshing the qdrant_collection" in h for h in seen
     )
+
+
+def test_book_checks_pass_names_the_books_in_its_result_line():
+    """The result line (also the evaluation's description, shown beside the status) names the
+    books of each kind, the first CHECK_BOOKS_LISTED, then how many more (issue 44)."""
+    from rag_pipeline.defs.collection import CHECK_BOOKS_LISTED, _checks_verdict
+
+    assert _checks_verdict({"b"}, set()) == "failed: 1 book (b) with a failed check"
+    warned = {f"w{i:02d}" for i in range(CHECK_BOOKS_LISTED + 3)}
+    line = _checks_verdict({"b", "a"}, warned)
+    named = ", ".join(sorted(warned)[:CHECK_BOOKS_LISTED])
+    assert line.startswith(
+        f"failed: 2 books (a, b) with a failed check; warned, not failed: "
+        f"{len(warned)} books ({named} and 3 more) with a warning check only"
+    ), line
+    assert _checks_verdict(set(), set()) == "passed: every book's latest checks passed"

@@ -225,7 +225,7 @@ ASSET_EVENTS = (
 CHECK_STATUS = """query Check($path: [String!]!) {
   assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
     assetChecksOrError { ... on AssetChecks { checks { name
-      executionForLatestMaterialization { status evaluation { severity } }
+      executionForLatestMaterialization { status evaluation { severity description } }
       partitionStatuses { ... on AssetCheckDefaultPartitionStatuses {
         succeededPartitions failedPartitions } } } } } } } }"""
 
@@ -475,6 +475,8 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     assert "humanoid-robotics-ros2" in statuses["succeededPartitions"], statuses
     latest = checks_of("qdrant_collection")["book_checks_pass"]["executionForLatestMaterialization"]
     assert latest["status"] == "FAILED" and latest["evaluation"]["severity"] == "WARN", latest
+    # its result line, shown beside the status, names the book (issue 44)
+    assert "1 book (ros2-fundamentals)" in latest["evaluation"]["description"], latest
     events = dev.graphql(ASSET_EVENTS, path=["qdrant_collection"], partitions=None)
     page = metadata(events["assetNodeOrError"]["assetMaterializations"][0])
     assert "ros2-fundamentals" in page["problems"]
@@ -689,6 +691,7 @@ def test_from_a_point_id_the_ui_reaches_its_run_and_line_and_one_filter_every_ru
     wrote (and its materialization lists a sample of 10, not all); the tag filter
     rag-book/<book>=yes finds every run that wrote or purged a book, batches included."""
     from rag_pipeline.config import load_settings
+    from rag_pipeline.retrieve.lineage import POINTS_PER_MESSAGE
     from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter
     from rag_pipeline.store import open_store
     from rag_pipeline_tests.helpers import Cli
@@ -724,20 +727,26 @@ def test_from_a_point_id_the_ui_reaches_its_run_and_line_and_one_filter_every_ru
         assert lineage["dagster_point_url"] == f"{dev.url}/runs/{run_id}?logs={hit['id']}"
         assert requests.get(lineage["dagster_point_url"], timeout=30).ok
         messages = run_messages(dev, run_id)
-        lines = [
-            line for m in messages if hit["id"] in m for line in m.splitlines() if hit["id"] in line
+        # the log filter on the id shows the one message holding it: a few short lines, the
+        # id's line among them naming its file and section (the run page shows about 8 lines
+        # of a message before "View full message")
+        (found,) = [m for m in messages if hit["id"] in m]
+        lines = found.splitlines()
+        assert len(lines) <= 8 and all(len(line) <= 120 for line in lines), lines
+        (line,) = [line for line in lines if hit["id"] in line]
+        assert line == f"{lineage['source_file']} § {lineage['section_title']}: {hit['id']}"
+        # every point the run wrote is on a line of its own, once, after the book's first
+        # message; one event per POINTS_PER_MESSAGE points
+        (head,) = [i for i, m in enumerate(messages) if m.startswith("[big-book] ")]
+        count = -(-len(big_ids) // POINTS_PER_MESSAGE)
+        assert messages[head].startswith(
+            f"[big-book] {len(big_ids):,} points written by this run, in the {count:,} messages"
+        ), messages[head]
+        logged = [
+            line.rsplit(": ", 1)[1]
+            for m in messages[head + 1 : head + 1 + count]
+            for line in m.splitlines()
         ]
-        assert lines == [lines[0]] and lines[0].startswith(
-            f"{lineage['source_file']} § {lineage['section_title']}: "
-        ), lines
-        # every point the run wrote is on a line of its log, once; each message is short
-        logged: list[str] = []
-        for m in messages:
-            if m.startswith("[big-book] points written by this run"):
-                assert len(m) < 20_000
-                logged += [
-                    i for line in m.splitlines()[1:] for i in line.rsplit(": ", 1)[1].split(", ")
-                ]
         assert sorted(logged) == sorted(big_ids)
         # the materialization's table is a sample, whatever the run's size
         written = dev.graphql(ASSET_EVENTS, path=["qdrant_points"], partitions=["big-book"])[

@@ -332,3 +332,60 @@ def test_deeply_nested_json_frontmatter_is_a_clear_error():
     result = parse_text("{\n" + '"x": ' + "[" * 5000 + "]" * 5000 + "\n}\n# Body\n")
     assert isinstance(result, FileError), result
     assert "nested deeper" in result.reason
+
+
+_YAML_ERRORS = {
+    # name: (file lines, the line's text where the error is)
+    "unclosed bracket on line 2": (["---", "title: [unclosed", "---", "body"], "title: ["),
+    "bad key on line 3": (["---", "title: a", "bad key: : x", "---", "body"], "bad key"),
+    "indented key on line 4": (["---", "title: a", "author: b", "  c: d", "---"], "  c: d"),
+    "tab on line 1 of a long block": (
+        ["---", "\tx: 1", "a: 1", "b: 2", "c: 3", "---", "body"],
+        "\tx: 1",
+    ),
+    "error on the last line": (
+        ["---", *(f"k{i}: {i}" for i in range(12)), "- item", "---", "body"],
+        "- item",
+    ),
+    "unclosed quote after blank lines": (["---", "", "", 'title: "x', "---", "b"], 'title: "x'),
+    "unclosed brace with blank lines after": (["---", "a: {b: c", "", "", "---", "b"], "a: {b"),
+    "undefined alias": (["---", "a: 1", "b: *nowhere", "---", "body"], "b: *nowhere"),
+    "delimiter with trailing spaces": (["---   ", "", "a: 1", "b: [", "---", "body"], "b: ["),
+}
+_ENCODINGS = {
+    "LF": lambda text: text.encode(),
+    "CRLF": lambda text: text.replace("\n", "\r\n").encode(),
+    "BOM and CRLF": lambda text: b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode(),
+    "UTF-16 with BOM": lambda text: text.encode("utf-16"),
+    "CR only": lambda text: text.replace("\n", "\r").encode(),
+}
+
+
+@pytest.mark.parametrize("encoding", list(_ENCODINGS))
+@pytest.mark.parametrize("case", list(_YAML_ERRORS))
+def test_yaml_error_names_the_line_of_the_file_it_is_on(case, encoding):
+    """The reported line is the 1-based line an editor opens the file at (issue 44 item 8)."""
+    lines, bad = _YAML_ERRORS[case]
+    expected = next(i for i, line in enumerate(lines, 1) if line.startswith(bad))
+    result = parse(_ENCODINGS[encoding]("\n".join(lines) + "\n"), "bad.md")
+    assert isinstance(result, FileError), result
+    assert result.reason.startswith("invalid YAML frontmatter:")
+    assert f"(line {expected})" in result.reason or f"(line {expected}:" in result.reason, (
+        result.reason
+    )
+
+
+def test_yaml_error_in_a_real_file_names_its_line():
+    data = fixture("powershell/ForEach-Object.md")
+    bad = data.decode("utf-8-sig").splitlines().index("  - %") + 1
+    result = parse(data, "ForEach-Object.md")
+    assert isinstance(result, FileError)
+    assert result.reason.endswith(f"(line {bad})"), result.reason
+
+
+def test_frontmatter_after_blank_lines_is_body_text():
+    """python-frontmatter only reads a delimiter on line 1: a '---' block after blank lines is
+    Markdown (a rule and a paragraph), so its YAML errors are never reported."""
+    doc = parse(b"\n\n---\ntitle: [unclosed\n---\nbody\n")
+    assert isinstance(doc, ParsedDocument)
+    assert doc.frontmatter == {}

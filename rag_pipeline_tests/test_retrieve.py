@@ -403,13 +403,15 @@ def test_group_json_shape(grouped_books, hash_embedder):
         search_groups(grouped_books, hash_embedder, "x", "beta", group_by="chapter")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("chunks", [0, 1, 199, 200, 201, 2_345])
-def test_a_runs_point_messages_name_every_point_once_with_its_file_and_section(chunks):
-    """What a run logs about the points it wrote: each id once, on a line naming its file and
-    section (or the file's document record), at most POINTS_PER_MESSAGE ids a message, and
-    each message says which part of the whole it is."""
+@pytest.mark.parametrize("chunks", [0, 1, 7, 8, 9, 2_345])
+def test_a_runs_point_messages_name_every_point_once_on_a_short_line(chunks):
+    """What a run logs about the points it wrote: a first message saying how many and how to
+    read them, then each id once, on a line of its own naming its file and section (or the
+    file's document record), a short line (a long name shortened), POINTS_PER_MESSAGE lines a
+    message: the run page shows a filtered message whole, the id's line in it (issue 44)."""
     from rag_pipeline.retrieve.lineage import (
         POINTS_PER_MESSAGE,
+        WHERE_CHARS,
         point_log_path,
         written_points_messages,
     )
@@ -419,22 +421,28 @@ def test_a_runs_point_messages_name_every_point_once_with_its_file_and_section(c
     documents = [(f, f"doc-{f}") for f in sorted(set(files))]
     messages = written_points_messages("bk", points, documents)
     total = chunks + len(documents)
-    assert len(messages) == -(-total // POINTS_PER_MESSAGE)
+    if not total:
+        assert messages == []
+        return
+    head, *lists = messages
+    assert len(lists) == -(-total // POINTS_PER_MESSAGE)
+    assert head.startswith(f"[bk] {total:,} points written by this run, in the {len(lists):,} ")
     named: dict[str, list[str]] = {}
-    for n, message in enumerate(messages, 1):
-        head, *lines = message.split("\n")
-        assert head.startswith("[bk] points written by this run, ")
-        assert f"of {total} (message {n} of {len(messages)})" in head
-        ids_here = 0
+    for message in lists:
+        lines = message.split("\n")
+        assert 1 <= len(lines) <= POINTS_PER_MESSAGE
         for line in lines:
-            where, ids = line.rsplit(": ", 1)
-            for pid in ids.split(", "):
-                named.setdefault(pid, []).append(where)
-                ids_here += 1
-        assert ids_here <= POINTS_PER_MESSAGE
+            where, pid = line.rsplit(": ", 1)
+            named.setdefault(pid, []).append(where)
     assert set(named) == {p[0] for p in points} | {d[1] for d in documents}
     for pid, file, heading in points:
         assert named[pid] == [f"{file} § {heading or '(no heading)'}"]
     for file, doc in documents:
         assert named[doc] == [f"{file} (its document record)"]
     assert point_log_path("r-1", "a b") == "/runs/r-1?logs=a%20b"
+    # a long file or section is shortened: the line stays short, the file's name stays in it
+    long_file, long_section = "deep/" * 30 + "the-file-name.md", "A heading " * 30
+    _, line = written_points_messages("bk", [("p1", long_file, long_section)])
+    where, pid = line.rsplit(": ", 1)
+    assert pid == "p1" and len(where) <= WHERE_CHARS, where
+    assert "the-file-name.md § A heading" in where and where.endswith("…")

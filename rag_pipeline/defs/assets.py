@@ -263,6 +263,9 @@ def documents(
         metadata, checks[book_id] = parsed_metadata(parsed)
         if not checks[book_id].passed:
             tag_checks(context, "warned")
+            # Dagster OSS's run log draws any check that did not pass as a red "Check ...
+            # failed" row, whatever its severity: this line says what the result is
+            context.log.warning(f"{book_id}: parse_errors {checks[book_id].description}")
         record_book(context, book_id, metadata)
     yield Output(parsed_books)
     yield from check_books(context, PARSE_ERRORS.name, checks)
@@ -508,9 +511,10 @@ def _written_book(
 def _log_written_points(
     context: AssetExecutionContext, chunked: ChunkedBook, written: WriteReport
 ) -> None:
-    """Log every point the run wrote (chunks and document records) with its file and
-    section: the run page's log filter, given a point id, shows the line that names it, for
-    runs of any size (the ``points_written`` table shows a few)."""
+    """Log every point the run wrote (chunks and document records), each on a short line with
+    its file and section: the run page's log filter, given a point id, shows a message of a
+    few lines, its line among them, for runs of any size (the ``points_written`` table shows
+    a few)."""
     book_id = chunked.book_id
     ids = set(written.written_ids)
     points = [(c.id, c.source_file, c.section_title or "") for c in chunked.chunks if c.id in ids]

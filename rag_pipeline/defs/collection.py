@@ -126,7 +126,13 @@ def qdrant_collection(
     page = collection_page(context.instance, pipeline, warn=context.log.warning)
     yield MaterializeResult(metadata=page.metadata)
     for name, (passed, severity, metadata) in page.checks.items():
-        yield AssetCheckResult(check_name=name, passed=passed, severity=severity, metadata=metadata)
+        yield AssetCheckResult(
+            check_name=name,
+            passed=passed,
+            severity=severity,
+            metadata=metadata,
+            description=_description(metadata),
+        )
 
 
 @dataclass(frozen=True)
@@ -144,11 +150,23 @@ class CollectionPage:
         ]
         events += [
             AssetCheckEvaluation(
-                asset_key=key, check_name=name, passed=passed, severity=severity, metadata=meta
+                asset_key=key,
+                check_name=name,
+                passed=passed,
+                severity=severity,
+                metadata=meta,
+                description=_description(meta),
             )
             for name, (passed, severity, meta) in self.checks.items()
         ]
         return events
+
+
+def _description(metadata: dict[str, Any]) -> str | None:
+    """A check's ``result`` line, also its description: the check's page and its row in the
+    Checks tab show it beside the status, without opening the metadata."""
+    result = metadata.get("result")
+    return result if isinstance(result, str) else None
 
 
 #: a book's health on the collection's page, worst first: the order of the table's rows
@@ -327,16 +345,24 @@ def _recipes(books: Sequence[BookHealth]) -> str:
 
 
 def _checks_verdict(failed: set[str], warned: set[str]) -> str:
-    """What book_checks_pass found, in the words of its severity."""
+    """What book_checks_pass found, in the words of its severity, naming the books (the first
+    :data:`CHECK_BOOKS_LISTED` of each kind)."""
     parts = []
     if failed:
-        parts.append(f"failed: {len(failed)} book(s) with a failed check")
+        parts.append(f"failed: {_books(failed)} with a failed check")
     if warned:
         parts.append(
-            f"warned, not failed: {len(warned)} book(s) with a warning check only "
+            f"warned, not failed: {_books(warned)} with a warning check only "
             "(broken or empty files; the rest of each book is indexed)"
         )
     return "; ".join(parts) or "passed: every book's latest checks passed"
+
+
+def _books(books: set[str]) -> str:
+    """'1 book (a)', '3 books (a, b, c)', '20 books (a, ..., l and 8 more)'."""
+    named = sorted(books)[:CHECK_BOOKS_LISTED]
+    more = f" and {len(books) - len(named)} more" if len(books) > len(named) else ""
+    return f"{len(books)} book{'s' * (len(books) != 1)} ({', '.join(named)}{more})"
 
 
 def _listed(items: list[str]) -> list[str]:

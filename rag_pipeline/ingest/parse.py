@@ -127,8 +127,6 @@ def _parse(
         return error(str(exc))
     except RecursionError:  # a JSON frontmatter nested past the interpreter's stack
         return error(f"frontmatter is nested deeper than {FRONTMATTER_LIMITS['depth']} levels")
-    except yaml.YAMLError as exc:
-        return error(f"invalid YAML frontmatter: {_yaml_reason(exc)}")
     except Exception as exc:  # TOML / JSON handlers raise their own errors
         return error(f"invalid frontmatter: {exc}")
     if not isinstance(fm, Mapping):
@@ -181,8 +179,27 @@ def _split_frontmatter(text: str, warnings: list[str]) -> tuple[Any, str]:
         raise _FrontmatterError(
             f"frontmatter is larger than {FRONTMATTER_LIMITS['bytes'] // 1024} KiB"
         )
-    data = _load_yaml(raw) if isinstance(handler, YAMLHandler) else _bounded(handler.load(raw))
-    return ({} if data is None else data), body
+    if not isinstance(handler, YAMLHandler):
+        return _or_empty(_bounded(handler.load(raw))), body
+    try:
+        return _or_empty(_load_yaml(raw)), body
+    except yaml.YAMLError as exc:
+        raise _FrontmatterError(
+            f"invalid YAML frontmatter: {_yaml_reason(exc, raw, _raw_first_line(handler, text))}"
+        ) from None
+
+
+def _or_empty(data: Any) -> Any:
+    return {} if data is None else data
+
+
+def _raw_first_line(handler: YAMLHandler, text: str) -> int:
+    """The file's 1-based line on which the frontmatter ``handler.split`` returns begins: the
+    opening delimiter's line, as the text after '---' is the frontmatter's first (empty) line;
+    the delimiter's pattern may also swallow blank lines after it."""
+    assert handler.FM_BOUNDARY is not None
+    opening = handler.FM_BOUNDARY.search(text)
+    return 1 + (text[: opening.end()].count("\n") if opening is not None else 0)
 
 
 def _load_yaml(raw: str) -> Any:
@@ -409,11 +426,25 @@ def _nul_binary(data: bytes) -> str:
     return "binary content (NUL bytes); not a Markdown text file"
 
 
-def _yaml_reason(exc: yaml.YAMLError) -> str:
+def _yaml_reason(exc: yaml.YAMLError, raw: str, first_line: int) -> str:
+    """PyYAML's problem with the file's line of it (``first_line`` is the file's line of raw's
+    line 0). A problem found at the frontmatter's end (an unclosed bracket or quote) names the
+    line where the unclosed thing opens: that is where a person has to look."""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     mark = getattr(exc, "problem_mark", None)
-    # +2: one for 1-based lines, one for the opening '---' line python-frontmatter strips
-    return f"{problem} (line {mark.line + 2})" if mark is not None else str(problem)
+    if mark is None:
+        return str(problem)
+    end = len(raw.rstrip())
+    if mark.index < end:
+        return f"{problem} (line {first_line + mark.line})"
+    context = getattr(exc, "context", None)
+    opened = getattr(exc, "context_mark", None)
+    if opened is not None and context and opened.index < end:
+        thing = context.removeprefix("while parsing ").removeprefix("while scanning ")
+        return f"{problem} (line {first_line + opened.line}: {thing} that is never closed)"
+    # Nothing opened earlier: the last line with text is where the frontmatter stops short.
+    last = first_line + raw[:end].count("\n")
+    return f"{problem} (line {last})"
 
 
 def _first_heading(body: str) -> str | None:

@@ -1,15 +1,14 @@
 """Walk from a point back to the file, section and run that produced it.
 
-The run that writes points logs every id it wrote, with its file and section, in messages of
-at most :data:`POINTS_PER_MESSAGE` ids (:func:`written_points_messages`); the run page's log
-filter finds a message by any text in it, so :func:`point_log_path` (the run page filtered
-to the point's id) shows the point's file and section, whatever the size of the run.
+The run that writes points logs every id it wrote on a short line of its own with its file and
+section, :data:`POINTS_PER_MESSAGE` lines a message (:func:`written_points_messages`); the run
+page's log filter finds a message by any text in it, so :func:`point_log_path` (the run page
+filtered to the point's id) shows the point's line whole, whatever the size of the run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import groupby
 from typing import Any
 from urllib.parse import quote
 
@@ -27,11 +26,20 @@ from rag_pipeline.schema import (
 from rag_pipeline.sources.base import BookSource
 from rag_pipeline.store import VectorStore
 
-__all__ = ["POINTS_PER_MESSAGE", "point_log_path", "trace_point", "written_points_messages"]
+__all__ = [
+    "POINTS_PER_MESSAGE",
+    "WHERE_CHARS",
+    "point_log_path",
+    "trace_point",
+    "written_points_messages",
+]
 
-#: ids one log message of a run lists at most (a message a person can read, and the run
-#: page's filter shows whole)
-POINTS_PER_MESSAGE = 200
+#: point lines one log message of a run holds at most: the run page shows about 8 lines of a
+#: message before "View full message", so a filtered message shows every line whole; and a run
+#: writes one event per 8 points (an event costs the run about 2-10 ms)
+POINTS_PER_MESSAGE = 8
+#: characters of a line's "file § section" at most, so that a line does not wrap
+WHERE_CHARS = 80
 
 
 def trace_point(
@@ -86,26 +94,39 @@ def written_points_messages(
     documents: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """The log messages that list every point a run wrote for a book: ``points`` are
-    (point id, file, section), ``documents`` (file, document record id). Lines read
-    ``file § section: id, id`` in the order given; a message holds at most
-    :data:`POINTS_PER_MESSAGE` ids."""
+    (point id, file, section), ``documents`` (file, document record id). A first message says
+    how to read them; then one line a point, ``file § section: id`` (a long file or section
+    shortened with '…'), each file's lines together in the order given, its document record
+    (``file (its document record): id``) last, :data:`POINTS_PER_MESSAGE` lines a message."""
     #: (file, what of it, id): a chunk point under its section, or the file's document record
     entries = [(file, f"§ {section or '(no heading)'}", pid) for pid, file, section in points]
     entries += [(file, "(its document record)", doc_id) for file, doc_id in documents]
+    if not entries:
+        return []
     # each file's lines together, its document record after its chunks (a stable sort)
     first_seen = {file: i for i, (file, _, _) in reversed(list(enumerate(entries)))}
     entries.sort(key=lambda e: first_seen[e[0]])
-    out = []
-    total, parts = len(entries), -(-len(entries) // POINTS_PER_MESSAGE)
-    for i, start in enumerate(range(0, total, POINTS_PER_MESSAGE)):
-        part = entries[start : start + POINTS_PER_MESSAGE]
-        head = (
-            f"[{book_id}] points written by this run, {start + 1}-{start + len(part)} of "
-            f"{total} (message {i + 1} of {parts}), as file § section: point ids"
-        )
-        body = [
-            f"{file} {what}: " + ", ".join(e[2] for e in group)
-            for (file, what), group in groupby(part, key=lambda e: (e[0], e[1]))
-        ]
-        out.append("\n".join([head, *body]))
-    return out
+    lines = [f"{_where(file, what)}: {pid}" for file, what, pid in entries]
+    messages = [
+        "\n".join(lines[start : start + POINTS_PER_MESSAGE])
+        for start in range(0, len(lines), POINTS_PER_MESSAGE)
+    ]
+    head = (
+        f"[{book_id}] {len(lines):,} points written by this run, in the {len(messages):,} "
+        "messages after this one, one a line: file § section: point id. Filter the log by a "
+        "point id to see its line."
+    )
+    return [head, *messages]
+
+
+def _where(file: str, what: str) -> str:
+    """``file what`` in at most :data:`WHERE_CHARS` characters: a long file keeps the end of
+    its path (its name), a long section its start."""
+    budget = WHERE_CHARS - 1
+    what = _clip(what, max(budget // 2, budget - len(file)))
+    file = file if len(file) <= budget - len(what) else "…" + file[-(budget - len(what) - 1) :]
+    return f"{file} {what}"
+
+
+def _clip(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
