@@ -169,7 +169,9 @@ def test_a_yaml_alias_bomb_is_refused_at_once(levels):
 
     started = time.perf_counter()
     result = parse_text(alias_bomb(levels))
-    assert time.perf_counter() - started < 1.0
+    # a guard against expansion (9 levels expanded: minutes and gigabytes), not a speed target:
+    # milliseconds on a quiet machine, seconds on one the whole suite loads
+    assert time.perf_counter() - started < 10.0
     assert isinstance(result, FileError)
     assert "aliases" in result.reason or "expands to more than" in result.reason
 
@@ -323,7 +325,7 @@ def test_deeply_nested_frontmatter_is_refused_fast_and_clearly(frontmatter):
 
     started = time.perf_counter()
     result = parse_text(f"---\n{frontmatter}\n---\n# Body\n")
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 10.0  # a guard against blow-up, as above
     assert isinstance(result, FileError)
     assert result.reason == "frontmatter is nested deeper than 32 levels"
 
