@@ -45,12 +45,12 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 # damaged one exits 1 here, naming it). rag_pipeline.ui_terminal runs dg dev in a process group
 # of its own with SIGINT and SIGTERM at their defaults (started by a script, nohup or a service
 # manager, it would inherit SIGINT ignored, and Dagster gives SIGTERM SIGINT's disposition) and
-# stops it on SIGINT or SIGTERM; this shell waits in the background of both signals and passes
-# them on (make passes SIGTERM on to it). Ctrl-C or SIGTERM stops both (the live process after
-# the change in hand). UI_ARGS go to dg dev (e.g. UI_ARGS="-p 3001"). The terminal shows
-# warnings, errors and a line per run start and end: dg dev logs at warning (the daemon's INFO
-# lines repeat every second while a run is in progress), and rag_pipeline.ui_terminal drops the
-# run workers' DEBUG and INFO lines.
+# stops it on SIGINT or SIGTERM; this shell waits for it with `wait` (a trap runs at once, not
+# after a foreground command) and passes both on (make passes SIGTERM on to this shell). Ctrl-C
+# or SIGTERM stops both (the live process after the change in hand). UI_ARGS go to dg dev
+# (e.g. UI_ARGS="-p 3001"). The terminal shows warnings, errors and a line per run start and
+# end: dg dev logs at warning (the daemon's INFO lines repeat every second while a run is in
+# progress), and rag_pipeline.ui_terminal drops the run workers' DEBUG and INFO lines.
 UI_ARGS ?=
 ABSPATH = $(CURDIR)/$(BIN)/python -c 'import os, sys; v = sys.argv[1]; print(v if v == ":memory:" else os.path.abspath(v))'
 ui: install $(DAGSTER_HOME)/dagster.yaml

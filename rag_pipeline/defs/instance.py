@@ -87,17 +87,16 @@ def open_home_instance() -> Iterator[DagsterInstance]:
         raise
 
 
-def prepare_home_instance() -> Path:
+def prepare_home_instance() -> None:
     """Create (or check) the instance in ``DAGSTER_HOME``: its run, event log and schedule
     databases created and stamped, in turn with other rag-pipeline processes. What ``make ui``
-    runs before it starts ``dg dev`` and live mode. The home's path."""
+    runs before it starts ``dg dev`` and live mode."""
     with open_home_instance() as instance:
         # each storage read once (runs, event log, schedules): a schema Dagster cannot read
         # fails here, before any server starts on it
         instance.get_runs(limit=1)
         instance.get_dynamic_partitions("books")
         instance.all_instigator_state()
-    return Path(os.environ["DAGSTER_HOME"])
 
 
 _CONFIG_FILE = "dagster.yaml"
