@@ -23,6 +23,7 @@ from rag_pipeline_tests.helpers import cli_env
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,  # a dg dev start each: 15-20 s on a quiet 2-core machine
     pytest.mark.skipif(
         shutil.which("make") is None or not Path("/proc/self/stat").exists(),
         reason="needs make and Linux's /proc",
@@ -159,7 +160,6 @@ def empty_books(tmp_path: Path) -> Path:
 STOP_S = 30
 
 
-@pytest.mark.slow
 def test_make_ui_comes_up_on_new_homes_and_stops_however_signalled(tmp_path, empty_books):
     """Three starts in a row, each on a new DAGSTER_HOME: `dg dev` and live mode created and
     stamped its databases at the same moment and failed about one start in three (or left the
