@@ -40,7 +40,14 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 # so they still mean what they mean here. Beside it, live mode (`rag-pipeline watch`) applies
 # each saved change within about a second, as a run the UI shows; the books sensor defers to it
 # while it runs and takes over when it stops. RAG_LIVE=0 leaves changes to the sensor alone.
-# Ctrl-C stops both (the live process after the change in hand). UI_ARGS go to dg dev
+# `rag-pipeline init-instance` creates the instance's databases first: dg dev and live mode
+# creating them at the same moment fail, or leave a database no later start can open (a
+# damaged one exits 1 here, naming it). rag_pipeline.ui_terminal runs dg dev in a process group
+# of its own with SIGINT and SIGTERM at their defaults (started by a script, nohup or a service
+# manager, it would inherit SIGINT ignored, and Dagster gives SIGTERM SIGINT's disposition) and
+# stops it on SIGINT or SIGTERM; this shell waits for it with `wait` (a trap runs at once, not
+# after a foreground command) and passes both on (make passes SIGTERM on to this shell). Ctrl-C
+# or SIGTERM stops both (the live process after the change in hand). UI_ARGS go to dg dev
 # (e.g. UI_ARGS="-p 3001"). The terminal shows warnings, errors and a line per run start and
 # end: dg dev logs at warning (the daemon's INFO lines repeat every second while a run is in
 # progress), and rag_pipeline.ui_terminal drops the run workers' DEBUG and INFO lines.
@@ -52,15 +59,18 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	  RAG_CACHE_DIR="$$($(ABSPATH) "$${RAG_CACHE_DIR:-.rag/cache}")"; \
 	if [ -n "$$RAG_LOCAL_MODEL_DIR" ]; then \
 	  export RAG_LOCAL_MODEL_DIR="$$($(ABSPATH) "$$RAG_LOCAL_MODEL_DIR")"; fi; \
-	cd "$(DAGSTER_HOME)" || exit 1; set -o pipefail; \
+	cd "$(DAGSTER_HOME)" || exit 1; \
+	trap 'stop=1; kill -TERM $$dev 2>/dev/null' INT TERM; \
+	"$(CURDIR)/$(BIN)/rag-pipeline" init-instance || exit $$?; \
 	port=$$(echo " $(UI_ARGS) " | sed -nE 's/.* (-p|--port)[ =]?([0-9]+) .*/\2/p'); \
 	echo "Dagster UI: http://127.0.0.1:$${port:-3000} (this terminal: warnings, errors and a line per run; Ctrl-C stops it)"; \
 	if [ "$${RAG_LIVE:-1}" != 0 ]; then \
 	  "$(CURDIR)/$(BIN)/rag-pipeline" watch & live=$$!; \
 	  trap 'kill -TERM $$live 2>/dev/null; wait $$live' EXIT; fi; \
-	trap 'exit 130' INT TERM; \
-	"$(CURDIR)/$(BIN)/dg" dev --log-level warning -w "$(CURDIR)/workspace.yaml" $(UI_ARGS) 2>&1 \
-	  | "$(CURDIR)/$(BIN)/python" -m rag_pipeline.ui_terminal
+	[ -z "$$stop" ] || exit 143; \
+	"$(CURDIR)/$(BIN)/python" -m rag_pipeline.ui_terminal \
+	  "$(CURDIR)/$(BIN)/dg" dev --log-level warning -w "$(CURDIR)/workspace.yaml" $(UI_ARGS) & dev=$$!; \
+	while kill -0 $$dev 2>/dev/null; do wait $$dev; done; wait $$dev
 
 # The suite's temporary folders go to tmpfs where it has room: its ingests commit SQLite and
 # Qdrant files, and on a VM's shared disk those fsyncs are most of an ingest's time (kill -9,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -320,6 +321,34 @@ def test_a_damaged_dagster_database_is_failed_work_naming_the_file(env, tmp_path
     assert "error: unexpected" not in text, text
     shutil.move(history, tmp_path / "history.aside")  # what the message says to do
     assert run("ingest")[0] == 0
+
+
+@pytest.mark.integration  # real CLI processes
+def test_a_database_with_two_alembic_heads_is_named_with_the_way_out(tmp_path, sample_books):
+    """Two processes creating a new instance together (`make ui` before issue 44) could stamp a
+    database twice: "Version table 'alembic_version' has more than one head present" at every
+    later open, which `ingest` reported as "unexpected CommandError", naming neither the file
+    nor the way out."""
+    from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+
+    env = cli_env(tmp_path, sample_books)
+    home = Path(env["DAGSTER_HOME"])
+    home.mkdir()
+    DagsterInstance.from_ref(InstanceRef.from_dir(str(home))).dispose()  # a sound instance
+    history = home / "history"
+    with sqlite3.connect(history / "runs.db") as db:  # what a second stamp left
+        db.execute("insert into alembic_version (version_num) values ('0123456789ab')")
+    for command in (["ingest"], ["init-instance"]):
+        proc = fresh_cli(command, env, tmp_path, timeout=300)
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 1, (command, text)
+        assert str(history / "runs.db") in text and f"Move {history} aside" in text, text
+        assert "unexpected" not in text, text
+        assert_no_trace(text)
+    shutil.move(history, tmp_path / "history.aside")  # what the message says to do
+    proc = fresh_cli(["ingest"], env, tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """What `make ui`'s terminal shows (rag_pipeline.ui_terminal) and the lines runs write to it."""
 
+import os
 import subprocess
 import sys
 
@@ -59,6 +60,48 @@ def test_the_filter_runs_as_make_ui_runs_it():
         check=True,
     ).stdout
     assert out == f"{STAMP} - dagster - WARNING - kept\n"
+
+
+#: the command the test runs under ui_terminal: says whether it started with SIGINT and
+#: SIGTERM ignored (Python keeps an ignored signal ignored) and its process group, then waits
+REPORTER = """
+import os, signal, time
+shown = ["ignored" if signal.getsignal(s) == signal.SIG_IGN else "not-ignored"
+         for s in (signal.SIGINT, signal.SIGTERM)]
+print(*shown, os.getpgrp(), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.integration
+def test_the_command_gets_default_signals_and_stops_on_sigterm_when_sigint_was_ignored():
+    """What `make ui` started by a script or a service manager hands dg dev: SIGINT ignored,
+    which Dagster also gives SIGTERM. ui_terminal runs the command in a process group of its
+    own with both at their defaults, and passes SIGTERM on: it stops within a second."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag_pipeline.ui_terminal", sys.executable, "-c", REPORTER],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert proc.stdout is not None
+        sigint, sigterm, group = proc.stdout.readline().split()
+        assert (sigint, sigterm) == ("not-ignored", "not-ignored")
+        assert int(group) not in (os.getpgrp(), proc.pid)  # its own group: only told once
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 128 + signal.SIGTERM
+        assert time.monotonic() - started < 5
+        with pytest.raises(ProcessLookupError):
+            os.killpg(int(group), 0)  # nothing of its group is left
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def test_a_runs_lines_name_it_its_books_and_who_started_it():

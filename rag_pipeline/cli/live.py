@@ -94,6 +94,18 @@ def watch(as_json: bool) -> None:
     say("stopped")
 
 
+@main.command(name="init-instance", hidden=True)
+def init_instance() -> None:
+    """Create the Dagster instance in DAGSTER_HOME once (its databases created and stamped):
+    what `make ui` runs before it starts `dg dev` and live mode, which would otherwise both
+    create them at the same moment. A damaged instance exits 1 naming the file."""
+    from rag_pipeline.config import ensure_dagster_home
+    from rag_pipeline.defs.instance import prepare_home_instance
+
+    ensure_dagster_home()
+    prepare_home_instance()
+
+
 def in_worker_thread(work: Callable[[], None]) -> None:
     """Run ``work`` in a thread while this (the main) thread keeps the signal handlers; its
     exception is raised here.

@@ -5,10 +5,15 @@ processes doing that together race (``table jobs already exists``: Dagster retri
 event log, not for its run or schedule storage). Our own processes take turns with an ``flock``
 on ``<home>/.rag-instance.lock`` while they open it (released by the kernel if one dies);
 processes that do not take it (``dagster dev`` starting at the same moment) are retried.
+``make ui`` creates the instance (:func:`prepare_home_instance`) before it starts ``dg dev``
+and live mode, which otherwise create and stamp the same databases together: Dagster's own
+processes take no lock, and a race between two stamps can leave a database with two alembic
+heads, unusable from then on.
 
 A bad ``dagster.yaml`` is a setting error naming the file; a damaged SQLite database under
-``DAGSTER_HOME`` (at open or later, while runs write) is a :class:`DagsterStateError` naming
-the file and how to recover, never a bare ``sqlite3.DatabaseError``; a full one is a
+``DAGSTER_HOME`` (unreadable, or with a schema version Dagster cannot read: two alembic heads,
+at open or later, while runs write) is a :class:`DagsterStateError` naming the file and how to
+recover, never a bare ``sqlite3.DatabaseError`` or alembic ``CommandError``; a full one is a
 :class:`DagsterHomeFullError` naming the folder and the space left (:func:`home_full`).
 """
 
@@ -31,9 +36,12 @@ from rag_pipeline.config import DagsterStateError, SettingsError
 from rag_pipeline.defs._dagster_private import dagster_instance_config
 from rag_pipeline.defs.partition_marker import PARTITIONS_MARKER
 
-__all__ = ["DagsterHomeFullError", "home_full", "open_home_instance"]
+__all__ = ["DagsterHomeFullError", "home_full", "open_home_instance", "prepare_home_instance"]
 
-_RACE = re.compile(r"already exists|database is locked", re.IGNORECASE)
+#: another process creating or stamping the schema at the same moment
+_RACE = re.compile(
+    r"already exists|database is locked|UNIQUE constraint failed: alembic_version", re.IGNORECASE
+)
 _ATTEMPTS = 5
 
 
@@ -85,11 +93,25 @@ def open_home_instance() -> Iterator[DagsterInstance]:
         raise
 
 
+def prepare_home_instance() -> None:
+    """Create (or check) the instance in ``DAGSTER_HOME``: its run, event log and schedule
+    databases created and stamped, in turn with other rag-pipeline processes. What ``make ui``
+    runs before it starts ``dg dev`` and live mode."""
+    with open_home_instance() as instance:
+        # each storage read once (runs, event log, schedules): a schema Dagster cannot read
+        # fails here, before any server starts on it
+        instance.get_runs(limit=1)
+        instance.get_dynamic_partitions("books")
+        instance.all_instigator_state()
+
+
 _CONFIG_FILE = "dagster.yaml"
 #: failures of the configured classes to load (a module or class dagster.yaml names)
 _CLASS_LOAD = re.compile(r"configurable class|couldn't import module", re.IGNORECASE)
 #: SQLite's words for a file that is not, or no longer, a sound database
 _DAMAGED = re.compile(r"not a database|malformed|file is encrypted", re.IGNORECASE)
+#: the version table of a database, which alembic (Dagster's migrations) reads at every open
+_VERSION_TABLE = "alembic_version"
 
 
 def _check_config(home: Path) -> None:
@@ -116,6 +138,8 @@ def _config_error(home: Path, exc: BaseException) -> SettingsError:
 def _is_damaged_database(exc: BaseException) -> bool:
     seen: BaseException | None = exc
     while seen is not None:
+        if _is_version_error(seen):
+            return True
         if isinstance(seen, sqlite3.DatabaseError) and _DAMAGED.search(str(seen)):
             return True
         orig = getattr(seen, "orig", None)  # sqlalchemy's DBAPIError wraps the driver's error
@@ -125,26 +149,43 @@ def _is_damaged_database(exc: BaseException) -> bool:
     return False
 
 
+def _is_version_error(exc: BaseException) -> bool:
+    """alembic's ``CommandError`` (not imported: a dependency of Dagster's, not ours): the
+    schema version of a database cannot be read, e.g. "Version table 'alembic_version' has
+    more than one head present" after two processes stamped a new database together."""
+    return type(exc).__name__ == "CommandError" and type(exc).__module__.startswith("alembic")
+
+
 def _damaged(home: Path, exc: BaseException) -> DagsterStateError:
     files = _damaged_files(home)
     which = ", ".join(str(f) for f in files) if files else f"a database under {home}"
     # the top folder holding each damaged file (history/, schedules/): what to move aside
     folders = sorted({home / f.relative_to(home).parts[0] for f in files}) or [home / "history"]
+    # schedules/ holds the sensors' state and ticks; history/ (and any other) the runs
+    lost = (
+        "the sensors start with a new state"
+        if all(f.name == "schedules" for f in folders)
+        else "the next ingest starts a new run history"
+    )
     return DagsterStateError(
         f"the Dagster instance in DAGSTER_HOME={str(home)!r} is damaged: {which}: "
         f"{_driver_message(exc)}. Move {' and '.join(str(f) for f in folders)} aside and delete "
-        f"{home / PARTITIONS_MARKER}; the next ingest starts a new run history (the index is "
-        "not affected)."
+        f"{home / PARTITIONS_MARKER}; {lost} (the index is not affected)."
     )
 
 
 def _damaged_files(home: Path) -> list[Path]:
-    """The SQLite files under the home that SQLite cannot read (only looked for on failure)."""
+    """The SQLite files under the home that SQLite cannot read, or whose alembic version table
+    holds more than one version (only looked for on failure)."""
     found = []
     for path in sorted(home.glob("**/*.db")):
         try:
             with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-                db.execute("select count(*) from sqlite_master").fetchone()
+                tables = {row[0] for row in db.execute("select name from sqlite_master")}
+                if _VERSION_TABLE in tables:
+                    (versions,) = db.execute(f"select count(*) from {_VERSION_TABLE}").fetchone()
+                    if versions > 1:
+                        found.append(path)
         except sqlite3.DatabaseError as exc:
             if _DAMAGED.search(str(exc)):
                 found.append(path)
@@ -153,7 +194,8 @@ def _damaged_files(home: Path) -> list[Path]:
 
 def _driver_message(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)
-    return str(orig if orig is not None else exc).splitlines()[0]
+    first = str(orig if orig is not None else exc).splitlines()[0]
+    return first.split("; please use get_current_heads()")[0]  # alembic's advice to programmers
 
 
 class DagsterHomeFullError(DagsterStateError):
