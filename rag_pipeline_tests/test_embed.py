@@ -69,12 +69,14 @@ def int8_embedder(local_embedder):
 def test_int8_model_stays_close_to_fp32(local_embedder, int8_embedder):
     """ONNX Runtime's dynamic quantization (per-channel int8 MatMul weights) moves vectors a
     little: measured mean cosine 0.9928, min 0.9888 on these texts (0.9943 / 0.9878 on 320
-    real chunks)."""
+    real chunks) with VNNI or AMX; on an AVX2-only CPU (an AMD EPYC here), whose u8s8 kernels
+    can saturate, mean 0.9913, min 0.9847 (``auto`` keeps fp32 there: only a forced int8
+    runs so). The bounds hold on every kind."""
     fp32 = local_embedder.embed(REFERENCE["texts"])
     int8 = int8_embedder.embed(REFERENCE["texts"])
     cosines = (int8 * fp32).sum(axis=1)
     assert cosines.mean() >= 0.99, cosines
-    assert cosines.min() >= 0.985, cosines
+    assert cosines.min() >= 0.98, cosines
     assert not np.allclose(int8, fp32, atol=1e-4)  # it really is another graph
 
 
