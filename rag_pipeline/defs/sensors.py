@@ -10,6 +10,9 @@ failed (:class:`FailedBooks`). Then:
   counter, so an unchanged book never gets a second run (a ``touch`` changes the stat digest,
   not the content), while content that comes back (an edit reverted, a book restored after its
   purge) is a new request and does run;
+* a book written (its stat digest moved, its content digest not) while a run of it was in
+  flight or since the previous tick -> run again: that run may have read a version in
+  between (so a ``touch`` just after a run costs one run that embeds nothing);
 * a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
   its points (the sensor never opens the store: runs hold its lock);
 * a book whose latest ingest runs all failed -> a new run once its back-off has passed.
