@@ -20,6 +20,8 @@ import requests
 from rag_pipeline.defs.metadata import markdown_rows
 from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.helpers import cli_env
+from rag_pipeline_tests.ui_badge import CHECKS as BADGE
+from rag_pipeline_tests.ui_badge import node_badge
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -337,16 +339,19 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
     )["launchPipelineExecution"]
     assert data["__typename"] == "LaunchRunSuccess", data
     run_id = data["run"]["runId"]
-    status = dev.wait_for(
-        lambda: (
-            (s := dev.graphql(RUN_STATUS, runId=run_id)["runOrError"]["status"])
-            in ("SUCCESS", "FAILURE", "CANCELED")
-            and s
-        ),
-        240,
-        "the UI-launched run",
-    )
+    # while it is queued and runs, documents' badge stays on what is known (every book
+    # parsed): never a green ✓ beside "0 / 1 Passed" for the check the run planned (44.6)
+    badges: list[str] = []
+
+    def finished() -> str | None:
+        node = dev.graphql(BADGE, path=["documents"])["assetNodeOrError"]
+        badges.append(node_badge(node["assetChecksOrError"]["checks"]))
+        status = dev.graphql(RUN_STATUS, runId=run_id)["runOrError"]["status"]
+        return status if status in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+    status = dev.wait_for(finished, 240, "the UI-launched run")
     assert status == "SUCCESS"
+    assert set(badges) == {"green ✓ 1 / 1 Passed"}, Counter(badges)
     # the collection's page shows the run launched from the graph within a sensor interval
     dev.wait_for(
         lambda: collection_rows(lambda r: r["humanoid-robotics-ros2"]["last_run"] == run_id),

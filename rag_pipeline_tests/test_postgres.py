@@ -149,7 +149,7 @@ def test_instance_configs_are_valid(tmp_path, monkeypatch):
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     instance = DagsterInstance.get()
-    assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+    assert type(instance.run_coordinator).__name__ == "BookRunCoordinator"
     assert type(instance.run_launcher).__name__ == "LocalRunLauncher"
     assert instance.run_launcher.supports_check_run_worker_health
     assert instance.run_monitoring_enabled
@@ -162,5 +162,5 @@ def test_instance_configs_are_valid(tmp_path, monkeypatch):
     assert instance.get_settings("telemetry")["enabled"] is False
     assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
     text = (REPO / "deploy" / "dagster.postgres.yaml").read_text()
-    assert "DAGSTER_PG_URL" in text and "QueuedRunCoordinator" in text
+    assert "DAGSTER_PG_URL" in text and "BookRunCoordinator" in text
     assert Path(REPO / "docs" / "deploy.md").is_file()

@@ -18,9 +18,7 @@ from typing import Any, TypedDict
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckExecutionContext,
-    AssetCheckKey,
     AssetChecksDefinition,
-    AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetsDefinition,
@@ -40,7 +38,6 @@ from rag_pipeline.chunking import DEFAULT_CHUNKER
 from rag_pipeline.defs.batch import (
     BookCheck,
     check_books,
-    latest_materializations,
     record_book,
     run_books,
 )
@@ -48,7 +45,6 @@ from rag_pipeline.defs.book_metadata import (
     TABLE_ROWS,
     details,
     inventory_metadata,
-    parse_errors_verdict,
     parsed_metadata,
     recipe_metadata,
     when,
@@ -56,6 +52,7 @@ from rag_pipeline.defs.book_metadata import (
     written_table,
 )
 from rag_pipeline.defs.metadata import error_table, table
+from rag_pipeline.defs.parse_check import PARSE_ERRORS, parse_errors_again
 from rag_pipeline.defs.partitions import book_partitions_def
 from rag_pipeline.defs.runs import one_label, tag_checks, tag_migration, tag_run
 from rag_pipeline.ingest.index import WriteReport
@@ -271,11 +268,6 @@ def documents(
     yield from check_books(context, PARSE_ERRORS.name, checks)
 
 
-#: broken or empty files of a book. Its results come from the documents step (which parses),
-#: but it is declared apart from the asset so that runs of the ingest job do not plan it: a
-#: planned check is "in progress" with no severity, which Dagster OSS's asset graph draws as a
-#: red ✕ while any book has failed it, even with WARN severity and during a healthy run.
-PARSE_ERRORS = AssetCheckKey(documents.key, "parse_errors")
 #: what the parse_errors results mean, where the UI shows the check
 PARSE_ERRORS_DESCRIPTION = (
     "Warns (yellow, never red: WARN severity) with the file names when files of the book fail "
@@ -302,31 +294,8 @@ def parse_errors(
     """The check run on its own (the UI's Execute, a Materialize that selects it): each book's
     latest documents materialization evaluated again, from what its parse recorded."""
     books = list(context.op_execution_context.partition_keys)
-    latest = latest_materializations(context.instance, documents.key, books)
     yield Output(None)
-    for book_id in books:
-        found = latest.get(book_id)
-        recorded = found.metadata if found else {}
-        broken = int(getattr(recorded.get("book_errors"), "value", 0) or 0)
-        empty = int(getattr(recorded.get("empty_documents"), "value", 0) or 0)
-        yield AssetCheckEvaluation(
-            asset_key=PARSE_ERRORS.asset_key,
-            check_name=PARSE_ERRORS.name,
-            passed=found is not None and not broken and not empty,
-            severity=AssetCheckSeverity.WARN,
-            description=parse_errors_verdict(["?"] * broken, ["?"] * empty)
-            if found
-            else "warned: the book has no documents materialization",
-            partition=book_id,
-            metadata={
-                "errors": broken,
-                "empty_documents": empty,
-                **when(found is None, reason="the book has no documents materialization"),
-                **when("error_table" in recorded, files=recorded.get("error_table")),
-                **when("empty_files" in recorded, empty_files=recorded.get("empty_files")),
-            },
-            target_materialization_data=found.target if found else None,
-        )
+    yield from parse_errors_again(context.instance, books)
 
 
 @book_asset(

@@ -10,6 +10,7 @@ from dagster import AssetCheckSeverity, MetadataValue, TableMetadataValue
 
 from rag_pipeline.defs.batch import BookCheck
 from rag_pipeline.defs.metadata import error_table, shorten, table
+from rag_pipeline.defs.parse_check import parse_errors_verdict
 from rag_pipeline.ingest.index import WriteReport
 from rag_pipeline.ingest.migration import SwitchOutcome
 from rag_pipeline.ingest.pipeline import AssessedBook
@@ -77,18 +78,6 @@ def inventory_metadata(book: AssessedBook) -> dict[str, Any]:
             errors=error_table(inventory.crawl_errors),
         ),
     }
-
-
-def parse_errors_verdict(broken: list[str], empty: list[str]) -> str:
-    """parse_errors' result in words: WARN severity, whatever the UI's label says."""
-    if not broken and not empty:
-        return "passed: every file of the book parsed and has text"
-    named = [n for n in [*broken, *empty] if n != "?"]
-    files = f": {', '.join(named[:5])}{' ...' if len(named) > 5 else ''}" if named else ""
-    return (
-        f"warned, not failed (WARN): {len(broken)} broken and {len(empty)} empty file(s)"
-        f"{files}; the run succeeded and the book's other files are indexed"
-    )
 
 
 def parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
