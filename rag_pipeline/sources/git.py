@@ -25,6 +25,7 @@ import os
 import re
 import subprocess
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,7 @@ class _Blobs:
                 env={**os.environ, **_GIT_ENV},
             )
             self.pid = os.getpid()
+            weakref.finalize(self, _end, self.proc)  # ended with its reader
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(blob.encode() + b"\n")
         self.proc.stdin.flush()
@@ -181,12 +183,23 @@ class _Blobs:
 
     def close(self) -> None:
         if self.proc is not None and self.pid == os.getpid():
-            try:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.SubprocessError):
-                pass
+            _end(self.proc)
         self.proc = None
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """End a ``cat-file --batch`` process: its input closed, then killed if still there."""
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            if pipe is not None:
+                pipe.close()
+        except OSError:
+            pass
+    try:
+        proc.kill()
+        proc.wait(timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 @dataclass
