@@ -250,7 +250,10 @@ def assess_book(
     chunk_payloads: bool = True,
 ) -> BookAssessment:
     """Assess a book of ``source`` (see :func:`read_book_index` for ``chunk_payloads``: an
-    assessment without them can be shown, not run)."""
-    found = source.scan(book_id)
+    assessment without them can be shown, not run). A run hashes every file again, except one
+    whose version names its content (a git blob id) and is the one its last run recorded:
+    that version's bytes are the ones recorded, whatever happened since."""
+    saved = {} if force else saved_file_stats(store, book_id)
+    found = source.scan(book_id, {n: v for n, v in saved.items() if isinstance(v[0], str)})
     index = read_book_index(store, book_id, recipe, chunk_payloads=chunk_payloads, found=found)
     return assess(found, index, recipe, source, force=force)

@@ -366,6 +366,9 @@ class GitSource(BookSource):
         kill left half made)."""
         if book.ready:
             return
+        if all((book.repo / part).exists() for part in ("HEAD", "config", "objects", "refs")):
+            book.ready = True  # made whole by an earlier process
+            return
         try:
             book.repo.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
