@@ -110,9 +110,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
+    from rag_pipeline.cli.app import book_recipes
     from rag_pipeline.config import load_settings
     from rag_pipeline.ingest.pipeline import IngestPipeline
-    from rag_pipeline.cli.app import book_recipes
     from rag_pipeline.sources.declared import DeclaredSources
     from rag_pipeline.sources.folder import FolderSource
     from rag_pipeline.sources.scan import clear_scan_cache, scan_books
