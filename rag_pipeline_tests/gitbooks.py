@@ -5,11 +5,17 @@ build of the ref is compared with)."""
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
-__all__ = ["GitRepo", "paragraphs", "write_sources"]
+import pytest
+
+__all__ = ["NEEDS_GIT", "GitRepo", "paragraphs", "write_sources"]
+
+#: the tests of git books need the git CLI (.ci/run installs it from Debian)
+NEEDS_GIT = pytest.mark.skipif(shutil.which("git") is None, reason="the git CLI is not installed")
 
 _ENV = {
     "GIT_AUTHOR_NAME": "Ada Writer",

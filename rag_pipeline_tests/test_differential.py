@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rag_pipeline_tests.differential import Differential
+from rag_pipeline_tests.gitbooks import NEEDS_GIT
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -71,6 +72,7 @@ GIT_FIRST = (
 )
 
 
+@NEEDS_GIT
 def test_git_books_equal_a_clean_build_of_the_refs_tree_after_random_commits(tmp_path):
     """Git books changed by commits (edits, renames, deletions, additions), a force-push,
     uncommitted edits, a kill -9 of an ingest and an entry removed and put back: after each,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dagster import SkipReason
 
-from rag_pipeline_tests.gitbooks import GitRepo, paragraphs, write_sources
+from rag_pipeline_tests.gitbooks import NEEDS_GIT, GitRepo, paragraphs, write_sources
 from rag_pipeline_tests.helpers import Cli, InProcessCli
 
 
@@ -48,6 +48,7 @@ def books_of(report: dict) -> dict:
     return report["books"]
 
 
+@NEEDS_GIT
 @pytest.mark.integration
 @pytest.mark.slow
 def test_a_git_book_follows_its_ref_commit_by_commit(tmp_path, repo, folder_book):
@@ -157,6 +158,7 @@ def test_a_declared_book_named_as_a_folder_book_is_exit_2_naming_both(tmp_path, 
     assert str(folder_book / "notes") in done.stderr and "sources.yaml" in done.stderr
 
 
+@NEEDS_GIT
 @pytest.mark.integration  # git processes
 def test_a_git_book_reads_the_ref_not_the_work_tree(tmp_path, repo):
     """The source's view: the tree of the ref (never uncommitted edits), each file's blob id
@@ -193,6 +195,7 @@ def test_a_git_book_reads_the_ref_not_the_work_tree(tmp_path, repo):
     source.close()
 
 
+@NEEDS_GIT
 @pytest.mark.integration  # git processes
 def test_the_books_sensor_runs_a_git_book_on_a_new_commit_only(tmp_path, repo, folder_book):
     """A new commit on the ref requests a run of that book alone; no commit, no run; a book
@@ -216,3 +219,47 @@ def test_the_books_sensor_runs_a_git_book_on_a_new_commit_only(tmp_path, repo, f
     assert [r.partition_key for r in requests] == ["handbook"]
     repo.commit("edit outside the book", {"README.md": "# still not part of it\n"})
     assert isinstance(harness.tick(), SkipReason)
+
+
+@NEEDS_GIT
+@pytest.mark.integration  # git processes
+def test_the_dagster_ui_shows_each_books_source_and_commit(tmp_path, repo, folder_book):
+    """A git book's materializations show its source and the commit read; the collection's
+    table lists each book's source with the commit it was last indexed at."""
+    from dagster import DagsterInstance, materialize
+
+    from rag_pipeline.defs.assets import ingestion_assets
+    from rag_pipeline.defs.collection import qdrant_collection
+    from rag_pipeline.defs.metadata import markdown_rows
+    from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+    from rag_pipeline_tests.conftest import hash_settings
+    from rag_pipeline_tests.test_dagster_assets import resources_for
+
+    settings = hash_settings(folder_book, tmp_path, sources=declared(tmp_path, repo))
+    resources = resources_for(settings, tmp_path)
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, ["handbook", "notes"])
+    commit = repo.commit("Second edition", {"docs/page-1.md": paragraphs("Page 1", seed="v2")})
+    for book in ("handbook", "notes"):
+        run = materialize(
+            ingestion_assets, partition_key=book, instance=instance, resources=resources
+        )
+        assert run.success
+        metadata = {
+            e.asset_key.path[-1]: e.materialization.metadata
+            for e in run.get_asset_materialization_events()
+        }
+        for asset in ("source_files", "qdrant_points"):
+            shown = {k: getattr(v, "value", v) for k, v in metadata[asset].items()}
+            if book == "handbook":
+                assert shown["source_kind"] == "git"
+                assert shown["source"] == f"location {repo.path}, ref main, path docs"
+                assert shown["source_revision"] == commit
+                assert shown["source_commit"].startswith(f"{commit[:12]} Second edition (")
+            else:
+                assert shown["source_kind"] == "folder" and "source_commit" not in shown
+    page = materialize([qdrant_collection], instance=instance, resources=resources)
+    meta = page.get_asset_materialization_events()[0].materialization.metadata
+    rows = {row["book"]: row for row in markdown_rows(meta["book_table"])}
+    assert rows["handbook"]["source"] == f"git {repo.path} main:docs @ {commit[:12]}"
+    assert rows["notes"]["source"] == f"folder {folder_book / 'notes'}"
