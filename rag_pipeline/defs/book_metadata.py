@@ -14,6 +14,7 @@ from rag_pipeline.ingest.index import WriteReport
 from rag_pipeline.ingest.migration import SwitchOutcome
 from rag_pipeline.ingest.pipeline import AssessedBook
 from rag_pipeline.ingest.stages import BookInventory, ChunkedBook, EmbeddedBook, ParsedBook
+from rag_pipeline.schema import SOURCE_REVISION
 from rag_pipeline.sources.base import BookSource
 
 __all__ = [
@@ -59,7 +60,7 @@ def source_metadata(source: BookSource, inventory: BookInventory) -> dict[str, A
         commit = f"{inventory.revision[:12]} {info.get('subject', '')}".strip()
         if info.get("date"):
             commit += f" ({info['date']})"
-        entries["source_revision"] = inventory.revision
+        entries[SOURCE_REVISION] = inventory.revision  # the key its points have
         entries["source_commit"] = shorten(commit, 200)
     return entries
 
