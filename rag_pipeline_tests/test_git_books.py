@@ -107,6 +107,8 @@ def test_a_git_book_follows_its_ref_commit_by_commit(tmp_path, repo, folder_book
     repo.git("checkout", "--", "docs/page-1.md")
     repo.git("mv", "docs/page-3.md", "docs/renamed.md")
     repo.commit("rename page 3")
+    planned = books_of(cli.json("plan"))["handbook"]
+    assert "(1 commit; renamed: page-3.md -> renamed.md)" in planned["revisions"]
     renamed = books_of(cli.json("ingest"))["handbook"]
     assert (renamed["files_new"], renamed["files_deleted"], renamed["embedded"]) == (1, 1, 0)
 

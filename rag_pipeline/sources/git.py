@@ -347,7 +347,41 @@ class GitSource(BookSource):
                 f"commits {old[:12]}..{new[:12]}: the indexed commit is not an ancestor of the "
                 "ref's (history rewritten): files compared by blob id"
             )
-        return f"commits {old[:12]}..{new[:12]} ({count} commit{'s' if count != '1' else ''})"
+        said = f"commits {old[:12]}..{new[:12]} ({count} commit{'s' if count != '1' else ''}"
+        renamed = self._renames(book, old, new)
+        if renamed:
+            shown = ", ".join(f"{a} -> {b}" for a, b in renamed[:5])
+            said += f"; renamed: {shown}" + (
+                f" and {len(renamed) - 5} more" if len(renamed) > 5 else ""
+            )
+        return said + ")"
+
+    def _renames(self, book: _Book, old: str, new: str) -> list[tuple[str, str]]:
+        """The book's files git's diff between the two commits finds renamed (its rename
+        detection); their chunks' vectors are reused, nothing is embedded for them."""
+        prefix = f"{book.spec.path}/" if book.spec.path else ""
+        try:
+            out = _git(
+                book.repo,
+                "diff",
+                "--name-status",
+                "-z",
+                "-M",
+                "--diff-filter=R",
+                old,
+                new,
+                *(["--", prefix] if prefix else []),
+            )
+        except GitError:
+            return []
+        fields = out.decode("utf-8", "replace").split("\0")
+        renames = []
+        for i in range(0, len(fields) - 2, 3):
+            if fields[i].startswith("R"):
+                a, b = fields[i + 1][len(prefix) :], fields[i + 2][len(prefix) :]
+                if b.lower().endswith(MARKDOWN_SUFFIXES):
+                    renames.append((a, b))
+        return renames
 
     # -- git -----------------------------------------------------------------------------------
 
