@@ -341,9 +341,12 @@ class Settings(BaseSettings):
     @classmethod
     def _sources_file_is_valid(cls, value: Path | None) -> Path | None:
         if value is not None:
-            from rag_pipeline.sources.declared import load_sources
+            from rag_pipeline.sources.declared import SourcesFileError, load_sources
 
-            load_sources(value)  # a SourcesFileError (a ValueError) names the entry and field
+            try:
+                load_sources(value)
+            except SourcesFileError as exc:  # after "RAG_SOURCES='file': ": the entry, the field
+                raise ValueError(exc.problem) from None
         return value
 
     @field_validator("data_dir", "cache_dir", "local_model_dir", "qdrant_path", mode="before")

@@ -47,7 +47,12 @@ __all__ = ["DeclaredSources", "SourcesFileError", "load_sources"]
 
 
 class SourcesFileError(ValueError):
-    """The sources file cannot be used; ``str()`` names the file, the entry and the field."""
+    """The sources file cannot be used; ``str()`` names the file, the entry and the field,
+    ``problem`` the entry and the field only."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"sources file {path} (RAG_SOURCES): {problem}")
+        self.problem = problem
 
 
 class _S3Missing(BaseModel):
@@ -118,23 +123,22 @@ def load_sources(path: Path | str) -> dict[str, Any]:
     file, the entry and the field of the first problems. Relative repository paths are
     resolved against the file's folder."""
     path = Path(path)
-    label = f"sources file {path} (RAG_SOURCES)"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SourcesFileError(f"{label}: cannot read it: {exc.strerror}") from None
+        raise SourcesFileError(path, f"cannot read it: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise SourcesFileError(f"{label}: is not UTF-8 text") from None
+        raise SourcesFileError(path, "is not UTF-8 text") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SourcesFileError(f"{label}: not valid YAML: {exc}".replace("\n", " ")) from None
+        raise SourcesFileError(path, f"not valid YAML: {exc}".replace("\n", " ")) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise SourcesFileError(f"{label}: must be a mapping with a 'books' key")
+        raise SourcesFileError(path, "must be a mapping with a 'books' key")
     if not isinstance(raw.get("books", {}), dict):
-        raise SourcesFileError(f"{label}: 'books' must map book ids to sources")
+        raise SourcesFileError(path, "'books' must map book ids to sources")
     try:
         parsed = _SourcesFile.model_validate(raw)
     except ValidationError as exc:
@@ -142,13 +146,13 @@ def load_sources(path: Path | str) -> dict[str, Any]:
             f"{_where(tuple(e['loc']))}: {str(e['msg']).removeprefix('Value error, ')}"
             for e in exc.errors(include_url=False)
         ]
-        raise SourcesFileError(f"{label}: " + "; ".join(problems)) from None
+        raise SourcesFileError(path, "; ".join(problems)) from None
     books: dict[str, Any] = {}
     for book_id, spec in parsed.books.items():
         try:
             validate_book_id(book_id)
         except ValueError as exc:
-            raise SourcesFileError(f"{label}: entry {book_id!r}: {exc}") from None
+            raise SourcesFileError(path, f"entry {book_id!r}: {exc}") from None
         if isinstance(spec, GitBookSpec) and _is_local_path(spec.git):
             local = Path(spec.git).expanduser()
             spec = spec.model_copy(update={"git": str(path.parent.resolve() / local)})
@@ -223,9 +227,7 @@ class DeclaredSources(BookSource):
             st = os.stat(self.path)
             stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         except OSError as exc:
-            raise SourcesFileError(
-                f"sources file {self.path} (RAG_SOURCES): cannot read it: {exc.strerror}"
-            ) from None
+            raise SourcesFileError(self.path, f"cannot read it: {exc.strerror}") from None
         with self._lock:
             if stamp == self._stamp:
                 return
