@@ -265,3 +265,26 @@ def test_the_dagster_ui_shows_each_books_source_and_commit(tmp_path, repo, folde
     rows = {row["book"]: row for row in markdown_rows(meta["book_table"])}
     assert rows["handbook"]["source"] == f"git {repo.path} main:docs @ {commit[:12]}"
     assert rows["notes"]["source"] == f"folder {folder_book / 'notes'}"
+
+
+@NEEDS_GIT
+@pytest.mark.integration
+@pytest.mark.slow
+def test_live_mode_applies_a_new_commit_of_a_git_book(tmp_path, repo, folder_book):
+    """`rag-pipeline watch` notices a new commit on the ref (no file notification comes: it
+    asks the remote at every idle look) and applies that book alone."""
+    from rag_pipeline_tests.helpers import LiveProcess
+
+    cli = Cli(tmp_path, folder_book, fresh=True)
+    cli.env["RAG_SOURCES"] = str(declared(tmp_path, repo))
+    live = LiveProcess(cli)
+    try:
+        live.next_event("ready", timeout=180)
+        assert sorted(live.applied_books()) == ["handbook", "notes"]
+        commit = repo.commit("live edit", {"docs/page-3.md": paragraphs("Page 3", seed="live")})
+        applied = live.next_event("applied", timeout=60)["report"]["books"]
+        assert list(applied) == ["handbook"] and applied["handbook"]["files_modified"] == 1
+        plan = books_of(cli.json("plan"))["handbook"]
+        assert plan["action"] == "unchanged" and plan["indexed_revision"] == commit
+    finally:
+        live.stop()
