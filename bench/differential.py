@@ -6,11 +6,17 @@ point-id set must equal a clean build's. The suite runs a short sequence
 
     python bench/differential.py --steps 1000 --seeds 1,2,3 [--compare-every 10] [--json]
     python bench/differential.py --live --steps 300 --seeds 21 [--compare-every 10]
+    python bench/differential.py --git --steps 200 --seeds 1,2 [--compare-every 10]
 
 ``--live``: the changes are applied by a ``rag-pipeline watch`` process instead of an ingest
 after each step (:class:`~rag_pipeline_tests.differential.LiveDifferential`: edits timed
 against the live run's phases, edits reverted inside one run, kill -9 of the live process);
 after each step ``plan`` must say every book is unchanged within a minute.
+
+``--git``: the books are git repositories declared in a sources file, changed by commits
+(edits, renames, deletions, additions), force-pushes, uncommitted edits and ``kill -9``
+of an ingest (:class:`~rag_pipeline_tests.differential.GitDifferential`); the clean build is
+of each ref's tree exported as folder books.
 
 The operations, the checks and what they compare are in
 ``rag_pipeline_tests/differential.py``. Exit 1 on any divergence, plan disagreement or failed
@@ -32,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     sys.path.insert(0, str(REPO))  # the sequences live with the suite's helpers
-    from rag_pipeline_tests.differential import Differential, LiveDifferential
+    from rag_pipeline_tests.differential import Differential, GitDifferential, LiveDifferential
     from rag_pipeline_tests.warm import warm_server
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,13 +48,15 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="print every step")
     parser.add_argument("--live", action="store_true", help="live mode applies the changes")
+    parser.add_argument("--git", action="store_true", help="git books changed by commits")
     args = parser.parse_args()
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         root = Path(tempfile.mkdtemp(prefix=f"rag-differential-{seed}-"))
         cpu_before = warm_server().children_cpu_s()  # every command is forked by it
         started = time.perf_counter()
-        differential = (LiveDifferential if args.live else Differential)(root, seed)
+        kind = GitDifferential if args.git else LiveDifferential if args.live else Differential
+        differential = kind(root, seed)
         outcome = differential.run(
             args.steps, compare_every=args.compare_every, log=print if args.verbose else None
         )

@@ -28,8 +28,7 @@ from pydantic_settings import SettingsError as EnvParseError
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.live import LiveTiming
-    from rag_pipeline.sources.base import ParseOptions
-    from rag_pipeline.sources.folder import FolderSource
+    from rag_pipeline.sources.base import BookSource, ParseOptions
 
 __all__ = [
     "COLLECTION_PATTERN",
@@ -158,6 +157,9 @@ class Settings(BaseSettings):
     )
 
     data_dir: Path = Path("data/books")
+    # the sources file: books declared once (git repositories, S3 prefixes), beside the
+    # folder books of RAG_DATA_DIR (rag_pipeline/sources/declared.py)
+    sources: Path | None = None
     qdrant_path: str = Field(".rag/qdrant", min_length=1)
     qdrant_url: str | None = None
     qdrant_api_key: SecretStr | None = None
@@ -226,11 +228,25 @@ class Settings(BaseSettings):
     # a recipe change (a change of model and dimension, built beside and switched per book).
     hash_dimension: int = Field(384, ge=8, le=4096)
 
-    def source(self) -> FolderSource:
-        """The books: a folder per book under ``RAG_DATA_DIR``."""
+    def source(self) -> BookSource:
+        """The books: a folder per book under ``RAG_DATA_DIR``, and the books ``RAG_SOURCES``
+        declares (their git clones cached under ``RAG_CACHE_DIR``)."""
         from rag_pipeline.sources.folder import FolderSource
 
-        return FolderSource(Path(self.data_dir), max_file_bytes=self.max_file_bytes)
+        folder = FolderSource(Path(self.data_dir), max_file_bytes=self.max_file_bytes)
+        if self.sources is None:
+            return folder
+        from rag_pipeline.sources.declared import DeclaredSources, SourcesFileError
+
+        try:
+            return DeclaredSources(
+                folder,
+                self.sources,
+                cache_dir=Path(self.cache_dir),
+                max_file_bytes=self.max_file_bytes,
+            )
+        except SourcesFileError as exc:
+            raise SettingsError(f"invalid configuration: {exc}") from None
 
     def parsing(self) -> ParseOptions:
         """How a file's bytes become a document (path patterns, default hardware tier)."""
@@ -314,6 +330,23 @@ class Settings(BaseSettings):
                     f"regex {pattern!r} has groups {sorted(unknown)}; "
                     f"only {sorted(_PATH_GROUPS)} are read"
                 )
+        return value
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _unset_when_blank(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("sources")
+    @classmethod
+    def _sources_file_is_valid(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            from rag_pipeline.sources.declared import SourcesFileError, load_sources
+
+            try:
+                load_sources(value)
+            except SourcesFileError as exc:  # after "RAG_SOURCES='file': ": the entry, the field
+                raise ValueError(exc.problem) from None
         return value
 
     @field_validator("data_dir", "cache_dir", "local_model_dir", "qdrant_path", mode="before")

@@ -18,6 +18,7 @@ __all__ = [
     "ParsedDocument",
     "PathMeta",
     "SourceFile",
+    "VersionKey",
     "document_id",
     "normalize_proficiency",
     "printable",
@@ -112,6 +113,11 @@ class FileKey(NamedTuple):
     mode: int
 
 
+#: a file's version as change detection compares it: its full stat (a folder), or a token
+#: naming its content, which a change of the bytes always changes (a git blob id, ``git:<sha1>``)
+VersionKey = FileKey | str
+
+
 @dataclass(frozen=True, slots=True)
 class SourceFile:
     """A file of a book with the SHA-256 of its bytes, as a look at its source found it."""
@@ -122,7 +128,7 @@ class SourceFile:
     sha256: str
     #: its version as change detection compares it (None: a source without one, e.g. an
     #: evaluation corpus)
-    key: FileKey | None = None
+    key: VersionKey | None = None
 
 
 Stage = Literal["crawl", "read", "parse", "chunk", "embed", "index"]

@@ -104,6 +104,10 @@ SIGNATURE: Final = "signature"
 PIPELINE_VERSION: Final = "pipeline_version"
 RUN_ID: Final = "run_id"
 INDEXED_AT: Final = "indexed_at"
+# where the file's bytes came from, for a source with versions (git: the commit of the book's
+# tree the run read, and the file's blob id); None for a folder book
+SOURCE_REVISION: Final = "source_revision"
+SOURCE_VERSION: Final = "source_version"
 # of document records only
 STATUS: Final = "status"
 SERVING_PREVIOUS_VERSION: Final = "serving_previous_version"
@@ -144,6 +148,8 @@ class ChunkPayload(TypedDict):
     pipeline_version: str
     run_id: str | None
     indexed_at: str
+    source_revision: str | None
+    source_version: str | None
 
 
 class DocumentRecordPayload(TypedDict):
@@ -166,6 +172,8 @@ class DocumentRecordPayload(TypedDict):
     pipeline_version: str
     run_id: str | None
     indexed_at: str
+    source_revision: str | None
+    source_version: str | None
 
 
 class DocumentMetaPayload(TypedDict, total=False):
@@ -261,6 +269,8 @@ LINEAGE_FIELDS: Final = (
     SIGNATURE,
     RUN_ID,
     INDEXED_AT,
+    SOURCE_REVISION,
+    SOURCE_VERSION,
 )
 
 
@@ -279,6 +289,9 @@ class Lineage(Protocol):
     def pipeline_version(self) -> str: ...
     @property
     def run_id(self) -> str | None: ...
+    @property
+    def source_revision(self) -> str | None: ...
+    def source_version(self, source_file: str) -> str | None: ...
 
 
 def _now() -> str:
@@ -316,6 +329,8 @@ def chunk_payload(chunk: Chunk, lineage: Lineage) -> ChunkPayload:
         pipeline_version=lineage.pipeline_version,
         run_id=lineage.run_id,
         indexed_at=_now(),
+        source_revision=lineage.source_revision,
+        source_version=lineage.source_version(chunk.source_file),
     )
 
 
@@ -355,6 +370,8 @@ def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -
         pipeline_version=lineage.pipeline_version,
         run_id=lineage.run_id,
         indexed_at=_now(),
+        source_revision=lineage.source_revision,
+        source_version=lineage.source_version(outcome.source_file),
     )
     meta = outcome.doc_meta
     if meta is None:

@@ -34,6 +34,7 @@ from rag_pipeline_tests.phasepoint import PHASES, Phases
 
 __all__ = [
     "Differential",
+    "GitDifferential",
     "LiveDifferential",
     "Outcome",
     "clean_point_sets",
@@ -602,3 +603,165 @@ class LiveDifferential(Differential):
             for book in self.live.applied_books():
                 counts[book] = counts.get(book, 0) + 1
         return counts
+
+
+class GitDifferential(Differential):
+    """The same check over git books (issue 39): a few repositories declared in a sources file
+    (``RAG_SOURCES``), changed by commits of random edits, renames, deletions and additions,
+    a force-push (the ref reset to an older commit and new commits made on it: rewritten
+    history), edits left uncommitted in the work tree, a ``kill -9`` of an ingest, and entries
+    removed from and put back in the sources file. The oracle is independent of the git
+    source: a clean build of each ref's tree exported as a folder book (``git archive``), with
+    the same book ids (point ids derive from the book, the file and the text)."""
+
+    def __init__(self, root: Path, seed: int, *, books: int = 2, files: int = 4) -> None:
+        from rag_pipeline_tests.gitbooks import GitRepo
+
+        super().__init__(root, seed, books=0, files=files)
+        self.repos: dict[str, GitRepo] = {}
+        self.declared: dict[str, dict[str, str]] = {}
+        for b in range(books):
+            book_id = f"git-{b}"
+            repo = GitRepo(root / "repos" / book_id)
+            under = "docs" if b % 2 == 0 else ""  # a subfolder as the book, or the whole tree
+            for f in range(files):
+                self._write(repo.path / under / f"f{f}.md")
+            self._write(repo.path / "NOTES.txt", "not markdown\n")
+            repo.commit("first")
+            self.repos[book_id] = repo
+            self.declared[book_id] = {"git": str(repo.path), "ref": "main", "path": under}
+        self.sources = root / "sources.yaml"
+        self.removed: dict[str, dict[str, str]] = {}
+        self._declare()
+        self.cli.env["RAG_SOURCES"] = str(self.sources)
+        self.operations = {
+            "commit_edits": self.commit_edits,
+            "commit_rename": self.commit_rename,
+            "commit_delete": self.commit_delete,
+            "commit_add": self.commit_add,
+            "force_push": self.force_push,
+            "uncommitted_edit": self.uncommitted_edit,
+            "kill_ingest": self.kill_ingest,
+            "entry_away_and_back": self.entry_away_and_back,
+        }
+
+    def _declare(self) -> None:
+        from rag_pipeline_tests.gitbooks import write_sources
+
+        write_sources(self.sources, self.declared)
+
+    def _pick_repo(self) -> tuple[str, Any, str]:
+        book_id = self.rng.choice(sorted(self.repos))
+        return (
+            book_id,
+            self.repos[book_id],
+            self.declared.get(book_id, self.removed.get(book_id, {})).get("path", ""),
+        )
+
+    def _book_files(self, repo: Any, under: str) -> list[str]:
+        return [f for f in repo.files(under) if f.endswith(".md")]
+
+    def commit_edits(self) -> str:
+        book_id, repo, under = self._pick_repo()
+        files = self._book_files(repo, under)
+        if not files:
+            return self.commit_add()
+        picked = self.rng.sample(files, self.rng.randint(1, min(3, len(files))))
+        for name in picked:
+            self._write(repo.path / name)
+        repo.commit(f"edit {len(picked)}")
+        return f"{book_id}: commit editing {', '.join(picked)}"
+
+    def commit_rename(self) -> str:
+        book_id, repo, under = self._pick_repo()
+        files = self._book_files(repo, under)
+        if not files:
+            return self.commit_add()
+        name = self.rng.choice(files)
+        self.serial += 1
+        target = str(Path(name).with_name(f"r{self.serial}.md"))
+        repo.git("mv", name, target)
+        repo.commit("rename")
+        return f"{book_id}: commit renaming {name} -> {target}"
+
+    def commit_delete(self) -> str:
+        book_id, repo, under = self._pick_repo()
+        files = self._book_files(repo, under)
+        if len(files) < 2:
+            return self.commit_add()
+        name = self.rng.choice(files)
+        repo.git("rm", "--quiet", name)
+        repo.commit("delete")
+        return f"{book_id}: commit deleting {name}"
+
+    def commit_add(self) -> str:
+        book_id, repo, under = self._pick_repo()
+        self.serial += 1
+        name = str(Path(under) / self.rng.choice(["", "sub"]) / f"n{self.serial}.md")
+        self._write(repo.path / name)
+        repo.commit("add")
+        return f"{book_id}: commit adding {name}"
+
+    def force_push(self) -> str:
+        """History rewritten: the ref back to an older commit, then a new commit on it."""
+        book_id, repo, under = self._pick_repo()
+        count = int(repo.git("rev-list", "--count", "HEAD"))
+        back = self.rng.randint(1, max(1, min(3, count - 1))) if count > 1 else 0
+        if back:
+            repo.git("reset", "--quiet", "--hard", f"HEAD~{back}")
+        files = self._book_files(repo, under)
+        if files:
+            self._write(repo.path / self.rng.choice(files))
+        repo.commit("rewritten")
+        return f"{book_id}: force-push ({back} commits dropped, one new)"
+
+    def uncommitted_edit(self) -> str:
+        """The work tree edited, nothing committed: never indexed (a later commit of the same
+        repository commits it with its own edits)."""
+        book_id, repo, under = self._pick_repo()
+        files = self._book_files(repo, under)
+        if not files:
+            return self.commit_add()
+        name = self.rng.choice(files)
+        self._write(repo.path / name)
+        return f"{book_id}: uncommitted edit of {name}"
+
+    def kill_ingest(self) -> str:
+        did = self.commit_edits()
+        proc = self.cli.start("ingest", "--json")
+        time.sleep(self.rng.uniform(0.05, 2.0))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        return f"{did}; ingest killed"
+
+    def entry_away_and_back(self) -> str:
+        """A book's entry removed from the sources file (the next ingest purges the book),
+        then put back (the next ingest indexes it again)."""
+        if len(self.declared) < 2:
+            return self.commit_edits()
+        book_id = self.rng.choice(sorted(self.declared))
+        self.removed[book_id] = self.declared.pop(book_id)
+        self._declare()
+        self.step_ingest()
+        self.declared[book_id] = self.removed.pop(book_id)
+        self._declare()
+        return f"{book_id}: entry removed, ingested, put back"
+
+    def clean_build(self) -> dict[str, set[str]]:
+        """A clean build of each declared ref's tree (its committed files only), as folder
+        books: nothing of the git source is used."""
+        build = self.root / f"clean-{self.outcome.comparisons}"
+        books = build / "books"
+        for book_id, entry in self.declared.items():
+            self.repos[book_id].export(books / book_id, entry.get("path", ""))
+        cli = Cli(build, books)
+        Path(cli.env["DAGSTER_HOME"]).mkdir()
+        done = cli("ingest", "--json", check=False)
+        if done.returncode != 0:
+            self.outcome.failures.append(
+                f"clean build exit {done.returncode}: {done.stderr[-400:]}"
+            )
+        sets = point_sets(Path(cli.env["RAG_QDRANT_PATH"]))
+        shutil.rmtree(build, ignore_errors=True)
+        return sets

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rag_pipeline_tests.differential import Differential
+from rag_pipeline_tests.gitbooks import NEEDS_GIT
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -51,6 +52,39 @@ def test_live_mode_leaves_a_clean_build_after_random_changes(tmp_path):
     timed = outcome.operations.get("edit_at_phase", 0)
     assert timed >= 1 and outcome.operations.get("edit_reverted_in_run", 0) >= 1, outcome
     assert outcome.comparisons >= 4
+    assert not outcome.failures, outcome.failures
+    assert not outcome.plan_disagreements, outcome.plan_disagreements
+    assert not outcome.divergences, outcome.divergences
+
+
+#: a git sequence (issue 39): every kind of git operation first (a force-push among them),
+#: then drawn at random
+GIT_SEED, GIT_STEPS = 5, 8
+GIT_FIRST = (
+    "commit_edits",
+    "uncommitted_edit",
+    "commit_rename",
+    "commit_delete",
+    "force_push",
+    "commit_add",
+    "entry_away_and_back",
+    "kill_ingest",
+)
+
+
+@NEEDS_GIT
+def test_git_books_equal_a_clean_build_of_the_refs_tree_after_random_commits(tmp_path):
+    """Git books changed by commits (edits, renames, deletions, additions), a force-push,
+    uncommitted edits, a kill -9 of an ingest and an entry removed and put back: after each,
+    plan says every book is unchanged, and the index equals a clean build of each ref's tree
+    exported as folder books."""
+    from rag_pipeline_tests.differential import GitDifferential
+
+    differential = GitDifferential(tmp_path, GIT_SEED)
+    outcome = differential.run(GIT_STEPS, compare_every=3, first=GIT_FIRST)
+    print(f"git differential seed {GIT_SEED}: {outcome}")
+    assert set(outcome.operations) == set(GIT_FIRST)
+    assert outcome.comparisons >= 3
     assert not outcome.failures, outcome.failures
     assert not outcome.plan_disagreements, outcome.plan_disagreements
     assert not outcome.divergences, outcome.divergences

@@ -61,6 +61,8 @@ PINNED_CHUNK = {
     "pipeline_version": "0.9.0",
     "run_id": "run-1",
     "indexed_at": NOW,
+    "source_revision": None,
+    "source_version": None,
 }
 PINNED_DOCUMENT_KEYS = [
     "record_type",
@@ -80,6 +82,8 @@ PINNED_DOCUMENT_KEYS = [
     "pipeline_version",
     "run_id",
     "indexed_at",
+    "source_revision",
+    "source_version",
 ]
 PINNED_DOCUMENT_META_KEYS = [
     "title",

@@ -289,6 +289,8 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     table.add_column("field", style="bold")
     table.add_column("value")
     for key, value in info.items():
+        if isinstance(value, dict):  # the source, the commit: one line, its fields in order
+            value = ", ".join(f"{k} {v}" for k, v in value.items() if v)
         table.add_row(key, "" if value is None else str(value))
     out.print(table)
 

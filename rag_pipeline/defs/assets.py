@@ -47,6 +47,7 @@ from rag_pipeline.defs.book_metadata import (
     inventory_metadata,
     parsed_metadata,
     recipe_metadata,
+    source_metadata,
     when,
     write_summary,
     written_table,
@@ -232,7 +233,11 @@ def source_files(
             )
         for error in book.inventory.crawl_errors:
             context.log.warning(str(error))
-        record_book(context, book_id, inventory_metadata(book))
+        record_book(
+            context,
+            book_id,
+            {**inventory_metadata(book), **source_metadata(pipeline.source, book.inventory)},
+        )
     if migrations:
         tag_migration(context, one_label(migrations))
     return Output({book_id: book.inventory for book_id, book in assessed.items()})
@@ -420,13 +425,20 @@ def qdrant_points(
     checks: dict[str, BookCheck] = {}
     for book_id, book in written.items():
         results[book_id] = book.result
-        checks[book_id] = _written_book(context, chunks[book_id], chunk_embeddings[book_id], book)
+        source = source_metadata(pipeline.source, chunks[book_id].inventory)
+        checks[book_id] = _written_book(
+            context, chunks[book_id], chunk_embeddings[book_id], book, source
+        )
     yield Output(results)
     yield from check_books(context, "index_consistency", checks)
 
 
 def _written_book(
-    context: AssetExecutionContext, chunked: ChunkedBook, embedded: EmbeddedBook, book: WrittenBook
+    context: AssetExecutionContext,
+    chunked: ChunkedBook,
+    embedded: EmbeddedBook,
+    book: WrittenBook,
+    source: dict[str, Any],
 ) -> BookCheck:
     """The book's metadata of the write step (logged and recorded), and its check."""
     book_id = chunked.book_id
@@ -463,6 +475,7 @@ def _written_book(
             "embedding_model": book.embedding_model,
             **when(bool(deleted_rows), points_deleted_list=table(deleted_rows, TABLE_ROWS)),
             **recipe_metadata(book.recipe_before, book.switch),
+            **source,
         },
     )
     return BookCheck(

@@ -14,7 +14,9 @@ from rag_pipeline.defs.parse_check import parse_errors_verdict
 from rag_pipeline.ingest.index import WriteReport
 from rag_pipeline.ingest.migration import SwitchOutcome
 from rag_pipeline.ingest.pipeline import AssessedBook
-from rag_pipeline.ingest.stages import ChunkedBook, EmbeddedBook, ParsedBook
+from rag_pipeline.ingest.stages import BookInventory, ChunkedBook, EmbeddedBook, ParsedBook
+from rag_pipeline.schema import SOURCE_REVISION
+from rag_pipeline.sources.base import BookSource
 
 __all__ = [
     "TABLE_ROWS",
@@ -23,6 +25,7 @@ __all__ = [
     "parse_errors_verdict",
     "parsed_metadata",
     "recipe_metadata",
+    "source_metadata",
     "when",
     "write_summary",
     "written_table",
@@ -43,6 +46,24 @@ def details(problems: list[str]) -> dict[str, Any]:
     """A check's problems, listed (when there are any)."""
     listed = MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]))
     return when(bool(problems), details=listed)
+
+
+def source_metadata(source: BookSource, inventory: BookInventory) -> dict[str, Any]:
+    """Where the book's files came from: the source's kind and location (``source_kind``,
+    ``source``), and for a source with revisions the commit read (``source_commit``: sha and
+    subject; the full sha in ``source_revision``)."""
+    described = source.describe(inventory.book_id)
+    kind = described.get("kind", "")
+    where = ", ".join(f"{k} {v}" for k, v in described.items() if k != "kind" and v)
+    entries: dict[str, Any] = {"source_kind": kind, "source": where}
+    if inventory.revision:
+        info = source.revision_info(inventory.book_id, inventory.revision) or {}
+        commit = f"{inventory.revision[:12]} {info.get('subject', '')}".strip()
+        if info.get("date"):
+            commit += f" ({info['date']})"
+        entries[SOURCE_REVISION] = inventory.revision  # the key its points have
+        entries["source_commit"] = shorten(commit, 200)
+    return entries
 
 
 def inventory_metadata(book: AssessedBook) -> dict[str, Any]:

@@ -183,6 +183,7 @@ BOOK_COLUMNS = (
     "chunks",
     "files",
     "errors",
+    "source",
     "last_run",
     "runs",
 )
@@ -192,9 +193,10 @@ BOOK_TABLE_LEGEND = (
     "empty files, a warning check, or no folder: the rest of the book is indexed), ok. "
     "**why**: the book's state and its checks whose latest result did not pass. **points**: "
     "in the index; **chunks**: what its document records promise; **files**: on disk; "
-    "**errors**: files that did not parse or read. **last_run**: the run of its latest "
-    "qdrant_points materialization; **runs**: every run that wrote or purged it (the Runs "
-    "page filtered to the tag rag-book/BOOK=yes)."
+    "**errors**: files that did not parse or read. **source**: where the book comes from "
+    "(a folder, a git repository and ref) and, for git, the commit last indexed. "
+    "**last_run**: the run of its latest qdrant_points materialization; **runs**: every run "
+    "that wrote or purged it (the Runs page filtered to the tag rag-book/BOOK=yes)."
 )
 #: books named on the one-line ``problems`` entry (the table lists every one, problems first)
 PROBLEMS_NAMED = 5
@@ -247,7 +249,7 @@ def collection_page(
         bad = [f"{name} {result}" for name, result in checks.items() if result not in _GOOD]
         if bad:
             failing[book.book_id] = bad
-        rows.append(_row(book, run_id, checks))
+        rows.append(_row(book, run_id, checks, _source_of(pipeline, book)))
     rows.sort(key=lambda row: (HEALTH_ORDER.index(row["health"]), row["book"]))
     totals = state.totals
     missing = [b for b in state.books if b.on_disk and (not b.files or not b.consistent)]
@@ -376,7 +378,20 @@ def _md_list(items: list[str], empty: str = "(none)") -> MarkdownMetadataValue:
     return MetadataValue.md("\n".join(f"- {item}" for item in items) or empty)
 
 
-def _row(book: BookHealth, run_id: str | None, checks: dict[str, str]) -> dict[str, Any]:
+def _source_of(pipeline: IngestPipeline, book: BookHealth) -> str:
+    """Where the book comes from, with the commit it was last indexed at (git)."""
+    if not book.on_disk:
+        return ""
+    described = pipeline.source.describe(book.book_id)
+    where = " ".join(v for k, v in described.items() if v and k != "path")
+    if described.get("path"):
+        where += f":{described['path']}"
+    return where + (f" @ {book.revision[:12]}" if book.revision else "")
+
+
+def _row(
+    book: BookHealth, run_id: str | None, checks: dict[str, str], source: str = ""
+) -> dict[str, Any]:
     why = [] if book.state == "ok" else [book.state]
     why += [f"{name} {result}" for name, result in checks.items() if result not in _GOOD]
     return {
@@ -387,6 +402,7 @@ def _row(book: BookHealth, run_id: str | None, checks: dict[str, str]) -> dict[s
         "chunks": book.chunks,
         "files": book.files,
         "errors": book.errors,
+        "source": source,
         "last_run": run_id or "",
     }
 

@@ -20,7 +20,7 @@ from rag_pipeline.ingest.catalog import (
 )
 from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
 from rag_pipeline.ingest.index import IndexState, damaged_vectors, read_index_state
-from rag_pipeline.models import FileError, FileKey, SourceFile
+from rag_pipeline.models import FileError, SourceFile, VersionKey
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import SOURCE_FILE, chunks_of
 from rag_pipeline.sources.base import BookFilesRead, BookSource
@@ -98,7 +98,7 @@ def read_book_index(
     return BookIndex(state, points, damaged)
 
 
-def saved_file_stats(store: VectorStore, book_id: str) -> dict[str, tuple[FileKey, str]]:
+def saved_file_stats(store: VectorStore, book_id: str) -> dict[str, tuple[VersionKey, str]]:
     """(stat, sha256) of each file as the book's last run read it, from its saved summary
     while the store vouches for it ({} otherwise): what a plan need not read again."""
     return file_stats_from_summary(saved_summary(store, book_id))
@@ -147,6 +147,8 @@ class BookAssessment:
     embedding_model: str = ""
     #: when its files were read (see :class:`BookFilesRead`)
     read_at_ns: int = 0
+    #: what the book's tree is at (a git commit; "" for a folder, see :class:`BookVersions`)
+    revision: str = ""
 
     @property
     def recipe_change(self) -> bool:
@@ -234,6 +236,7 @@ def assess(
         damaged=index.damaged,
         embedding_model=recipe.embedding_model,
         read_at_ns=found.read_at_ns,
+        revision=found.revision,
     )
 
 
@@ -247,7 +250,10 @@ def assess_book(
     chunk_payloads: bool = True,
 ) -> BookAssessment:
     """Assess a book of ``source`` (see :func:`read_book_index` for ``chunk_payloads``: an
-    assessment without them can be shown, not run)."""
-    found = source.scan(book_id)
+    assessment without them can be shown, not run). A run hashes every file again, except one
+    whose version names its content (a git blob id) and is the one its last run recorded:
+    that version's bytes are the ones recorded, whatever happened since."""
+    saved = {} if force else saved_file_stats(store, book_id)
+    found = source.scan(book_id, {n: v for n, v in saved.items() if isinstance(v[0], str)})
     index = read_book_index(store, book_id, recipe, chunk_payloads=chunk_payloads, found=found)
     return assess(found, index, recipe, source, force=force)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rag_pipeline.ingest.changes import IndexedDocument
 from rag_pipeline.ingest.index import IndexState, read_index_state
-from rag_pipeline.models import FileKey, SourceFile
+from rag_pipeline.models import SourceFile, VersionKey
 from rag_pipeline.schema import (
     EMBEDDING_MODEL,
     SOURCE_FILE,
@@ -23,7 +23,7 @@ from rag_pipeline.schema import (
     SUMMARY_POINTS_BY_MODEL,
     chunks_of,
 )
-from rag_pipeline.sources.filekeys import key_from_json, settled
+from rag_pipeline.sources.filekeys import key_from_json, key_to_json, settled
 from rag_pipeline.store import VectorStore
 
 __all__ = [
@@ -67,6 +67,8 @@ def book_summary(store: VectorStore, book_id: str) -> dict[str, Any]:
     }
     if held != state.promised_chunks:
         summary["points_by_file"] = store.counts_by(chunks_of(book_id), SOURCE_FILE)
+    if state.revision:  # what the book was last indexed at (a git commit)
+        summary["revision"] = state.revision
     return summary
 
 
@@ -105,6 +107,8 @@ def index_from_summary(
     else:
         return None  # not what book_summary writes: read the book
     state.chunk_points = sum(points.values())  # as read_book_index counts it from the book
+    revision = summary.get("revision")
+    state.revision = revision if isinstance(revision, str) and revision else None
     return state, points
 
 
@@ -115,6 +119,7 @@ def run_summary(
     run_id: str | None,
     files: Iterable[SourceFile] = (),
     read_at_ns: int = 0,
+    revision: str = "",
 ) -> dict[str, Any]:
     """:func:`book_summary` as a run leaves the book: with the run (the collection's page
     names it as the book's last run without asking Dagster) and the stat of each of ``files``
@@ -124,7 +129,7 @@ def run_summary(
     summary = book_summary(store, book_id)
     records = summary["records"]
     summary["stats"] = {
-        f.source_file: list(f.key)
+        f.source_file: key_to_json(f.key)
         for f in files
         if f.key is not None
         and f.source_file in records
@@ -132,17 +137,21 @@ def run_summary(
         and settled(f.key, read_at_ns)
     }
     summary["last_run"] = run_id
+    if revision:  # what the book's tree was at (a git commit): what a plan says it moves from
+        summary["revision"] = revision
     return summary
 
 
-def file_stats_from_summary(summary: Mapping[str, Any] | None) -> dict[str, tuple[FileKey, str]]:
+def file_stats_from_summary(
+    summary: Mapping[str, Any] | None,
+) -> dict[str, tuple[VersionKey, str]]:
     """source_file -> (stat, sha256) as :func:`run_summary` saved them."""
     if summary is None:
         return {}
     records, stats = summary.get("records"), summary.get("stats")
     if not isinstance(records, dict) or not isinstance(stats, dict):
         return {}
-    out: dict[str, tuple[FileKey, str]] = {}
+    out: dict[str, tuple[VersionKey, str]] = {}
     for name, stat in stats.items():
         record = records.get(name)
         key = key_from_json(stat)

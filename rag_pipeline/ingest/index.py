@@ -26,10 +26,12 @@ from rag_pipeline.schema import (
     EMBEDDING_MODEL,
     ERROR,
     ERROR_STAGE,
+    INDEXED_AT,
     RECORD_TYPE,
     SIGNATURE,
     SOURCE_FILE,
     SOURCE_FILE_HASH,
+    SOURCE_REVISION,
     SPARSE_MODEL,
     STATUS,
     STATUS_ERROR,
@@ -70,6 +72,8 @@ _STATE_FIELDS = [
     EMBEDDING_MODEL,
     SPARSE_MODEL,
     ERROR,
+    SOURCE_REVISION,
+    INDEXED_AT,
 ]
 
 
@@ -85,6 +89,10 @@ class IndexState:
     chunk_points: int = 0
     #: the sparse encoder the book's chunks were encoded with (its BM25 average is the book's)
     sparse_model: str | None = None
+    #: the source revision (a git commit) of the document record written last: what the book
+    #: was last indexed at (None: a source without revisions)
+    revision: str | None = None
+    revision_at: str = ""  # when that record was written (its indexed_at)
 
     @property
     def orphan_files(self) -> set[str]:
@@ -129,6 +137,9 @@ def read_index_state(
                 p.get(ERROR),
                 p.get(ERROR_STAGE),
             )
+            revision, at = p.get(SOURCE_REVISION), str(p.get(INDEXED_AT) or "")
+            if isinstance(revision, str) and revision and at >= state.revision_at:
+                state.revision, state.revision_at = revision, at
         elif p.get(RECORD_TYPE) == CHUNK:
             state.chunk_points += 1
             state.chunk_ids[source_file].add(record.id)

@@ -39,6 +39,8 @@ class BookHealth:
     last_run: str | None = None
     #: what is damaged in the book's index (None: nothing found); its next ingest rebuilds it
     damage: str | None = None
+    #: the source revision (a git commit) the book was last indexed at, as its summary says
+    revision: str | None = None
 
     @property
     def consistent(self) -> bool:
@@ -133,6 +135,7 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
                     ", ".join(sorted(models)),
                 ),
                 last_run=summary.get("last_run") or None,
+                revision=summary.get("revision") or None,
             )
         )
     return CollectionState(

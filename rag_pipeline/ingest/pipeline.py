@@ -42,6 +42,7 @@ from rag_pipeline.ingest.stages import (
     finish_book,
     parse_book,
     preview_writes,
+    source_lineage,
     take_inventory,
     vectors_to_reuse,
     write_and_check,
@@ -251,7 +252,7 @@ class IngestPipeline:
     ) -> WrittenBook:
         book_id = chunked.book_id
         recipe = self.recipe_of(chunked.inventory)
-        lineage = recipe.lineage(run_id, embedded.sparse_model)
+        lineage = source_lineage(recipe.lineage(run_id, embedded.sparse_model), chunked.inventory)
         with self.store.open(recipe=recipe) as store:
             checked = write_and_check(
                 store, self.source, chunked, embedded, lineage, recipe.dimension

@@ -23,8 +23,8 @@ from rag_pipeline.ingest.assess import (
     assess,
     read_book_index,
     saved_book_index,
-    saved_file_stats,
 )
+from rag_pipeline.ingest.catalog import file_stats_from_summary
 from rag_pipeline.ingest.changes import FileChanges
 from rag_pipeline.ingest.migration import migration_label
 from rag_pipeline.ingest.report import BookResult, IngestReport
@@ -32,8 +32,9 @@ from rag_pipeline.ingest.stages import WritePreview, rebuilt_reason
 from rag_pipeline.models import FileError, validate_book_id
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, book_filter
-from rag_pipeline.sources.base import BookSource
+from rag_pipeline.sources.base import BookSource, BookUnavailableError
 from rag_pipeline.store import BookDamagedError, VectorStore
+from rag_pipeline.store.capabilities import saved_summary
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.pipeline import IngestPipeline
@@ -79,6 +80,12 @@ class BookPlan:
     #: the recipe signature the book is built with, and the one its files record
     signature: str = ""
     recorded_signature: str | None = None
+    #: where the book comes from (kind, location; see BookSource.describe) and, for a source
+    #: with revisions (git), the one indexed, the one the run reads, and that range in words
+    source: dict[str, str] = field(default_factory=dict)
+    indexed_revision: str | None = None
+    revision: str | None = None
+    revisions: str | None = None
 
     @property
     def migration(self) -> str | None:
@@ -129,6 +136,10 @@ class BookPlan:
             "embedding_model": self.embedding_model or None,
             "recorded_embedding_model": self.recorded_model,
             "recipe_change": self.recipe_change_cost(usd_per_million_tokens),
+            "source": self.source or None,
+            "indexed_revision": self.indexed_revision,
+            "revision": self.revision,
+            "revisions": self.revisions,
         }
 
     def recipe_change_cost(self, usd_per_million_tokens: float) -> dict[str, Any] | None:
@@ -303,6 +314,15 @@ def plan_ingest(
                 plan.books[book_id] = BookPlan(
                     book_id, "run", [rebuilt_reason(exc.problem)], errors=[str(exc)]
                 )
+            except BookUnavailableError as exc:  # nothing of it is read, run or purged
+                why = "its source cannot be looked at now: its points are kept; a later run retries"
+                plan.books[book_id] = BookPlan(
+                    book_id,
+                    "missing",
+                    [why],
+                    errors=[str(exc)],
+                    source=source.describe(book_id),
+                )
         plan.books[book_id].seconds = time.perf_counter() - t0
     if targets is None:
         for book_id in decision.purge:
@@ -338,13 +358,23 @@ def plan_book(
     and by the pipeline's own stages. A book its saved summary shows unchanged needs no
     preview: decided without its shard."""
     source = pipeline.source
-    found = source.scan(book_id, None if force else saved_file_stats(store, book_id))
+    summary = saved_summary(store, book_id)
+    found = source.scan(book_id, None if force else file_stats_from_summary(summary))
     saved = None if force or not detail else saved_book_index(store, book_id)
     assessment = None if saved is None else assess(found, saved, recipe, source)
     if assessment is None or assessment.changes.has_work:
         index = read_book_index(store, book_id, recipe, chunk_payloads=detail, found=found)
         assessment = assess(found, index, recipe, source, force=force)
     book = plan_of(assessment)
+    book.source = source.describe(book_id)
+    if found.revision:
+        indexed = summary.get("revision") if isinstance(summary, dict) else None
+        indexed = indexed if isinstance(indexed, str) else assessment.state.revision
+        book.indexed_revision = indexed or None
+        book.revision = found.revision
+        book.revisions = source.revision_range(book_id, book.indexed_revision or "", found.revision)
+        if book.action == "run" and book.revisions:
+            book.reasons.append(book.revisions)
     if detail and book.action == "run":
         preview, chunked = pipeline.preview(assessment, recipe)
         book.preview = preview

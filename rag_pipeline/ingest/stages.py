@@ -59,6 +59,7 @@ __all__ = [
     "parse_book",
     "preview_writes",
     "rebuilt_reason",
+    "source_lineage",
     "take_inventory",
     "vectors_to_reuse",
     "write_and_check",
@@ -423,6 +424,15 @@ def embed_books(
     return out
 
 
+def source_lineage(lineage: LineageInfo, inventory: BookInventory) -> LineageInfo:
+    """``lineage`` with where the book's files came from: the revision the run read and each
+    file's version token (a git commit and blob ids; nothing for a folder)."""
+    if not inventory.revision:
+        return lineage
+    versions = {f.source_file: f.key for f in inventory.files if isinstance(f.key, str)}
+    return replace(lineage, source_revision=inventory.revision, source_versions=versions)
+
+
 def write_book(
     store: VectorStore,
     chunked: ChunkedBook,
@@ -462,6 +472,7 @@ def _save_summary(store: VectorStore, inventory: BookInventory, run_id: str | No
             run_id=run_id,
             files=inventory.files,
             read_at_ns=inventory.read_at_ns,
+            revision=inventory.revision,
         )
         catalog.save_summary(inventory.book_id, summary)
 

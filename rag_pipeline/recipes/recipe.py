@@ -8,7 +8,7 @@ point records.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from rag_pipeline import __version__
@@ -31,6 +31,13 @@ class LineageInfo:
     signature: str
     pipeline_version: str
     run_id: str | None = None
+    #: the book's revision the run read (a git commit; None: a source without one)
+    source_revision: str | None = None
+    #: source_file -> its version token (a git blob id), for a source whose versions name content
+    source_versions: Mapping[str, str] = field(default_factory=dict)
+
+    def source_version(self, source_file: str) -> str | None:
+        return self.source_versions.get(source_file)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from rag_pipeline.schema import (
     RUN_ID,
     SOURCE_FILE,
     SOURCE_FILE_HASH,
+    SOURCE_REVISION,
     STATUS,
     book_filter,
 )
@@ -67,6 +68,11 @@ def trace_point(
     info["current_file_hash"] = now.sha256
     info["file_changed_since_indexed"] = now.sha256 != payload.get(SOURCE_FILE_HASH)
     info["file_problem"] = now.problem
+    revision = payload.get(SOURCE_REVISION)
+    if revision:  # a book of a source with revisions (git): the commit the point was read at
+        info["source"] = source.describe(book_id)
+        commit = source.revision_info(book_id, str(revision)) or {"sha": str(revision)}
+        info["commit"] = commit
     if payload.get(RECORD_TYPE) != DOCUMENT and payload.get(PARENT_DOC_ID):
         record = store.retrieve(book_filter(book_id), [str(payload[PARENT_DOC_ID])])
         if record:

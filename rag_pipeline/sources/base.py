@@ -8,9 +8,15 @@ file's bytes into a document. Everything else (hashing with git's rules, the ass
 sensor's fingerprints) is built on those few calls, the same for every source: a new kind of
 source (a git repository, an object store) is one new class.
 
+A file's version is a stat (a folder: git's index rules) or a token naming its content (a git
+blob id); a book may also have a *revision*, what its whole tree is at (a git commit): a run
+records it in each point and in the book's summary, and :meth:`BookSource.describe` /
+:meth:`BookSource.revision_info` say it in words (lineage, plan, the Dagster UI).
+
 Implementations: :class:`~rag_pipeline.sources.folder.FolderSource` (a folder per book under
-``RAG_DATA_DIR``) and :class:`~rag_pipeline.evaluation.beir.BeirSource` (a BEIR corpus as one
-book).
+``RAG_DATA_DIR``), :class:`~rag_pipeline.sources.git.GitSource` (a ref of a git repository per
+book), :class:`~rag_pipeline.sources.declared.DeclaredSources` (both, from ``RAG_SOURCES``) and
+:class:`~rag_pipeline.evaluation.beir.BeirSource` (a BEIR corpus as one book).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rag_pipeline.models import FileError, FileKey, ParsedDocument, PathMeta, SourceFile
+from rag_pipeline.models import FileError, ParsedDocument, PathMeta, SourceFile, VersionKey
 from rag_pipeline.sources.filekeys import now_ns, settled, trusted_hash
 
 if TYPE_CHECKING:
@@ -33,6 +39,7 @@ __all__ = [
     "BookFingerprint",
     "BookListing",
     "BookSource",
+    "BookUnavailableError",
     "BookVersions",
     "FileNow",
     "FileVersion",
@@ -54,6 +61,15 @@ class SourceReadError(Exception):
     def __init__(self, code: int | None, reason: str) -> None:
         super().__init__(reason)
         self.errno = code
+
+
+class BookUnavailableError(SourceReadError):
+    """One book's source cannot be looked at now (a git remote that cannot be reached, a ref
+    that does not exist): the book fails with this message, nothing of it is read, purged or
+    taken for deleted, every other book goes on, and the next look tries again."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(errno.EIO, reason)
 
 
 class RefusedPathError(SourceReadError):
@@ -86,7 +102,7 @@ class FileVersion:
     source_file: str
     #: what change detection compares (see :mod:`.filekeys`); None: the source has no such
     #: key, and ``sha256`` says the version
-    key: FileKey | None
+    key: VersionKey | None
     #: where the source reads it (a path, for a folder)
     location: str = ""
     #: the content hash, where the source knows it without reading the file (a corpus row)
@@ -102,6 +118,8 @@ class BookVersions:
     boundary: str
     files: tuple[FileVersion, ...]
     errors: tuple[FileError, ...] = ()
+    #: what the whole book is at (a git commit); "" for a source without one (a folder)
+    revision: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +146,7 @@ class BookFilesRead:
     read_at_ns: int = 0
     #: files whose bytes were read to hash them (the others' hash was known)
     hashed: int = 0
+    revision: str = ""  # see :class:`BookVersions`
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +158,7 @@ class BookFingerprint:
     files: int
     #: source_file -> (stat, sha256) of the files whose stat was settled when hashed (see
     #: :mod:`.filekeys`); kept in memory by the sensor, not in its cursor
-    stats: Mapping[str, tuple[FileKey, str]] = field(default_factory=dict)
+    stats: Mapping[str, tuple[VersionKey, str]] = field(default_factory=dict)
     hashed: int = 0  # files whose bytes were read for this fingerprint
 
 
@@ -168,7 +187,8 @@ class BookSource(ABC):
 
     @abstractmethod
     def versions(self, book_id: str) -> BookVersions:
-        """Every file of the book with its version; no file's bytes are read."""
+        """Every file of the book with its version; no file's bytes are read.
+        :class:`BookUnavailableError` when the book cannot be looked at now."""
 
     @abstractmethod
     def read(self, book_id: str, file: FileVersion | SourceFile, boundary: str) -> bytes:
@@ -211,10 +231,28 @@ class BookSource(ABC):
         """Where a person finds the file (a path, for a folder)."""
         return f"{book_id}/{source_file}"
 
+    def describe(self, book_id: str) -> dict[str, str]:
+        """Where the book comes from, in words: ``kind`` (folder, git, s3) and ``location``
+        (a path, a repository and ref); the Dagster UI and ``plan`` show it."""
+        return {"kind": "book", "location": self.locate(book_id, "").rstrip("/")}
+
+    def revision_info(self, book_id: str, revision: str) -> dict[str, str] | None:
+        """What a revision of :class:`BookVersions` is (a commit: sha, author, date,
+        subject), for lineage; None: the source has no revisions or cannot say now."""
+        return None
+
+    def revision_range(self, book_id: str, old: str, new: str) -> str | None:
+        """What moving the book from revision ``old`` (indexed) to ``new`` applies, in words
+        (a commit range and its count); None when there is nothing to say."""
+        return None
+
     def file_now(self, book_id: str, source_file: str) -> FileNow:
         """The file as it is now (what lineage compares with the index); a source reads it
         within the book's boundary, as a run does."""
-        versions = self.versions(book_id)
+        try:
+            versions = self.versions(book_id)
+        except BookUnavailableError as exc:
+            return FileNow(True, None, str(exc))  # not known to be gone
         for v in versions.files:
             if v.source_file == source_file:
                 try:
@@ -256,7 +294,7 @@ class BookSource(ABC):
     # -- built on the calls above: the same for every source ---------------------------------
 
     def scan(
-        self, book_id: str, known: Mapping[str, tuple[FileKey, str]] | None = None
+        self, book_id: str, known: Mapping[str, tuple[VersionKey, str]] | None = None
     ) -> BookFilesRead:
         """Every file of the book with its SHA-256: the one the source knows, else the one
         ``known`` records while the file's version is exactly the recorded one (git's rules,
@@ -280,11 +318,17 @@ class BookSource(ABC):
                     continue
             files.append(SourceFile(book_id, v.source_file, v.location, digest, v.key))
         return BookFilesRead(
-            book_id, versions.boundary, tuple(files), tuple(errors), read_at_ns, hashed
+            book_id,
+            versions.boundary,
+            tuple(files),
+            tuple(errors),
+            read_at_ns,
+            hashed,
+            versions.revision,
         )
 
     def fingerprint(
-        self, book_id: str, previous: Mapping[str, tuple[FileKey, str]] | None = None
+        self, book_id: str, previous: Mapping[str, tuple[VersionKey, str]] | None = None
     ) -> BookFingerprint:
         """Digest of (name, sha256) of every file of the book, and of every file that cannot
         be looked at (one turning unreadable is a change too), hashing only the files whose

@@ -7,7 +7,9 @@ mtime is put back (``rsync -t``, ``cp -p``, ``tar``, ``touch -d``), a rename or 
 inode moves), and a ``chmod`` are all seen. A stat whose times are not safely older than the
 moment it was recorded is *racy* (a write in the same clock tick keeps every field, and file
 times move in coarse ticks): it is never recorded as trusted, so the file is hashed again.
-Whatever moved, the SHA-256 of the content decides. The books sensor, ``plan`` and the runs
+Whatever moved, the SHA-256 of the content decides. A source whose versions name content (a
+git blob id: a string key, :data:`~rag_pipeline.models.VersionKey`) has no racy window: its
+key is always settled. The books sensor, ``plan`` and the runs
 apply these rules and no other, so they cannot disagree about a file.
 """
 
@@ -17,13 +19,14 @@ import os
 import time
 from collections.abc import Mapping
 
-from rag_pipeline.models import FileKey
+from rag_pipeline.models import FileKey, VersionKey
 
 __all__ = [
     "FINE_RACY_NS",
     "RACY_NS",
     "file_key",
     "key_from_json",
+    "key_to_json",
     "now_ns",
     "settled",
     "trusted_hash",
@@ -49,16 +52,18 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-def settled(key: FileKey, recorded_at_ns: int) -> bool:
+def settled(key: VersionKey, recorded_at_ns: int) -> bool:
     """The stat was safely older than the moment it was recorded: a later change of the file
-    moves one of its fields."""
+    moves one of its fields (a content token always is)."""
+    if isinstance(key, str):
+        return True
     fine = key.mtime_ns % _MS or key.ctime_ns % _MS
     window = FINE_RACY_NS if fine else RACY_NS
     return max(key.mtime_ns, key.ctime_ns) + window < recorded_at_ns
 
 
 def trusted_hash(
-    key: FileKey, known: Mapping[str, tuple[FileKey, str]], source_file: str
+    key: VersionKey, known: Mapping[str, tuple[VersionKey, str]], source_file: str
 ) -> str | None:
     """The recorded SHA-256 of ``source_file`` if its stat is still exactly the recorded one
     (entries are recorded only when :func:`settled`), else None: hash the file."""
@@ -68,9 +73,16 @@ def trusted_hash(
     return seen[1]
 
 
-def key_from_json(value: object) -> FileKey | None:
-    """A key as saved in JSON (a list of six integers); None for anything else (a record
-    written by an older version: the file is hashed)."""
+def key_to_json(key: VersionKey) -> list[int] | str:
+    """A key as :func:`key_from_json` reads it back."""
+    return key if isinstance(key, str) else list(key)
+
+
+def key_from_json(value: object) -> VersionKey | None:
+    """A key as saved in JSON (a list of six integers, or a content token); None for anything
+    else (a record written by an older version: the file is hashed)."""
+    if type(value) is str and value:
+        return value
     if type(value) is not list or len(value) != _FIELDS:
         return None
     for v in value:  # (a plan reads 20,000 of them at 1,000 books: no generator)

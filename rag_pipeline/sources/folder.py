@@ -78,6 +78,9 @@ class FolderSource(BookSource):
     def locate(self, book_id: str, source_file: str) -> str:
         return str(self.data_dir / book_id / source_file)
 
+    def describe(self, book_id: str) -> dict[str, str]:
+        return {"kind": "folder", "location": str(self.data_dir / book_id)}
+
     def file_now(self, book_id: str, source_file: str) -> FileNow:
         # the crawl's rules, for one file: the book folder as discover_books accepts it,
         # the file opened within it (open_in_book); nothing outside the book is looked at

@@ -15,8 +15,8 @@ import hashlib
 import threading
 from collections.abc import Mapping
 
-from rag_pipeline.models import FileKey
-from rag_pipeline.sources.base import BookSource
+from rag_pipeline.models import VersionKey
+from rag_pipeline.sources.base import BookSource, BookUnavailableError
 from rag_pipeline.sources.filekeys import now_ns, settled
 from rag_pipeline.sources.watch import BookWatcher
 
@@ -28,7 +28,7 @@ PURGING = ["purging", ""]
 
 # source_file -> (stat, sha256) per (source, book): lives as long as the code server process,
 # so steady-state ticks hash nothing; after a restart the first tick re-hashes.
-_stat_cache: dict[tuple[BookSource, str], dict[str, tuple[FileKey, str]]] = {}
+_stat_cache: dict[tuple[BookSource, str], dict[str, tuple[VersionKey, str]]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -55,11 +55,15 @@ def _stat_digest(source: BookSource, book_id: str) -> tuple[str, int]:
     scan = source.versions(book_id)
     if not all(st.key is not None and settled(st.key, scanned_at) for st in scan.files):
         return "", len(scan.files)
-    lines = [f"{st.source_file}\0{tuple(st.key or ())}\n" for st in scan.files]
+    lines = [f"{st.source_file}\0{_key_text(st.key)}\n" for st in scan.files]
     # an entry turning unreadable is a change too
     lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
     digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32], len(scan.files)
+
+
+def _key_text(key: VersionKey | None) -> str:
+    return key if isinstance(key, str) else str(tuple(key or ()))
 
 
 def written_since(source: BookSource, book_id: str, stat_digest: str) -> bool:
@@ -107,13 +111,20 @@ def scan_books(
                 states[book_id] = BookScanState(book_id, before[0], before[1], files, 0)
                 continue
             watcher.scanned(book_id)
-        stat_digest, files = _stat_digest(source, book_id)
-        if before and stat_digest and before[0] == stat_digest:
-            states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
+        try:
+            stat_digest, files = _stat_digest(source, book_id)
+            if before and stat_digest and before[0] == stat_digest:
+                states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
+                continue
+            with _cache_lock:
+                cache = _stat_cache.get(key)
+            fingerprint = source.fingerprint(book_id, cache)
+        except BookUnavailableError as exc:
+            # its own content digest: the book's run is requested (and fails, naming why)
+            # once per distinct reason, then retried as a failed book is
+            reason = hashlib.sha256(str(exc).encode("utf-8", "surrogateescape")).hexdigest()
+            states[book_id] = BookScanState(book_id, "", f"unavailable:{reason[:20]}", 0, 0)
             continue
-        with _cache_lock:
-            cache = _stat_cache.get(key)
-        fingerprint = source.fingerprint(book_id, cache)
         with _cache_lock:
             _stat_cache[key] = dict(fingerprint.stats)
         states[book_id] = BookScanState(

@@ -1,0 +1,511 @@
+"""Git books: a book is the tree of a ref of a git repository (``RAG_SOURCES``, see
+:mod:`.declared`), optionally one subfolder of it.
+
+What is indexed is the tree of the commit the ref names, never a work tree: each book's
+repository is fetched into a bare cache repository of its own (``<RAG_CACHE_DIR>/git/``) and
+read from there with the git CLI. A look at a book costs one ``git ls-remote`` (the ref's
+commit now) while the commit is one already listed in this process; a new commit costs one
+``git fetch`` and one ``git ls-tree -r``. A file's version is its blob id (a content token,
+:data:`~rag_pipeline.models.VersionKey`): the run summary records each file's blob id and
+SHA-256, so a new commit reads only the blobs whose id moved (added, modified, renamed), and a
+rewritten history (a force-push) is compared the same way: by blob id, never by the history.
+The book's revision is the commit, recorded in every point the run writes. Blobs are read with
+one ``git cat-file --batch`` process per repository.
+
+A remote that cannot be reached or a ref that does not exist is a crawl error of the whole book
+(naming the repository, the ref and git's reason): nothing of it is read, no indexed file is
+taken for deleted, every other book goes on, and the next look tries again.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import subprocess
+import threading
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rag_pipeline.models import FileError, SourceFile, printable
+from rag_pipeline.sources.base import (
+    BookListing,
+    BookSource,
+    BookUnavailableError,
+    BookVersions,
+    FileVersion,
+    SourceReadError,
+)
+from rag_pipeline.sources.crawl import MARKDOWN_SUFFIXES
+
+__all__ = ["GitBookSpec", "GitError", "GitSource", "git_available"]
+
+#: seconds a ``git ls-remote`` / ``git fetch`` may take before the book fails this look
+LS_REMOTE_TIMEOUT_S = 60.0
+FETCH_TIMEOUT_S = 600.0
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_SHORT_HEX = re.compile(r"^[0-9a-f]{4,39}$")
+#: what ``git check-ref-format`` refuses anywhere in a ref, and what would be an option
+_BAD_REF = re.compile(r"(\.\.|@\{|[\x00-\x20\x7f~^:?*\[\\]|^-|^/|/$|\.lock$|//)")
+#: git never asks for a password on a terminal; ssh never prompts either
+_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": ""}
+#: a mode of ``git ls-tree``: a regular file (executable or not)
+_FILE_MODES = {"100644", "100755"}
+
+
+class GitError(Exception):
+    """A git command failed; ``str()`` is git's reason in a line."""
+
+
+class GitBookSpec(BaseModel):
+    """One git book of the sources file: ``{git: URL-or-path, ref: main, path: docs}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    git: str = Field(min_length=1, description="a path or URL git can fetch")
+    ref: str = Field("HEAD", min_length=1, description="a branch, tag or commit sha")
+    path: str = Field("", description="the subfolder of the repository that is the book")
+
+    @field_validator("git")
+    @classmethod
+    def _fetchable(cls, value: str) -> str:
+        if value.startswith("-") or any(ord(c) < 32 for c in value):
+            raise ValueError(f"not a repository path or URL: {value!r}")
+        return value
+
+    @field_validator("ref")
+    @classmethod
+    def _valid_ref(cls, value: str) -> str:
+        if _BAD_REF.search(value):
+            raise ValueError(f"not a branch, tag or commit name git accepts: {value!r}")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _inside_repository(cls, value: str) -> str:
+        parts = [p for p in value.strip("/").split("/") if p and p != "."]
+        if value.startswith("/") and value.strip("/"):
+            raise ValueError(f"must be relative to the repository's root: {value!r}")
+        if any(p == ".." or any(ord(c) < 32 for c in p) for p in parts):
+            raise ValueError(f"must be a folder inside the repository: {value!r}")
+        return "/".join(parts)
+
+    @property
+    def where(self) -> str:
+        """The book's origin in words: ``repo@ref:path``."""
+        return f"{self.git}@{self.ref}" + (f":{self.path}" if self.path else "")
+
+
+def git_available() -> bool:
+    """The git CLI can be run."""
+    try:
+        subprocess.run(["git", "--version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+def _git(repo: Path, *args: str, timeout: float = 120.0, stdin: bytes | None = None) -> bytes:
+    """Run ``git --git-dir=repo args``; :class:`GitError` with git's last line of stderr."""
+    try:
+        done = subprocess.run(
+            ["git", f"--git-dir={repo}", *args],
+            input=stdin,
+            capture_output=True,
+            timeout=timeout,
+            env={**os.environ, **_GIT_ENV},
+            check=False,
+        )
+    except FileNotFoundError:
+        raise GitError("the git command is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {args[0]} took longer than {timeout:.0f} s") from None
+    except OSError as exc:
+        raise GitError(f"cannot run git: {exc.strerror}") from None
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+        fatal = [ln for ln in lines if ln.startswith(("fatal: ", "error: "))]
+        reason = (fatal or lines or [f"git {args[0]} exited {done.returncode}"])[0].strip()
+        raise GitError(reason.removeprefix("fatal: ").removeprefix("error: "))
+    return done.stdout
+
+
+@dataclass
+class _Blobs:
+    """One ``git cat-file --batch`` process of a repository, for this process."""
+
+    repo: Path
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    proc: subprocess.Popen[bytes] | None = None
+    pid: int = 0
+
+    def read(self, blob: str, max_bytes: int) -> bytes:
+        with self.lock:
+            try:
+                return self._read(blob, max_bytes)
+            except (OSError, ValueError) as exc:  # the process died: the next read restarts it
+                self.close()
+                raise SourceReadError(errno.EIO, f"cannot read git blob {blob}: {exc}") from None
+
+    def _read(self, blob: str, max_bytes: int) -> bytes:
+        if self.proc is None or self.pid != os.getpid() or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                ["git", f"--git-dir={self.repo}", "cat-file", "--batch"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, **_GIT_ENV},
+            )
+            self.pid = os.getpid()
+            weakref.finalize(self, _end, self.proc)  # ended with its reader
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(blob.encode() + b"\n")
+        self.proc.stdin.flush()
+        header = self.proc.stdout.readline().split()
+        if len(header) != 3 or header[1] != b"blob":
+            raise SourceReadError(errno.ENOENT, f"git blob {blob} is not in the repository")
+        size = int(header[2])
+        data = self.proc.stdout.read(size + 1)[:size]  # and the newline after it
+        if len(data) != size:
+            raise ValueError("the cat-file process ended early")
+        if size > max_bytes:
+            raise SourceReadError(
+                errno.EFBIG,
+                f"file too large: {size / 1e6:.1f} MB exceeds the {max_bytes / 1e6:.1f} MB "
+                "limit (RAG_MAX_FILE_BYTES)",
+            )
+        return data
+
+    def close(self) -> None:
+        if self.proc is not None and self.pid == os.getpid():
+            _end(self.proc)
+        self.proc = None
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """End a ``cat-file --batch`` process: its input closed, then killed if still there."""
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            if pipe is not None:
+                pipe.close()
+        except OSError:
+            pass
+    try:
+        proc.kill()
+        proc.wait(timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+@dataclass
+class _Book:
+    """What this process knows of one git book: its cache repository, the commits it holds,
+    the tree listed for the last commit, and its blob reader."""
+
+    spec: GitBookSpec
+    repo: Path
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ready: bool = False
+    commits: set[str] = field(default_factory=set)
+    listed: BookVersions | None = None
+    #: why the last look at the book failed (None: it listed ``listed``)
+    failure: str | None = None
+    blobs: _Blobs | None = None
+
+
+class GitSource(BookSource):
+    """Books as refs of git repositories (``books``: book id -> spec), fetched into bare
+    repositories under ``cache_dir``."""
+
+    def __init__(
+        self,
+        books: Mapping[str, GitBookSpec],
+        *,
+        cache_dir: Path | str,
+        max_file_bytes: int = 10 * 1024 * 1024,
+    ) -> None:
+        self.books = dict(books)
+        self.cache_dir = Path(cache_dir)
+        self.max_file_bytes = max_file_bytes
+        self.description = f"git books of the sources file (cache {self.cache_dir})"
+        self.book_noun = "git book"
+        self._state: dict[str, _Book] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"GitSource({sorted(self.books)!r})"
+
+    def __getstate__(self) -> dict[str, object]:
+        # a process of its own (a Dagster step) starts its own git processes
+        return {k: v for k, v in self.__dict__.items() if k not in ("_state", "_lock")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._state = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """End the blob readers this process started."""
+        for book in self._state.values():
+            if book.blobs is not None:
+                book.blobs.close()
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def list_books(self) -> BookListing:
+        return BookListing(tuple(sorted(self.books)))
+
+    def versions(self, book_id: str) -> BookVersions:
+        book = self._book(book_id)
+        with book.lock:
+            try:
+                commit = self._resolve(book)
+                if book.listed is None or book.listed.revision != commit:
+                    book.listed = self._list(book_id, book, commit)
+            except GitError as exc:
+                book.failure = f"git {book.spec.where}: {exc}"
+                raise BookUnavailableError(book.failure) from None
+            book.failure = None
+            return book.listed
+
+    def read(self, book_id: str, file: FileVersion | SourceFile, boundary: str) -> bytes:
+        if not isinstance(file.key, str):
+            raise SourceReadError(errno.EINVAL, "not a file of a git tree")
+        book = self._book(book_id)
+        if book.blobs is None:
+            book.blobs = _Blobs(book.repo)
+        return book.blobs.read(file.key, self.max_file_bytes)
+
+    def is_gone(self, book_id: str, source_file: str | None = None) -> bool:
+        if source_file is None:
+            return book_id not in self.books
+        if book_id not in self.books:
+            return True
+        book = self._book(book_id)
+        if book.listed is None or book.failure is not None:
+            try:  # as of now (what a look in this process found is what the run read)
+                self.versions(book_id)
+            except BookUnavailableError:
+                return False  # the tree cannot be looked at: nothing is taken for deleted
+        assert book.listed is not None
+        return all(v.source_file != source_file for v in book.listed.files)
+
+    def exists(self) -> bool:
+        return True
+
+    def notifies(self, book_id: str) -> bool:
+        return False  # no notification of a new commit: every look asks the remote
+
+    def why_unreadable(self, book_id: str, source_file: str) -> str:
+        failure = self._book(book_id).failure
+        return failure or "the file is in the tree but its blob could not be read"
+
+    def why_not_a_book(self, book_id: str) -> str:
+        return "is not a git book of the sources file"
+
+    def locate(self, book_id: str, source_file: str) -> str:
+        spec = self.books[book_id]
+        inside = "/".join(p for p in (spec.path, source_file) if p)
+        return f"{spec.git}@{spec.ref}:{inside}"
+
+    def describe(self, book_id: str) -> dict[str, str]:
+        spec = self.books[book_id]
+        return {"kind": "git", "location": spec.git, "ref": spec.ref, "path": spec.path}
+
+    def revision_info(self, book_id: str, revision: str) -> dict[str, str] | None:
+        if not _HEX40.match(revision) or book_id not in self.books:
+            return None
+        book = self._book(book_id)
+        try:
+            self._ready(book)
+            out = _git(book.repo, "show", "-s", "--format=%H%x00%an <%ae>%x00%aI%x00%s", revision)
+        except GitError:
+            return None
+        fields = out.decode("utf-8", "replace").strip().split("\0") + [""] * 4
+        sha, author, date, subject = fields[:4]
+        return {"sha": sha, "author": author, "date": date, "subject": subject}
+
+    def revision_range(self, book_id: str, old: str, new: str) -> str | None:
+        if not new or book_id not in self.books:
+            return None
+        if not old:
+            return f"commit {new[:12]} (first ingest)"
+        if old == new:
+            return f"commit {new[:12]} (already indexed)"
+        book = self._book(book_id)
+        try:
+            self._ready(book)
+            count = _git(book.repo, "rev-list", "--count", f"{old}..{new}").decode().strip()
+            _git(book.repo, "merge-base", "--is-ancestor", old, new)
+        except GitError:
+            return (
+                f"commits {old[:12]}..{new[:12]}: the indexed commit is not an ancestor of the "
+                "ref's (history rewritten): files compared by blob id"
+            )
+        said = f"commits {old[:12]}..{new[:12]} ({count} commit{'s' if count != '1' else ''}"
+        renamed = self._renames(book, old, new)
+        if renamed:
+            shown = ", ".join(f"{a} -> {b}" for a, b in renamed[:5])
+            said += f"; renamed: {shown}" + (
+                f" and {len(renamed) - 5} more" if len(renamed) > 5 else ""
+            )
+        return said + ")"
+
+    def _renames(self, book: _Book, old: str, new: str) -> list[tuple[str, str]]:
+        """The book's files git's diff between the two commits finds renamed (its rename
+        detection); their chunks' vectors are reused, nothing is embedded for them."""
+        prefix = f"{book.spec.path}/" if book.spec.path else ""
+        try:
+            out = _git(
+                book.repo,
+                "diff",
+                "--name-status",
+                "-z",
+                "-M",
+                "--diff-filter=R",
+                old,
+                new,
+                *(["--", prefix] if prefix else []),
+            )
+        except GitError:
+            return []
+        fields = out.decode("utf-8", "replace").split("\0")
+        renames = []
+        for i in range(0, len(fields) - 2, 3):
+            if fields[i].startswith("R"):
+                a, b = fields[i + 1][len(prefix) :], fields[i + 2][len(prefix) :]
+                if b.lower().endswith(MARKDOWN_SUFFIXES):
+                    renames.append((a, b))
+        return renames
+
+    # -- git -----------------------------------------------------------------------------------
+
+    def _book(self, book_id: str) -> _Book:
+        with self._lock:
+            book = self._state.get(book_id)
+            if book is None:
+                spec = self.books[book_id]
+                name = hashlib.sha256(spec.git.encode()).hexdigest()[:12]
+                book = _Book(spec, self.cache_dir / "git" / f"{book_id}-{name}.git")
+                self._state[book_id] = book
+            return book
+
+    def _ready(self, book: _Book) -> None:
+        """The cache repository exists (``git init`` is safe to repeat, and repairs one a
+        kill left half made)."""
+        if book.ready:
+            return
+        if all((book.repo / part).exists() for part in ("HEAD", "config", "objects", "refs")):
+            book.ready = True  # made whole by an earlier process
+            return
+        try:
+            book.repo.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GitError(
+                f"cannot create the cache folder {book.repo.parent}: {exc.strerror}"
+            ) from None
+        _git(book.repo, "init", "--bare", "--quiet", str(book.repo))
+        book.ready = True
+
+    def _has_commit(self, book: _Book, sha: str) -> bool:
+        if sha in book.commits:
+            return True
+        try:
+            _git(book.repo, "cat-file", "-e", f"{sha}^{{commit}}")
+        except GitError:
+            return False
+        book.commits.add(sha)
+        return True
+
+    def _resolve(self, book: _Book) -> str:
+        """The commit the book's ref names now, fetched into the cache repository."""
+        self._ready(book)
+        spec = book.spec
+        if _HEX40.match(spec.ref):
+            if not self._has_commit(book, spec.ref):
+                self._fetch(book, spec.ref, f"refs/rag/tips/{spec.ref}")
+            if not self._has_commit(book, spec.ref):
+                raise GitError(f"commit {spec.ref} is not in the repository")
+            return spec.ref
+        listed = _git(book.repo, "ls-remote", "--", spec.git, timeout=LS_REMOTE_TIMEOUT_S)
+        refs: dict[str, str] = {}
+        for line in listed.decode("utf-8", "replace").splitlines():
+            sha, _, name = line.partition("\t")
+            refs[name] = sha
+        for name in (spec.ref, f"refs/heads/{spec.ref}", f"refs/tags/{spec.ref}"):
+            found = refs.get(f"{name}^{{}}") or refs.get(name)  # a tag: the commit it names
+            if found is None:
+                continue
+            if not self._has_commit(book, found):
+                self._fetch(book, name, f"refs/rag/tips/{found}")
+                if not self._has_commit(book, found):  # the ref moved since ls-remote
+                    tip = _git(book.repo, "rev-parse", f"refs/rag/tips/{found}^{{commit}}")
+                    found = tip.decode().strip()
+                    book.commits.add(found)
+            return found
+        if _SHORT_HEX.match(spec.ref):  # an abbreviated commit: fetch the branches and tags
+            self._fetch(book, "refs/heads/*", "refs/rag/heads/*")
+            try:
+                out = _git(book.repo, "rev-parse", "--verify", f"{spec.ref}^{{commit}}")
+            except GitError:
+                raise GitError(f"no branch, tag or commit {spec.ref!r} in the repository") from None
+            return out.decode().strip()
+        raise GitError(f"no branch, tag or commit {spec.ref!r} in the repository")
+
+    def _fetch(self, book: _Book, remote_ref: str, local_ref: str) -> None:
+        _git(
+            book.repo,
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--",
+            book.spec.git,
+            f"+{remote_ref}:{local_ref}",
+            timeout=FETCH_TIMEOUT_S,
+        )
+
+    def _list(self, book_id: str, book: _Book, commit: str) -> BookVersions:
+        """The Markdown files of the commit's tree under the book's path, each with its blob id
+        (its version); symbolic links and names that are not UTF-8 are crawl errors."""
+        prefix = f"{book.spec.path}/" if book.spec.path else ""
+        args = ["ls-tree", "-r", "-z", "--full-tree", commit]
+        if prefix:
+            args += ["--", prefix]
+        out = _git(book.repo, *args)
+        if prefix and not out:
+            try:  # a folder that is not there is no answer: its files are not taken for deleted
+                _git(book.repo, "cat-file", "-e", f"{commit}:{book.spec.path}")
+            except GitError:
+                raise GitError(f"no folder {book.spec.path!r} in commit {commit[:12]}") from None
+        files: list[FileVersion] = []
+        errors: list[FileError] = []
+        for entry in out.split(b"\0"):
+            if not entry:
+                continue
+            meta, _, raw = entry.partition(b"\t")
+            mode, kind, blob = meta.decode().split(" ")
+            raw_rel = raw[len(prefix.encode()) :]
+            if not raw_rel.lower().endswith(tuple(s.encode() for s in MARKDOWN_SUFFIXES)):
+                continue
+            if any(part.startswith(b".") for part in raw_rel.split(b"/")):
+                continue  # hidden, as in a book folder
+            try:
+                rel = raw_rel.decode("utf-8")
+            except UnicodeDecodeError:
+                shown = printable(raw_rel.decode("utf-8", "surrogateescape"))
+                why = "file name is not valid UTF-8; rename it to ingest it"
+                errors.append(FileError(book_id, shown, "crawl", why))
+                continue
+            if kind != "blob" or mode not in _FILE_MODES:
+                what = "a symbolic link" if mode == "120000" else f"not a regular file ({mode})"
+                errors.append(FileError(book_id, rel, "crawl", f"{what} in git; refused"))
+                continue
+            files.append(FileVersion(rel, blob, f"{commit}:{prefix}{rel}"))
+        files.sort(key=lambda f: f.source_file)
+        return BookVersions(book_id, commit, tuple(files), tuple(errors), commit)
