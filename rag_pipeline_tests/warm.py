@@ -50,6 +50,11 @@ PRELOAD = (
 )
 
 
+#: a "point" that is no crash point: ``s3-books:PATH`` runs the command over the object-store
+#: books declared in the JSON file PATH (rag_pipeline_tests/s3cli.py)
+S3_BOOKS = "s3-books:"
+
+
 # -- the server (in its own process) --------------------------------------------------------
 
 
@@ -66,7 +71,11 @@ def _run_command(args: list[str], point: str | None) -> int:
     from rag_pipeline.cli import main
     from rag_pipeline_tests import crashpoint
 
-    if point:
+    if point and point.startswith(S3_BOOKS):  # the object-store books of a file (s3cli.py)
+        from rag_pipeline_tests import s3cli
+
+        s3cli.install(point.removeprefix(S3_BOOKS))
+    elif point:
         crashpoint.install(point)
     try:
         main(args, prog_name="rag-pipeline")

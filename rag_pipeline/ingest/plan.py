@@ -32,7 +32,7 @@ from rag_pipeline.ingest.stages import WritePreview, rebuilt_reason
 from rag_pipeline.models import FileError, validate_book_id
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, book_filter
-from rag_pipeline.sources.base import BookSource
+from rag_pipeline.sources.base import BookSource, BookUnavailableError
 from rag_pipeline.store import BookDamagedError, VectorStore
 
 if TYPE_CHECKING:
@@ -302,6 +302,10 @@ def plan_ingest(
             except BookDamagedError as exc:  # the run discards it and rebuilds the book
                 plan.books[book_id] = BookPlan(
                     book_id, "run", [rebuilt_reason(exc.problem)], errors=[str(exc)]
+                )
+            except BookUnavailableError as exc:  # its run looks again, and fails with this
+                plan.books[book_id] = BookPlan(
+                    book_id, "run", ["its source could not be looked at"], errors=[str(exc)]
                 )
         plan.books[book_id].seconds = time.perf_counter() - t0
     if targets is None:

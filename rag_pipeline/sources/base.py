@@ -9,8 +9,8 @@ sensor's fingerprints) is built on those few calls, the same for every source: a
 source (a git repository, an object store) is one new class.
 
 Implementations: :class:`~rag_pipeline.sources.folder.FolderSource` (a folder per book under
-``RAG_DATA_DIR``) and :class:`~rag_pipeline.evaluation.beir.BeirSource` (a BEIR corpus as one
-book).
+``RAG_DATA_DIR``), :class:`~rag_pipeline.sources.s3.S3Source` (a prefix of an S3 bucket per
+book) and :class:`~rag_pipeline.evaluation.beir.BeirSource` (a BEIR corpus as one book).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "BookFingerprint",
     "BookListing",
     "BookSource",
+    "BookUnavailableError",
     "BookVersions",
     "FileNow",
     "FileVersion",
@@ -46,6 +47,13 @@ __all__ = [
 class SourceUnavailableError(ValueError):
     """The source itself cannot be listed (a data folder missing or unreadable): nothing can
     be told apart from "every book was removed", so nothing is ingested or purged."""
+
+
+class BookUnavailableError(Exception):
+    """One book cannot be looked at or read now (an object store's endpoint unreachable, its
+    credentials refused, its reads denied): nothing can be told of its files, so the book's run
+    fails with this message, its indexed points stay, and the next run looks again. Other books
+    go on. ``str()`` names the book, the source and the reason."""
 
 
 class SourceReadError(Exception):
@@ -168,7 +176,8 @@ class BookSource(ABC):
 
     @abstractmethod
     def versions(self, book_id: str) -> BookVersions:
-        """Every file of the book with its version; no file's bytes are read."""
+        """Every file of the book with its version; no file's bytes are read.
+        :class:`BookUnavailableError` when the book cannot be looked at now."""
 
     @abstractmethod
     def read(self, book_id: str, file: FileVersion | SourceFile, boundary: str) -> bytes:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 
 from rag_pipeline.models import FileKey
-from rag_pipeline.sources.base import BookSource
+from rag_pipeline.sources.base import BookSource, BookUnavailableError
 from rag_pipeline.sources.filekeys import now_ns, settled
 from rag_pipeline.sources.watch import BookWatcher
 
@@ -107,13 +107,21 @@ def scan_books(
                 states[book_id] = BookScanState(book_id, before[0], before[1], files, 0)
                 continue
             watcher.scanned(book_id)
-        stat_digest, files = _stat_digest(source, book_id)
-        if before and stat_digest and before[0] == stat_digest:
-            states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
+        try:
+            stat_digest, files = _stat_digest(source, book_id)
+            if before and stat_digest and before[0] == stat_digest:
+                states[book_id] = BookScanState(book_id, stat_digest, before[1], files, 0)
+                continue
+            with _cache_lock:
+                cache = _stat_cache.get(key)
+            fingerprint = source.fingerprint(book_id, cache)
+        except BookUnavailableError as exc:
+            # nothing can be told of it now: as the cursor has it (a book new to the cursor
+            # gets a run, which fails with the reason); the next look tries again
+            unseen = hashlib.sha256(f"unavailable\0{exc}".encode()).hexdigest()[:32]
+            seen = before if before and before != PURGING else ["", unseen]
+            states[book_id] = BookScanState(book_id, seen[0], seen[1], 0, 0)
             continue
-        with _cache_lock:
-            cache = _stat_cache.get(key)
-        fingerprint = source.fingerprint(book_id, cache)
         with _cache_lock:
             _stat_cache[key] = dict(fingerprint.stats)
         states[book_id] = BookScanState(
