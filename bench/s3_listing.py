@@ -25,7 +25,11 @@ from common import REPO, run_json, save_results, scenario_env
 
 sys.path.insert(0, str(REPO))  # the suite's S3 server and CLI wrapper
 
-AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+AWS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 def page(i: int) -> str:
@@ -49,7 +53,9 @@ def main() -> None:
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
     client.create_bucket(Bucket=bucket)
     for i in range(args.objects):
-        client.put_object(Bucket=bucket, Key=f"book{i % args.books}/r{i:05d}.md", Body=page(i).encode())
+        client.put_object(
+            Bucket=bucket, Key=f"book{i % args.books}/r{i:05d}.md", Body=page(i).encode()
+        )
     books = {
         f"book{b}": {"s3": f"s3://{bucket}/book{b}/", "endpoint_url": server.url}
         for b in range(args.books)
@@ -59,7 +65,14 @@ def main() -> None:
         config = work / "books.json"
         config.write_text(json.dumps(books))
         env = {**scenario_env(work / "no_folder", work), **AWS}
-        command = [sys.executable, "-m", "rag_pipeline_tests.s3cli", str(config), "ingest", "--json"]
+        command = [
+            sys.executable,
+            "-m",
+            "rag_pipeline_tests.s3cli",
+            str(config),
+            "ingest",
+            "--json",
+        ]
         first, first_s, _ = run_json(command, env, work)
         assert all(b["status"] == "ingested" for b in first["books"].values()), first
         runs = []

@@ -123,6 +123,9 @@ class SourceFile:
     #: its version as change detection compares it (None: a source without one, e.g. an
     #: evaluation corpus)
     key: FileKey | None = None
+    #: what its source calls the version of these bytes, recorded with the file's points (an
+    #: object's ETag; None: a folder's file, whose version is its stat)
+    version: str | None = None
 
 
 Stage = Literal["crawl", "read", "parse", "chunk", "embed", "index"]

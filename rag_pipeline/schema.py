@@ -34,6 +34,7 @@ __all__ = [
     "DOCUMENT",
     "DOCUMENT_FIELDS",
     "DOCUMENT_META_FIELDS",
+    "DOCUMENT_SOURCE_FIELDS",
     "HIT_FIELDS",
     "LINEAGE_FIELDS",
     "PAYLOAD_INDEXES",
@@ -48,6 +49,7 @@ __all__ = [
     "DocumentOutcome",
     "DocumentPayload",
     "DocumentRecordPayload",
+    "DocumentSourcePayload",
     "DocumentStatus",
     "Lineage",
     "RecordType",
@@ -81,6 +83,8 @@ BOOK_ID: Final = "book_id"
 RECORD_TYPE: Final = "record_type"
 SOURCE_FILE: Final = "source_file"
 SOURCE_FILE_HASH: Final = "source_file_hash"
+#: of document records, where the source names versions (an object's ETag)
+SOURCE_VERSION: Final = "source_version"
 PARENT_DOC_ID: Final = "parent_doc_id"
 CONTENT_HASH: Final = "content_hash"
 TEXT: Final = "text"
@@ -182,7 +186,14 @@ class DocumentMetaPayload(TypedDict, total=False):
     frontmatter: dict[str, Any]
 
 
-class DocumentPayload(DocumentRecordPayload, DocumentMetaPayload):
+class DocumentSourcePayload(TypedDict, total=False):
+    """What a document record adds when its source names the version it read (an S3
+    object's ETag): absent for a folder's file."""
+
+    source_version: str
+
+
+class DocumentPayload(DocumentRecordPayload, DocumentMetaPayload, DocumentSourcePayload):
     """The payload of a document record."""
 
 
@@ -192,8 +203,12 @@ CHUNK_FIELDS: Final[tuple[str, ...]] = tuple(ChunkPayload.__annotations__)
 DOCUMENT_FIELDS: Final[tuple[str, ...]] = tuple(DocumentRecordPayload.__annotations__)
 #: fields a document record adds when its file was parsed
 DOCUMENT_META_FIELDS: Final[tuple[str, ...]] = tuple(DocumentMetaPayload.__annotations__)
+#: fields a document record adds when its source names the version it read
+DOCUMENT_SOURCE_FIELDS: Final[tuple[str, ...]] = tuple(DocumentSourcePayload.__annotations__)
 #: every key this pipeline writes into a payload
-PAYLOAD_KEYS: Final = frozenset((*CHUNK_FIELDS, *DOCUMENT_FIELDS, *DOCUMENT_META_FIELDS))
+PAYLOAD_KEYS: Final = frozenset(
+    (*CHUNK_FIELDS, *DOCUMENT_FIELDS, *DOCUMENT_META_FIELDS, *DOCUMENT_SOURCE_FIELDS)
+)
 
 #: every field a filter, a change check or a lineage lookup uses is indexed
 PAYLOAD_INDEXES: Final[dict[str, Literal["keyword", "integer"]]] = {
@@ -333,8 +348,11 @@ class DocumentOutcome:
     warnings: tuple[str, ...] = ()
 
 
-def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -> DocumentPayload:
-    """The payload of a file's document record (its metadata too when the file was parsed)."""
+def document_payload(
+    book_id: str, outcome: DocumentOutcome, lineage: Lineage, source_version: str | None = None
+) -> DocumentPayload:
+    """The payload of a file's document record (its metadata too when the file was parsed,
+    and the version its source named for the bytes read, ``source_version``)."""
     error = outcome.error
     payload = DocumentPayload(
         record_type=DOCUMENT,
@@ -356,6 +374,8 @@ def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -
         run_id=lineage.run_id,
         indexed_at=_now(),
     )
+    if source_version is not None:
+        payload[SOURCE_VERSION] = source_version
     meta = outcome.doc_meta
     if meta is None:
         return payload

@@ -10,6 +10,7 @@ not read (403 AccessDenied on GET and HEAD of an object).
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import threading
@@ -50,6 +51,8 @@ class S3Server:
     def __init__(self) -> None:
         from moto.server import create_backend_app
         from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
 
         self.requests: list[Request] = []
         self.refused_keys: set[str] = set()

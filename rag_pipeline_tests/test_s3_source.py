@@ -66,7 +66,11 @@ def test_book_spec_validation() -> None:
     from rag_pipeline.sources.s3 import S3BookSpec
 
     spec = S3BookSpec(s3="s3://team-docs/runbooks", endpoint_url="http://127.0.0.1:9000")
-    assert (spec.s3, spec.bucket, spec.prefix) == ("s3://team-docs/runbooks/", "team-docs", "runbooks/")
+    assert (spec.s3, spec.bucket, spec.prefix) == (
+        "s3://team-docs/runbooks/",
+        "team-docs",
+        "runbooks/",
+    )
     assert S3BookSpec(s3="s3://team-docs").prefix == ""
     for bad, said in [
         ({"s3": "https://team-docs/x/"}, "is not an s3:// URL"),
@@ -179,9 +183,7 @@ class S3Cli:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_an_s3_book_through_the_cli_first_ingest_edit_delete_and_a_free_rerun(
-    s3, tmp_path
-) -> None:
+def test_an_s3_book_through_the_cli_first_ingest_edit_delete_and_a_free_rerun(s3, tmp_path) -> None:
     bucket = new_bucket(s3)
     for name in ("disk.md", "network.md", "guide/deploy.md"):
         put(s3, bucket, f"runbooks/{name}", page(name))
@@ -202,6 +204,15 @@ def test_an_s3_book_through_the_cli_first_ingest_edit_delete_and_a_free_rerun(
     put(s3, bucket, "runbooks/disk.md", page("disk.md", seed="edited"))
     edited = cli.ingest()["runbooks"]
     assert (edited["files_modified"], edited["files_new"], edited["files_deleted"]) == (1, 0, 0)
+    # lineage: the object's ETag as the run read it, and the object read again, unchanged
+    hits = json.loads(
+        cli("search", "Intro", "--book", "runbooks", "--limit", "10", "--json").stdout
+    )
+    point = next(h["id"] for h in hits if h["source_file"] == "disk.md")
+    traced = json.loads(cli("lineage", point, "--book", "runbooks", "--json").stdout)
+    etag = s3.client().head_object(Bucket=bucket, Key="runbooks/disk.md")["ETag"].strip('"')
+    assert (traced["source_version"], traced["file_changed_since_indexed"]) == (etag, False)
+    assert traced["file_path"] == f"s3://{bucket}/runbooks/disk.md"
 
     s3.client().delete_object(Bucket=bucket, Key="runbooks/network.md")
     deleted = cli.ingest()["runbooks"]

@@ -20,6 +20,7 @@ from rag_pipeline.schema import (
     RUN_ID,
     SOURCE_FILE,
     SOURCE_FILE_HASH,
+    SOURCE_VERSION,
     STATUS,
     book_filter,
 )
@@ -67,11 +68,15 @@ def trace_point(
     info["current_file_hash"] = now.sha256
     info["file_changed_since_indexed"] = now.sha256 != payload.get(SOURCE_FILE_HASH)
     info["file_problem"] = now.problem
+    # the version its source named for the bytes indexed (an object's ETag), from the file's
+    # document record (None: a folder's file)
+    info[SOURCE_VERSION] = payload.get(SOURCE_VERSION)
     if payload.get(RECORD_TYPE) != DOCUMENT and payload.get(PARENT_DOC_ID):
         record = store.retrieve(book_filter(book_id), [str(payload[PARENT_DOC_ID])])
         if record:
             info["document_status"] = record[0].payload.get(STATUS)
             info["document_run_id"] = record[0].payload.get(RUN_ID)
+            info[SOURCE_VERSION] = record[0].payload.get(SOURCE_VERSION)
     if info.get(RUN_ID):
         info["dagster_run_url_path"] = f"/runs/{info[RUN_ID]}"
         info["dagster_point_url_path"] = point_log_path(str(info[RUN_ID]), point_id)

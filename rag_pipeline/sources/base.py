@@ -99,6 +99,9 @@ class FileVersion:
     location: str = ""
     #: the content hash, where the source knows it without reading the file (a corpus row)
     sha256: str | None = None
+    #: what the source calls this version, recorded with the file's points (an object's
+    #: ETag; None: none beyond ``key``)
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +290,7 @@ class BookSource(ABC):
                         continue  # vanished since it was listed: it is gone
                     errors.append(FileError(book_id, v.source_file, "read", _read_failure(exc)))
                     continue
-            files.append(SourceFile(book_id, v.source_file, v.location, digest, v.key))
+            files.append(SourceFile(book_id, v.source_file, v.location, digest, v.key, v.version))
         return BookFilesRead(
             book_id, versions.boundary, tuple(files), tuple(errors), read_at_ns, hashed
         )

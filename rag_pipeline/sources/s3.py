@@ -79,7 +79,11 @@ class S3BookSpec(pydantic.BaseModel):
                 f"{value!r}: {bucket!r} is not a bucket name (3-63 lowercase letters, digits, "
                 "'.' or '-')"
             )
-        if prefix.startswith("/") or "//" in prefix or any(p in (".", "..") for p in prefix.split("/")):
+        if (
+            prefix.startswith("/")
+            or "//" in prefix
+            or any(p in (".", "..") for p in prefix.split("/"))
+        ):
             raise ValueError(f"{value!r}: the prefix {prefix!r} has an empty, '.' or '..' part")
         # a prefix names a folder: "runbooks" must not also take "runbooks-old/"
         return f"s3://{bucket}/{prefix}" + ("/" if prefix and not prefix.endswith("/") else "")
@@ -119,11 +123,13 @@ def _reason(exc: BaseException) -> str:
 
     if isinstance(exc, ClientError):
         error: Mapping[str, Any] = exc.response.get("Error", {})
-        code = str(error.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+        code = str(
+            error.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        )
         message = str(error.get("Message") or "").strip()
         return f"{code}: {message}" if message else code
     if isinstance(exc, EndpointConnectionError):
-        return f"cannot connect to the endpoint {exc.kwargs.get('endpoint_url', '')}".strip()
+        return "cannot connect to the endpoint"  # (the message names it)
     if isinstance(exc, NoCredentialsError):
         return "no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile)"
     return str(exc) or type(exc).__name__
@@ -148,9 +154,11 @@ class S3Source(BookSource):
             validate_book_id(book_id)
         self.books = dict(books)
         self.max_file_bytes = max_file_bytes
-        self.description = "object store books (" + ", ".join(
-            f"{b}: {s.where}" for b, s in sorted(self.books.items())
-        ) + ")"
+        self.description = (
+            "object store books ("
+            + ", ".join(f"{b}: {s.where}" for b, s in sorted(self.books.items()))
+            + ")"
+        )
         self.book_noun = "object store book"
         self._clients: dict[tuple[str | None, str | None], BaseClient] = {}
         self._lock = threading.Lock()
@@ -234,8 +242,9 @@ class S3Source(BookSource):
                             )
                         )
                         continue
-                    version = object_key_version(str(obj["ETag"]), obj["LastModified"], int(obj["Size"]))
-                    files.append(FileVersion(rel, version, key))
+                    etag = str(obj["ETag"])
+                    listed = object_key_version(etag, obj["LastModified"], int(obj["Size"]))
+                    files.append(FileVersion(rel, listed, key, version=etag.strip('"')))
         except (BotoCoreError, ClientError) as exc:
             raise self._unavailable(book_id, "list", exc) from None
         files.sort(key=lambda f: f.source_file)
