@@ -5,15 +5,18 @@
 Starts moto's S3 in server mode on 127.0.0.1 (rag_pipeline_tests/s3server.py, which logs every
 request), writes OBJECTS small Markdown objects split over BOOKS prefixes, ingests them with
 `rag-pipeline ingest --json` (the CLI's whole path over an S3Source,
-rag_pipeline_tests/s3cli.py, hash embedder), then times three no-change ingests end to end and
-counts the requests each made (listings, downloads, others), and the source's own look at the
-books (S3Source.scan with the saved stats: what a plan does per book) in this process.
+rag_pipeline_tests/s3cli.py, hash embedder), then times three no-change ingests end to end
+(wall and the process's CPU) and counts the requests each made (listings, downloads), each
+beside a no-change ingest of the same files as book folders (the baseline: the same CLI with
+a FolderSource), and times the source's own look at the books (S3Source.scan with the saved
+stats: what a plan does per book) in this process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -35,6 +38,15 @@ AWS = {
 def page(i: int) -> str:
     words = " ".join(f"w{i}x{j}" for j in range(120))
     return f"---\ntitle: Runbook {i}\n---\n# Runbook {i}\n\n## Steps\n\n{words}.\n"
+
+
+def timed(command: list[str], env: dict[str, str], cwd: Path) -> tuple[dict, float, float]:
+    """The command's JSON, wall seconds and CPU seconds (user + system of the process)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    report, wall, _ = run_json(command, env, cwd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return report, wall, cpu
 
 
 def main() -> None:
@@ -64,7 +76,14 @@ def main() -> None:
         work = Path(tmp)
         config = work / "books.json"
         config.write_text(json.dumps(books))
-        env = {**scenario_env(work / "no_folder", work), **AWS}
+        # the baseline: the same files as book folders, their own store (written first:
+        # their stats are settled, so trusted, by the time they are ingested)
+        folders = work / "books"
+        for i in range(args.objects):
+            path = folders / f"book{i % args.books}" / f"r{i:05d}.md"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(page(i))
+        env = {**scenario_env(work / "no_folder", work / "s3"), **AWS}
         command = [
             sys.executable,
             "-m",
@@ -75,20 +94,27 @@ def main() -> None:
         ]
         first, first_s, _ = run_json(command, env, work)
         assert all(b["status"] == "ingested" for b in first["books"].values()), first
-        runs = []
+        folder_env = scenario_env(folders, work / "folder")
+        folder_command = [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"]
+        run_json(folder_command, folder_env, work)
+        runs, folder_runs = [], []
         for _ in range(3):
             since = len(server.requests)
-            report, wall, _ = run_json(command, env, work)
+            report, wall, cpu = timed(command, env, work)
             assert all(b["status"] == "unchanged" for b in report["books"].values()), report
             made = server.requests[since:]
             runs.append(
                 {
                     "seconds": round(wall, 3),
+                    "cpu_s": round(cpu, 3),
                     "requests": len(made),
                     "listings": sum(r.is_listing for r in made),
                     "downloads": sum(r.is_download for r in made),
                 }
             )
+            report, wall, cpu = timed(folder_command, folder_env, work)
+            assert all(b["status"] == "unchanged" for b in report["books"].values()), report
+            folder_runs.append({"seconds": round(wall, 3), "cpu_s": round(cpu, 3)})
         # the look alone, as a plan makes it: one listing page per 1,000 objects, no download
         from rag_pipeline.sources.s3 import S3BookSpec, S3Source
 
@@ -111,6 +137,14 @@ def main() -> None:
             "first_ingest_s": round(first_s, 2),
             "no_change_ingest": runs,
             "no_change_ingest_median_s": statistics.median(r["seconds"] for r in runs),
+            "no_change_ingest_median_cpu_s": statistics.median(r["cpu_s"] for r in runs),
+            "folder_no_change_ingest": folder_runs,
+            "folder_no_change_ingest_median_s": statistics.median(
+                r["seconds"] for r in folder_runs
+            ),
+            "folder_no_change_ingest_median_cpu_s": statistics.median(
+                r["cpu_s"] for r in folder_runs
+            ),
             "look_s": round(look_s, 4),
             "look_requests": len(look),
             "look_downloads": sum(r.is_download for r in look),

@@ -122,11 +122,8 @@ def _reason(exc: BaseException) -> str:
     from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
     if isinstance(exc, ClientError):
-        error: Mapping[str, Any] = exc.response.get("Error", {})
-        code = str(
-            error.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        )
-        message = str(error.get("Message") or "").strip()
+        code = _error_code(exc)
+        message = str(exc.response.get("Error", {}).get("Message") or "").strip()
         return f"{code}: {message}" if message else code
     if isinstance(exc, EndpointConnectionError):
         return "cannot connect to the endpoint"  # (the message names it)
@@ -274,10 +271,9 @@ class S3Source(BookSource):
             raise self._unavailable(book_id, "read", exc) from None
         if len(data) > self.max_file_bytes:  # more than its header said
             raise SourceReadError(errno.EFBIG, _too_large(len(data), self.max_file_bytes))
-        listed = file.key
-        now = object_key_version(str(answer["ETag"]), answer["LastModified"], len(data))
-        if listed is not None and listed != now:
-            # written since the look: these bytes are not the version it recorded
+        if file.version is not None and str(answer["ETag"]).strip('"') != file.version:
+            # written since the look: these bytes are not the version it listed (the ETag, not
+            # LastModified: a listing may keep milliseconds that the GET's header drops)
             raise SourceReadError(
                 errno.EAGAIN, "the object was replaced while it was read; the next run reads it"
             )
