@@ -105,7 +105,8 @@ PIPELINE_VERSION: Final = "pipeline_version"
 RUN_ID: Final = "run_id"
 INDEXED_AT: Final = "indexed_at"
 # where the file's bytes came from, for a source with versions (git: the commit of the book's
-# tree the run read, and the file's blob id); None for a folder book
+# tree the run read, and the file's blob id on every point; an object's ETag on its document
+# record); None for a folder book
 SOURCE_REVISION: Final = "source_revision"
 SOURCE_VERSION: Final = "source_version"
 # of document records only
@@ -348,8 +349,11 @@ class DocumentOutcome:
     warnings: tuple[str, ...] = ()
 
 
-def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -> DocumentPayload:
-    """The payload of a file's document record (its metadata too when the file was parsed)."""
+def document_payload(
+    book_id: str, outcome: DocumentOutcome, lineage: Lineage, source_version: str | None = None
+) -> DocumentPayload:
+    """The payload of a file's document record (its metadata too when the file was parsed,
+    and the version its source named for the bytes read, ``source_version``)."""
     error = outcome.error
     payload = DocumentPayload(
         record_type=DOCUMENT,
@@ -373,6 +377,8 @@ def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -
         source_revision=lineage.source_revision,
         source_version=lineage.source_version(outcome.source_file),
     )
+    if source_version is not None:  # named by its source where the lineage has none (an ETag)
+        payload[SOURCE_VERSION] = source_version
     meta = outcome.doc_meta
     if meta is None:
         return payload

@@ -66,7 +66,7 @@ def test_a_git_book_follows_its_ref_commit_by_commit(tmp_path, repo, folder_book
     assert done.returncode == 1  # the book that cannot be reached
     assert report["handbook"]["status"] == "ingested" and report["handbook"]["files_new"] == 3
     assert report["notes"]["status"] == "ingested"  # the folder book beside it
-    assert report["offline"]["status"] == "missing"
+    assert report["offline"]["status"] == "failed"
     assert "nowhere.git" in report["offline"]["error_messages"][0]
     assert "not appear to be a git repository" in report["offline"]["error_messages"][0]
     cli.env["RAG_SOURCES"] = str(declared(tmp_path, repo))

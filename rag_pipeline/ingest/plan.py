@@ -314,12 +314,11 @@ def plan_ingest(
                 plan.books[book_id] = BookPlan(
                     book_id, "run", [rebuilt_reason(exc.problem)], errors=[str(exc)]
                 )
-            except BookUnavailableError as exc:  # nothing of it is read, run or purged
-                why = "its source cannot be looked at now: its points are kept; a later run retries"
+            except BookUnavailableError as exc:  # its run looks again, and fails with this
                 plan.books[book_id] = BookPlan(
                     book_id,
-                    "missing",
-                    [why],
+                    "run",
+                    ["its source could not be looked at: its points are kept; the run retries"],
                     errors=[str(exc)],
                     source=source.describe(book_id),
                 )

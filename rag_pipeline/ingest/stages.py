@@ -455,6 +455,7 @@ def write_book(
         sparse=embedded.sparse,
         outcomes=chunked.outcomes,
         lineage=lineage,
+        versions={f.source_file: f.version for f in inventory.files if f.version is not None},
     )
     _save_summary(store, inventory, lineage.run_id)
     return report

@@ -15,8 +15,10 @@ records it in each point and in the book's summary, and :meth:`BookSource.descri
 
 Implementations: :class:`~rag_pipeline.sources.folder.FolderSource` (a folder per book under
 ``RAG_DATA_DIR``), :class:`~rag_pipeline.sources.git.GitSource` (a ref of a git repository per
-book), :class:`~rag_pipeline.sources.declared.DeclaredSources` (both, from ``RAG_SOURCES``) and
-:class:`~rag_pipeline.evaluation.beir.BeirSource` (a BEIR corpus as one book).
+book), :class:`~rag_pipeline.sources.s3.S3Source` (a prefix of an S3 bucket per book),
+:class:`~rag_pipeline.sources.declared.DeclaredSources` (the books ``RAG_SOURCES`` declares
+beside the folder books) and :class:`~rag_pipeline.evaluation.beir.BeirSource` (a BEIR corpus
+as one book).
 """
 
 from __future__ import annotations
@@ -55,21 +57,21 @@ class SourceUnavailableError(ValueError):
     be told apart from "every book was removed", so nothing is ingested or purged."""
 
 
+class BookUnavailableError(Exception):
+    """One book's source cannot be looked at or read now (a git remote that cannot be reached,
+    a ref that does not exist, an object store's endpoint unreachable, its credentials refused,
+    its reads denied): nothing can be told of its files, so nothing of it is purged or taken
+    for deleted, the book's run fails with this message, its indexed points stay, and the next
+    look tries again. Other books go on. ``str()`` names the book, the source and the reason.
+    Not a :class:`SourceReadError`: a read that raises it fails the book, not one file."""
+
+
 class SourceReadError(Exception):
     """A file could not be read safely; ``str()`` is the reason a user reads."""
 
     def __init__(self, code: int | None, reason: str) -> None:
         super().__init__(reason)
         self.errno = code
-
-
-class BookUnavailableError(SourceReadError):
-    """One book's source cannot be looked at now (a git remote that cannot be reached, a ref
-    that does not exist): the book fails with this message, nothing of it is read, purged or
-    taken for deleted, every other book goes on, and the next look tries again."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(errno.EIO, reason)
 
 
 class RefusedPathError(SourceReadError):
@@ -107,6 +109,9 @@ class FileVersion:
     location: str = ""
     #: the content hash, where the source knows it without reading the file (a corpus row)
     sha256: str | None = None
+    #: what the source calls this version, recorded with the file's points (an object's
+    #: ETag; None: none beyond ``key``)
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +321,7 @@ class BookSource(ABC):
                         continue  # vanished since it was listed: it is gone
                     errors.append(FileError(book_id, v.source_file, "read", _read_failure(exc)))
                     continue
-            files.append(SourceFile(book_id, v.source_file, v.location, digest, v.key))
+            files.append(SourceFile(book_id, v.source_file, v.location, digest, v.key, v.version))
         return BookFilesRead(
             book_id,
             versions.boundary,
