@@ -18,7 +18,6 @@ purged) until it is fixed.
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from rag_pipeline.sources.base import (
 )
 from rag_pipeline.sources.folder import FolderSource
 from rag_pipeline.sources.git import GitBookSpec, GitSource
+from rag_pipeline.sources.s3 import S3BookSpec, S3Source
 
 if TYPE_CHECKING:
     from rag_pipeline.sources.watch import BookWatcher
@@ -55,29 +55,6 @@ class SourcesFileError(ValueError):
         self.problem = problem
 
 
-class _S3Missing(BaseModel):
-    """An ``s3`` entry where this build has no S3 source."""
-
-    model_config = ConfigDict(extra="allow")
-
-    def model_post_init(self, context: Any, /) -> None:
-        raise ValueError("s3 books need rag_pipeline.sources.s3, which this build lacks")
-
-
-def _s3_module() -> Any:
-    """``rag_pipeline.sources.s3`` (S3BookSpec, S3Source), None in a build without it."""
-    try:
-        return importlib.import_module("rag_pipeline.sources.s3")
-    except ImportError:
-        return None
-
-
-def _s3_spec() -> type[BaseModel]:
-    module = _s3_module()
-    spec: type[BaseModel] = _S3Missing if module is None else module.S3BookSpec
-    return spec
-
-
 def _kind(value: Any) -> str | None:
     """Which source an entry is: the key it has (``git``, ``s3``)."""
     if isinstance(value, dict):
@@ -92,7 +69,7 @@ if TYPE_CHECKING:
     BookSpec = BaseModel
 else:  # an entry is the model of the one key it has (git, s3)
     BookSpec = Annotated[
-        Union[Annotated[GitBookSpec, Tag("git")], Annotated[_s3_spec(), Tag("s3")]],  # noqa: UP007
+        Union[Annotated[GitBookSpec, Tag("git")], Annotated[S3BookSpec, Tag("s3")]],  # noqa: UP007
         Discriminator(
             _kind,
             custom_error_type="source_kind",
@@ -246,8 +223,7 @@ class DeclaredSources(BookSource):
     def _build(self, kind: str, specs: Mapping[str, Any]) -> BookSource:
         if kind == "git":
             return GitSource(specs, cache_dir=self.cache_dir, max_file_bytes=self.max_file_bytes)
-        source: BookSource = _s3_module().S3Source(specs)
-        return source
+        return S3Source(specs, max_file_bytes=self.max_file_bytes)
 
     def _declared(self) -> dict[str, BookSource]:
         """Book id -> its declared source, from the sources file as it is now; a bad file is
