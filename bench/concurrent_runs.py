@@ -1,7 +1,7 @@
 """Concurrent runs under the daemon: a small book's edit saved during a big book's first
 ingest, for each ``max_concurrent_runs`` (issue 40).
 
-    python bench/concurrent_runs.py [--runs 1,2,3] [--files 24] [--sections 40]
+    python bench/concurrent_runs.py [--runs 1,2,3] [--files 12] [--sections 20]
                                     [--embedder local]
 
 For each count, on a fresh temp folder: the project's ``dagster.yaml`` with
@@ -160,10 +160,11 @@ def measure(runs: int, work: Path, files: int, sections: int, embedder: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="1,2,3", help="max_concurrent_runs values to measure")
-    parser.add_argument("--files", type=int, default=24)
-    parser.add_argument("--sections", type=int, default=40)
+    parser.add_argument("--files", type=int, default=12)
+    parser.add_argument("--sections", type=int, default=20)
     parser.add_argument("--embedder", default="local")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # dg dev is stopped on the way out
     results = []
     for runs in [int(n) for n in args.runs.split(",")]:
         with tempfile.TemporaryDirectory(prefix=f"concurrent-{runs}-") as work:
