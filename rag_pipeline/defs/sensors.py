@@ -15,7 +15,11 @@ failed (:class:`FailedBooks`). Then:
   between (so a ``touch`` just after a run costs one run that embeds nothing);
 * a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
   its points (the sensor never opens the store: runs hold its lock);
-* a book whose latest ingest runs all failed -> a new run once its back-off has passed.
+* a book whose latest ingest runs all failed -> a new run once its back-off has passed;
+* a changed or removed book in a batch run in flight -> nothing until that run ends (no tag
+  limit of the run queue covers a range of partitions, and two runs of one book never run at
+  once); a changed book with a run of its own in flight -> a run of it alone, which the run
+  queue's per-book limits hold until the other ends.
 
 A tick asks the instance a constant number of questions, whatever the number of books: the
 known partitions, the ingest runs finished since the previous tick, and, only when a book is
