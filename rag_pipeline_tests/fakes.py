@@ -58,9 +58,9 @@ def _vector(text: str, dim: int) -> np.ndarray:
 class FakeOpenAI(_Server):
     """POST /v1/embeddings. ``script`` holds what the next requests get: "ok", a status code
     (429, 500, 503...; answered with retry-after-ms 10), a (status, retry-after-ms) pair,
-    "hang" (sleep past the client's timeout), "garbage" (an HTML page with status 200) or a
-    malformed answer with status 200 (see :data:`BAD_ANSWERS`); when empty, ``default``
-    ("ok" unless set).
+    "hang" (sleep past the client's timeout, or until ``released`` is set), "garbage" (an
+    HTML page with status 200) or a malformed answer with status 200 (see
+    :data:`BAD_ANSWERS`); when empty, ``default`` ("ok" unless set).
 
     ``latency_s`` delays every answer (a real API takes hundreds of ms). ``rate_limit`` =
     (requests, window_s) answers 429 with a Retry-After to a request that arrives when the
@@ -83,6 +83,10 @@ class FakeOpenAI(_Server):
         self.default: Any = "ok"
         self.requests: list[dict] = []
         self.hang_s = 3.0
+        #: set: a hanging request (and every later one) answers at once
+        self.released = threading.Event()
+        #: a request with an input holding this text hangs, whatever the script says
+        self.hang_on: str | None = None
         self.latency_s = latency_s
         self.rate_limit = rate_limit
         self.arrivals: list[tuple[float, int]] = []
@@ -165,8 +169,11 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
         if fake.latency_s:
             time.sleep(fake.latency_s)
         action = fake.script.popleft() if fake.script else fake.default
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        if fake.hang_on is not None and any(fake.hang_on in str(t) for t in texts):
+            action = "hang"
         if action == "hang":
-            time.sleep(fake.hang_s)
+            fake.released.wait(fake.hang_s)
             action = "ok"
         if action == "garbage":  # a proxy's error page answered with status 200
             data = b"<html>502 Bad Gateway</html>"

@@ -1,8 +1,8 @@
 """kill -9 at any point of an ingest: the next ingest, with the same DAGSTER_HOME and store,
 finishes in bounded time with exactly the points a clean ingest gives.
 
-The instance uses the project's dagster.yaml (pools with one slot each), so a run killed while
-a step holds a slot is the case that used to wedge every later run forever.
+The instance uses the project's dagster.yaml (pools with as few slots as runs), so a run killed
+while a step holds a slot is the case that used to wedge every later run forever.
 
 Each ingest is a real process killed with a real SIGKILL, forked from the warm interpreter
 (warm.py) so that none of the 24 pays Python's and Dagster's imports; one scenario runs from
@@ -58,7 +58,7 @@ def ingested(tmp_path_factory):
     cli = Cli(root, books)
     home = Path(cli.env["DAGSTER_HOME"])
     home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")  # pools: one slot each
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")  # pools: a slot per run
     cli("ingest")
     reference = root / "reference"
     shutil.copytree(books, reference / "books")

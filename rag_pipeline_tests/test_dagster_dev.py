@@ -872,3 +872,81 @@ def test_cli_and_live_runs_are_runs_of_the_ingest_job_launched_by_their_command(
             assert run_worker(instance, child) is None
     finally:
         dev.stop()
+
+
+def test_a_small_books_edit_runs_beside_a_big_books_first_ingest_never_two_runs_of_one_book(
+    tmp_path, sample_books
+):
+    """Through the daemon's run queue (the books sensor's runs, launched by the
+    QueuedRunCoordinator): while the first ingest of a big book is held in its embedding step
+    (a fake embedding API that hangs on the big book's text, standing in for a 60-second
+    ingest), the small book's first ingest and then a one-file edit of it run beside it, and
+    the edit is searchable before the big ingest ends; an edit of the big book meanwhile waits
+    in the queue (one run per book) and runs after, never overlapping the first."""
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+    from dagster._core.instance.ref import InstanceRef
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.retrieve import search
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store import open_store
+    from rag_pipeline_tests.fakes import FakeOpenAI
+
+    small, big = "ros2-fundamentals", "humanoid-robotics-ros2"
+    marker = "Slow embedding marker"
+    intro = sample_books / big / "index.md"
+    intro.write_text(intro.read_text() + f"\n\n## Marker\n\n{marker}.\n")
+    with FakeOpenAI() as openai:
+        openai.hang_s = 300  # until released: longer than any wait below
+        openai.hang_on = marker
+        dev = DagsterDev(tmp_path, sample_books)
+        dev.env.update(
+            RAG_EMBEDDER="openai",
+            OPENAI_API_KEY="sk-test",
+            OPENAI_BASE_URL=openai.base_url,
+            RAG_OPENAI_TIMEOUT_S="600",
+            RAG_OPENAI_MAX_RETRIES="0",
+            RAG_BATCH_BOOKS="1",  # the two new books: a run each
+        )
+        try:
+            dev.start()
+            ref = InstanceRef.from_dir(str(dev.home))
+            with DagsterInstance.from_ref(ref) as instance:
+
+                def runs_of(book: str, *statuses: DagsterRunStatus) -> list:
+                    runs = instance.get_runs(RunsFilter(tags={"dagster/partition": book}))
+                    return [r for r in runs if not statuses or r.status in statuses]
+
+                # the big book's first ingest hangs in its embedding step; the small book's
+                # runs beside it
+                dev.wait_for(lambda: dev.book_runs(small), 300, "the small book's first ingest")
+                [first] = runs_of(big, DagsterRunStatus.STARTED)
+                edited = sample_books / small / "01-chapter-1-ros2-fundamentals" / "02-setup.md"
+                edited.write_text(edited.read_text() + "\n\nZebra quartz umbrella setup.\n")
+                intro.write_text(intro.read_text() + "\nChanged meanwhile.\n")
+                dev.wait_for(lambda: len(dev.book_runs(small)) == 2, 120, "the small book's edit")
+                config = load_settings(qdrant_path=str(tmp_path / "qdrant")).store()
+                with open_store(config, COLLECTION_SCHEMA) as store:
+                    hits = search(
+                        store, HashEmbedder(), "zebra quartz umbrella", small, mode="sparse"
+                    )
+                    assert hits and "Zebra quartz umbrella" in hits[0].text
+                assert instance.get_run_by_id(first.run_id).status == DagsterRunStatus.STARTED
+                # the big book's edit waits in the queue for its first run
+                dev.wait_for(lambda: len(runs_of(big)) == 2, 30, "the big book's edit's run")
+                assert runs_of(big, DagsterRunStatus.QUEUED)
+                assert [r.run_id for r in runs_of(big, DagsterRunStatus.STARTED)] == [first.run_id]
+                openai.released.set()
+                dev.wait_for(lambda: len(dev.book_runs(big)) == 2, 180, "both runs of the big book")
+                records = sorted(
+                    instance.get_run_records(RunsFilter(tags={"dagster/partition": big})),
+                    key=lambda r: r.start_time or 0,
+                )
+                assert records[0].end_time is not None and records[1].start_time is not None
+                assert records[0].end_time <= records[1].start_time  # never overlapping
+                for run in runs_of(small):
+                    assert run.tags.get("rag/trigger") == "books_sensor"  # through the queue
+        finally:
+            openai.released.set()
+            dev.stop()

@@ -155,10 +155,15 @@ def test_instance_configs_are_valid(tmp_path, monkeypatch):
     assert instance.run_monitoring_enabled
     assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 10
     config = instance.get_concurrency_config()
-    assert config.run_queue_config.max_concurrent_runs == 1
+    # runs of different books side by side, one at a time per book (its partition, its tag)
+    assert config.run_queue_config.max_concurrent_runs == 2
     limits = config.run_queue_config.tag_concurrency_limits
-    assert limits[0]["key"] == "dagster/partition" and limits[0]["limit"] == 1
-    assert config.pool_config.default_pool_limit == 1
+    assert [(limit["key"], limit["limit"]) for limit in limits] == [
+        ("dagster/partition", 1),
+        ("rag/book", 1),
+    ]
+    assert all(limit["value"] == {"applyLimitPerUniqueValue": True} for limit in limits)
+    assert config.pool_config.default_pool_limit == 2
     assert instance.get_settings("telemetry")["enabled"] is False
     assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
     text = (REPO / "deploy" / "dagster.postgres.yaml").read_text()

@@ -591,6 +591,44 @@ def test_books_changed_together_share_runs_of_adjacent_books(write_book, data_di
     assert edit("alpha", "beta", "gamma") == [["alpha", "beta"], ["gamma"]]
 
 
+def test_no_run_of_a_book_is_requested_beside_another_run_of_it(harness, write_book, data_dir):
+    """Runs of different books run side by side, two runs of one book never: a book in a
+    batch in flight (which no tag limit of the run queue covers) gets no run, nor its purge,
+    until that batch ends; a book with a run of its own in flight gets one alone (its
+    partition and book tags, which the queue's per-book limits hold back)."""
+    import shutil
+
+    from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus
+
+    for book in ("alpha", "beta", "gamma", "delta"):
+        write_book(book, {"a.md": f"# {book}"})
+    harness.tick()
+    batch = batch_run(harness.instance, ["alpha", "beta"], status=DagsterRunStatus.STARTED)
+    fail_run(harness.instance, "gamma", DagsterRunStatus.STARTED)
+
+    def edit(*books):
+        for book in books:
+            (data_dir / book / "a.md").write_text(f"# {book} edited {time.time()}")
+            bump_mtime(data_dir / book / "a.md")
+
+    edit("alpha", "gamma", "delta")
+    shutil.rmtree(data_dir / "beta")
+    result = harness.tick()
+    assert requested_books(result, harness.instance) == [["delta"], ["gamma"]]
+    assert {r.tags["rag/book"] for r in ingest_requests(result)} == {"gamma", "delta"}
+    assert not [r for r in result.run_requests if r.job_name == "purge_book"]
+    assert harness.partitions == ["alpha", "beta", "delta", "gamma"]
+    assert isinstance(harness.tick(), SkipReason)  # still in flight: still held
+    harness.instance.report_dagster_event(
+        DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name=batch.job_name),
+        run_id=batch.run_id,
+    )
+    result = harness.tick()
+    assert requested_books(result, harness.instance) == [["alpha"]]
+    purges = [r for r in result.run_requests if r.job_name == "purge_book"]
+    assert [r.tags["rag/book"] for r in purges] == ["beta"]
+
+
 def test_a_batch_that_failed_is_run_again_book_by_book_at_the_next_tick(harness, write_book):
     """A batch fails as a whole; unless the failure was the run's (the embedding service, the
     store), each of its books is run alone at once, and only a book that fails alone backs
@@ -648,9 +686,15 @@ def test_a_removed_book_keeps_its_partition_while_a_batch_with_it_is_in_flight(
     )
     shutil.rmtree(data_dir / "beta")
     for _ in range(2):
-        harness.tick()
+        result = harness.tick()
         assert harness.partitions == ["alpha", "beta", "gamma"]
+        # (nor is its purge requested beside the batch: two runs of one book never run at once)
+        assert isinstance(result, SkipReason) or not result.run_requests
     harness.instance.report_run_failed(running)
+    result = harness.tick()  # the purge, and the partition kept until it ran
+    assert [r.tags["rag/book"] for r in result.run_requests if r.job_name == "purge_book"] == [
+        "beta"
+    ]
     harness.tick()
     assert harness.partitions == ["alpha", "gamma"]
 

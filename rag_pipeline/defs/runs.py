@@ -20,6 +20,7 @@ CLI's and live mode's runs name their launcher as the UI's "Launched by" column 
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import NamedTuple
 from urllib.parse import quote
 
 from dagster import (
@@ -53,9 +54,11 @@ __all__ = [
     "RETRY_STRATEGY_TAG",
     "RUNS_IN_FLIGHT",
     "TRIGGER_TAG",
+    "BooksInFlight",
     "batch_tags",
     "book_keys",
     "book_runs_path",
+    "books_in_flight",
     "books_of_run",
     "books_with_runs_in_flight",
     "explain_queue",
@@ -234,11 +237,31 @@ BOOK_RUN_TAGS = (PARTITION_TAG, BOOK_TAG)
 RUNS_IN_FLIGHT_FILTER = RunsFilter(statuses=RUNS_IN_FLIGHT)
 
 
-def books_with_runs_in_flight(instance: DagsterInstance, order: Sequence[str]) -> set[str]:
+class BooksInFlight(NamedTuple):
+    """The books with a run queued or running, and those of them in a batch's run."""
+
+    books: set[str]
+    #: in a run of several books: no tag limit of the run queue covers a range of partitions,
+    #: so no other run of these books may be requested until it ends
+    in_batches: set[str]
+
+
+def books_in_flight(instance: DagsterInstance, order: Sequence[str]) -> BooksInFlight:
     """Every book with a run queued or running, in one query (what a sensor tick asks, whatever
     the number of books); a batch's books are resolved in ``order`` (the partition keys)."""
-    runs = instance.get_runs(RUNS_IN_FLIGHT_FILTER)
-    return {book for run in runs for book in books_of_run(run.tags, order)}
+    books: set[str] = set()
+    in_batches: set[str] = set()
+    for run in instance.get_runs(RUNS_IN_FLIGHT_FILTER):
+        of_run = books_of_run(run.tags, order)
+        books.update(of_run)
+        if RANGE_START_TAG in run.tags:
+            in_batches.update(of_run)
+    return BooksInFlight(books, in_batches)
+
+
+def books_with_runs_in_flight(instance: DagsterInstance, order: Sequence[str]) -> set[str]:
+    """Every book with a run queued or running (see :func:`books_in_flight`)."""
+    return books_in_flight(instance, order).books
 
 
 #: the tag that says what a queued run waits for (the UI only says it "will start soon"), and

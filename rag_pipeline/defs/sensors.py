@@ -15,7 +15,11 @@ failed (:class:`FailedBooks`). Then:
   between (so a ``touch`` just after a run costs one run that embeds nothing);
 * a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
   its points (the sensor never opens the store: runs hold its lock);
-* a book whose latest ingest runs all failed -> a new run once its back-off has passed.
+* a book whose latest ingest runs all failed -> a new run once its back-off has passed;
+* a changed or removed book in a batch run in flight -> nothing until that run ends (no tag
+  limit of the run queue covers a range of partitions, and two runs of one book never run at
+  once); a changed book with a run of its own in flight -> a run of it alone, which the run
+  queue's per-book limits hold until the other ends.
 
 A tick asks the instance a constant number of questions, whatever the number of books: the
 known partitions, the ingest runs finished since the previous tick, and, only when a book is
@@ -63,9 +67,10 @@ from rag_pipeline.defs.runs import (
     PARTITION_TAG,
     RANGE_START_TAG,
     TRIGGER_TAG,
+    BooksInFlight,
     batch_tags,
+    books_in_flight,
     books_of_run,
-    books_with_runs_in_flight,
     one_book_tags,
 )
 from rag_pipeline.ingest.batches import batch_books, split_after
@@ -329,12 +334,12 @@ def build_books_sensor(
         failed = read_failed_books(context.cursor)
         caught_up = failed.follow(context.instance, partitions)
         failed.keep_only(set(states))
-        in_flight: set[str] | None = None
+        in_flight: BooksInFlight | None = None
 
-        def runs_in_flight() -> set[str]:
+        def runs_in_flight() -> BooksInFlight:
             nonlocal in_flight
             if in_flight is None:
-                in_flight = books_with_runs_in_flight(context.instance, partitions)
+                in_flight = books_in_flight(context.instance, partitions)
             return in_flight
 
         # (no retry from a history read only in part: a later run may have succeeded)
@@ -351,22 +356,32 @@ def build_books_sensor(
             # must be what a run read, so the book runs again (unchanged files embed nothing)
             elif before[1] != state.content_digest or (
                 before[0] != state.stat_digest
-                and (book_id in failed.finished or book_id in runs_in_flight())
+                and (book_id in failed.finished or book_id in runs_in_flight().books)
             ):
                 changed[book_id] = max(state.hashed, 1)
             # a book with a run queued or running is not retried: that run may succeed
-            elif book_id in due and book_id not in runs_in_flight():
+            elif book_id in due and book_id not in runs_in_flight().books:
                 retried.append(book_id)
+        # Runs of different books run side by side; two runs of one book never do. The run
+        # queue's per-book tag limits hold a run of one book behind another run of it, but no
+        # tag limit covers a batch (a range of partitions): a book in a batch in flight is not
+        # requested until that run ends (its cursor entry is kept, so the next tick after it
+        # sees the change), and a book with a run of its own in flight is requested alone.
+        touched = [*changed, *removed]
+        held = {b for b in touched if b in runs_in_flight().in_batches} if touched else set()
+        alone = [b for b in changed if b not in held and b in runs_in_flight().books]
+        together = {b: n for b, n in changed.items() if b not in held and b not in alone}
+        batches = batch_books(list(together), order, batching, together)
         run_requests: list[RunRequest] = []
-        for batch in batch_books(list(changed), order, batching, changed):
+        for batch in [*batches, *([b] for b in alone)]:
             seq += 1
             run_requests.append(_ingest_request(batch, states, seq, SENSOR_TRIGGER))
         for book_id in retried:  # alone: a retry narrows a failure down to its book
             seq += 1
             run_requests.append(_ingest_request([book_id], states, seq, SENSOR_RETRY_TRIGGER))
         for book_id in removed:
-            if previous.get(book_id) == PURGING:
-                continue  # its purge was requested by an earlier tick
+            if previous.get(book_id) == PURGING or book_id in held:
+                continue  # its purge was requested by an earlier tick, or waits for a batch
             seq += 1
             run_requests.append(
                 RunRequest(
@@ -385,9 +400,11 @@ def build_books_sensor(
         purging = {
             b
             for b in removed
-            if b in known and (previous.get(b) != PURGING or b in runs_in_flight())
+            if b in known
+            and b not in held
+            and (previous.get(b) != PURGING or b in runs_in_flight().books)
         }
-        gone = [b for b in removed if b in known and b not in purging]
+        gone = [b for b in removed if b in known and b not in purging and b not in held]
         if gone:
             partition_requests.append(DeleteDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, gone))
         kept = {b: previous[b] for b in decision.kept if b in previous}
@@ -396,6 +413,8 @@ def build_books_sensor(
                 **kept,
                 **{b: PURGING for b in sorted(purging)},
                 **{b: [s.stat_digest, s.content_digest] for b, s in states.items()},
+                # as before the tick: seen again once their batch ends
+                **{b: previous[b] for b in held if b in previous},
             },
             seq,
             failed,
