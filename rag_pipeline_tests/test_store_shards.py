@@ -436,6 +436,7 @@ def test_a_migration_of_many_books_keeps_few_shards_open_and_answers_the_same(
 
     monkeypatch.setattr(qe.EdgeShard, "create", staticmethod(lambda *a: opened(real_create(*a))))
     monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(lambda *a: opened(real_load(*a))))
+
     def small_wal(folder, shard):  # type: ignore[no-untyped-def]  # closes the new shard
         nonlocal open_now
         open_now -= 1
