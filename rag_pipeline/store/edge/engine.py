@@ -6,11 +6,13 @@ before)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import secrets
 import shutil
 import stat
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,12 +53,17 @@ SPACE_MARGIN_BYTES = 2 << 20
 #: creating one allocated ~0.3 MB besides them on tmpfs, 60 KB on ext4 (holes stay holes)
 NEW_SHARD_BYTES = 2 << 20
 
-#: free space each payload index a shard gains takes when made: on tmpfs its two 1 MiB null
-#: flags at once (measured: 2 MiB an index; ext4 leaves them holes). Its 4 MiB map page and
-#: 1 MiB tracker are holes that the next load may fill (:func:`_load_bytes`)
+#: files and folders a new shard makes (measured: about 115 with a small book's indexes):
+#: a file system out of inodes failed its creation with Edge's "IO Error" otherwise
+SHARD_INODES = 256
+
+#: free space each payload index a shard gains takes when made, on a file system that fills
+#: the holes a memory map touches (:func:`_fills_holes`): its two 1 MiB null flags at once
+#: (measured on tmpfs: 2 MiB an index; ext4 leaves them holes). Its 4 MiB map page and
+#: 1 MiB tracker are holes that the next load fills there (:func:`_load_bytes`)
 INDEX_BYTES = 3 << 20
 
-#: and for each point it indexes (its values in the index's pages)
+#: and for each point it indexes (its values in the index's pages), on any file system
 INDEX_POINT_BYTES = 256
 
 #: free space a shard's load needs besides the holes its payload index files hold
@@ -71,9 +78,9 @@ WAL_SEGMENT_BYTES = 1 << 20
 _INDEX_FOLDER = "payload_index"
 
 
-def check_space(folder: Path, need: int, what: str) -> None:
-    """:class:`StoreResourceError` naming the file system when fewer than ``need`` bytes are
-    free for ``what`` (checked before it starts: nothing is written)."""
+def check_space(folder: Path, need: int, what: str, *, inodes: int = 0) -> None:
+    """:class:`StoreResourceError` naming the file system when fewer than ``need`` bytes (or
+    ``inodes`` files) are free for ``what`` (checked before it starts: nothing is written)."""
     place, free = _free(folder)
     if free < need:
         raise base.StoreResourceError(
@@ -81,6 +88,14 @@ def check_space(folder: Path, need: int, what: str) -> None:
             f"the file system of {place}, about {need / 2**20:.0f} MiB needed. Free disk space "
             "(or point RAG_QDRANT_PATH at a larger disk) and run it again: nothing indexed was "
             "changed."
+        )
+    files = os.statvfs(place)
+    if inodes and files.f_files and files.f_favail < inodes:  # f_files 0: no inode limit
+        raise base.StoreResourceError(
+            f"no space left on the device (ENOSPC) for {what}: {files.f_favail} files (inodes) "
+            f"free on the file system of {place}, about {inodes} needed. Free some (or point "
+            "RAG_QDRANT_PATH at a file system with more inodes) and run it again: nothing "
+            "indexed was changed."
         )
 
 
@@ -91,10 +106,12 @@ def _write_bytes(points: int, dim: int) -> int:
 
 
 def _load_bytes(folder: Path) -> int:
-    """Free space loading the shard in ``folder`` needs: :data:`LOAD_SPACE_BYTES` and the
-    holes of its payload index files. The load reads those through shared memory maps, and
-    on tmpfs reading a hole allocates its page (a small book's first load took ~10 MB there;
-    on ext4 nothing): a full tmpfs would be a SIGBUS."""
+    """Free space loading the shard in ``folder`` needs: :data:`LOAD_SPACE_BYTES`, and on a
+    file system that fills holes (:func:`_fills_holes`) the holes of its payload index files,
+    which a load reads through shared memory maps (a small book's first load took ~25 MB on
+    tmpfs, nothing on ext4): a full tmpfs would be a SIGBUS."""
+    if not _fills_holes(folder):
+        return LOAD_SPACE_BYTES
     holes = 0
     for segment in (folder / "segments").glob(f"*/{_INDEX_FOLDER}"):
         for path in segment.rglob("*"):
@@ -107,6 +124,27 @@ def _load_bytes(folder: Path) -> int:
     return LOAD_SPACE_BYTES + holes
 
 
+#: file systems whose memory maps take a page for a hole that is only read (shmem): tmpfs,
+#: ramfs, hugetlbfs (``statfs``'s magic numbers, linux/magic.h)
+_HOLE_FILLING_FILE_SYSTEMS = frozenset({0x01021994, 0x858458F6, 0x958458F6})
+
+
+def _fills_holes(folder: Path) -> bool:
+    """Whether the file system of ``folder`` allocates the holes of a sparse file that a
+    memory map reads (tmpfs does; ext4, XFS and btrfs do not). Where ``statfs`` cannot say
+    (not Linux, an error), it is assumed to: the larger need is the safe one."""
+    place, _ = _free(folder)
+    if not sys.platform.startswith("linux"):
+        return True
+    answer = ctypes.create_string_buffer(256)  # struct statfs: 120 bytes on 64-bit Linux
+    if _LIBC.statfs(os.fsencode(place), answer) != 0:
+        return True
+    return ctypes.c_long.from_buffer(answer).value in _HOLE_FILLING_FILE_SYSTEMS
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 def _create_shard(
     book_folder: Path, dim: int, schema: base.CollectionSchema, layout: _Layout
 ) -> tuple[str, qe.EdgeShard]:
@@ -114,8 +152,9 @@ def _create_shard(
     indexes of a book holding nothing yet (:func:`_index_params`) and WAL segments of
     :data:`WAL_SEGMENT_BYTES` (:func:`_small_wal`)."""
     indexes = _index_params(schema, layout, points=0)
-    need = NEW_SHARD_BYTES + INDEX_BYTES * len(indexes)
-    check_space(book_folder, need, f"a new shard of book {book_folder.name!r}")
+    need = NEW_SHARD_BYTES + (INDEX_BYTES * len(indexes) if _fills_holes(book_folder) else 0)
+    what = f"a new shard of book {book_folder.name!r}"
+    check_space(book_folder, need, what, inodes=SHARD_INODES)
     name = f"g{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
     folder = book_folder / name
     folder.mkdir(parents=True)
@@ -198,7 +237,8 @@ def _add_indexes(
     present = set(info.payload_schema)
     wanted = _index_params(schema, layout, points=int(info.points_count))
     missing = {name: params for name, params in wanted.items() if name not in present}
-    need = SPACE_MARGIN_BYTES + (INDEX_BYTES + INDEX_POINT_BYTES * info.points_count) * len(missing)
+    each = INDEX_POINT_BYTES * info.points_count + (INDEX_BYTES if _fills_holes(folder) else 0)
+    need = SPACE_MARGIN_BYTES + each * len(missing)
     if missing and _room(folder, need, f"{len(missing)} payload indexes of book {_book(folder)}"):
         for name, params in missing.items():
             shard.update(qe.UpdateOperation.create_field_index(name, params))
