@@ -85,10 +85,9 @@ def test_a_new_shard_has_a_small_write_ahead_log_and_an_old_one_still_opens(tmp_
 @pytest.mark.slow
 def test_a_64_mib_disk_holds_fifty_tiny_books_and_a_full_one_loses_none(tmp_path):
     """On a 64 MiB ext4 file system, 50 books of 3 small files are ingested (each takes about
-    120 KB there; the write used to ask for 64 MiB free, so not even the first one was); with
-    the disk then full, the run of one more book stops with the named error and the 50 stay
-    whole; once space is
-    freed, it is ingested."""
+    0.25 MB and 115 inodes there: 141 fit; the write used to ask for 64 MiB free, so not even
+    the first one was); with the disk then full, the run of one more book stops with the
+    named error and the 50 stay whole; once space is freed, it is ingested."""
     names = [f"tiny-{n:02d}" for n in range(51)]
     books = _tiny_books(tmp_path / "books", names)
     with small_ext4(tmp_path / "disk", "64M") as disk:
