@@ -170,7 +170,8 @@ def _small_wal(folder: Path, shard: qe.EdgeShard) -> None:
     :data:`WAL_SEGMENT_BYTES`, and its empty WAL removed (made again at the next load, to that
     size). Edge keeps ``wal_options`` in the shard's config file and honours it at each load,
     but qdrant-edge-py's ``EdgeConfig`` has no argument for it. A shard made before keeps the
-    default (32 MiB), and so does one whose process died in here (its WAL is empty)."""
+    default (32 MiB). A process killed in here leaves a generation no pointer names yet: the
+    next write to the book sweeps it."""
     shard.close()
     config_file = folder / _CONFIG_FILE
     config = json.loads(config_file.read_text())
