@@ -424,6 +424,31 @@ def small_tmpfs(mount: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@contextmanager
+def small_ext4(mount: Path, size: str) -> Iterator[Path]:
+    """An ext4 file system of ``size`` (``truncate -s``) in an image beside ``mount``, loop-mounted
+    there for the block: a small disk that, unlike tmpfs, keeps a sparse file's holes
+    unallocated. Needs root and a loop device: the test is skipped otherwise, saying so."""
+    import pytest
+
+    image = mount.with_name(mount.name + ".img")
+    mount.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["truncate", "-s", size, str(image)], check=True)
+    made = subprocess.run(["mkfs.ext4", "-q", str(image)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"mkfs.ext4 is needed for a small ext4 disk: {made.stderr.strip()}")
+    done = subprocess.run(
+        ["mount", "-o", "loop", str(image), str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"loop-mounting a small ext4 needs root: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+        image.unlink(missing_ok=True)
+
+
 def fill_disk(disk: Path, leave: int) -> Path:
     """A file that takes the disk's free space but ``leave`` bytes."""
     filler = disk / "filler"

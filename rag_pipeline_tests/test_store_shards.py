@@ -410,7 +410,7 @@ def test_a_migration_of_many_books_keeps_few_shards_open_and_answers_the_same(
 ):
     """Each book's new shard is closed as the copy goes (reloaded when its points come back):
     open shards, and so memory maps and descriptors, stay bounded whatever the book count."""
-    from rag_pipeline.store.edge import migration
+    from rag_pipeline.store.edge import engine, migration
 
     books = tuple(f"book-{i:02d}" for i in range(12))
     with open_edge(tmp_path / "fresh") as fresh:
@@ -436,7 +436,15 @@ def test_a_migration_of_many_books_keeps_few_shards_open_and_answers_the_same(
 
     monkeypatch.setattr(qe.EdgeShard, "create", staticmethod(lambda *a: opened(real_create(*a))))
     monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(lambda *a: opened(real_load(*a))))
+
+    def small_wal(folder, shard):  # type: ignore[no-untyped-def]  # closes the new shard
+        nonlocal open_now
+        open_now -= 1
+        return real_small_wal(folder, shard)
+
+    real_small_wal = engine._small_wal
     monkeypatch.setattr(migration, "_close_shard", closed)
+    monkeypatch.setattr(engine, "_small_wal", small_wal)
     migration.migrate_single_shard(tmp_path / "old", COLLECTION, COLLECTION_SCHEMA)
     assert peak <= 3 + 1  # (+1: the old single shard, read throughout)
     monkeypatch.undo()

@@ -21,6 +21,7 @@ from rag_pipeline.store.edge.engine import (
     _create_shard,
     _has_data,
     _index_kinds,
+    _load_bytes,
     _settle_shard,
     _write_bytes,
     check_space,
@@ -149,9 +150,11 @@ def migrate_single_shard(root: Path, collection: str, schema: base.CollectionSch
             while shards:  # closed as they go: memory maps and descriptors stay bounded
                 _close_shard(shards.popitem(last=False)[1])
             for book, name in generations.items():  # each settled alone, then closed
-                shard = qe.EdgeShard.load(str(built / "books" / book / name))
+                generation = built / "books" / book / name
+                check_space(built, _load_bytes(generation), f"the migration of book {book!r}")
+                shard = qe.EdgeShard.load(str(generation))
                 try:
-                    _settle_shard(shard, schema, layout)
+                    _settle_shard(shard, schema, layout, generation)
                 finally:
                     _close_shard(shard)
         finally:
@@ -208,6 +211,7 @@ def _migration_shard(
             _close_shard(shards.popitem(last=False)[1])
         book_folder = built / "books" / book
         if book in generations:
+            check_space(built, _load_bytes(book_folder / generations[book]), f"book {book!r}")
             shard = qe.EdgeShard.load(str(book_folder / generations[book]))
         else:
             name, shard = _create_shard(book_folder, dim, schema, layout)

@@ -23,7 +23,6 @@ from rag_pipeline.store.edge.common import log
 from rag_pipeline.store.edge.engine import (
     _UPSERT_BATCH,
     EDGE,
-    LOAD_SPACE_BYTES,
     OPTIMIZE_EVERY_POINTS,
     SPACE_MARGIN_BYTES,
     _add_indexes,
@@ -32,6 +31,7 @@ from rag_pipeline.store.edge.engine import (
     _index_kinds,
     _is_empty,
     _load,
+    _load_bytes,
     _search_params,
     _settle_shard,
     _write_bytes,
@@ -230,8 +230,9 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
         against what its summary promises when loaded (:meth:`_verify`)."""
         state = self._route(book)
         if state.shard is None and state.generation is not None:
-            check_space(state.folder, LOAD_SPACE_BYTES, f"loading book {book!r}")
-            shard = _load(state.folder / state.generation, self.description)
+            folder = state.folder / state.generation
+            check_space(state.folder, _load_bytes(folder), f"loading book {book!r}")
+            shard = _load(folder, self.description)
             try:
                 self._verify(book, state, shard)
             except BaseException:
@@ -298,7 +299,8 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
         """After writes to a book: :func:`_settle_shard`."""
         assert state.shard is not None
         if self._layout is not None:
-            self._call("optimize", _settle_shard, state.shard, self.schema, self._layout)
+            folder = state.folder / (state.generation or "")
+            self._call("optimize", _settle_shard, state.shard, self.schema, self._layout, folder)
         state.unoptimized = 0
 
     def _writer(self, book: str) -> qe.EdgeShard:
@@ -321,18 +323,18 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
                 self._stamp_recipe(state)
             shard = self._reader(book)
             if shard is not None:
-                self._add_missing_indexes(shard)
+                self._add_missing_indexes(shard, state.folder / state.generation)
         state.written = state.dirty = True
         shard = self._reader(book)
         assert shard is not None
         return shard
 
-    def _add_missing_indexes(self, shard: qe.EdgeShard) -> None:
+    def _add_missing_indexes(self, shard: qe.EdgeShard, folder: Path) -> None:
         """The payload indexes a book's shard should have at its size and lacks, added before
         a handle's first write (an index the schema gained since the shard was made) and after
         its writes (a book that grew): see :func:`_add_indexes`."""
         if self._layout is not None:
-            self._call("index creation", _add_indexes, shard, self.schema, self._layout)
+            self._call("index creation", _add_indexes, shard, self.schema, self._layout, folder)
 
     def _create_generation(self, book: str, state: RoutedBook) -> None:
         assert self._layout is not None
