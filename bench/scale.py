@@ -2,6 +2,7 @@
 
     python bench/scale.py [--books 5 50 1000] [--files 20] [--work DIR] [--json]
                           [--corpus ../shared/corpora/powershell-docs/books] [--no-sensor]
+                          [--prebuilt] [--rounds 7]
                           [--sensor-tree 1000x100] [--big-book 1000000] [--queries 200]
 
 For each N, builds N books of F Markdown files copied from the shared powershell-docs corpus
@@ -15,6 +16,13 @@ then an ingest (which plans every book); (c') the same with `ingest --book`; (d)
 warm. Prints process CPU seconds (user + sys, the figure to compare: wall time on a shared
 machine swings), wall, peak RSS and the size of DAGSTER_HOME, the store and the cache after
 each step; (f) is DAGSTER_HOME's growth per book run.
+
+``--prebuilt``: the books are ingested in-process by the pipeline's stages before (a) (no
+Dagster: a third of a CLI first ingest's CPU), so (a) only adds their partitions; the steps
+after it are the same. ``--rounds R``: (i) after (a)-(g) of every size, R rounds in which each
+size in turn gets a no-change ``ingest`` and a one-file edit (another file of another book
+each round) and ``ingest``: the median CPU s of each, and each size's edit as a ratio to the
+first size's (issue 40's measure: interleaved, so that both sizes see the same machine).
 
 ``--sensor-tree BxF``: a tree of B books of F small files (not ingested), and a sensor tick
 over it, cold (no cursor: every file hashed, every book requested) and warm (nothing changed).
@@ -184,10 +192,36 @@ def sensor_tick(env: dict[str, str], cwd: Path, data_dir: Path) -> dict[str, Any
     return result
 
 
+def prebuild(here: Path, data: Path, books: list[str]) -> dict[str, float]:
+    """The books ingested in-process by the pipeline's stages (``IngestPipeline.run``, no
+    Dagster: about a third of a CLI first ingest's CPU), 50 books a run."""
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+
+    settings = load_settings(
+        data_dir=data, qdrant_path=str(here / "qdrant"), embedder="hash", cache_dir=here / "cache"
+    )
+    pipeline = IngestPipeline.from_settings(settings)
+    c0, w0 = time.process_time(), time.perf_counter()
+    for start in range(0, len(books), 50):
+        pipeline.run(books[start : start + 50], run_id="bench-build")
+        print(f"prebuilt {min(start + 50, len(books))} books", file=sys.stderr, flush=True)
+    return {
+        "cpu_s": round(time.process_time() - c0, 1),
+        "wall_s": round(time.perf_counter() - w0, 1),
+    }
+
+
 def measure_size(
-    pool: list[Path], work: Path, books: int, files: int, with_sensor: bool
+    pool: list[Path],
+    work: Path,
+    books: int,
+    files: int,
+    with_sensor: bool,
+    prebuilt: bool = False,
 ) -> dict[str, Any]:
-    """Steps (a)-(g) for one collection size, in its own folder."""
+    """Steps (a)-(g) for one collection size, in its own folder (``prebuilt``: the books
+    ingested in-process first, see :func:`prebuild`; (a) then adds their partitions)."""
     here = work / f"books-{books}x{files}"
     shutil.rmtree(here, ignore_errors=True)
     data, home = here / "books", here / "dagster_home"
@@ -195,6 +229,9 @@ def measure_size(
     home.mkdir(parents=True)
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = scenario_env(here, data, home)
+    prebuilt_figures = (
+        prebuild(here, data, sorted(p.name for p in data.iterdir())) if prebuilt else None
+    )
 
     def disk() -> dict[str, int]:
         return {
@@ -214,6 +251,7 @@ def measure_size(
     runs = books_run(report)
     steps["first_ingest"] = {
         **figures,
+        **({"prebuilt": prebuilt_figures} if prebuilt_figures else {}),
         "cpu_s_per_book": round(figures["cpu_s"] / books, 3),
         "books_run": runs,
         "dagster_runs": len({b["run_id"] for b in report["books"].values() if b["run_id"]}),
@@ -276,6 +314,7 @@ def measure_size(
     return {
         "books": books,
         "files_per_book": files,
+        "folder": str(here),
         "steps": steps,
         "dagster_home": {
             "after_kb": after["home_kb"],
@@ -288,6 +327,41 @@ def measure_size(
             # can be negative: SQLite gives back pages of its write-ahead log
             "one_file_edit_growth_kb": home_growth_edit,
         },
+    }
+
+
+def interleaved_rounds(work: Path, sizes: list[int], files: int, rounds: int) -> dict[str, Any]:
+    """(i) The sizes' one-file edits and no-change ingests in turn, ``rounds`` times, on the
+    folders (a)-(g) left (each edit a section appended to another file of another book):
+    the median CPU s of each and each size's ratio to the smallest size's edit."""
+    runs: dict[int, dict[str, list[float]]] = {n: {"edit": [], "no_change": []} for n in sizes}
+    for r in range(rounds):
+        for n in sizes:
+            here = work / f"books-{n}x{files}"
+            data = here / "books"
+            env = scenario_env(here, data, here / "dagster_home")
+            figures, _ = run_cli(["ingest", "--json"], env, here)
+            runs[n]["no_change"].append(figures["cpu_s"])
+            book = data / f"book-{(r + 1) % n:04d}"
+            edited = sorted(book.iterdir())[(r + 2) % files]
+            edited.write_text(edited.read_text() + EDIT_SECTION.replace("appended", f"{r}"))
+            figures, out = run_cli(["ingest", "--json"], env, here)
+            if books_run(json.loads(out)) != 1:
+                raise SystemExit(
+                    f"round {r} at {n} books: the edit ran {books_run(json.loads(out))}"
+                )
+            runs[n]["edit"].append(figures["cpu_s"])
+    base = statistics.median(runs[sizes[0]]["edit"])
+    return {
+        str(n): {
+            "rounds": rounds,
+            "edit_cpu_s": round(statistics.median(r["edit"]), 2),
+            "edit_cpu_s_all": r["edit"],
+            "edit_ratio": round(statistics.median(r["edit"]) / base, 3),
+            "no_change_cpu_s": round(statistics.median(r["no_change"]), 2),
+            "no_change_cpu_s_all": r["no_change"],
+        }
+        for n, r in runs.items()
     }
 
 
@@ -404,8 +478,12 @@ def warm_local_model(env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
 
 
-def serve_latency(env: dict[str, str], cwd: Path, book: str, queries: int) -> dict[str, Any]:
-    """`rag-pipeline serve` answering hybrid searches in ``book`` one after another."""
+def serve_latency(
+    env: dict[str, str], cwd: Path, book: str | list[str], queries: int
+) -> dict[str, Any]:
+    """`rag-pipeline serve` answering hybrid searches in ``book`` one after another (a list:
+    each search in the next book of it, round; each book searched once before the timing)."""
+    books = [book] if isinstance(book, str) else list(book)
     import http.client
     import socket
     from urllib.parse import urlencode
@@ -446,7 +524,7 @@ def serve_latency(env: dict[str, str], cwd: Path, book: str, queries: int) -> di
                 time.sleep(0.5)
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 
-        def search(query: str) -> float:
+        def search(query: str, book: str) -> float:
             params = urlencode({"q": query, "book": book, "mode": "hybrid", "limit": 10})
             started = time.perf_counter()
             conn.request("GET", f"/search?{params}")
@@ -456,10 +534,12 @@ def serve_latency(env: dict[str, str], cwd: Path, book: str, queries: int) -> di
                 raise SystemExit(f"serve answered {response.status}: {body[:300]!r}")
             return (time.perf_counter() - started) * 1000
 
-        first = search(QUERIES[0])  # loads the book's shard and the model
-        for query in QUERIES[1:20]:
-            search(query)
-        latencies = sorted(search(QUERIES[i % len(QUERIES)]) for i in range(queries))
+        first = search(QUERIES[0], books[0])  # loads the book's shard and the model
+        for i, query in enumerate(QUERIES[1 : 20 + len(books)], 1):
+            search(query, books[i % len(books)])
+        latencies = sorted(
+            search(QUERIES[i % len(QUERIES)], books[i % len(books)]) for i in range(queries)
+        )
         status = Path(f"/proc/{proc.pid}/status").read_text()
         memory = {
             line.split(":")[0]: int(line.split()[1]) // 1024
@@ -468,6 +548,7 @@ def serve_latency(env: dict[str, str], cwd: Path, book: str, queries: int) -> di
         }
         return {
             "queries": queries,
+            "books": len(books),
             "first_ms": round(first, 1),
             "p50_ms": round(statistics.median(latencies), 2),
             "p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
@@ -561,6 +642,12 @@ def main() -> None:
     parser.add_argument("--no-sensor", action="store_true", help="skip the sensor tick (g)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--sensor-tree", default=None, help="BOOKSxFILES: a sensor tick over them")
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="(i): interleaved edits of every size, this many"
+    )
+    parser.add_argument(
+        "--prebuilt", action="store_true", help="ingest the books in-process before (a)"
+    )
     parser.add_argument("--big-book", type=int, default=0, help="chunk points of one big book")
     parser.add_argument("--big-book-slice", type=int, default=2000, help="files a build run adds")
     parser.add_argument("--queries", type=int, default=200, help="serve's searches (--big-book)")
@@ -578,7 +665,12 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     extra: dict[str, Any] = {}
     try:
-        results = [measure_size(pool, work, n, args.files, not args.no_sensor) for n in args.books]
+        results = [
+            measure_size(pool, work, n, args.files, not args.no_sensor, args.prebuilt)
+            for n in args.books
+        ]
+        if args.rounds and args.books:
+            extra["interleaved"] = interleaved_rounds(work, args.books, args.files, args.rounds)
         if args.sensor_tree:
             books, files = (int(n) for n in args.sensor_tree.lower().split("x"))
             extra["sensor_tree"] = measure_sensor_tree(work, books, files)

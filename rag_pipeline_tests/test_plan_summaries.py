@@ -411,3 +411,66 @@ def test_a_summary_is_read_back_whatever_its_file_names_and_refused_once_edited(
         assert edge._sound_summary(folder, "g1") is None
     (folder / "summary.json").write_text(json.dumps(json.loads(text), indent=1))  # reformatted
     assert edge._sound_summary(folder, "g1") is None
+
+
+def edit_ingest_reads(root: Path, count: int, monkeypatch) -> dict[str, Counter[str]]:  # type: ignore[no-untyped-def]
+    """What `rag-pipeline ingest` (in-process) reads of each book to ingest a one-file edit of
+    book-00 among ``count`` books, in a process that has checked no summary yet: pointer
+    files read, fingerprints checked and book folders resolved, counted by book."""
+    from rag_pipeline.store.edge import catalog, files
+    from rag_pipeline_tests.helpers import InProcessCli
+
+    data = root / f"cli{count}" / "books"
+    for i in range(count):
+        (data / f"book-{i:02d}").mkdir(parents=True)
+        for f in range(2):
+            text = f"# Book {i} file {f}\n\n" + section("One", seed=f"c{i}f{f}")
+            (data / f"book-{i:02d}" / f"{f}.md").write_text(text)
+    cli = InProcessCli(data.parent, data)
+    cli("ingest")
+    edited = data / "book-00" / "1.md"
+    edited.write_text(edited.read_text() + "\n" + section("Edit", seed="edit"))
+    counts: dict[str, Counter[str]] = {"pointers": Counter(), "fingerprints": Counter()}
+    counts["resolved"] = Counter()
+    read_json, fingerprint, realpath = files._read_json, catalog._fingerprint, os.path.realpath
+
+    def reading(path: Path):  # type: ignore[no-untyped-def]
+        if path.name in ("current.json", "pending.json"):
+            counts["pointers"][path.parent.name] += 1
+        return read_json(path)
+
+    def fingerprinting(generation: Path):  # type: ignore[no-untyped-def]
+        counts["fingerprints"][generation.parent.name] += 1
+        return fingerprint(generation)
+
+    def resolving(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if Path(path).parent == data:
+            counts["resolved"][Path(path).name] += 1
+        return realpath(path, *args, **kwargs)
+
+    monkeypatch.setattr(files, "_read_json", reading)
+    monkeypatch.setattr(catalog, "_fingerprint", fingerprinting)
+    monkeypatch.setattr(os.path, "realpath", resolving)
+    catalog._checked.clear()  # as a new process: no summary checked yet
+    try:
+        report = cli.json("ingest")
+    finally:
+        monkeypatch.undo()
+    assert [b for b, r in report["books"].items() if r["status"] != "unchanged"] == ["book-00"]
+    return counts
+
+
+@pytest.mark.integration  # Dagster's compute logs start a process
+def test_a_one_file_edits_ingest_reads_each_other_book_once_whatever_the_collection(
+    tmp_path, monkeypatch
+):
+    """Issue 40: the plan of a book that did not change and the collection page refreshed
+    after the edit's run read its pointer once, check its summary's fingerprint once and
+    resolve its folder once (the plan's scan of its files), at 2 books as at 6: its cost is
+    a constant per book, the least a process that knows nothing yet can do."""
+    small = edit_ingest_reads(tmp_path, 2, monkeypatch)
+    large = edit_ingest_reads(tmp_path, 6, monkeypatch)
+    for counts, count in ((small, 2), (large, 6)):
+        others = [f"book-{i:02d}" for i in range(1, count)]
+        for what in ("pointers", "fingerprints", "resolved"):
+            assert {b: counts[what][b] for b in others} == dict.fromkeys(others, 1), what

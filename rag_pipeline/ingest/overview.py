@@ -130,8 +130,7 @@ def describe_collection(store: VectorStore, books_on_disk: Collection[str]) -> C
                 errors=int(summary["errors"]),
                 models=tuple(sorted(models)),
                 recipe=describe_recipes(
-                    generations.current_recipe(book_id) if generations else None,
-                    generations.pending_recipe(book_id) if generations else None,
+                    *(generations.recipes(book_id) if generations else (None, None)),
                     ", ".join(sorted(models)),
                 ),
                 last_run=summary.get("last_run") or None,

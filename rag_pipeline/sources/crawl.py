@@ -86,6 +86,7 @@ def discover_books(data_dir: Path | str) -> BookListing:
         ) from None
     root_real = os.path.realpath(root)
     found: dict[str, str] = {}  # book id -> real folder
+    links: set[str] = set()
     rejected: list[FileError] = []
     for entry in entries:
         if entry.name.startswith("."):
@@ -97,12 +98,13 @@ def discover_books(data_dir: Path | str) -> BookListing:
             continue
         if book_id is not None:
             found[book_id] = real
+            if entry.is_symlink():
+                links.add(book_id)
     # Two book folders that are the same folder, or one inside the other, would serve one
     # book's text under another's id: the links among them are refused. Only a link can
     # overlap another book (two plain folders under the data folder are siblings), so only
     # links are compared with the others: a scan costs the books, not their square.
     books: list[str] = []
-    links = {b for b in found if os.path.islink(root / b)}
     for book_id, real in found.items():
         other = (
             next(
@@ -141,8 +143,10 @@ def _book_folder(entry: os.DirEntry[str], root_real: str) -> tuple[str | None, s
         validate_book_id(entry.name)
     except InvalidBookIdError as exc:
         raise _Refused(str(exc)) from None
+    if not entry.is_symlink():  # a plain folder of the resolved data folder: no lookup
+        return entry.name, os.path.join(root_real, entry.name)
     real = os.path.realpath(entry.path)
-    if entry.is_symlink() and not _within(real, root_real):
+    if not _within(real, root_real):
         raise _Refused("book folder is a symlink that points outside the data directory; refused")
     return entry.name, real
 

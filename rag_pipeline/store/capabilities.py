@@ -76,6 +76,11 @@ class Generations(ABC):
     def pending_recipe(self, tenant: str) -> dict[str, str] | None:
         """The recipe tag of a generation being built beside the current one (None: none)."""
 
+    def recipes(self, tenant: str) -> tuple[dict[str, str] | None, dict[str, str] | None]:
+        """:meth:`current_recipe` and :meth:`pending_recipe` in one look (the collection
+        page asks both of every book)."""
+        return self.current_recipe(tenant), self.pending_recipe(tenant)
+
     @abstractmethod
     def switch(self, tenant: str, *, keep_old: bool = False) -> bool:
         """Make the tenant's pending generation the searched one, atomically; the old one is

@@ -241,6 +241,45 @@ def _read_summary(folder: Path, generation: str) -> dict[str, Any] | None:
     return data if now == {k: stamp.get(k) for k in now} else None
 
 
+def _seen(folder: str) -> _Seen | None:
+    """The key of the book's summary in :data:`_checked`: its folder and the inode, mtime and
+    size of its current.json and summary.json (None: either is missing). Both files are
+    replaced, never rewritten in place: a new inode at every change."""
+    try:
+        pointer_st = os.stat(f"{folder}{os.sep}{_CURRENT}")
+        summary_st = os.stat(f"{folder}{os.sep}{_SUMMARY}")
+    except OSError:
+        return None
+    return (
+        folder,
+        pointer_st.st_ino,
+        pointer_st.st_mtime_ns,
+        pointer_st.st_size,
+        summary_st.st_ino,
+        summary_st.st_mtime_ns,
+        summary_st.st_size,
+    )
+
+
+def _checked_recently(seen: _Seen) -> tuple[_Pointer, dict[str, Any]] | None:
+    """(pointer, summary data) of a summary this process checked under ``seen`` less than
+    :data:`_RECHECK_AFTER_S` ago (None: check it)."""
+    with _checked_lock:
+        checked = _checked.get(seen)
+    if checked is None or time.monotonic() >= checked[0]:
+        return None
+    return checked[1], checked[2]
+
+
+def checked_pointer(folder: str) -> _Pointer | None:
+    """The book's current pointer as a summary check of this process read it a moment ago,
+    while its current.json and summary.json are still those files (None: read the pointer):
+    the collection page asks every book's recipe right after the plan checked its summary."""
+    seen = _seen(folder)
+    checked = None if seen is None else _checked_recently(seen)
+    return None if checked is None else checked[0]
+
+
 class EdgeCatalog(BookCatalog):
     """The catalog of :class:`~rag_pipeline.store.edge.store.EdgeStore` (a mixin): each
     book's ``summary.json``, read while it vouches for the generation as its files are."""
@@ -267,24 +306,12 @@ class EdgeCatalog(BookCatalog):
         folder = f"{self.books_folder}{os.sep}{tenant}"  # (str: a plan asks per book, 4 times)
         if os.path.exists(f"{folder}{os.sep}{_DAMAGED}"):
             return None  # being rebuilt: whoever may read it reads the shard
-        try:  # both files are replaced, never rewritten in place: a new inode at every change
-            pointer_st = os.stat(f"{folder}{os.sep}{_CURRENT}")
-            summary_st = os.stat(f"{folder}{os.sep}{_SUMMARY}")
-        except OSError:
+        seen = _seen(folder)
+        if seen is None:
             return None
-        seen = (
-            folder,
-            pointer_st.st_ino,
-            pointer_st.st_mtime_ns,
-            pointer_st.st_size,
-            summary_st.st_ino,
-            summary_st.st_mtime_ns,
-            summary_st.st_size,
-        )
-        with _checked_lock:
-            checked = _checked.get(seen)
-        if checked is not None and time.monotonic() < checked[0]:
-            current, data = checked[1], checked[2]  # the same files, checked a moment ago
+        checked = _checked_recently(seen)
+        if checked is not None:
+            current, data = checked  # the same files, checked a moment ago
         else:
             try:
                 pointer = _read_pointer(Path(folder) / _CURRENT)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_pipeline.store.capabilities import Generations
+from rag_pipeline.store.edge.catalog import checked_pointer
 from rag_pipeline.store.edge.common import log
 from rag_pipeline.store.edge.files import (
     _CURRENT,
@@ -31,6 +32,12 @@ from rag_pipeline.store.edge.handle import Handle
 __all__ = ["EdgeGenerations"]
 
 
+def _recipe_of(pointer: _Pointer | None) -> dict[str, str] | None:
+    """The recipe tag a book's pointer records (None: no pointer, or none recorded)."""
+    recipe = None if pointer is None else pointer[1].get("recipe")
+    return dict(recipe) if isinstance(recipe, dict) else None
+
+
 class EdgeGenerations(Generations):
     """The generations of :class:`~rag_pipeline.store.edge.store.EdgeStore` (a mixin)."""
 
@@ -39,9 +46,7 @@ class EdgeGenerations(Generations):
     def current_recipe(self: Handle, tenant: str) -> dict[str, str] | None:
         if not _readable(tenant):
             return None
-        current = _read_pointer(self.books_folder / tenant / _CURRENT)
-        recipe = None if current is None else current[1].get("recipe")
-        return dict(recipe) if isinstance(recipe, dict) else None
+        return _recipe_of(_read_pointer(self.books_folder / tenant / _CURRENT))
 
     def searched_recipe(self: Handle, tenant: str) -> dict[str, str] | None:
         """The tag of the generation this handle routed ``tenant`` to (routing takes the
@@ -68,14 +73,19 @@ class EdgeGenerations(Generations):
             return True
 
     def pending_recipe(self: Handle, tenant: str) -> dict[str, str] | None:
+        return EdgeGenerations.recipes(self, tenant)[1]
+
+    def recipes(self: Handle, tenant: str) -> tuple[dict[str, str] | None, dict[str, str] | None]:
+        """Each pointer read once (a pending pointer naming the current generation, a switch
+        killed after its replace, is no pending build)."""
         if not _readable(tenant):
-            return None
+            return None, None
         folder = self.books_folder / tenant
-        pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
-        if pending is None or (current is not None and current[0] == pending[0]):
-            return None
-        recipe = pending[1].get("recipe")
-        return dict(recipe) if isinstance(recipe, dict) else None
+        pending = _read_pointer(folder / _PENDING)
+        current = checked_pointer(str(folder)) or _read_pointer(folder / _CURRENT)
+        if pending is not None and current is not None and current[0] == pending[0]:
+            pending = None
+        return _recipe_of(current), _recipe_of(pending)
 
     def _pointers(self: Handle, tenant: str) -> tuple[Path, _Pointer | None, _Pointer | None]:
         """The book's folder and its pending and current pointers, read under the book's
