@@ -165,6 +165,114 @@ def test_each_kind_of_change_is_found_through_serve_with_its_live_run(tmp_path):
     _equal_to_a_clean_build(cli, tmp_path)
 
 
+def _point_runs(cli: Cli) -> dict[str, set[str]]:
+    """run id -> the texts of the points that carry it, over the whole store."""
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.schema import COLLECTION_SCHEMA, RUN_ID, book_filter
+    from rag_pipeline.store import open_store
+
+    settings = load_settings(qdrant_path=cli.env["RAG_QDRANT_PATH"])
+    runs: dict[str, set[str]] = {}
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        for book in store.tenants():
+            for record in store.scroll(book_filter(book), fields=[RUN_ID, "text"]):
+                run_id = str(record.payload.get(RUN_ID))
+                runs.setdefault(run_id, set()).add(str(record.payload.get("text", "")))
+    return runs
+
+
+def _job_runs(cli: Cli) -> dict[str, Any]:
+    """run id -> run, for the runs the UI lists under the ingest job (the job's Runs view
+    and the Timeline: its name and the code location's repository tag)."""
+    import os
+
+    from dagster import DagsterInstance, RunsFilter
+
+    before = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = cli.env["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            listed = RunsFilter(
+                job_name="ingest_books", tags={".dagster/repository": "__repository__@rag_pipeline"}
+            )
+            return {r.run_id: r for r in instance.get_runs(listed)}
+    finally:
+        if before is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = before
+
+
+def _tick_books_sensor(cli: Cli) -> Any:
+    """One tick of the books sensor on the CLI's home and data folder; its result."""
+    import os
+
+    from dagster import DagsterInstance, build_sensor_context
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.defs.sensors import build_books_sensor
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+
+    os.environ["DAGSTER_HOME"] = cli.env["DAGSTER_HOME"]
+    try:
+        data, qdrant = cli.env["RAG_DATA_DIR"], cli.env["RAG_QDRANT_PATH"]
+        settings = load_settings(data_dir=data, qdrant_path=qdrant, embedder="hash")
+        with DagsterInstance.get() as instance:
+            sensor = build_books_sensor(interval_s=1, watch=False)
+            context = build_sensor_context(
+                instance=instance,
+                resources={"pipeline": IngestPipeline.from_settings(settings)},
+            )
+            return sensor(context)
+    finally:
+        os.environ.pop("DAGSTER_HOME", None)
+
+
+@pytest.mark.parametrize("point", ["written", "recording", "recorded"])
+def test_kill_9_between_a_live_runs_write_and_its_record_leaves_every_point_a_listed_run(
+    tmp_path, point
+):
+    """Live mode writes an edit's points (under its run's id) before the run's events: a
+    ``kill -9`` right after the write, while the steps record it, or at the run's success
+    event leaves points whose run the UI lists; the books sensor taking over marks that run
+    failed, the next start applies what was left, and the index equals a clean build."""
+    from dagster import DagsterRunStatus
+
+    from rag_pipeline_tests.crashpoint import MARKER
+
+    data = _books(tmp_path)
+    cli = Cli(tmp_path, data, fresh=True)
+    live = LiveProcess(cli, crash_at=point)
+    live.next_event("ready", timeout=180)
+    with open(data / BOOK / FILE, "a", encoding="utf-8") as fh:
+        fh.write(f"\n\nThe {MARKER} paragraph closes this lesson.\n")
+    assert live.proc.wait(timeout=120) == -signal.SIGKILL, "".join(live.stderr[-20:])
+    live.kill()
+    marked = {r for r, texts in _point_runs(cli).items() if any(MARKER in t for t in texts)}
+    assert len(marked) == 1, marked  # written, under one run's id, before the run ended
+    (killed,) = marked
+    assert _job_runs(cli)[killed].status in (
+        DagsterRunStatus.NOT_STARTED,  # recorded first: nothing of it executed yet
+        DagsterRunStatus.STARTED,
+    )
+
+    _tick_books_sensor(cli)  # the sensor, taking over, marks the run failed
+    assert _job_runs(cli)[killed].status == DagsterRunStatus.FAILURE
+
+    again = LiveProcess(cli)  # the next start applies the book again (nothing to do)
+    try:
+        again.next_event("ready", timeout=180)
+    finally:
+        assert again.stop() == 0, "".join(again.stderr[-20:])
+    listed = _job_runs(cli)
+    for run_id in _point_runs(cli):
+        assert run_id in listed, f"points carry run {run_id}, which the job's runs lack"
+        assert listed[run_id].is_finished, (run_id, listed[run_id].status)
+    assert listed[killed].status == DagsterRunStatus.FAILURE
+    _settled(cli)
+    _equal_to_a_clean_build(cli, tmp_path)
+
+
 def _edit_many(data: Path, rng: random.Random, files: list[Path]) -> None:
     for path in files:
         path.write_text(f"# {path.stem}\n\n" + " ".join(_word() for _ in range(rng.randint(5, 80))))
