@@ -144,6 +144,8 @@ class PreparedRun:
     outputs: dict[str, Any] = field(default_factory=dict)
     #: what the embed stage said (its run log line), said again by the run's step
     said: list[str] = field(default_factory=list)
+    #: the stages already handed to a step (a step asking again computes)
+    handed: set[str] = field(default_factory=set)
 
     @property
     def written(self) -> bool:
@@ -155,7 +157,7 @@ class PreparedRun:
         from (a step retried, or given other inputs, computes again)."""
         before = {"parse": ["assess"], "chunk": ["parse"], "embed": ["chunk"]}
         before["write"] = ["chunk", "embed"]
-        if stage not in self.outputs:
+        if stage not in self.outputs or stage in self.handed:
             return None
         for name, given in zip(before.get(stage, []), inputs, strict=True):
             kept = self.outputs.get(name)
@@ -163,7 +165,8 @@ class PreparedRun:
                 kept = {b: a.inventory for b, a in kept.items()}
             if kept is None or not _same(kept, given):
                 return None
-        return self.outputs.pop(stage)
+        self.handed.add(stage)
+        return self.outputs[stage]
 
 
 def _same(kept: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
