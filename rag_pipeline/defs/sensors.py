@@ -58,7 +58,6 @@ from dagster import (
 from rag_pipeline.config import DEFAULT_SENSOR_INTERVAL_S, BatchConfig
 from rag_pipeline.defs.jobs import ingest_books_job, purge_book_job, purge_run_config
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.defs.reaper import reap_dead_runs
 from rag_pipeline.defs.runs import (
     MAX_RETRIES_TAG,
     PARTITION_TAG,
@@ -309,11 +308,6 @@ def build_books_sensor(
             # being applied never match, so they run), the sensor's own purges kept
             previous = {**{b: v for b, v in previous.items() if v == PURGING}, **left.books}
             taken_over = left.generation
-            # a run it recorded and wrote the points of but did not finish (killed between
-            # the write and the record): failed now, so that the id its points carry is a
-            # finished run's (run monitoring only ends runs that started)
-            for run_id in reap_dead_runs(context.instance):
-                context.log.info(f"run {run_id} of the stopped live process marked failed")
         try:
             states, rejected = scan_books(source, previous, source.watcher() if watch else None)
         except SourceUnavailableError as exc:
