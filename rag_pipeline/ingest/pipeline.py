@@ -53,6 +53,7 @@ from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.resources.store import StoreOpener
 from rag_pipeline.sources.base import BookSource, ParseOptions
 from rag_pipeline.store.capabilities import generations_of
+from rag_pipeline.store.sharing import kept_open
 
 if TYPE_CHECKING:
     from rag_pipeline.config import Settings
@@ -384,20 +385,28 @@ class IngestPipeline:
         (a chunk or vector problem) and at the first error: the run's step does that stage
         itself and reports it as ever."""
         prepared = PreparedRun(run_id, list(book_ids), force)
-        out = prepared.outputs
+        # a book's shard loaded once for every stage, as within a run (let go at once when
+        # another process, a search, waits for it; closed when the block ends)
+        with kept_open():
+            self._prepare(prepared)
+        return prepared
+
+    def _prepare(self, prepared: PreparedRun) -> None:
+        """The stages of :meth:`prepare`, each output kept as it comes."""
+        out, book_ids, run_id = prepared.outputs, prepared.book_ids, prepared.run_id
+        force = prepared.force
         try:
             out["assess"] = assessed = self.assess(book_ids, force=force)
             out["parse"] = parsed = self.parse({b: a.inventory for b, a in assessed.items()})
             out["chunk"] = chunked = self.chunk(parsed)
             if any(book.problems for book in chunked.values()):
-                return prepared  # chunks_valid blocks the embedding and the write
+                return  # chunks_valid blocks the embedding and the write
             out["embed"] = embedded = self.embed(chunked, say=prepared.said.append)
             if any(book.problems for book in embedded.values()):
-                return prepared  # vector_dimension blocks the write
+                return  # vector_dimension blocks the write
             out["write"] = self.write(chunked, embedded, run_id=run_id)
         except Exception:  # the run's step meets it again and records it
             log.debug("stages of run %s left to the run", run_id, exc_info=True)
-        return prepared
 
     @contextlib.contextmanager
     def replaying(self, prepared: PreparedRun) -> Iterator[None]:
