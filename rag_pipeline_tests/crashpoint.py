@@ -26,7 +26,9 @@ POINTS = (
     "delete",  # deleting the points the new ones replace
     "event",  # while Dagster writes the run's events
     "purge",  # deleting a removed book's points
-    # live mode (``watch``), in the run of a chunk holding MARKER, after its points' write:
+)
+#: live mode's (``watch``), in the run of a chunk holding MARKER, after its points' write
+LIVE_POINTS = (
     "written",  # the points written under the run's id, the run recorded but not started
     "recording",  # the run's steps recording what was done (its write step)
     "recorded",  # every step recorded, the run's success event being written
@@ -94,10 +96,10 @@ def install(point: str) -> None:
             return calls["n"] == 25
 
         kill_in(DagsterInstance, "handle_new_event", nth)
-    elif point in ("written", "recording", "recorded"):
+    elif point in LIVE_POINTS:
         _install_live(point)
     else:
-        raise SystemExit(f"unknown point {point!r}; known: {', '.join(POINTS)}")
+        raise SystemExit(f"unknown point {point!r}; known: {', '.join(POINTS + LIVE_POINTS)}")
 
 
 def _install_live(point: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.crashpoint import LIVE_POINTS
 from rag_pipeline_tests.differential import clean_point_sets, diverging, point_sets
 from rag_pipeline_tests.helpers import Cli, LiveProcess, Server
 
@@ -203,7 +204,7 @@ def _job_runs(cli: Cli) -> dict[str, Any]:
             os.environ["DAGSTER_HOME"] = before
 
 
-@pytest.mark.parametrize("point", ["written", "recording", "recorded"])
+@pytest.mark.parametrize("point", LIVE_POINTS)
 def test_kill_9_between_a_live_runs_write_and_its_record_leaves_every_point_a_listed_run(
     tmp_path, point
 ):
