@@ -22,8 +22,11 @@ Once the first ingest is searchable and no run is in flight:
    that word (sparse, every 0.05 s) until a hit's text holds it. Each edit's seconds are split
    by the ingest run's own events: to the run's creation (the sensor's tick, or live mode's
    debounce and look), queued (to ``RunStartingEvent``: the daemon's dequeue pass), launch
-   (to ``RunStartEvent``: run worker start, code and model load), the run, and what is left
-   (serve; negative when the point was found before the run's last events).
+   (to ``RunStartEvent``: run worker start, code and model load; in live mode the run's
+   stages and its points' write, done before its events), the run, and what is left
+   (serve; negative when the point was found before the run's last events); beside them,
+   seconds from the run's creation to the hit, and by how much the hit came before the
+   run's start event (live mode writes the points first).
 
 Prints one JSON object (also written to bench/results/freshness.json) and a table.
 """
@@ -332,6 +335,12 @@ def phases(setup: Setup, edited_at: float, found_at: float) -> dict[str, Any]:
             before = at
     written = events.get("points_written")
     out["found_after_points_written"] = round(found_at - written, 2) if written else None
+    # live mode does a run's stages and writes its points between the run's creation and
+    # its start event ("launch"): an edit is found before its run's own events
+    created = record.create_timestamp.timestamp()
+    out["found_after_run_created"] = round(found_at - created, 2)
+    start = events.get("PIPELINE_START")
+    out["found_before_run_start"] = round(start - found_at, 2) if start else None
     return out
 
 

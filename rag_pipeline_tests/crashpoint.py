@@ -27,6 +27,14 @@ POINTS = (
     "event",  # while Dagster writes the run's events
     "purge",  # deleting a removed book's points
 )
+#: live mode's (``watch``), in the run of a chunk holding MARKER, after its points' write
+LIVE_POINTS = (
+    "written",  # the points written under the run's id, the run recorded but not started
+    "recording",  # the run's steps recording what was done (its write step)
+    "recorded",  # every step recorded, the run's success event being written
+)
+#: the word that makes a live run die at a live point (the first catch-up runs on)
+MARKER = "crashmarkerword"
 
 
 def die() -> None:
@@ -88,8 +96,47 @@ def install(point: str) -> None:
             return calls["n"] == 25
 
         kill_in(DagsterInstance, "handle_new_event", nth)
+    elif point in LIVE_POINTS:
+        _install_live(point)
     else:
-        raise SystemExit(f"unknown point {point!r}; known: {', '.join(POINTS)}")
+        raise SystemExit(f"unknown point {point!r}; known: {', '.join(POINTS + LIVE_POINTS)}")
+
+
+def _install_live(point: str) -> None:
+    """The points of a live run done work first (its points written before its events)."""
+    import contextlib
+
+    from dagster import DagsterEventType, DagsterInstance
+
+    from rag_pipeline.ingest.pipeline import IngestPipeline, PreparedRun
+
+    marked = {"run": False}
+
+    def has_marker(prepared: PreparedRun) -> bool:
+        chunked = prepared.outputs.get("chunk") or {}
+        return any(MARKER in c.text for book in chunked.values() for c in book.chunks)
+
+    real_replaying = IngestPipeline.replaying
+
+    @contextlib.contextmanager
+    def replaying(self: IngestPipeline, prepared: PreparedRun) -> Any:
+        if prepared.written and has_marker(prepared):
+            if point == "written":
+                die()
+            marked["run"] = True
+        with real_replaying(self, prepared):
+            yield
+
+    IngestPipeline.replaying = replaying  # type: ignore[method-assign]
+    if point == "recording":
+        kill_in(IngestPipeline, "write", lambda *a, **k: marked["run"])
+    else:
+
+        def success(self: DagsterInstance, event: Any, **kwargs: Any) -> bool:
+            kind = event.dagster_event.event_type if event.dagster_event else None
+            return bool(marked["run"] and kind == DagsterEventType.RUN_SUCCESS)
+
+        kill_in(DagsterInstance, "handle_new_event", success)
 
 
 if __name__ == "__main__":

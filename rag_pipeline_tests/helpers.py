@@ -263,12 +263,17 @@ class LiveProcess:
     starts it): its JSON events as they come, its stderr kept."""
 
     def __init__(
-        self, cli: Cli, signal_in_run: str | None = None, phases: Path | None = None
+        self,
+        cli: Cli,
+        signal_in_run: str | None = None,
+        phases: Path | None = None,
+        crash_at: str | None = None,
     ) -> None:
         """``signal_in_run`` (e.g. "SIGTERM"): the process sends itself that signal from
         inside the run that embeds :data:`~rag_pipeline_tests.signalpoint.MARKER`.
         ``phases``: the folder through which a test holds it at a phase of a live run
-        (:mod:`rag_pipeline_tests.phasepoint`)."""
+        (:mod:`rag_pipeline_tests.phasepoint`). ``crash_at``: a live point of
+        :mod:`rag_pipeline_tests.crashpoint` where the run of its marker kills it."""
         import queue
 
         self.cli = cli
@@ -281,6 +286,9 @@ class LiveProcess:
             env = {**env, "PYTHONPATH": str(REPO)}  # the signal point's module
         elif phases is not None:
             entry = ["rag_pipeline_tests.phasepoint", str(phases)]
+            env = {**env, "PYTHONPATH": str(REPO)}
+        elif crash_at is not None:
+            entry = ["rag_pipeline_tests.crashpoint", crash_at]
             env = {**env, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *entry, "watch", "--json"],

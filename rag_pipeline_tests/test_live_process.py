@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.crashpoint import LIVE_POINTS
 from rag_pipeline_tests.differential import clean_point_sets, diverging, point_sets
 from rag_pipeline_tests.helpers import Cli, LiveProcess, Server
 
@@ -161,6 +162,87 @@ def test_each_kind_of_change_is_found_through_serve_with_its_live_run(tmp_path):
             server.stop()
         assert live.stop() == 0, "".join(live.stderr[-20:])
     assert not live.applied_books("failed")
+    _settled(cli)
+    _equal_to_a_clean_build(cli, tmp_path)
+
+
+def _point_runs(cli: Cli) -> dict[str, set[str]]:
+    """run id -> the texts of the points that carry it, over the whole store."""
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.schema import COLLECTION_SCHEMA, RUN_ID, book_filter
+    from rag_pipeline.store import open_store
+
+    settings = load_settings(qdrant_path=cli.env["RAG_QDRANT_PATH"])
+    runs: dict[str, set[str]] = {}
+    with open_store(settings.store(), COLLECTION_SCHEMA) as store:
+        for book in store.tenants():
+            for record in store.scroll(book_filter(book), fields=[RUN_ID, "text"]):
+                run_id = str(record.payload.get(RUN_ID))
+                runs.setdefault(run_id, set()).add(str(record.payload.get("text", "")))
+    return runs
+
+
+def _job_runs(cli: Cli) -> dict[str, Any]:
+    """run id -> run, for the runs the UI lists under the ingest job (the job's Runs view
+    and the Timeline: its name and the code location's repository tag)."""
+    import os
+
+    from dagster import DagsterInstance, RunsFilter
+
+    before = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = cli.env["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            listed = RunsFilter(
+                job_name="ingest_books", tags={".dagster/repository": "__repository__@rag_pipeline"}
+            )
+            return {r.run_id: r for r in instance.get_runs(listed)}
+    finally:
+        if before is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = before
+
+
+@pytest.mark.parametrize("point", LIVE_POINTS)
+def test_kill_9_between_a_live_runs_write_and_its_record_leaves_every_point_a_listed_run(
+    tmp_path, point
+):
+    """Live mode writes an edit's points (under its run's id) before the run's events: a
+    ``kill -9`` right after the write, while the steps record it, or at the run's success
+    event leaves points whose run the UI lists; the next start marks that run failed (under
+    ``make ui`` run monitoring does too), applies what was left, and the index equals a clean
+    build."""
+    from dagster import DagsterRunStatus
+
+    from rag_pipeline_tests.crashpoint import MARKER
+
+    data = _books(tmp_path)
+    cli = Cli(tmp_path, data, fresh=True)
+    live = LiveProcess(cli, crash_at=point)
+    live.next_event("ready", timeout=180)
+    with open(data / BOOK / FILE, "a", encoding="utf-8") as fh:
+        fh.write(f"\n\nThe {MARKER} paragraph closes this lesson.\n")
+    assert live.proc.wait(timeout=120) == -signal.SIGKILL, "".join(live.stderr[-20:])
+    live.kill()
+    marked = {r for r, texts in _point_runs(cli).items() if any(MARKER in t for t in texts)}
+    assert len(marked) == 1, marked  # written, under one run's id, before the run ended
+    (killed,) = marked
+    assert _job_runs(cli)[killed].status in (
+        DagsterRunStatus.NOT_STARTED,  # recorded first: nothing of it executed yet
+        DagsterRunStatus.STARTED,
+    )
+
+    again = LiveProcess(cli)  # the next start reaps the run and applies the book again
+    try:
+        again.next_event("ready", timeout=180)
+    finally:
+        assert again.stop() == 0, "".join(again.stderr[-20:])
+    listed = _job_runs(cli)
+    for run_id in _point_runs(cli):
+        assert run_id in listed, f"points carry run {run_id}, which the job's runs lack"
+        assert listed[run_id].is_finished, (run_id, listed[run_id].status)
+    assert listed[killed].status == DagsterRunStatus.FAILURE
     _settled(cli)
     _equal_to_a_clean_build(cli, tmp_path)
 

@@ -591,3 +591,55 @@ def test_the_plans_preview_is_the_pipelines_parse_and_chunk(env, monkeypatch):
         run.embedded.embedded,
         run.embedded.reused,
     )
+
+
+def test_prepared_stages_write_first_and_are_handed_once_to_the_runs_steps(env, store, monkeypatch):
+    """Live mode's work first: ``prepare`` writes the book's points under the run's id; the
+    run's steps, asking with the very outputs it computed, are handed each stage once
+    (nothing parsed, embedded or written twice); a step asking again (a retry) computes."""
+    from rag_pipeline.ingest import pipeline as pipeline_module
+
+    pipeline = env.pipeline
+    prepared = pipeline.prepare([BOOK], run_id="run-first")
+    assert prepared.written
+    points = env.assert_exact()
+    assert {p["run_id"] for p in points.values()} == {"run-first"}
+
+    def never(*args, **kwargs):
+        raise AssertionError("a stage done ahead was done again")
+
+    done = {stage: dict(out) for stage, out in prepared.outputs.items()}
+    monkeypatch.setattr(pipeline_module, "parse_book", never)
+    monkeypatch.setattr(pipeline_module, "write_and_check", never)
+    with pipeline.replaying(prepared):  # the steps of the Dagster run, in order
+        assessed = pipeline.assess([BOOK])
+        parsed = pipeline.parse({b: a.inventory for b, a in assessed.items()})
+        chunked = pipeline.chunk(parsed)
+        said: list[str] = []
+        embedded = pipeline.embed(chunked, say=said.append)
+        written = pipeline.write(chunked, embedded, run_id="run-first")
+        assert said and "chunks" in said[0]  # the embed step's log line, said again
+        assert embedded[BOOK] is done["embed"][BOOK]
+        assert written[BOOK] is done["write"][BOOK]
+        with pytest.raises(AssertionError, match="done again"):  # a retried step computes
+            pipeline.parse({b: a.inventory for b, a in assessed.items()})
+    assert pipeline._replay is None
+
+
+def test_a_chunk_problem_stops_the_work_first_before_the_embedding(env, monkeypatch):
+    """What a blocking check of the run would stop is left to the run's step."""
+    import dataclasses
+
+    from rag_pipeline.ingest import stages
+
+    real = stages.chunk_book
+
+    def flawed(*args, **kwargs):
+        book = real(*args, **kwargs)
+        return dataclasses.replace(book, problems=("a duplicated chunk",))
+
+    monkeypatch.setattr("rag_pipeline.ingest.pipeline.chunk_book", flawed)
+    prepared = env.pipeline.prepare([BOOK], run_id="run-x")
+    assert set(prepared.outputs) == {"assess", "parse", "chunk"}
+    assert not prepared.written
+    assert env.chunk_points() == {}

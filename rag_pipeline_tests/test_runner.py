@@ -30,11 +30,12 @@ def plan_of(settings, book_ids=None, force=False, pipeline=None):
         return pipeline.plan(store, book_ids, force=force)
 
 
-def ingest_books(settings, instance, book_ids=None, force=False, batching=None):
-    """What `rag-pipeline ingest` does: plan, then execute the plan through Dagster."""
+def ingest_books(settings, instance, book_ids=None, force=False, batching=None, work_first=False):
+    """What `rag-pipeline ingest` does: plan, then execute the plan through Dagster (with
+    ``work_first``: as live mode does, the points written before the runs' events)."""
     pipeline = pipeline_of(settings)
     plan = plan_of(settings, book_ids, force, pipeline)
-    return execute_plan(plan, pipeline, instance, batching=batching)
+    return execute_plan(plan, pipeline, instance, batching=batching, work_first=work_first)
 
 
 @pytest.fixture
@@ -350,18 +351,20 @@ def add_books(write_book, names):
         write_book(name, {f"{name}.md": f"# {name.title()}\n\n" + section("Body", seed=name)})
 
 
+@pytest.mark.parametrize("work_first", [False, True], ids=["cli", "live"])
 def test_many_changed_books_go_through_fewer_runs_than_books_each_point_naming_its_run(
-    settings, instance, write_book
+    settings, instance, write_book, work_first
 ):
     """Books that change together share runs (a range of partitions each, at most
     RAG_BATCH_BOOKS books); every point still names the run that wrote it, and that run
-    recorded the book's own materialization."""
+    recorded the book's own materialization (live mode's work first included)."""
     from rag_pipeline.config import BatchConfig
     from rag_pipeline.defs.assets import qdrant_points
     from rag_pipeline.schema import RUN_ID
 
     add_books(write_book, ["gamma", "delta", "epsilon", "zeta"])  # 6 books with alpha, beta
-    report = ingest_books(settings, instance, batching=BatchConfig(max_books=4))
+    batching = BatchConfig(max_books=4)
+    report = ingest_books(settings, instance, batching=batching, work_first=work_first)
     assert {r.status for r in report.books.values()} == {"ingested"}
     runs = ingest_runs(instance)
     assert len(runs) == 2 < len(report.books)
@@ -376,7 +379,7 @@ def test_many_changed_books_go_through_fewer_runs_than_books_each_point_naming_i
             assert latest and latest[0].run_id == result.run_id
     # a later edit of one book runs it alone, with its own tags
     write_book("delta", {"delta.md": "# Delta\n\n" + section("Changed", seed="d2")})
-    again = ingest_books(settings, instance, batching=BatchConfig(max_books=4))
+    again = ingest_books(settings, instance, batching=batching, work_first=work_first)
     assert [b for b, r in again.books.items() if r.status == "ingested"] == ["delta"]
     latest_run = instance.get_run_by_id(again.books["delta"].run_id)
     assert (
@@ -384,8 +387,9 @@ def test_many_changed_books_go_through_fewer_runs_than_books_each_point_naming_i
     )
 
 
+@pytest.mark.parametrize("work_first", [False, True], ids=["cli", "live"])
 def test_a_batch_that_fails_for_one_book_is_run_again_book_by_book(
-    settings, instance, write_book, monkeypatch
+    settings, instance, write_book, monkeypatch, work_first
 ):
     """A step fails for a whole batch; its books are then run alone, so one broken book
     fails alone and the others are ingested."""
@@ -402,9 +406,8 @@ def test_a_batch_that_fails_for_one_book_is_run_again_book_by_book(
     monkeypatch.setattr(pipeline_module, "chunk_book", broken_for_beta)
     notes = []
     pipeline = pipeline_of(settings)
-    report = execute_plan(
-        plan_of(settings, pipeline=pipeline), pipeline, instance, notify=notes.append
-    )
+    plan = plan_of(settings, pipeline=pipeline)
+    report = execute_plan(plan, pipeline, instance, notify=notes.append, work_first=work_first)
     assert {b: r.status for b, r in report.books.items()} == {
         "alpha": "ingested",
         "beta": "failed",

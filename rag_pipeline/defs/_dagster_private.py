@@ -7,9 +7,16 @@ release); a Dagster upgrade that moves one breaks this module alone. A test fail
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from dagster import AssetExecutionContext, DagsterInstance, ExecuteInProcessResult, JobDefinition
+from dagster import (
+    AssetExecutionContext,
+    DagsterInstance,
+    DagsterRun,
+    ExecuteInProcessResult,
+    JobDefinition,
+)
 
 # the materialization a check evaluated: AssetCheckEvaluation takes it (a run of several
 # partitions records each book's check as an evaluation of its own partition)
@@ -30,7 +37,7 @@ from dagster._core.definitions.repository_definition.valid_definitions import (
 # the latest check result of one partition: get_asset_check_execution_history filters by it
 from dagster._core.event_api import PartitionKeyFilter
 
-# with InMemoryJob: the calls execute_in_process makes, which execute_location_run repeats
+# with InMemoryJob: the calls execute_in_process makes, which execute_created_run repeats
 from dagster._core.execution.api import (
     ExecuteRunWithPlanIterable,
     create_execution_plan,
@@ -41,6 +48,9 @@ from dagster._core.execution.context_creation_job import (
     orchestration_context_event_generator,
 )
 from dagster._core.execution.execute_in_process import merge_run_tags
+
+# the plan a created run executes (create_execution_plan's result; only typed here)
+from dagster._core.execution.plan.plan import ExecutionPlan
 
 # validates dagster.yaml without opening its storages: DagsterInstance.get() would create them
 from dagster._core.instance.config import dagster_instance_config
@@ -87,7 +97,19 @@ def location_job_origin(location: str, module: str, attribute: str, job: str) ->
     return RemoteJobOrigin(RemoteRepositoryOrigin(code_location, SINGLETON_REPOSITORY_NAME), job)
 
 
-def execute_location_run(
+@dataclass(frozen=True)
+class LocationRun:
+    """A run recorded (NOT_STARTED) as a run of the code location's job, to be executed in
+    this process by :func:`execute_created_run`."""
+
+    job_def: JobDefinition
+    job: InMemoryJob
+    plan: ExecutionPlan
+    run: DagsterRun
+    run_config: Mapping[str, Any]
+
+
+def create_location_run(
     job_def: JobDefinition,
     origin: RemoteJobOrigin,
     *,
@@ -96,12 +118,10 @@ def execute_location_run(
     run_config: Mapping[str, Any],
     tags: Mapping[str, str],
     partition_key: str | None = None,
-) -> ExecuteInProcessResult:
-    """What ``job_def.execute_in_process(...)`` does, for a run recorded as a run of the code
-    location's job: with ``origin``, and the job's own snapshot (the one the code location
-    serves; execute_in_process records that of a copy with its executor and IO manager
-    swapped). ``job_def`` must run in process (its executor and IO manager keep everything
-    in this process) and bind every resource. Failures are reported, not raised."""
+) -> LocationRun:
+    """Record a run of ``job_def`` as a run of the code location's job: with ``origin``, and
+    the job's own snapshot (the one the code location serves; execute_in_process records that
+    of a copy with its executor and IO manager swapped). Nothing executes yet."""
     job = InMemoryJob(job_def)
     plan = create_execution_plan(
         job,
@@ -116,18 +136,25 @@ def execute_location_run(
         tags=merge_run_tags(job_def, partition_key, tags, None, instance, run_config),
         remote_job_origin=origin,
     )
+    return LocationRun(job_def, job, plan, run, run_config)
+
+
+def execute_created_run(created: LocationRun, instance: DagsterInstance) -> ExecuteInProcessResult:
+    """What ``job_def.execute_in_process(...)`` does, for a run :func:`create_location_run`
+    recorded. The job must run in process (its executor and IO manager keep everything in
+    this process) and bind every resource. Failures are reported, not raised."""
     output_capture: dict[Any, Any] = {}
     events = list(
         ExecuteRunWithPlanIterable(
-            execution_plan=plan,
+            execution_plan=created.plan,
             iterator=job_execution_iterator,
             execution_context_manager=PlanOrchestrationContextManager(
                 context_event_generator=orchestration_context_event_generator,
-                job=job,
-                execution_plan=plan,
-                dagster_run=run,
+                job=created.job,
+                execution_plan=created.plan,
+                dagster_run=created.run,
                 instance=instance,
-                run_config=run_config,
+                run_config=created.run_config,
                 executor_defs=None,
                 output_capture=output_capture,
                 raise_on_error=False,
@@ -136,9 +163,9 @@ def execute_location_run(
     )
     return ExecuteInProcessResult(
         event_list=events,
-        dagster_run=instance.get_run_by_id(run_id) or run,
+        dagster_run=instance.get_run_by_id(created.run.run_id) or created.run,
         output_capture=output_capture,
-        job_def=job_def,
+        job_def=created.job_def,
     )
 
 
@@ -147,11 +174,13 @@ __all__ = [
     "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "CheckRunHealthResult",
+    "LocationRun",
     "PartitionKeyFilter",
     "RemoteJobOrigin",
     "WorkerStatus",
     "add_partition_metadata",
+    "create_location_run",
     "dagster_instance_config",
-    "execute_location_run",
+    "execute_created_run",
     "location_job_origin",
 ]

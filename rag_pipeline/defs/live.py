@@ -4,7 +4,9 @@ in ``DAGSTER_HOME``: the UI lists them beside the sensor's, with their metadata,
 the run id on every point they write. What makes it fast is what the process keeps from one
 change to the next: Dagster imported and its definitions built, the model loaded, the
 instance open. A change is planned (:meth:`IngestPipeline.plan`) and executed
-(:func:`~rag_pipeline.defs.runner.execute_plan`) exactly as ``rag-pipeline ingest`` does.
+(:func:`~rag_pipeline.defs.runner.execute_plan`) as ``rag-pipeline ingest`` does, with one
+difference: each run is recorded, then its points written under its id, then its events
+(``work_first``): an edit is searchable as soon as it is embedded.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class LiveRuns:
                 notify=self.notify,
                 batching=self.batching,
                 stopping=self.stop.is_set,
+                work_first=True,
             )
         except Exception as exc:  # a store busy past its wait, a damaged instance: retried
             log.debug("live mode could not apply %s", books, exc_info=True)

@@ -33,7 +33,12 @@ from typing import Any, NamedTuple
 from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
 from rag_pipeline.config import BatchConfig
-from rag_pipeline.defs._dagster_private import execute_location_run, location_job_origin
+from rag_pipeline.defs._dagster_private import (
+    LocationRun,
+    create_location_run,
+    execute_created_run,
+    location_job_origin,
+)
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
 from rag_pipeline.defs.instance import DagsterHomeFullError, home_full, open_home_instance
@@ -102,6 +107,7 @@ def execute_plan(
     notify: Callable[[str], None] | None = None,
     batching: BatchConfig | None = None,
     stopping: Callable[[], bool] = lambda: False,
+    work_first: bool = False,
 ) -> IngestReport:
     """Run and purge the books the plan says (and purge a book removed while its run read
     it); unchanged and missing books are reported as planned. Books to run go through runs of
@@ -110,7 +116,9 @@ def execute_plan(
     book by book. Once ``stopping()`` says so (asked before each run), no further run starts:
     the books left are ``deferred``. Returns the ingest report. Without ``instance``, the one
     in ``DAGSTER_HOME``. ``trigger`` and ``launcher``: the runs' trigger tag and who launched
-    them (:func:`~rag_pipeline.defs.runs.launcher_tags`)."""
+    them (:func:`~rag_pipeline.defs.runs.launcher_tags`). ``work_first`` (live mode): each
+    ingest run is recorded, then its stages done and its points written under its id, then
+    its steps executed on what was done (:func:`_run_books`)."""
     batching = batching or BatchConfig()
     if instance is None:
         try:
@@ -125,6 +133,7 @@ def execute_plan(
                     notify=notify,
                     batching=batching,
                     stopping=stopping,
+                    work_first=work_first,
                 )
         except DagsterHomeFullError as exc:  # before any run: every book that needed one failed
             (notify or log.warning)(str(exc))
@@ -136,7 +145,7 @@ def execute_plan(
     vanished: list[str] = []
     full: DagsterHomeFullError | None = None
     try:
-        how = _How(trigger, launcher, say, batching, stopping)
+        how = _How(trigger, launcher, say, batching, stopping, work_first)
         _run_plan(plan, pipeline, instance, results, vanished, report, how)
     except Exception as exc:
         # a full DAGSTER_HOME: Dagster can record nothing more. Named, and the report says
@@ -181,6 +190,7 @@ class _How(NamedTuple):
     say: Callable[[str], None]
     batching: BatchConfig
     stopping: Callable[[], bool]
+    work_first: bool = False
 
 
 def _run_plan(
@@ -195,7 +205,7 @@ def _run_plan(
     """The runs and purges of :func:`execute_plan`: each book's result in ``results`` as it
     comes (what an error part way leaves is what was done), the books purged because they
     went away while their run read them in ``vanished``."""
-    trigger, launcher, say, batching, stopping = how
+    trigger, launcher, say, batching, stopping, work_first = how
     ingest_job, purge_job = _jobs(pipeline)
 
     for run_id in reap_dead_runs(instance, log=say):
@@ -225,9 +235,9 @@ def _run_plan(
         migration = {MIGRATION_TAG: one_label(migrations)} if migrations else {}
         changed = [f"{b}/{f}" for b in books for f in plan.books[b].changes.changed]
         launched = launcher_tags(launcher, changed)
-        return _run_books(
-            ingest_job, instance, books, plan.force, {**tags, **launched, **migration}, watched
-        )
+        first = pipeline if work_first else None
+        run_tags = {**tags, **launched, **migration}
+        return _run_books(ingest_job, instance, books, plan.force, run_tags, watched, first)
 
     for batch in batch_books(to_run, order, batching, files):
         if stopping():
@@ -316,20 +326,36 @@ def _run_books(
     force: bool,
     tags: dict[str, str],
     watched: Callable[[str], PoolWatch],
+    work_first: IngestPipeline | None = None,
 ) -> _Ran:
-    """One run of ``books`` (one partition, or a range of adjacent ones)."""
+    """One run of ``books`` (one partition, or a range of adjacent ones).
+
+    With ``work_first`` (live mode's pipeline, the one the job is bound to) the run is
+    recorded first (NOT_STARTED, this process's tags on it), then its stages are done and its
+    points written under its id (searchable at once), then the run executes, its steps handed
+    what was done: the same events, materializations and checks, off the critical path. A
+    process killed between the write and the run's end leaves a run recorded with the id its
+    points carry, which the next ``watch`` or ``ingest`` marks failed (:func:`reap_dead_runs`);
+    the book, left ``applying``, is applied again (its points are the files': nothing runs)."""
     run_id = str(uuid.uuid4())
     one = len(books) == 1
     run_tags = {**tags, **(one_book_tags(books[0]) if one else batch_tags(books))}
-    with watched(run_id), _planned_per_run(not one), _failed_if_left(instance, run_id):
-        outcome = _execute(
-            job,
-            instance,
-            run_id,
-            ingest_run_config(force=force),
-            run_tags,
-            partition_key=books[0] if one else None,
-        )
+    with watched(run_id), _failed_if_left(instance, run_id):
+        with _planned_per_run(not one):
+            created = _create(
+                job,
+                instance,
+                run_id,
+                ingest_run_config(force=force),
+                run_tags,
+                partition_key=books[0] if one else None,
+            )
+        if work_first is None:
+            outcome = execute_created_run(created, instance)
+        else:
+            prepared = work_first.prepare(books, run_id=run_id, force=force)
+            with work_first.replaying(prepared):
+                outcome = execute_created_run(created, instance)
     if not outcome.success:
         failure = _failure(outcome)
         failed = {b: _failed(b, outcome.run_id, failure.message) for b in books}
@@ -378,21 +404,22 @@ def _failed_if_left(instance: DagsterInstance, run_id: str) -> Iterator[None]:
         raise
 
 
-def _execute(
+def _create(
     job: JobDefinition,
     instance: DagsterInstance,
     run_id: str,
     run_config: dict[str, Any],
     tags: dict[str, str],
     partition_key: str | None = None,
-) -> ExecuteInProcessResult:
-    """Execute one run of ``job`` in this process, on the home instance, under the run id it
-    recorded, its failure reported (not raised). The run is recorded as a run of the code
-    location's job, as the sensor's are: the UI lists it under the job and in the Timeline,
-    and can re-execute it (the job built here is the one the code location serves: the same
-    snapshot)."""
+) -> LocationRun:
+    """Record one run of ``job`` under ``run_id``, to execute in this process on the home
+    instance (:func:`execute_created_run`: its failure reported, not raised). The run is
+    recorded as a run of the code location's job, as the sensor's are: the UI lists it under
+    the job and in the Timeline, and can re-execute it (the job built here is the one the
+    code location serves: the same snapshot). Dagster's public APIs cannot record that
+    origin (README: Dagster)."""
     origin = location_job_origin(LOCATION_NAME, LOCATION_MODULE, LOCATION_ATTRIBUTE, job.name)
-    return execute_location_run(
+    return create_location_run(
         job,
         origin,
         instance=instance,
@@ -401,6 +428,17 @@ def _execute(
         tags=tags,
         partition_key=partition_key,
     )
+
+
+def _execute(
+    job: JobDefinition,
+    instance: DagsterInstance,
+    run_id: str,
+    run_config: dict[str, Any],
+    tags: dict[str, str],
+) -> ExecuteInProcessResult:
+    """Record one run of ``job`` (:func:`_create`) and execute it."""
+    return execute_created_run(_create(job, instance, run_id, run_config, tags), instance)
 
 
 def _purge_book(

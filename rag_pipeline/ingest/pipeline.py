@@ -18,9 +18,11 @@ embeds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,13 +54,23 @@ from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.resources.store import StoreOpener
 from rag_pipeline.sources.base import BookSource, ParseOptions
 from rag_pipeline.store.capabilities import generations_of
+from rag_pipeline.store.sharing import kept_open
 
 if TYPE_CHECKING:
     from rag_pipeline.config import Settings
     from rag_pipeline.ingest.plan import IngestPlan
     from rag_pipeline.store import VectorStore
 
-__all__ = ["AssessedBook", "BookRun", "IngestPipeline", "WrittenBook", "held_back"]
+__all__ = [
+    "AssessedBook",
+    "BookRun",
+    "IngestPipeline",
+    "PreparedRun",
+    "WrittenBook",
+    "held_back",
+]
+
+log = logging.getLogger(__name__)
 
 #: where a stage says what it does (a run's log): called with one line of text
 Say = Callable[[str], None]
@@ -121,6 +133,48 @@ class BookRun:
         return self.outcome.written
 
 
+@dataclass
+class PreparedRun:
+    """The stages of a run done ahead of its Dagster run (live mode: an edit's points are
+    written, under the run's id, before the run's events), each output handed once to the
+    run's step that asks for it with the same inputs (:meth:`IngestPipeline.replaying`).
+    ``outputs``: stage name -> its output, for the stages done."""
+
+    run_id: str
+    book_ids: list[str]
+    force: bool
+    outputs: dict[str, Any] = field(default_factory=dict)
+    #: what the embed stage said (its run log line), said again by the run's step
+    said: list[str] = field(default_factory=list)
+    #: the stages already handed to a step (a step asking again computes)
+    handed: set[str] = field(default_factory=set)
+
+    @property
+    def written(self) -> bool:
+        """Whether the points were written (every stage done)."""
+        return "write" in self.outputs
+
+    def take(self, stage: str, inputs: Sequence[Mapping[str, Any]]) -> Any | None:
+        """The stage's output, once, if ``inputs`` are the very outputs it was computed
+        from (a step retried, or given other inputs, computes again)."""
+        before = {"parse": ["assess"], "chunk": ["parse"], "embed": ["chunk"]}
+        before["write"] = ["chunk", "embed"]
+        if stage not in self.outputs or stage in self.handed:
+            return None
+        for name, given in zip(before.get(stage, []), inputs, strict=True):
+            kept = self.outputs.get(name)
+            if stage == "parse" and kept is not None:
+                kept = {b: a.inventory for b, a in kept.items()}
+            if kept is None or not _same(kept, given):
+                return None
+        self.handed.add(stage)
+        return self.outputs[stage]
+
+
+def _same(kept: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
+    return kept.keys() == given.keys() and all(kept[k] is given[k] for k in kept)
+
+
 class IngestPipeline:
     """The books of ``source``, indexed into ``store`` with each book's recipe."""
 
@@ -136,6 +190,8 @@ class IngestPipeline:
         self.store = store
         self.recipes = recipes
         self.parsing = parsing or ParseOptions()
+        #: stages done ahead of the Dagster run that executes now (:meth:`replaying`)
+        self._replay: PreparedRun | None = None
 
     @classmethod
     def from_settings(
@@ -178,6 +234,11 @@ class IngestPipeline:
     def assess(self, book_ids: Iterable[str], *, force: bool = False) -> dict[str, AssessedBook]:
         """Repair damage, choose each book's recipe, start (or resume) a recipe build beside
         the searched index, and assess the book's files against the index it builds."""
+        replay = self._replay
+        if replay is not None and (list(book_ids), force) == (replay.book_ids, replay.force):
+            done = replay.take("assess", [])
+            if done is not None:
+                return dict(done)
         out: dict[str, AssessedBook] = {}
         for book_id in book_ids:
             with self.store.open() as store:  # a reader: the recipe the book is searched with
@@ -195,10 +256,14 @@ class IngestPipeline:
     def parse(self, inventories: Mapping[str, BookInventory]) -> dict[str, ParsedBook]:
         """Read and parse each book's new and modified files (a bad file is an error of its
         own; the rest of the book goes on)."""
+        if self._replay is not None and (done := self._replay.take("parse", [inventories])):
+            return dict(done)
         return {b: parse_book(i, self.source, self.parsing) for b, i in inventories.items()}
 
     def chunk(self, parsed: Mapping[str, ParsedBook]) -> dict[str, ChunkedBook]:
         """Chunk each book's parsed documents with its recipe's chunker and budget."""
+        if self._replay is not None and (done := self._replay.take("chunk", [parsed])):
+            return dict(done)
         return {b: chunk_book(p, self.recipe_of(p.inventory)) for b, p in parsed.items()}
 
     def embed(
@@ -211,6 +276,11 @@ class IngestPipeline:
         """Vectors for every chunk: the stored one where the index holds the text, else
         embedded; the books of one model in one pass (a batch may mix models: an fp32 book
         beside int8 ones)."""
+        if self._replay is not None and (done := self._replay.take("embed", [chunked])):
+            for message in self._replay.said:
+                if say is not None:
+                    say(message)
+            return dict(done)
         by_model: dict[str, list[str]] = {}
         for book_id, book in chunked.items():
             by_model.setdefault(book.inventory.embedding_model, []).append(book_id)
@@ -245,6 +315,11 @@ class IngestPipeline:
     ) -> dict[str, WrittenBook]:
         """Write each book's points (new ones first, then the deletions, then the document
         records), check its index, and switch a finished recipe build in."""
+        replay = self._replay
+        if replay is not None and replay.run_id == run_id:
+            done = replay.take("write", [chunked, embedded])
+            if done is not None:
+                return dict(done)
         return {b: self._write(c, embedded[b], run_id) for b, c in chunked.items()}
 
     def _write(
@@ -303,6 +378,46 @@ class IngestPipeline:
             b: BookRun(assessed[b], parsed[b], chunked[b], embedded[b], written[b])
             for b in assessed
         }
+
+    def prepare(self, book_ids: Sequence[str], *, run_id: str, force: bool = False) -> PreparedRun:
+        """The stages of the Dagster run ``run_id`` done now, its points written under its id
+        (what live mode does before the run's events: the points are searchable as soon as
+        they are embedded). Stops before a stage that a blocking check of the run would stop
+        (a chunk or vector problem) and at the first error: the run's step does that stage
+        itself and reports it as ever."""
+        prepared = PreparedRun(run_id, list(book_ids), force)
+        # a book's shard loaded once for every stage, as within a run (let go at once when
+        # another process, a search, waits for it; closed when the block ends)
+        with kept_open():
+            self._prepare(prepared)
+        return prepared
+
+    def _prepare(self, prepared: PreparedRun) -> None:
+        """The stages of :meth:`prepare`, each output kept as it comes."""
+        out, book_ids, run_id = prepared.outputs, prepared.book_ids, prepared.run_id
+        force = prepared.force
+        try:
+            out["assess"] = assessed = self.assess(book_ids, force=force)
+            out["parse"] = parsed = self.parse({b: a.inventory for b, a in assessed.items()})
+            out["chunk"] = chunked = self.chunk(parsed)
+            if any(book.problems for book in chunked.values()):
+                return  # chunks_valid blocks the embedding and the write
+            out["embed"] = embedded = self.embed(chunked, say=prepared.said.append)
+            if any(book.problems for book in embedded.values()):
+                return  # vector_dimension blocks the write
+            out["write"] = self.write(chunked, embedded, run_id=run_id)
+        except Exception:  # the run's step meets it again and records it
+            log.debug("stages of run %s left to the run", run_id, exc_info=True)
+
+    @contextlib.contextmanager
+    def replaying(self, prepared: PreparedRun) -> Iterator[None]:
+        """While the Dagster run of ``prepared`` executes (in this process), its steps are
+        handed the stages already done instead of doing them again."""
+        self._replay = prepared
+        try:
+            yield
+        finally:
+            self._replay = None
 
     def preview(
         self, assessment: BookInventory, recipe: IndexRecipe
