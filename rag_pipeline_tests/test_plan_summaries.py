@@ -101,6 +101,7 @@ def test_a_plan_of_unchanged_books_opens_no_shard_whatever_the_collection(
 
 def test_the_plan_from_summaries_is_the_plan_from_the_shards(tmp_path, hash_embedder, loads):
     books = Books(tmp_path, 3, hash_embedder)
+    loads.clear()  # a new shard is made, then loaded: the plan's loads only
     (books.data / "book-01" / "0.md").write_text("# Edited\n\n" + section("New", seed="e"))
     (books.data / "book-02" / "2.md").unlink()
     from_summaries = books.plan()
@@ -136,6 +137,7 @@ def test_a_book_read_for_want_of_a_summary_is_summarized_once(tmp_path, hash_emb
     from rag_pipeline.ingest.overview import describe_collection
 
     books = Books(tmp_path, 3, hash_embedder)
+    loads.clear()  # a new shard is made, then loaded: the plan's loads only
     for book in books.ids:
         (books.folder(book) / "summary.json").unlink()
     first = books.plan()

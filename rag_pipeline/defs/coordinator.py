@@ -25,7 +25,7 @@ from dagster import (
     SubmitRunContext,
 )
 
-from rag_pipeline.defs.parse_check import PARSE_ERRORS, parse_errors_again
+from rag_pipeline.defs.parse_check import parse_errors_again
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.runs import RANGE_START_TAG, books_of_run
 
@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 def restate_planned_checks(run: DagsterRun, instance: DagsterInstance) -> int:
     """Restate parse_errors for the books of ``run`` when the run plans it; the count."""
+    from rag_pipeline.defs.assets import PARSE_ERRORS  # the definitions, once a process
+
     if PARSE_ERRORS not in (run.asset_check_selection or ()):
         return 0
     tags = run.tags
@@ -43,7 +45,7 @@ def restate_planned_checks(run: DagsterRun, instance: DagsterInstance) -> int:
         instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME) if RANGE_START_TAG in tags else []
     )
     count = 0
-    for evaluation in parse_errors_again(instance, books_of_run(tags, order)):
+    for evaluation in parse_errors_again(instance, PARSE_ERRORS, books_of_run(tags, order)):
         # recorded in the run, it is the result of the row the run planned (a runless one
         # would be older than that row, and Dagster keeps one runless row per partition)
         event = DagsterEvent(

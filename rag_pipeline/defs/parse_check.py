@@ -1,9 +1,6 @@
 """The parse_errors check evaluated again from what a book's documents materialization
-recorded: the check's own step, and the run coordinator when a run that plans it is submitted.
-
-Kept apart from :mod:`rag_pipeline.defs.assets` so that the run coordinator, which the
-webserver and the daemon load from ``dagster.yaml``, imports none of the pipeline.
-"""
+recorded: the check's own step, and the run coordinator when a run that plans it is submitted
+(:mod:`rag_pipeline.defs.coordinator`)."""
 
 from __future__ import annotations
 
@@ -14,19 +11,12 @@ from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
     AssetCheckSeverity,
-    AssetKey,
     DagsterInstance,
 )
 
 from rag_pipeline.defs.batch import latest_materializations
 
-__all__ = ["PARSE_ERRORS", "parse_errors_again", "parse_errors_verdict"]
-
-#: broken or empty files of a book. Its results come from the documents step (which parses),
-#: but it is declared apart from the asset so that runs of the ingest job do not plan it: a
-#: planned check is "in progress" with no severity, which Dagster OSS's asset graph draws as a
-#: red ✕ while any book has failed it, even with WARN severity and during a healthy run.
-PARSE_ERRORS = AssetCheckKey(AssetKey("documents"), "parse_errors")
+__all__ = ["parse_errors_again", "parse_errors_verdict"]
 
 
 def parse_errors_verdict(broken: list[str], empty: list[str]) -> str:
@@ -42,10 +32,11 @@ def parse_errors_verdict(broken: list[str], empty: list[str]) -> str:
 
 
 def parse_errors_again(
-    instance: DagsterInstance, books: Sequence[str]
+    instance: DagsterInstance, check: AssetCheckKey, books: Sequence[str]
 ) -> Iterator[AssetCheckEvaluation]:
-    """Each book's latest documents materialization evaluated again (one query for all)."""
-    latest = latest_materializations(instance, PARSE_ERRORS.asset_key, books)
+    """The parse_errors ``check`` of each book evaluated again from the book's latest
+    materialization of its asset (documents), one query for all."""
+    latest = latest_materializations(instance, check.asset_key, books)
     for book_id in books:
         found = latest.get(book_id)
         recorded = found.metadata if found else {}
@@ -58,8 +49,8 @@ def parse_errors_again(
             if key in recorded:
                 metadata[name] = recorded[key]
         yield AssetCheckEvaluation(
-            asset_key=PARSE_ERRORS.asset_key,
-            check_name=PARSE_ERRORS.name,
+            asset_key=check.asset_key,
+            check_name=check.name,
             passed=found is not None and not broken and not empty,
             severity=AssetCheckSeverity.WARN,
             description=parse_errors_verdict(["?"] * broken, ["?"] * empty)
