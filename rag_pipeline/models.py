@@ -129,8 +129,8 @@ class SourceFile:
     #: its version as change detection compares it (None: a source without one, e.g. an
     #: evaluation corpus)
     key: VersionKey | None = None
-    #: what its source calls the version of these bytes where ``key`` is not it (an object's
-    #: ETag, recorded on the file's document record; None: a folder's file, a git blob)
+    #: what its source calls the version of these bytes (a git blob id, an object's ETag),
+    #: recorded on every point of the file; None: a folder's file
     version: str | None = None
 
 

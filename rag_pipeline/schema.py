@@ -349,11 +349,8 @@ class DocumentOutcome:
     warnings: tuple[str, ...] = ()
 
 
-def document_payload(
-    book_id: str, outcome: DocumentOutcome, lineage: Lineage, source_version: str | None = None
-) -> DocumentPayload:
-    """The payload of a file's document record (its metadata too when the file was parsed,
-    and the version its source named for the bytes read, ``source_version``)."""
+def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -> DocumentPayload:
+    """The payload of a file's document record (its metadata too when the file was parsed)."""
     error = outcome.error
     payload = DocumentPayload(
         record_type=DOCUMENT,
@@ -377,8 +374,6 @@ def document_payload(
         source_revision=lineage.source_revision,
         source_version=lineage.source_version(outcome.source_file),
     )
-    if source_version is not None:  # named by its source where the lineage has none (an ETag)
-        payload[SOURCE_VERSION] = source_version
     meta = outcome.doc_meta
     if meta is None:
         return payload

@@ -10,7 +10,7 @@ run redoes it and converges, reusing every vector already written.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -209,10 +209,8 @@ def write_book_changes(
     sparse: Sequence[SparseVector],
     outcomes: Sequence[DocumentOutcome],
     lineage: LineageInfo,
-    versions: Mapping[str, str] | None = None,
 ) -> WriteReport:
-    """Upsert the new points, delete what they replace, then commit the document records
-    (each with the version its source named for the bytes read, ``versions``: an ETag).
+    """Upsert the new points, delete what they replace, then commit the document records.
 
     Order matters for readers and for crashes: new chunks first (the book stays fully
     searchable), stale chunks next, document records last (the commit mark). Files whose new
@@ -242,7 +240,6 @@ def write_book_changes(
                     if o.source_file in failed
                     else o,
                     lineage,
-                    (versions or {}).get(o.source_file),
                 )
             ),
         )

@@ -427,9 +427,9 @@ def embed_books(
 def source_lineage(lineage: LineageInfo, inventory: BookInventory) -> LineageInfo:
     """``lineage`` with where the book's files came from: the revision the run read and each
     file's version token (a git commit and blob ids; nothing for a folder)."""
-    if not inventory.revision:
+    versions = {f.source_file: f.version for f in inventory.files if f.version is not None}
+    if not inventory.revision and not versions:
         return lineage
-    versions = {f.source_file: f.key for f in inventory.files if isinstance(f.key, str)}
     return replace(lineage, source_revision=inventory.revision, source_versions=versions)
 
 
@@ -455,7 +455,6 @@ def write_book(
         sparse=embedded.sparse,
         outcomes=chunked.outcomes,
         lineage=lineage,
-        versions={f.source_file: f.version for f in inventory.files if f.version is not None},
     )
     _save_summary(store, inventory, lineage.run_id)
     return report

@@ -33,7 +33,7 @@ class LineageInfo:
     run_id: str | None = None
     #: the book's revision the run read (a git commit; None: a source without one)
     source_revision: str | None = None
-    #: source_file -> its version token (a git blob id), for a source whose versions name content
+    #: source_file -> what its source calls the version read (a git blob id, an S3 ETag)
     source_versions: Mapping[str, str] = field(default_factory=dict)
 
     def source_version(self, source_file: str) -> str | None:

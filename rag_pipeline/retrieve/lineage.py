@@ -21,7 +21,6 @@ from rag_pipeline.schema import (
     SOURCE_FILE,
     SOURCE_FILE_HASH,
     SOURCE_REVISION,
-    SOURCE_VERSION,
     STATUS,
     book_filter,
 )
@@ -74,16 +73,11 @@ def trace_point(
         info["source"] = source.describe(book_id)
         commit = source.revision_info(book_id, str(revision)) or {"sha": str(revision)}
         info["commit"] = commit
-    # the version its source named for the bytes indexed (a git blob id on every point; an
-    # object's ETag on the file's document record; None: a folder's file)
-    info[SOURCE_VERSION] = payload.get(SOURCE_VERSION)
     if payload.get(RECORD_TYPE) != DOCUMENT and payload.get(PARENT_DOC_ID):
         record = store.retrieve(book_filter(book_id), [str(payload[PARENT_DOC_ID])])
         if record:
             info["document_status"] = record[0].payload.get(STATUS)
             info["document_run_id"] = record[0].payload.get(RUN_ID)
-            if info[SOURCE_VERSION] is None:
-                info[SOURCE_VERSION] = record[0].payload.get(SOURCE_VERSION)
     if info.get(RUN_ID):
         info["dagster_run_url_path"] = f"/runs/{info[RUN_ID]}"
         info["dagster_point_url_path"] = point_log_path(str(info[RUN_ID]), point_id)

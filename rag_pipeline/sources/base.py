@@ -109,8 +109,8 @@ class FileVersion:
     location: str = ""
     #: the content hash, where the source knows it without reading the file (a corpus row)
     sha256: str | None = None
-    #: what the source calls this version, recorded with the file's points (an object's
-    #: ETag; None: none beyond ``key``)
+    #: what the source calls this version, recorded on every point of the file (a git blob
+    #: id, an object's ETag; None: a folder's file)
     version: str | None = None
 
 

@@ -506,6 +506,6 @@ class GitSource(BookSource):
                 what = "a symbolic link" if mode == "120000" else f"not a regular file ({mode})"
                 errors.append(FileError(book_id, rel, "crawl", f"{what} in git; refused"))
                 continue
-            files.append(FileVersion(rel, blob, f"{commit}:{prefix}{rel}"))
+            files.append(FileVersion(rel, blob, f"{commit}:{prefix}{rel}", version=blob))
         files.sort(key=lambda f: f.source_file)
         return BookVersions(book_id, commit, tuple(files), tuple(errors), commit)
