@@ -476,3 +476,29 @@ def test_a_one_file_edits_ingest_reads_each_other_book_once_whatever_the_collect
         others = [f"book-{i:02d}" for i in range(1, count)]
         for what in ("pointers", "fingerprints", "resolved"):
             assert {b: counts[what][b] for b in others} == dict.fromkeys(others, 1), what
+
+
+def test_the_recipes_a_checked_summary_lends_are_the_pointers_on_disk(tmp_path, hash_embedder):
+    """The collection page takes each book's current pointer from the summary check the plan
+    just made (issue 40): the same answer as reading the pointers, also right after a book's
+    current.json is replaced (a recipe switch by another process)."""
+    from rag_pipeline.store.edge.files import _read_pointer
+
+    def on_disk(book: str):  # type: ignore[no-untyped-def]
+        """(current recipe, pending recipe) read from the pointers (no build is pending)."""
+        current = _read_pointer(books.folder(book) / "current.json")
+        assert current is not None and not (books.folder(book) / "pending.json").exists()
+        return dict(current[1]["recipe"]), None
+
+    books = Books(tmp_path, 3, hash_embedder)
+    books.plan()  # the summary checks the page's recipes reuse
+    with books.open() as store:
+        assert all(store.recipes(b) == on_disk(b) for b in books.ids)
+        pointer = books.folder("book-01") / "current.json"
+        data = json.loads(pointer.read_text())
+        data["recipe"] = {**data["recipe"], "model": "switched-elsewhere"}
+        part = pointer.with_name("current.json.part")
+        part.write_text(json.dumps(data))
+        os.replace(part, pointer)
+        assert store.recipes("book-01") == on_disk("book-01")
+        assert store.recipes("book-01")[0]["model"] == "switched-elsewhere"
