@@ -324,3 +324,24 @@ def test_why_a_book_folder_that_exists_is_not_a_book(tmp_path, data_dir, write_b
     assert book_folder_problem(data_dir, "link-to-file") == "is a symlink to a file, not a folder"
     assert book_folder_problem(data_dir, "dangling") == "is a broken symlink"
     assert "contains '..'" in book_folder_problem(data_dir, "a..b")
+
+
+@pytest.mark.parametrize(
+    ("rel", "is_file"),
+    [
+        ("intro.md", True),
+        ("guide/deploy.MDX", True),
+        ("guide/image.png", False),
+        ("guide/", False),
+        (".hidden.md", False),
+        ("guide/.draft.md", False),
+        (".github/README.md", False),
+        ("a.b/c.md", True),
+    ],
+)
+def test_a_path_named_by_a_git_tree_or_an_object_key_is_a_book_file_by_the_crawls_rules(
+    rel: str, is_file: bool
+) -> None:
+    from rag_pipeline.sources.crawl import is_book_path
+
+    assert is_book_path(rel) is is_file

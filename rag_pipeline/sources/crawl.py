@@ -55,6 +55,7 @@ __all__ = [
     "discover_books",
     "extract_path_meta",
     "hash_file",
+    "is_book_path",
     "open_in_book",
     "path_is_gone",
     "path_meta",
@@ -64,6 +65,17 @@ __all__ = [
 ]
 
 MARKDOWN_SUFFIXES = (".md", ".mdx")
+
+
+def is_book_path(rel: str) -> bool:
+    """Whether a path relative to a book (``/``-separated, as a git tree or an object key
+    names it) is one of the book's files, by the crawl's rules: Markdown, and no hidden part
+    (a part starting with ``.``)."""
+    return rel.lower().endswith(MARKDOWN_SUFFIXES) and not any(
+        part.startswith(".") for part in rel.split("/")
+    )
+
+
 _GONE = (errno.ENOENT, errno.ENOTDIR)
 
 

@@ -208,16 +208,16 @@ class DeclaredSources(BookSource):
         with self._lock:
             if stamp == self._stamp:
                 return
-            books = load_sources(self.path)
+            by_kind = _by_kind(load_sources(self.path))
             sources: dict[str, BookSource] = {}
-            for kind, specs in _by_kind(books).items():
+            for kind, specs in by_kind.items():
                 before = self._sources.get(kind)
                 if before is not None and getattr(before, "books", None) == specs:
                     sources[kind] = before  # the same books: its caches stay
                 else:
                     sources[kind] = self._build(kind, specs)
             self._sources = sources
-            self._owner = {b: sources[k] for k, specs in _by_kind(books).items() for b in specs}
+            self._owner = {b: sources[k] for k, specs in by_kind.items() for b in specs}
             self._stamp = stamp
 
     def _build(self, kind: str, specs: Mapping[str, Any]) -> BookSource:

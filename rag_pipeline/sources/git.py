@@ -41,7 +41,7 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
 )
-from rag_pipeline.sources.crawl import MARKDOWN_SUFFIXES
+from rag_pipeline.sources.crawl import is_book_path
 
 __all__ = ["GitBookSpec", "GitError", "GitSource", "git_available"]
 
@@ -379,7 +379,7 @@ class GitSource(BookSource):
         for i in range(0, len(fields) - 2, 3):
             if fields[i].startswith("R"):
                 a, b = fields[i + 1][len(prefix) :], fields[i + 2][len(prefix) :]
-                if b.lower().endswith(MARKDOWN_SUFFIXES):
+                if is_book_path(b):
                     renames.append((a, b))
         return renames
 
@@ -491,10 +491,8 @@ class GitSource(BookSource):
             meta, _, raw = entry.partition(b"\t")
             mode, kind, blob = meta.decode().split(" ")
             raw_rel = raw[len(prefix.encode()) :]
-            if not raw_rel.lower().endswith(tuple(s.encode() for s in MARKDOWN_SUFFIXES)):
-                continue
-            if any(part.startswith(b".") for part in raw_rel.split(b"/")):
-                continue  # hidden, as in a book folder
+            if not is_book_path(raw_rel.decode("utf-8", "surrogateescape")):
+                continue  # not Markdown, or hidden, as in a book folder
             try:
                 rel = raw_rel.decode("utf-8")
             except UnicodeDecodeError:

@@ -37,7 +37,7 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
 )
-from rag_pipeline.sources.crawl import MARKDOWN_SUFFIXES
+from rag_pipeline.sources.crawl import is_book_path
 from rag_pipeline.sources.folder import DEFAULT_MAX_FILE_BYTES
 
 if TYPE_CHECKING:
@@ -224,12 +224,9 @@ class S3Source(BookSource):
                 for obj in page.get("Contents", ()):
                     key = str(obj["Key"])
                     rel = key[len(spec.prefix) :]
-                    if not rel.lower().endswith(MARKDOWN_SUFFIXES):
-                        continue  # a folder marker ("guide/"), an image, ...
-                    parts = rel.split("/")
-                    if any(p.startswith(".") for p in parts[:-1]) or parts[-1].startswith("."):
-                        continue  # hidden, as in a book folder
-                    if any(not p for p in parts):
+                    if not is_book_path(rel):
+                        continue  # a folder marker ("guide/"), an image, a hidden file, ...
+                    if any(not p for p in rel.split("/")):
                         errors.append(
                             FileError(
                                 book_id,
