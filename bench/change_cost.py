@@ -9,10 +9,10 @@ The books (253 powershell-docs files by default, about the 251 of issue 29's com
 copied into a temp folder with its own store, cache of Dagster runs and ``DAGSTER_HOME`` (the
 model's ONNX cache is the repository's ``.rag/cache``, as ``make run`` leaves it) and ingested
 once. Then ``--rounds`` rounds, each: a no-change ``ingest``; a paragraph appended to one file,
-``ingest``; that file deleted, ``ingest``; the file put back, ``ingest``. Every command is a
-fresh process (what a user's command costs: imports, model load, Dagster's run), measured
-under ``/usr/bin/time -v`` (CPU s = user + sys). Prints medians and every sample as JSON (also
-bench/results/change_cost.json).
+``plan`` then ``ingest``; that file deleted, ``ingest``; the file put back, ``ingest``. Every
+command is a fresh process (what a user's command costs: imports, model load, Dagster's run),
+measured under ``/usr/bin/time -v`` (CPU s = user + sys). Prints medians and every sample as
+JSON (also bench/results/change_cost.json).
 
 With ``--baseline DIR`` (another checkout of the repository, e.g. ``git worktree add /tmp/before
 <commit>``) every step is also run by that checkout's code, on a copy of the books with its own
@@ -48,7 +48,7 @@ DEFAULT_CORPUS = next(
     ),
     REPO.parent / "shared" / "corpora" / "powershell-docs" / "books",
 )
-STEPS = ("no_change", "edit", "delete", "add_back")
+STEPS = ("no_change", "plan_edit", "edit", "delete", "add_back")
 
 
 class Setup(NamedTuple):
@@ -97,10 +97,16 @@ def main() -> None:
             order = setups if i % 2 == 0 else setups[::-1]
             paragraph = f"\n\n## Added {i}\n\nA new paragraph about {uuid.uuid4().hex}.\n"
 
-            def step(name: str, order: list[Setup]) -> None:
+            def step(name: str, order: list[Setup], command: str = "ingest") -> None:
                 for setup in order:
-                    figures, out = run_cli(["ingest", "--json"], setup.env, setup.data.parent)
+                    figures, out = run_cli([command, "--json"], setup.env, setup.data.parent)
                     report = json.loads(out)
+                    if command == "plan":  # what it would run: one book
+                        ran = [b for b, p in report["books"].items() if p["action"] == "run"]
+                        figures["books_run"] = len(ran)
+                        figures["phases"] = {}
+                        samples[setup.label][name].append(figures)
+                        continue
                     ran = {b: r for b, r in report["books"].items() if r["status"] != "unchanged"}
                     figures["books_run"] = len(ran)
                     figures["embedded"] = sum(r["embedded"] for r in ran.values())
@@ -112,6 +118,7 @@ def main() -> None:
             for setup in setups:
                 with open(setup.data / target, "a", encoding="utf-8") as fh:
                     fh.write(paragraph)
+            step("plan_edit", order, "plan")
             step("edit", order)
             for setup in setups:
                 (setup.data / target).unlink()

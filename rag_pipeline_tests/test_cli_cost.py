@@ -108,3 +108,43 @@ def test_ingest_json_reports_its_phases(tmp_path, sample_books):
     assert cpu == sorted(cpu)
     assert ran["report"]["at_s"] == pytest.approx(sum(p["wall_s"] for p in ran.values()), abs=0.01)
     assert list(cli.json("ingest")["phases"]) == ["imports", "plan", "report"]
+
+
+END_PROBE = """
+import atexit, sys
+from rag_pipeline.cli import main
+
+class Teardown:
+    def __del__(self):
+        print("teardown", file=sys.stderr)
+
+kept = Teardown()  # freed only by the interpreter's teardown
+atexit.register(lambda: print("atexit ran", file=sys.stderr))
+main(sys.argv[1:], prog_name="rag-pipeline")
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("args", "code"), [(["books", "--first"], 0), (["search", "q"], 2)])
+def test_the_process_ends_without_the_interpreters_teardown(tmp_path, sample_books, args, code):
+    """The command's process runs ``atexit`` and flushes its output, then exits with the
+    command's status without freeing every module's objects (most of what a run leaves)."""
+    import subprocess
+    import sys
+
+    cli = Cli(tmp_path, sample_books, fresh=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", END_PROBE, *args],
+        env=cli.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == code, proc.stderr
+    assert "atexit ran" in proc.stderr
+    assert "teardown" not in proc.stderr
+    if code == 0:
+        assert proc.stdout.strip() == "humanoid-robotics-ros2"
+    else:
+        assert "--book" in proc.stderr
