@@ -134,7 +134,10 @@ class _Commands(click.Group):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The ``rag-pipeline`` process (its entry point, ``python -m``): the command, then
-        the end of the process. click's test runner calls :meth:`main`, not this."""
+        the end of the process. click's test runner calls :meth:`main`, not this; nor does
+        a caller that asks for the command's result (``standalone_mode=False``)."""
+        if kwargs.get("standalone_mode", True) is False:
+            return self.main(*args, **kwargs)
         try:
             self.main(*args, **kwargs)
         except SystemExit as exc:
