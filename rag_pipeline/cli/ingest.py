@@ -22,6 +22,7 @@ from rag_pipeline.cli.app import (
     out,
 )
 from rag_pipeline.config import Settings
+from rag_pipeline.phases import Phases
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.pipeline import IngestPipeline
@@ -48,22 +49,25 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
     """Materialize the ingestion assets through Dagster for every book (or the named ones)."""
     from rag_pipeline.config import ensure_dagster_home
 
+    phases = Phases()
+    phases.mark("imports")  # the CLI's (Python's start included)
     settings = _settings()
     home = ensure_dagster_home()
     rebuilt: IngestReport | None = None
     if rebuild:
         if books:
             fail("--rebuild rebuilds the whole collection; it takes no --book")
-        rebuilt = _rebuild(settings, home)
+        rebuilt = _rebuild(settings, home, phases)
     if rebuilt is not None and not rebuilt.ok:
         report = rebuilt  # not swapped in: the collection in service is untouched
     else:
         # after a rebuild's swap: the books changed while it built are caught up here
-        report = _ingest(settings, home, list(books) or None, force=force)
+        report = _ingest(settings, home, list(books) or None, force=force, phases=phases)
         if rebuilt is not None:
             report = rebuilt.followed_by(report)
+    phases.mark("report")
     if as_json:
-        emit_json(report.as_dict())
+        emit_json({**report.as_dict(), "phases": phases.as_dict()})
     else:
         _print_ingest(report)
     if not report.ok:
@@ -71,7 +75,7 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
 
 
 def _ingest(
-    settings: Settings, home: Path, books: list[str] | None, *, force: bool
+    settings: Settings, home: Path, books: list[str] | None, *, force: bool, phases: Phases
 ) -> IngestReport:
     """Plan the books against the store, then run what the plan says in Dagster."""
     from rag_pipeline.defs.partition_marker import read_partitions_marker
@@ -79,14 +83,15 @@ def _ingest(
     pipeline = book_pipeline(settings)
     with pipeline.store.open() as store:  # released before any run: runs open it per step
         plan = pipeline.plan(store, books, force=force)
+    phases.mark("plan")
     known = read_partitions_marker(home)
     on_disk = [b for b, p in plan.books.items() if p.action in ("run", "unchanged")]
     if not plan.needs_runs and known is not None and set(on_disk) <= known:
         return plan.report()  # nothing to run: answered without loading Dagster
-    return _execute(plan, settings, pipeline, home)
+    return _execute(plan, settings, pipeline, home, phases)
 
 
-def _rebuild(settings: Settings, home: Path) -> IngestReport | None:
+def _rebuild(settings: Settings, home: Path, phases: Phases) -> IngestReport | None:
     """``--rebuild``. On a Qdrant Edge folder every book is ingested into a new collection
     beside the one in service, which is swapped in only when every book succeeded: searches
     answer from the old collection until then, never from a partial one (the report of a
@@ -103,7 +108,7 @@ def _rebuild(settings: Settings, home: Path) -> IngestReport | None:
     with rebuilding_beside(config) as staged:
         err.print(f"[yellow]rebuilding[/] every book into {staged.path}", highlight=False)
         beside = settings.model_copy(update={"qdrant_path": staged.path})
-        report = _ingest(beside, home, None, force=False)
+        report = _ingest(beside, home, None, force=False, phases=phases)
         if not report.ok:
             err.print(
                 "[red]the rebuild is not swapped in[/]: some books failed (below); the "
@@ -117,16 +122,18 @@ def _rebuild(settings: Settings, home: Path) -> IngestReport | None:
 
 
 def _execute(
-    plan: IngestPlan, settings: Settings, pipeline: IngestPipeline, home: Path
+    plan: IngestPlan, settings: Settings, pipeline: IngestPipeline, home: Path, phases: Phases
 ) -> IngestReport:
     from rag_pipeline.defs.runner import execute_plan
 
+    phases.mark("dagster_import")
     return execute_plan(
         plan,
         pipeline,
         dagster_home=home,
         notify=lambda m: err.print(f"[yellow]note[/] {m}", highlight=False),
         batching=settings.batching(),
+        phases=phases,
     )
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterInvalidConfigError
 
 from rag_pipeline.config import DagsterStateError, SettingsError
-from rag_pipeline.defs._dagster_private import dagster_instance_config
+from rag_pipeline.defs._dagster_private import dagster_instance_config, kept_sqlite_engines
 from rag_pipeline.defs.partition_marker import PARTITIONS_MARKER
 
 __all__ = ["DagsterHomeFullError", "home_full", "open_home_instance", "prepare_home_instance"]
@@ -69,9 +69,10 @@ def _get_instance() -> DagsterInstance:
 @contextlib.contextmanager
 def open_home_instance() -> Iterator[DagsterInstance]:
     """The instance in ``DAGSTER_HOME`` (which must be set), opened in turn with other
-    rag-pipeline processes; disposed of on exit. A bad ``dagster.yaml`` raises
-    :class:`SettingsError`, a damaged database (then or inside the block)
-    :class:`DagsterStateError`, both naming the file and what to do."""
+    rag-pipeline processes, its SQLite connections kept open while it is (see
+    :func:`~rag_pipeline.defs._dagster_private.kept_sqlite_engines`); disposed of on exit.
+    A bad ``dagster.yaml`` raises :class:`SettingsError`, a damaged database (then or inside
+    the block) :class:`DagsterStateError`, both naming the file and what to do."""
     home = Path(os.environ["DAGSTER_HOME"])
     _check_config(home)
     try:
@@ -82,7 +83,8 @@ def open_home_instance() -> Iterator[DagsterInstance]:
                 if _is_config_error(exc):
                     raise _config_error(home, exc) from None
                 raise
-        with instance:
+        # its SQLite databases' connections kept while it is open: a run's events cost half
+        with instance, kept_sqlite_engines(instance):
             yield instance
     except Exception as exc:
         if _is_damaged_database(exc):

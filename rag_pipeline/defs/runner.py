@@ -72,6 +72,7 @@ from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.ingest.plan import IngestPlan
 from rag_pipeline.ingest.report import BookResult, IngestReport
+from rag_pipeline.phases import Phases
 
 __all__ = [
     "CLI_LAUNCHER",
@@ -108,6 +109,7 @@ def execute_plan(
     batching: BatchConfig | None = None,
     stopping: Callable[[], bool] = lambda: False,
     work_first: bool = False,
+    phases: Phases | None = None,
 ) -> IngestReport:
     """Run and purge the books the plan says (and purge a book removed while its run read
     it); unchanged and missing books are reported as planned. Books to run go through runs of
@@ -118,7 +120,8 @@ def execute_plan(
     in ``DAGSTER_HOME``. ``trigger`` and ``launcher``: the runs' trigger tag and who launched
     them (:func:`~rag_pipeline.defs.runs.launcher_tags`). ``work_first`` (live mode): each
     ingest run is recorded, then its stages done and its points written under its id, then
-    its steps executed on what was done (:func:`_run_books`)."""
+    its steps executed on what was done (:func:`_run_books`). ``phases``: the ends of the
+    instance's opening, the runs and the collection's refresh are marked on it."""
     batching = batching or BatchConfig()
     if instance is None:
         try:
@@ -134,11 +137,14 @@ def execute_plan(
                     batching=batching,
                     stopping=stopping,
                     work_first=work_first,
+                    phases=phases,
                 )
         except DagsterHomeFullError as exc:  # before any run: every book that needed one failed
             (notify or log.warning)(str(exc))
             return _not_recorded(plan, exc)
     started = time.perf_counter()
+    phases = phases or Phases()
+    phases.mark("instance_open")
     say = notify or log.warning
     report = IngestReport(rejected=list(plan.rejected), warnings=list(plan.warnings))
     results: dict[str, BookResult] = {}
@@ -159,6 +165,7 @@ def execute_plan(
             if book_id not in results:
                 planned = book.action in ("unchanged", "missing")
                 results[book_id] = book.result() if planned else _failed(book_id, None, str(full))
+    phases.mark("runs")
     for book_id, book in plan.books.items():  # in the plan's order
         report.books[book_id] = results[book_id]
         if book.action in ("run", "purge"):
@@ -177,6 +184,7 @@ def execute_plan(
         )
         if problem is not None:
             report.warnings.append(problem)
+    phases.mark("collection")
     report.seconds = plan.seconds + time.perf_counter() - started
     return report
 
