@@ -73,6 +73,8 @@ from dagster._core.storage.asset_check_execution_record import (
 )
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
+from rag_pipeline.defs.migration_scripts import keep_migration_scripts
+
 
 def add_partition_metadata(
     context: AssetExecutionContext, partition_key: str, metadata: Mapping[str, Any]
@@ -122,6 +124,7 @@ def create_location_run(
     """Record a run of ``job_def`` as a run of the code location's job: with ``origin``, and
     the job's own snapshot (the one the code location serves; execute_in_process records that
     of a copy with its executor and IO manager swapped). Nothing executes yet."""
+    keep_migration_scripts()  # the run's event shard is created below: its schema checked
     job = InMemoryJob(job_def)
     plan = create_execution_plan(
         job,

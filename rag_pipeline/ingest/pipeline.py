@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: how long live mode's stages of a run keep the book's shard from a waiting search (an
+#: edit's stages take a fraction of that: the search then waits less than a hand-over cost)
+PREPARE_HOLD_S = 1.0
 
 #: where a stage says what it does (a run's log): called with one line of text
 Say = Callable[[str], None]
@@ -148,6 +153,9 @@ class PreparedRun:
     said: list[str] = field(default_factory=list)
     #: the stages already handed to a step (a step asking again computes)
     handed: set[str] = field(default_factory=set)
+    #: stage name -> seconds it took, and "close": the store's handles flushed and let go
+    #: (what a search waits for), for the edit's breakdown (``bench/freshness.py``)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def written(self) -> bool:
@@ -386,26 +394,48 @@ class IngestPipeline:
         (a chunk or vector problem) and at the first error: the run's step does that stage
         itself and reports it as ever."""
         prepared = PreparedRun(run_id, list(book_ids), force)
-        # a book's shard loaded once for every stage, as within a run (let go at once when
-        # another process, a search, waits for it; closed when the block ends)
-        with kept_open():
+        started = time.time()
+        # a book's shard loaded once for every stage, as within a run, and kept for an edit's
+        # stages even when a search waits (PREPARE_HOLD_S: it then gets the edit at once);
+        # let go when another process waits past that, and closed when the block ends
+        with kept_open(PREPARE_HOLD_S):
             self._prepare(prepared)
+            closing = time.perf_counter()
+        prepared.seconds["close"] = time.perf_counter() - closing
+        log.info(
+            "run %s prepared: started at %.3f, %s",
+            run_id,
+            started,
+            ", ".join(f"{stage} {s:.3f} s" for stage, s in prepared.seconds.items()),
+        )
         return prepared
 
     def _prepare(self, prepared: PreparedRun) -> None:
         """The stages of :meth:`prepare`, each output kept as it comes."""
         out, book_ids, run_id = prepared.outputs, prepared.book_ids, prepared.run_id
         force = prepared.force
+        lap = time.perf_counter()
+
+        def timed(stage: str) -> None:
+            nonlocal lap
+            now = time.perf_counter()
+            prepared.seconds[stage], lap = now - lap, now
+
         try:
             out["assess"] = assessed = self.assess(book_ids, force=force)
+            timed("assess")
             out["parse"] = parsed = self.parse({b: a.inventory for b, a in assessed.items()})
+            timed("parse")
             out["chunk"] = chunked = self.chunk(parsed)
+            timed("chunk")
             if any(book.problems for book in chunked.values()):
                 return  # chunks_valid blocks the embedding and the write
             out["embed"] = embedded = self.embed(chunked, say=prepared.said.append)
+            timed("embed")
             if any(book.problems for book in embedded.values()):
                 return  # vector_dimension blocks the write
             out["write"] = self.write(chunked, embedded, run_id=run_id)
+            timed("write")
         except Exception:  # the run's step meets it again and records it
             log.debug("stages of run %s left to the run", run_id, exc_info=True)
 
