@@ -436,6 +436,10 @@ def measure(
             tick_spacing = setup.tick_spacing_s() if name == "sensor" else None
         finally:
             setup.stop()
+            logs = REPO / "bench" / "results" / f"freshness-{name}-logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            for log in Path(tmp).glob("*.log"):  # what each process said, kept for a look
+                shutil.copy(log, logs / log.name)
     seconds = [r["seconds"] for r in results]
     parts = [r["breakdown"] for r in results if "breakdown" in r]
     median_breakdown = (

@@ -33,6 +33,7 @@ from rag_pipeline.ingest.migration import BuildStart, SwitchOutcome, start_build
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.ingest.stages import (
     BookInventory,
+    CheckedWrite,
     ChunkedBook,
     EmbeddedBook,
     ParsedBook,
@@ -51,7 +52,7 @@ from rag_pipeline.ingest.stages import (
     write_and_check,
 )
 from rag_pipeline.recipes.choice import RecipeSource
-from rag_pipeline.recipes.recipe import IndexRecipe
+from rag_pipeline.recipes.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.resources.store import StoreOpener
 from rag_pipeline.sources.base import BookSource, ParseOptions
 from rag_pipeline.store.capabilities import generations_of
@@ -177,6 +178,13 @@ class PreparedRun:
                 return None
         self.handed.add(stage)
         return self.outputs[stage]
+
+
+def _building_beside(store: VectorStore, book_id: str) -> bool:
+    """Whether a recipe build of the book is pending beside its searched index (what
+    :func:`~rag_pipeline.ingest.stages.finish_book` may switch in, with a reader's handle)."""
+    generations = generations_of(store)
+    return generations is not None and generations.pending_recipe(book_id) is not None
 
 
 def _same(kept: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
@@ -340,21 +348,39 @@ class IngestPipeline:
             checked = write_and_check(
                 store, self.source, chunked, embedded, lineage, recipe.dimension
             )
+            if checked is not None and not _building_beside(store, book_id):
+                # nothing to switch: the builder's handle ends the run (a reader's handle
+                # would unload the book's shard and load it again, a search let in between)
+                return self._finished(store, chunked, embedded, checked, recipe, lineage)
         if checked is None:  # removed while the run read and embedded it
             message = f"book folder {book_id!r} was removed during this run: nothing written"
             return WrittenBook(BookResult(book_id, "missing", error_messages=[message]))
-        result = book_result(chunked, embedded, checked.written, checked.consistency)
         with self.store.open() as store:  # a reader: the switch decision is finish_book's
-            generations = generations_of(store)
-            before = None if generations is None else generations.current_recipe(book_id)
-            switch = finish_book(
-                store,
-                chunked,
-                checked.consistency,
-                recipe,
-                run_id=run_id,
-                keep_old=self.store.config.keep_old_recipe,
-            )
+            return self._finished(store, chunked, embedded, checked, recipe, lineage)
+
+    def _finished(
+        self,
+        store: VectorStore,
+        chunked: ChunkedBook,
+        embedded: EmbeddedBook,
+        checked: CheckedWrite,
+        recipe: IndexRecipe,
+        lineage: LineageInfo,
+    ) -> WrittenBook:
+        """The end of a book's write: a pending recipe build switched in (on ``store``, a
+        reader opened after the builders closed, or the builder when none is pending)."""
+        book_id = chunked.book_id
+        result = book_result(chunked, embedded, checked.written, checked.consistency)
+        generations = generations_of(store)
+        before = None if generations is None else generations.current_recipe(book_id)
+        switch = finish_book(
+            store,
+            chunked,
+            checked.consistency,
+            recipe,
+            run_id=lineage.run_id,
+            keep_old=self.store.config.keep_old_recipe,
+        )
         result.warnings += [held_back(book_id, reason) for reason in switch.held_back]
         return WrittenBook(
             result,
