@@ -181,8 +181,11 @@ class Setup:
             timeout=180,
         )
         if self.name == "live":
+            # -v: the log line of each run's stages (its per-edit breakdown)
             self.root = self._spawn(
-                [sys.executable, "-m", "rag_pipeline.cli", "watch"], "watch.log", cwd=self.work
+                [sys.executable, "-m", "rag_pipeline.cli", "-v", "watch"],
+                "watch.log",
+                cwd=self.work,
             )
         else:  # make ui, as a user runs it (its paths under this folder, its own port)
             env = {**self.env, "UI_ARGS": f"-h 127.0.0.1 -p {self.dagster_port}"}
@@ -341,7 +344,50 @@ def phases(setup: Setup, edited_at: float, found_at: float) -> dict[str, Any]:
     out["found_after_run_created"] = round(found_at - created, 2)
     start = events.get("PIPELINE_START")
     out["found_before_run_start"] = round(start - found_at, 2) if start else None
+    if (stages := prepared_stages(setup, record.dagster_run.run_id)) is not None:
+        out.update(breakdown(stages, edited_at, created, found_at))
     return out
+
+
+#: live mode's log line of a run's stages done before its events (IngestPipeline.prepare)
+_PREPARED = re.compile(r"run (?P<run>[0-9a-f-]+) prepared: started at (?P<at>[0-9.]+), (?P<s>.*)")
+
+
+def prepared_stages(setup: Setup, run_id: str) -> dict[str, float] | None:
+    """When live mode began the run's stages (``"at"``, epoch s) and each stage's seconds
+    (``close``: its store handles flushed and let go), from its log (None: not found)."""
+    log = setup.work / "watch.log"
+    if not log.exists():
+        return None
+    for line in log.read_text(errors="replace").splitlines():
+        found = _PREPARED.search(line)
+        if found and found["run"] == run_id:
+            stages = {"at": float(found["at"])}
+            for part in found["s"].split(", "):
+                name, _, seconds = part.partition(" ")
+                stages[name] = float(seconds.removesuffix(" s"))
+            return stages
+    return None
+
+
+def breakdown(
+    stages: dict[str, float], edited_at: float, created: float, found_at: float
+) -> dict[str, Any]:
+    """An edit's seconds in live mode, end to end: to its stages' start (debounce, look,
+    plan; the run's record begins then too), each stage, ``recorded`` (the wait for the
+    run's record before the write, where the stages were done first), the store let go
+    (``close``: flush, unlock), then until ``serve`` answered with the edit (its notice,
+    reopen and the bench's poll); beside them, when the run's record was created."""
+    at = stages.pop("at")
+    done = at + sum(stages.values())
+    return {
+        "breakdown": {
+            "to_stages_start": round(at - edited_at, 3),
+            **{name: round(s, 3) for name, s in stages.items()},
+            "serve_found": round(found_at - done, 3),
+        },
+        "run_created_after_stages_start": round(created - at, 3),
+    }
 
 
 def percentile(values: list[float], q: int) -> float:
@@ -390,7 +436,17 @@ def measure(
             tick_spacing = setup.tick_spacing_s() if name == "sensor" else None
         finally:
             setup.stop()
+            logs = REPO / "bench" / "results" / f"freshness-{name}-logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            for log in Path(tmp).glob("*.log"):  # what each process said, kept for a look
+                shutil.copy(log, logs / log.name)
     seconds = [r["seconds"] for r in results]
+    parts = [r["breakdown"] for r in results if "breakdown" in r]
+    median_breakdown = (
+        {k: round(statistics.median(p.get(k, 0.0) for p in parts), 3) for k in parts[-1]}
+        if parts
+        else None
+    )
     return {
         "config": name,
         "embedder": embedder,
@@ -404,6 +460,7 @@ def measure(
         },
         "edit_phase_cpu_s_per_edit": round(edits_cpu / max(edits, 1), 2),
         "edits": results,
+        "median_breakdown_s": median_breakdown,
         "p50_s": round(statistics.median(seconds), 2),
         "p95_s": percentile(seconds, 95),
         "max_s": max(seconds),
@@ -445,6 +502,8 @@ def main() -> None:
             f" max {r['max_s']} s, per edit {per_edit}; idle CPU {r['idle_cpu_s_per_min']}"
             f" s/min {r['idle_cpu_s_per_min_by_process']}"
         )
+        if r.get("median_breakdown_s"):
+            print(f"        median per edit (s): {r['median_breakdown_s']}")
 
 
 if __name__ == "__main__":

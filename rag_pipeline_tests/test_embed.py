@@ -329,3 +329,28 @@ def test_an_embedder_is_one_entry_of_the_registry(monkeypatch):
     assert registry.config_for_model(hashed, "nobody-knows") is None
     with pytest.raises(ValueError, match="unknown embedder 'bogus'"):
         registry.kind_of("bogus")
+
+
+def test_token_counts_are_remembered_and_right(local_embedder, monkeypatch):
+    """Issue 41.1: the chunker counts the same texts several times (and a live edit's file
+    again): a counter tokenizes each text once, and its counts are the tokenizer's."""
+    from rag_pipeline.embed import local
+
+    tok = local.HFTokenCounter(local_embedder.model_dir / "tokenizer.json", 256)
+    texts = ["hello world", "", "hello world", "a longer line of text, with punctuation!"]
+    direct = [len(e.ids) for e in tok._tokenizer.encode_batch(texts, add_special_tokens=False)]
+    encoded: list[list[str]] = []
+    real = tok._tokenizer
+
+    class Counting:
+        def encode_batch(self, batch, add_special_tokens):  # type: ignore[no-untyped-def]
+            encoded.append(list(batch))
+            return real.encode_batch(batch, add_special_tokens=add_special_tokens)
+
+    tok._tokenizer = Counting()
+    assert tok.count(texts) == direct
+    assert encoded == [["hello world", "", "a longer line of text, with punctuation!"]]
+    assert tok.count([*texts, "new"]) == [*direct, 1] and encoded[1:] == [["new"]]
+    monkeypatch.setattr(local, "_COUNTED_CHARS", 14)  # past the budget the oldest go
+    tok.count(["another text"])
+    assert list(tok._counts) == ["another text"]

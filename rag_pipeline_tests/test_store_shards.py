@@ -760,6 +760,43 @@ def test_a_handle_kept_between_a_runs_steps_steps_aside_for_a_waiting_process(fi
     assert sharing._slots[key].store is None  # closed when the run ends
 
 
+def test_a_handle_held_for_an_edits_stages_steps_aside_only_after_the_hold(filled):
+    """Issue 41.1: live mode's stages of an edit (kept_open with hold_s) keep their idle
+    handle even while another process waits, for hold_s: a search waits a moment instead
+    of taking the book between two stages (a hand-over and a shard load on each side);
+    past the hold, the handle steps aside as ever."""
+    import fcntl
+    import os
+    import time
+
+    from rag_pipeline.store import sharing
+
+    key = ("test-hold", str(filled))
+
+    def use() -> EdgeStore:
+        with sharing.shared_store(key, lambda: open_edge(filled)) as store:
+            assert store.count(tenant_filter("a")) > 0
+            return store  # type: ignore[return-value]
+
+    with sharing.kept_open(hold_s=1.5):
+        started = time.monotonic()
+        first = use()
+        waiter = os.open(filled / COLLECTION / "locks" / "a.wait", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(waiter, fcntl.LOCK_SH)
+            time.sleep(0.3)  # six watcher rounds while another process waits
+            assert sharing._slots[key].store is first and time.monotonic() - started < 1.5
+            assert use() is first  # the next stage: no hand-over, no load
+            deadline = time.monotonic() + 5
+            while sharing._slots[key].store is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sharing._slots[key].store is None  # past the hold: stepped aside
+            assert time.monotonic() - started >= 1.5
+        finally:
+            os.close(waiter)
+    assert sharing._slots[key].store is None
+
+
 def test_a_small_books_shard_has_the_core_indexes_and_a_grown_one_all(tmp_path, monkeypatch):
     """Every payload index costs each shard files, time to create and load and memory, and a
     filter on a small book costs little without one: a book's shard has the schema's core

@@ -87,6 +87,8 @@ from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from sqlalchemy import Connection, Engine, create_engine
 
+from rag_pipeline.defs.migration_scripts import keep_migration_scripts
+
 
 def add_partition_metadata(
     context: AssetExecutionContext, partition_key: str, metadata: Mapping[str, Any]
@@ -136,6 +138,7 @@ def create_location_run(
     """Record a run of ``job_def`` as a run of the code location's job: with ``origin``, and
     the job's own snapshot (the one the code location serves; execute_in_process records that
     of a copy with its executor and IO manager swapped). Nothing executes yet."""
+    keep_migration_scripts()  # the run's event shard is created below: its schema checked
     job = InMemoryJob(job_def)
     plan = create_execution_plan(
         job,

@@ -41,7 +41,9 @@ SUMMARY_KEYS = (SUMMARY_POINTS_BY_MODEL, "documents", "errors", "promised_chunks
 _INDEX_KEYS = ("records", "signatures", "chunk_points")
 
 
-def book_summary(store: VectorStore, book_id: str) -> dict[str, Any]:
+def book_summary(
+    store: VectorStore, book_id: str, state: IndexState | None = None
+) -> dict[str, Any]:
     """What the collection look and the plan need of one book, read from its document records
     and chunk counts: the store keeps it (:meth:`VectorStore.save_summary`) until the book's
     next write.
@@ -49,8 +51,11 @@ def book_summary(store: VectorStore, book_id: str) -> dict[str, Any]:
     Compact whatever the book's size (no chunk ids): per file ``[sha256, total_chunks,
     signature]`` with the signature as an index into ``signatures`` (one per recipe), and
     ``status, error, error_stage`` after them only for a file that is not plainly ok; the
-    chunk points per file only for a book whose total is not what its records promise."""
-    state = read_index_state(store, book_id, documents_only=True)
+    chunk points per file only for a book whose total is not what its records promise.
+    ``state``: the book's document records already known (a run's: those it found and
+    those it wrote), else read."""
+    if state is None:
+        state = read_index_state(store, book_id, documents_only=True)
     held = store.count(chunks_of(book_id))
     signatures = sorted({d.signature for d in state.documents.values()})
     summary: dict[str, Any] = {
@@ -120,13 +125,14 @@ def run_summary(
     files: Iterable[SourceFile] = (),
     read_at_ns: int = 0,
     revision: str = "",
+    state: IndexState | None = None,
 ) -> dict[str, Any]:
     """:func:`book_summary` as a run leaves the book: with the run (the collection's page
     names it as the book's last run without asking Dagster) and the stat of each of ``files``
     (as the run read them, at ``read_at_ns``) whose hash is the one its document record holds
     and whose stat was settled then (:mod:`.filekeys`): a later plan does not read a file
     whose stat is still exactly that one (as the books sensor does)."""
-    summary = book_summary(store, book_id)
+    summary = book_summary(store, book_id, state)
     records = summary["records"]
     summary["stats"] = {
         f.source_file: key_to_json(f.key)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from rag_pipeline.ingest.changes import IndexedDocument
 from rag_pipeline.models import Chunk
 from rag_pipeline.schema import (
     CHUNK,
@@ -27,8 +28,9 @@ from rag_pipeline.schema import (
     TOTAL_CHUNKS,
     book_filter,
     chunk_index_of,
+    chunks_of,
 )
-from rag_pipeline.store import VectorStore
+from rag_pipeline.store import MatchAny, VectorStore
 
 __all__ = ["IndexConsistency", "check_chunks", "check_index", "check_vectors"]
 
@@ -83,12 +85,29 @@ class IndexConsistency:
         return out
 
 
-def check_index(store: VectorStore, book_id: str, dimension: int | None = None) -> IndexConsistency:
-    """Points == chunks the document records promise; no orphans, duplicates or broken links."""
+def check_index(
+    store: VectorStore,
+    book_id: str,
+    dimension: int | None = None,
+    *,
+    written: Collection[str] | None = None,
+    others: Mapping[str, IndexedDocument] | None = None,
+) -> IndexConsistency:
+    """Points == chunks the document records promise; no orphans, duplicates or broken links.
+
+    With ``written`` (the files a run just wrote or deleted) and ``others`` (the document
+    records of the book's other files, as the run's assessment found them): the points and
+    records of the written files are read and checked, the other files' records are taken
+    from ``others`` (checked when they were written, unchanged since) and the book's chunk
+    points are counted: a one-file edit's check reads what it wrote, not the whole book
+    (issue 40.4), and a chunk point the records do not promise still fails it."""
     report = IndexConsistency(book_id)
     documents: dict[str, dict[str, Any]] = {}
     chunks: dict[str, dict[str, Any]] = {}
-    for record in store.scroll(book_filter(book_id), fields=_FIELDS):
+    where = book_filter(book_id)
+    if written:
+        where = book_filter(book_id, MatchAny(SOURCE_FILE, tuple(sorted(written))))
+    for record in store.scroll(where, fields=_FIELDS) if written is None or written else ():
         if record.payload.get(RECORD_TYPE) == DOCUMENT:
             documents[str(record.payload.get(SOURCE_FILE))] = record.payload
             if record.payload.get(STATUS) == STATUS_ERROR:
@@ -100,6 +119,14 @@ def check_index(store: VectorStore, book_id: str, dimension: int | None = None) 
     report.points = len(chunks)
     report.documents = len(documents)
     report.expected = sum(int(d.get(TOTAL_CHUNKS) or 0) for d in documents.values())
+    if written is not None:
+        kept = {n: d for n, d in (others or {}).items() if n not in written}
+        report.points = store.count(chunks_of(book_id))
+        report.documents += len(kept)
+        report.expected += sum(d.total_chunks for d in kept.values())
+        for name, d in kept.items():
+            if d.status == STATUS_ERROR:
+                report.file_errors[name] = d.error or "unknown error"
 
     by_doc: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for point_id, p in chunks.items():

@@ -10,7 +10,7 @@ run redoes it and converges, reusing every vector already written.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +45,14 @@ from rag_pipeline.schema import (
     documents_of,
     int_field,
 )
-from rag_pipeline.store import MatchAny, PointRecord, SparseVector, VectorStore
+from rag_pipeline.store import (
+    Match,
+    MatchAny,
+    PointRecord,
+    SparseVector,
+    StoredRecord,
+    VectorStore,
+)
 
 __all__ = [
     "DocumentOutcome",
@@ -54,8 +61,10 @@ __all__ = [
     "chunk_payload",
     "damaged_vectors",
     "document_payload",
+    "documents_after_write",
     "read_index_state",
     "reusable_vectors",
+    "sparse_model_of",
     "write_book_changes",
 ]
 
@@ -93,6 +102,9 @@ class IndexState:
     #: was last indexed at (None: a source without revisions)
     revision: str | None = None
     revision_at: str = ""  # when that record was written (its indexed_at)
+    #: whether ``chunk_ids`` and ``by_content`` were read (a run's assessment reads no chunk
+    #: payloads: it looks its reusable vectors up by content hash; a plan's preview reads them)
+    chunk_payloads_read: bool = True
 
     @property
     def orphan_files(self) -> set[str]:
@@ -122,7 +134,32 @@ def read_index_state(
     """Scan a book's payloads once: document records, chunk ids per file, reusable hashes."""
     state = IndexState(book_id)
     where = documents_of(book_id) if documents_only else book_filter(book_id)
-    for record in store.scroll(where, fields=_STATE_FIELDS):
+    _read_into(state, store.scroll(where, fields=_STATE_FIELDS), embedding_model)
+    return state
+
+
+def documents_after_write(
+    store: VectorStore, before: IndexState, written: Collection[str]
+) -> IndexState:
+    """The book's document records after a run wrote (or deleted) those of ``written``:
+    ``before``'s records of the other files, and those of ``written`` read again (a run's
+    reads stay in proportion to its change, issue 40.4)."""
+    state = IndexState(
+        before.book_id,
+        {n: d for n, d in before.documents.items() if n not in written},
+        revision=before.revision,
+        revision_at=before.revision_at,
+    )
+    if written:
+        where = documents_of(before.book_id, MatchAny(SOURCE_FILE, tuple(sorted(written))))
+        _read_into(state, store.scroll(where, fields=_STATE_FIELDS), None)
+    return state
+
+
+def _read_into(
+    state: IndexState, records: Iterable[StoredRecord], embedding_model: str | None
+) -> None:
+    for record in records:
         p = record.payload
         source_file = p.get(SOURCE_FILE)
         if not isinstance(source_file, str):
@@ -147,7 +184,6 @@ def read_index_state(
             digest = p.get(CONTENT_HASH)
             if digest and (embedding_model is None or p.get(EMBEDDING_MODEL) == embedding_model):
                 state.by_content[digest].append(record.id)
-    return state
 
 
 def _sound(vector: np.ndarray | None, dimension: int) -> bool:
@@ -157,25 +193,46 @@ def _sound(vector: np.ndarray | None, dimension: int) -> bool:
     return abs(float(np.linalg.norm(vector)) - 1.0) <= 1e-3
 
 
+#: content hashes looked up per store read (a filter's list of values)
+_HASHES_PER_READ = 512
+
+
 def reusable_vectors(
     store: VectorStore,
     book_id: str,
-    state: IndexState,
     content_hashes: Iterable[str],
     dimension: int,
+    embedding_model: str,
 ) -> dict[str, np.ndarray]:
-    """Dense vectors already in the index for these content hashes (one per hash). A stored
-    vector that is not finite and unit length is never reused: its text is embedded again."""
-    ids = {state.by_content[h][0]: h for h in set(content_hashes) if state.by_content.get(h)}
+    """Dense vectors already in the book for these content hashes, embedded with
+    ``embedding_model`` (one per hash), found through the content-hash payload filter: a run
+    reads the points that hold its chunks' text, not the book's chunks (issue 40.4: a
+    one-file edit's reads do not grow with its book). A stored vector that is not finite and
+    unit length is never reused: its text is embedded again."""
+    hashes = sorted(set(content_hashes))
     out: dict[str, np.ndarray] = {}
-    id_list = list(ids)
-    for start in range(0, len(id_list), 512):
-        batch = id_list[start : start + 512]
-        for record in store.retrieve(book_filter(book_id), batch, with_vectors=True):
-            dense = record.dense
-            if dense is not None and _sound(dense, dimension):
-                out[ids[record.id]] = dense
+    for start in range(0, len(hashes), _HASHES_PER_READ):
+        batch = tuple(h for h in hashes[start : start + _HASHES_PER_READ] if h not in out)
+        if not batch:
+            continue
+        where = chunks_of(
+            book_id, MatchAny(CONTENT_HASH, batch), Match(EMBEDDING_MODEL, embedding_model)
+        )
+        for record in store.scroll(where, fields=[CONTENT_HASH], with_vectors=True):
+            digest, dense = record.payload.get(CONTENT_HASH), record.dense
+            if isinstance(digest, str) and digest not in out and _sound(dense, dimension):
+                assert dense is not None
+                out[digest] = dense
     return out
+
+
+def sparse_model_of(store: VectorStore, book_id: str) -> str | None:
+    """The sparse encoder the book's chunks were encoded with (its BM25 average is the
+    book's), read from one chunk point (None: the book has none)."""
+    for record in store.scroll(chunks_of(book_id), fields=[SPARSE_MODEL], page_size=1):
+        model = record.payload.get(SPARSE_MODEL)
+        return model if isinstance(model, str) and model else None
+    return None
 
 
 def damaged_vectors(store: VectorStore, book_id: str, ids: Sequence[str], dimension: int) -> int:

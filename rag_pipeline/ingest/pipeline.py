@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from rag_pipeline.ingest.migration import BuildStart, SwitchOutcome, start_build
 from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.ingest.stages import (
     BookInventory,
+    CheckedWrite,
     ChunkedBook,
     EmbeddedBook,
     ParsedBook,
@@ -50,7 +52,7 @@ from rag_pipeline.ingest.stages import (
     write_and_check,
 )
 from rag_pipeline.recipes.choice import RecipeSource
-from rag_pipeline.recipes.recipe import IndexRecipe
+from rag_pipeline.recipes.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.resources.store import StoreOpener
 from rag_pipeline.sources.base import BookSource, ParseOptions
 from rag_pipeline.store.capabilities import generations_of
@@ -71,6 +73,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: how long live mode's stages of a run keep the book's shard from a waiting search (an
+#: edit's stages take a fraction of that: the search then waits less than a hand-over cost)
+PREPARE_HOLD_S = 1.0
 
 #: where a stage says what it does (a run's log): called with one line of text
 Say = Callable[[str], None]
@@ -148,6 +154,9 @@ class PreparedRun:
     said: list[str] = field(default_factory=list)
     #: the stages already handed to a step (a step asking again computes)
     handed: set[str] = field(default_factory=set)
+    #: stage name -> seconds it took, and "close": the store's handles flushed and let go
+    #: (what a search waits for), for the edit's breakdown (``bench/freshness.py``)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def written(self) -> bool:
@@ -169,6 +178,13 @@ class PreparedRun:
                 return None
         self.handed.add(stage)
         return self.outputs[stage]
+
+
+def _building_beside(store: VectorStore, book_id: str) -> bool:
+    """Whether a recipe build of the book is pending beside its searched index (what
+    :func:`~rag_pipeline.ingest.stages.finish_book` may switch in, with a reader's handle)."""
+    generations = generations_of(store)
+    return generations is not None and generations.pending_recipe(book_id) is not None
 
 
 def _same(kept: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
@@ -332,21 +348,39 @@ class IngestPipeline:
             checked = write_and_check(
                 store, self.source, chunked, embedded, lineage, recipe.dimension
             )
+            if checked is not None and not _building_beside(store, book_id):
+                # nothing to switch: the builder's handle ends the run (a reader's handle
+                # would unload the book's shard and load it again, a search let in between)
+                return self._finished(store, chunked, embedded, checked, recipe, lineage)
         if checked is None:  # removed while the run read and embedded it
             message = f"book folder {book_id!r} was removed during this run: nothing written"
             return WrittenBook(BookResult(book_id, "missing", error_messages=[message]))
-        result = book_result(chunked, embedded, checked.written, checked.consistency)
         with self.store.open() as store:  # a reader: the switch decision is finish_book's
-            generations = generations_of(store)
-            before = None if generations is None else generations.current_recipe(book_id)
-            switch = finish_book(
-                store,
-                chunked,
-                checked.consistency,
-                recipe,
-                run_id=run_id,
-                keep_old=self.store.config.keep_old_recipe,
-            )
+            return self._finished(store, chunked, embedded, checked, recipe, lineage)
+
+    def _finished(
+        self,
+        store: VectorStore,
+        chunked: ChunkedBook,
+        embedded: EmbeddedBook,
+        checked: CheckedWrite,
+        recipe: IndexRecipe,
+        lineage: LineageInfo,
+    ) -> WrittenBook:
+        """The end of a book's write: a pending recipe build switched in (on ``store``, a
+        reader opened after the builders closed, or the builder when none is pending)."""
+        book_id = chunked.book_id
+        result = book_result(chunked, embedded, checked.written, checked.consistency)
+        generations = generations_of(store)
+        before = None if generations is None else generations.current_recipe(book_id)
+        switch = finish_book(
+            store,
+            chunked,
+            checked.consistency,
+            recipe,
+            run_id=lineage.run_id,
+            keep_old=self.store.config.keep_old_recipe,
+        )
         result.warnings += [held_back(book_id, reason) for reason in switch.held_back]
         return WrittenBook(
             result,
@@ -386,26 +420,48 @@ class IngestPipeline:
         (a chunk or vector problem) and at the first error: the run's step does that stage
         itself and reports it as ever."""
         prepared = PreparedRun(run_id, list(book_ids), force)
-        # a book's shard loaded once for every stage, as within a run (let go at once when
-        # another process, a search, waits for it; closed when the block ends)
-        with kept_open():
+        started = time.time()
+        # a book's shard loaded once for every stage, as within a run, and kept for an edit's
+        # stages even when a search waits (PREPARE_HOLD_S: it then gets the edit at once);
+        # let go when another process waits past that, and closed when the block ends
+        with kept_open(PREPARE_HOLD_S):
             self._prepare(prepared)
+            closing = time.perf_counter()
+        prepared.seconds["close"] = time.perf_counter() - closing
+        log.info(
+            "run %s prepared: started at %.3f, %s",
+            run_id,
+            started,
+            ", ".join(f"{stage} {s:.3f} s" for stage, s in prepared.seconds.items()),
+        )
         return prepared
 
     def _prepare(self, prepared: PreparedRun) -> None:
         """The stages of :meth:`prepare`, each output kept as it comes."""
         out, book_ids, run_id = prepared.outputs, prepared.book_ids, prepared.run_id
         force = prepared.force
+        lap = time.perf_counter()
+
+        def timed(stage: str) -> None:
+            nonlocal lap
+            now = time.perf_counter()
+            prepared.seconds[stage], lap = now - lap, now
+
         try:
             out["assess"] = assessed = self.assess(book_ids, force=force)
+            timed("assess")
             out["parse"] = parsed = self.parse({b: a.inventory for b, a in assessed.items()})
+            timed("parse")
             out["chunk"] = chunked = self.chunk(parsed)
+            timed("chunk")
             if any(book.problems for book in chunked.values()):
                 return  # chunks_valid blocks the embedding and the write
             out["embed"] = embedded = self.embed(chunked, say=prepared.said.append)
+            timed("embed")
             if any(book.problems for book in embedded.values()):
                 return  # vector_dimension blocks the write
             out["write"] = self.write(chunked, embedded, run_id=run_id)
+            timed("write")
         except Exception:  # the run's step meets it again and records it
             log.debug("stages of run %s left to the run", run_id, exc_info=True)
 

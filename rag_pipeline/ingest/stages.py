@@ -30,8 +30,11 @@ from rag_pipeline.ingest.consistency import (
 )
 from rag_pipeline.ingest.index import (
     DocumentOutcome,
+    IndexState,
     WriteReport,
+    documents_after_write,
     reusable_vectors,
+    sparse_model_of,
     write_book_changes,
 )
 from rag_pipeline.ingest.migration import SwitchOutcome, finish_build
@@ -64,6 +67,7 @@ __all__ = [
     "vectors_to_reuse",
     "write_and_check",
     "write_book",
+    "written_files",
 ]
 
 #: called after each embedding batch (see :class:`~rag_pipeline.embed.base.ProgressCallback`)
@@ -87,6 +91,21 @@ def discard_if_damaged(store: VectorStore, book_id: str) -> str | None:
     return None
 
 
+def _assess_for_run(
+    source: BookSource, book_id: str, store: VectorStore, recipe: IndexRecipe, force: bool
+) -> BookInventory:
+    """The run's assessment, read in proportion to the change (issue 40.4): the book's
+    document records and chunk counts (from its saved summary while the store vouches for
+    it, as the plan reads them), never every chunk's payload. What the run reuses is looked
+    up by content hash (:func:`vectors_to_reuse`) and what it replaces is read per changed
+    file when it writes (:func:`~rag_pipeline.ingest.index.write_book_changes`), so the
+    inventory's ``state`` holds no chunk ids (``chunk_payloads_read`` is False)."""
+    inventory = assess_book(source, book_id, store, recipe, force=force, chunk_payloads=False)
+    inventory.state.sparse_model = sparse_model_of(store, book_id)
+    inventory.state.chunk_payloads_read = False
+    return inventory
+
+
 def rebuilt_reason(problem: str) -> str:
     """Why every file of a book whose index was damaged runs."""
     return f"its index was damaged ({problem}): rebuilt from its files"
@@ -105,10 +124,10 @@ def take_inventory(
     index is found damaged (here, or before: ``damage``, see :func:`discard_if_damaged`)
     loses what is left of it and is rebuilt, every file with that reason."""
     try:
-        inventory = assess_book(source, book_id, store, recipe, force=force)
+        inventory = _assess_for_run(source, book_id, store, recipe, force)
     except BookDamagedError as exc:
         store.discard_damaged(book_id, exc.problem)
-        inventory = assess_book(source, book_id, store, recipe, force=force)
+        inventory = _assess_for_run(source, book_id, store, recipe, force)
         damage = exc.problem
     if damage is None:
         return inventory
@@ -339,17 +358,17 @@ class EmbeddedBook:
 def vectors_to_reuse(
     chunked: ChunkedBook, recipe: IndexRecipe, store: VectorStore
 ) -> dict[str, np.ndarray]:
-    """Stored vectors for the chunks whose text the index already holds (none when the book
-    is being re-embedded)."""
+    """Stored vectors for the chunks whose text the book already holds, embedded with the
+    recipe's model (none when the book is being re-embedded)."""
     inventory = chunked.inventory
-    if inventory.reembed:
+    if inventory.reembed or not chunked.chunks:
         return {}
     return reusable_vectors(
         store,
         inventory.book_id,
-        inventory.state,
         (c.content_hash for c in chunked.chunks),
         recipe.dimension,
+        recipe.embedding_model,
     )
 
 
@@ -456,14 +475,30 @@ def write_book(
         outcomes=chunked.outcomes,
         lineage=lineage,
     )
-    _save_summary(store, inventory, lineage.run_id)
+    if catalog_of(store) is not None:
+        state = documents_after_write(store, inventory.state, written_files(chunked))
+        _save_summary(store, inventory, lineage.run_id, state)
     return report
 
 
-def _save_summary(store: VectorStore, inventory: BookInventory, run_id: str | None) -> None:
+def written_files(chunked: ChunkedBook) -> set[str]:
+    """The files whose points and document records a run of ``chunked`` writes or deletes;
+    the book's other files keep what they had (what the run's write and check read)."""
+    changes = chunked.inventory.changes
+    outcomes = {o.source_file for o in chunked.outcomes}
+    return outcomes | set(changes.changed) | set(changes.deleted) | set(changes.unreadable)
+
+
+def _save_summary(
+    store: VectorStore,
+    inventory: BookInventory,
+    run_id: str | None,
+    state: IndexState | None = None,
+) -> None:
     """The book's catalog entry as the run leaves it, with the stats of the files the run read
     (a store without a catalog keeps none): the collection look and the plan read it, not the
-    book, until the book changes."""
+    book, until the book changes. ``state``: the book's document records as the run left
+    them (read from the book when not given)."""
     catalog = catalog_of(store)
     if catalog is not None:
         summary = run_summary(
@@ -473,6 +508,7 @@ def _save_summary(store: VectorStore, inventory: BookInventory, run_id: str | No
             files=inventory.files,
             read_at_ns=inventory.read_at_ns,
             revision=inventory.revision,
+            state=state,
         )
         catalog.save_summary(inventory.book_id, summary)
 
@@ -500,7 +536,15 @@ def write_and_check(
     if source.is_gone(book_id):
         return None
     written = write_book(store, chunked, embedded, lineage)
-    return CheckedWrite(written, check_index(store, book_id, dimension))
+    # the files written are read back and checked; the others' records are the assessment's
+    consistency = check_index(
+        store,
+        book_id,
+        dimension,
+        written=written_files(chunked),
+        others=chunked.inventory.state.documents,
+    )
+    return CheckedWrite(written, consistency)
 
 
 def failed_files(chunked: ChunkedBook) -> set[str]:

@@ -46,6 +46,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.05
+#: a waiter tries this often for its first _QUICK_FOR_S: a holder that steps aside for it
+#: (a search service, live mode between edits) is usually done within that, and a try is one
+#: system call (issue 41.1: each hand-over cost up to a whole _POLL_S)
+_QUICK_POLL_S = 0.005
+_QUICK_FOR_S = 2.0
 _NOTICE_EVERY_S = 10.0
 
 
@@ -204,7 +209,7 @@ class FolderLock:
                         f"{wait_s:g}s (RAG_BUSY_WAIT_S). Wait for it to finish, or use a "
                         "Qdrant server (RAG_QDRANT_URL) for concurrent access."
                     )
-                time.sleep(_POLL_S)
+                time.sleep(_QUICK_POLL_S if now - started < _QUICK_FOR_S else _POLL_S)
                 if _try_lock(fd):
                     return
 

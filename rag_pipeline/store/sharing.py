@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class _Slot:
 _registry_lock = threading.Lock()
 _slots: dict[Hashable, _Slot] = {}
 _kept = 0  # how many kept_open blocks are active
+#: until when (monotonic s) idle handles are kept even for a waiting process (kept_open's hold_s)
+_held_until = 0.0
 _watcher: threading.Thread | None = None
 _stop = threading.Event()
 
@@ -79,12 +82,17 @@ def shared_store(
 
 
 @contextmanager
-def kept_open() -> Iterator[None]:
+def kept_open(hold_s: float = 0.0) -> Iterator[None]:
     """Keep idle store handles open for the next user while the block runs (see the module's
-    docstring); every idle one is closed when the last such block ends."""
-    global _kept, _watcher
+    docstring); every idle one is closed when the last such block ends. ``hold_s``: for that
+    long from the block's start an idle handle is not let go for a waiting process either
+    (live mode's edit: its stages use the store between short computations; letting a
+    search in between them cost a hand-over and a load of the book's shard on each side,
+    each time; a longer block lets go as before)."""
+    global _kept, _watcher, _held_until
     with _registry_lock:
         _kept += 1
+        _held_until = max(_held_until, time.monotonic() + hold_s)
         if _watcher is None:
             _stop.clear()
             _watcher = threading.Thread(target=_watch, name="store-keeper", daemon=True)
@@ -98,6 +106,7 @@ def kept_open() -> Iterator[None]:
             watcher = _watcher if last else None
             if last:
                 _watcher = None
+                _held_until = 0.0
                 _stop.set()
         if watcher is not None:
             watcher.join(timeout=5)
@@ -125,7 +134,7 @@ def _watch() -> None:
     """Close an idle kept handle as soon as another process waits for what it holds."""
     while not _stop.wait(WATCH_S):
         with _registry_lock:
-            slots = list(_slots.values())
+            slots = [] if time.monotonic() < _held_until else list(_slots.values())
         for slot in slots:
             if slot.store is None or slot.users or not slot.lock.acquire(blocking=False):
                 continue
