@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+# imported before any test stands in for rag_pipeline.embed.create_embedder: a first import
+# inside such a test would bind the stand-in into serve.app for every later test of the process
+import rag_pipeline.serve.app  # noqa: F401
 from rag_pipeline.config import load_settings
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.embed.local import local_model_name
