@@ -67,13 +67,12 @@ class DagsterDev:
         self.terminal: subprocess.Popen | None = None
 
     def start(self) -> None:
-        # migrate the fresh instance first: doing it while the webserver starts races
-        subprocess.run(
-            [sys.executable, "-c", "from dagster import DagsterInstance; DagsterInstance.get()"],
-            env=self.env,
-            check=True,
-            timeout=120,
-        )
+        # migrate the fresh instance first: doing it while the webserver starts races (here,
+        # where Dagster is imported already, not in a process of its own that imports it)
+        from dagster import DagsterInstance
+
+        with DagsterInstance.from_config(str(self.home)):
+            pass
         dg = Path(sys.executable).with_name("dg")  # what `make ui` runs, as it runs it
         command = [str(dg), "dev", "--log-level", "warning"]
         if self.webserver_only:
@@ -142,7 +141,7 @@ class DagsterDev:
                 last = exc
             if self.proc and self.proc.poll() is not None:
                 raise AssertionError(f"dagster dev exited while waiting for {what}")
-            time.sleep(1)
+            time.sleep(0.5)
         raise AssertionError(f"timed out after {timeout}s waiting for {what} ({last})")
 
     def graphql(self, query: str, **variables):  # type: ignore[no-untyped-def]
