@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from rag_pipeline.defs.metadata import markdown_rows
+from rag_pipeline.ui_terminal import STOP_GRACE_S
 from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.helpers import cli_env
 from rag_pipeline_tests.ui_badge import CHECKS as BADGE
@@ -109,8 +110,12 @@ class DagsterDev:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(60)
+                # what `make ui` allows (rag_pipeline.ui_terminal kills what is left of the
+                # group then); some stops after a Launchpad run, a backfill and CLI runs took
+                # longer and were waited for 60 s
+                self.proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
+                print(f"dg dev still running {STOP_GRACE_S:g} s after SIGTERM: killed")
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         if self.terminal is not None:
