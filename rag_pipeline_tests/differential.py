@@ -455,7 +455,9 @@ class LiveDifferential(Differential):
 
     def __init__(self, root: Path, seed: int, **options: Any) -> None:
         super().__init__(root, seed, **options)
-        self.cli.fresh = True  # the live process is started as a user starts it
+        # the live process is started from scratch, as a user starts it (LiveProcess); the
+        # plans that poll for its work are forked from the warm interpreter, a real process
+        # each without a fresh import of Dagster
         self.live: LiveProcess | None = None
         self.killed = 0
         self.settle_seconds: list[float] = []

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from rag_pipeline.defs.metadata import markdown_rows
+from rag_pipeline.ui_terminal import STOP_GRACE_S
 from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.helpers import cli_env
 from rag_pipeline_tests.ui_badge import CHECKS as BADGE
@@ -67,13 +68,12 @@ class DagsterDev:
         self.terminal: subprocess.Popen | None = None
 
     def start(self) -> None:
-        # migrate the fresh instance first: doing it while the webserver starts races
-        subprocess.run(
-            [sys.executable, "-c", "from dagster import DagsterInstance; DagsterInstance.get()"],
-            env=self.env,
-            check=True,
-            timeout=120,
-        )
+        # migrate the fresh instance first: doing it while the webserver starts races (here,
+        # where Dagster is imported already, not in a process of its own that imports it)
+        from dagster import DagsterInstance
+
+        with DagsterInstance.from_config(str(self.home)):
+            pass
         dg = Path(sys.executable).with_name("dg")  # what `make ui` runs, as it runs it
         command = [str(dg), "dev", "--log-level", "warning"]
         if self.webserver_only:
@@ -110,8 +110,12 @@ class DagsterDev:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(60)
+                # what `make ui` allows (rag_pipeline.ui_terminal kills what is left of the
+                # group then); some stops after a Launchpad run, a backfill and CLI runs took
+                # longer and were waited for 60 s
+                self.proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
+                print(f"dg dev still running {STOP_GRACE_S:g} s after SIGTERM: killed")
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         if self.terminal is not None:
@@ -142,7 +146,7 @@ class DagsterDev:
                 last = exc
             if self.proc and self.proc.poll() is not None:
                 raise AssertionError(f"dagster dev exited while waiting for {what}")
-            time.sleep(1)
+            time.sleep(0.5)
         raise AssertionError(f"timed out after {timeout}s waiting for {what} ({last})")
 
     def graphql(self, query: str, **variables):  # type: ignore[no-untyped-def]

@@ -160,33 +160,38 @@ def empty_books(tmp_path: Path) -> Path:
 STOP_S = 30
 
 
-def test_make_ui_comes_up_on_new_homes_and_stops_however_signalled(tmp_path, empty_books):
-    """Three starts in a row, each on a new DAGSTER_HOME: `dg dev` and live mode created and
-    stamped its databases at the same moment and failed about one start in three (or left the
-    home unusable). Each is stopped another way, and leaves no process behind: started as
-    scripts and service managers start it (SIGINT ignored: `make ui &`, nohup), SIGTERM to its
+#: the ways `make ui` is stopped: (name, started with SIGINT ignored, the signal sent)
+STOPS = {
+    "SIGTERM to the group, SIGINT ignored": (True, lambda p: os.killpg(p.pid, signal.SIGTERM)),
+    "SIGTERM to make": (False, lambda p: os.kill(p.pid, signal.SIGTERM)),
+    "Ctrl-C": (False, lambda p: os.killpg(p.pid, signal.SIGINT)),
+}
+
+
+@pytest.mark.parametrize("how", list(STOPS))
+def test_make_ui_comes_up_on_a_new_home_and_stops_however_signalled(tmp_path, empty_books, how):
+    """A start on a new DAGSTER_HOME, three in all (one per way to stop it, apart so that
+    pytest-xdist runs them side by side): `dg dev` and live mode created and stamped its
+    databases at the same moment and failed about one start in three (or left the home
+    unusable). Each is stopped another way, and leaves no process behind: started as scripts
+    and service managers start it (SIGINT ignored: `make ui &`, nohup), SIGTERM to its
     process group (before the fix it stopped live mode but not `dg dev` and its children:
     Dagster gives SIGTERM the disposition SIGINT has); SIGTERM to make alone (systemd's
     KillMode=mixed; make passes it on to the recipe's shell); SIGINT to the group (Ctrl-C)."""
-    stops = [
-        ("SIGTERM to the group, SIGINT ignored", True, lambda p: os.killpg(p.pid, signal.SIGTERM)),
-        ("SIGTERM to make", False, lambda p: os.kill(p.pid, signal.SIGTERM)),
-        ("Ctrl-C", False, lambda p: os.killpg(p.pid, signal.SIGINT)),
-    ]
-    for n, (how, sigint_ignored, stop) in enumerate(stops):
-        ui = MakeUi(tmp_path / f"start{n}", empty_books)
-        try:
-            ui.start(sigint_ignored=sigint_ignored)
-            ui.wait_up()
-            assert len(ui.processes()) >= 6, ui.processes()  # make, sh, live, dg dev and more
-            stop(ui.proc)
-            ui.wait_gone(STOP_S)
-        finally:
-            ui.kill()
-        log = ui.log()
-        for failure in START_FAILURES:
-            assert failure not in log, (how, log)
-        assert "live stopped" in log, (how, log)
+    sigint_ignored, stop = STOPS[how]
+    ui = MakeUi(tmp_path / "start", empty_books)
+    try:
+        ui.start(sigint_ignored=sigint_ignored)
+        ui.wait_up()
+        assert len(ui.processes()) >= 6, ui.processes()  # make, sh, live, dg dev and more
+        stop(ui.proc)
+        ui.wait_gone(STOP_S)
+    finally:
+        ui.kill()
+    log = ui.log()
+    for failure in START_FAILURES:
+        assert failure not in log, (how, log)
+    assert "live stopped" in log, (how, log)
 
 
 def two_heads(database: Path) -> None:
