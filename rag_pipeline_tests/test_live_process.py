@@ -343,7 +343,7 @@ def test_a_stop_signal_during_a_run_stops_after_that_change_and_the_run_succeeds
     assert book["status"] == "ingested", book
     run = _run(cli, book["run_id"])
     assert run is not None and run.status == DagsterRunStatus.SUCCESS
-    assert "stopping after the change in hand" in "".join(live.stderr)
+    assert "stopping after the changes in hand" in "".join(live.stderr)
     plan = _settled(cli, timeout=5)  # the edit is in the index
     assert plan["books"][BOOK]["action"] == "unchanged"
 

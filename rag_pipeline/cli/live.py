@@ -36,8 +36,9 @@ def watch(as_json: bool) -> None:
     folder's notifications and runs the ingest (or purge) job in process for each change:
     each change is a Dagster run in the UI, with its metadata, checks and lineage. While it
     runs, the books sensor of the same DAGSTER_HOME defers to it; when it stops (or dies), the
-    sensor takes over from what it applied. Ctrl-C or SIGTERM stops it after the change in
-    hand."""
+    sensor takes over from what it applied. Changes of different books are applied side by
+    side (RAG_LIVE_WORKERS, default 2); one book's, one after another. Ctrl-C or SIGTERM stops
+    it after the changes in hand."""
     from rag_pipeline.config import ensure_dagster_home
     from rag_pipeline.defs.live import run_live
 
@@ -50,7 +51,7 @@ def watch(as_json: bool) -> None:
         if stop.is_set():  # a second Ctrl-C: now
             raise KeyboardInterrupt
         stop.set()
-        say("stopping after the change in hand")
+        say("stopping after the changes in hand")
 
     signal.signal(signal.SIGINT, stopping)
     signal.signal(signal.SIGTERM, stopping)
@@ -87,6 +88,7 @@ def watch(as_json: bool) -> None:
             notify=lambda message: say(f"[yellow]note[/] {message}"),
             on_report=applied,
             on_ready=ready,
+            workers=settings.live_workers,
         )
 
     say(f"starting: {pipeline.description}")

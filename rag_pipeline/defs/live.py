@@ -48,6 +48,9 @@ class LiveRuns:
     on_report: Callable[[IngestReport], None]
     #: set when the process is asked to stop: no run starts after the one in hand
     stop: threading.Event = field(default_factory=threading.Event)
+    #: the live loop's workers call this at once for different books: their reports are
+    #: handed on one at a time (one JSON line, one block of lines each)
+    _reporting: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, books: list[str]) -> dict[str, bool]:
         try:
@@ -71,7 +74,8 @@ class LiveRuns:
             report = IngestReport(
                 {b: BookResult(b, "failed", error_messages=[message]) for b in books}
             )
-        self.on_report(report)
+        with self._reporting:
+            self.on_report(report)
         return {b: r.status not in ("failed", "deferred") for b, r in report.books.items()}
 
 
@@ -85,10 +89,15 @@ def run_live(
     notify: Callable[[str], None] = log.warning,
     on_report: Callable[[IngestReport], None] = lambda report: None,
     on_ready: Callable[[LiveLoop], None] = lambda loop: None,
+    workers: int = 2,
 ) -> None:
     """Apply the pipeline's source's changes until ``stop`` is set: hold the live lock of
     ``home`` (:class:`~rag_pipeline.ingest.live.LiveBusyError` if another live process holds
-    it), load the model, catch up with every book, then follow the notifications."""
+    it), load the model, catch up with every book, then follow the notifications. Up to
+    ``workers`` changes of different books are applied at once, each by runs executed in a
+    thread of this process on the one instance, pipeline and model (the store's book locks,
+    shared handle and Dagster's pools are what two runs in one process share; the ONNX
+    session runs calls of two threads at once)."""
     mark = LiveMark(home, pipeline.source)
     with mark.hold(), open_home_instance() as instance:
         pipeline.warm_up()
@@ -96,6 +105,11 @@ def run_live(
             pipeline, instance, home, batching or BatchConfig(), notify, on_report, stop
         )
         loop = LiveLoop(
-            pipeline.source, runs, timing=timing or LiveTiming(), save=mark.save, notify=notify
+            pipeline.source,
+            runs,
+            timing=timing or LiveTiming(),
+            save=mark.save,
+            notify=notify,
+            workers=workers,
         )
         loop.run(stop, on_ready=lambda: on_ready(loop))

@@ -1,0 +1,104 @@
+"""Live mode applies changes of different books side by side (issue 40.2), through a real
+``rag-pipeline watch`` process: a small book's edit saved while a big book's first ingest is
+under way is searchable before that ingest ends; two runs of one book never overlap (their
+start and end times as the Dagster instance records them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_pipeline_tests.helpers import Cli, LiveProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def _word() -> str:
+    return "zq" + uuid.uuid4().hex[:10]
+
+
+def _write_book(data: Path, book: str, files: int, words: str = "") -> None:
+    for f in range(files):
+        path = data / book / f"f{f:03d}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# Part {book} {f}\n\nThe opening words of part {f}. {words}\n")
+
+
+def _search_words(cli: Cli, book: str, word: str) -> list[str]:
+    hits = json.loads(cli("search", word, "--book", book, "--mode", "sparse", "--json").stdout)
+    return [h["text"] for h in hits if word in h["text"]]
+
+
+def _book_runs(cli: Cli, book: str) -> list[Any]:
+    """The ingest runs of ``book`` (alone or in a batch) the instance records, oldest first."""
+    from dagster import DagsterInstance, RunsFilter
+
+    from rag_pipeline.defs.runs import BOOK_TAG
+
+    before = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = cli.env["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            records = instance.get_run_records(RunsFilter(tags={BOOK_TAG: book}))
+            return sorted(records, key=_begun)
+    finally:
+        if before is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = before
+
+
+def test_a_small_books_edit_is_searchable_during_a_big_books_first_ingest(tmp_path):
+    """The big book's first ingest is held after it read its files (as a long embedding
+    would hold it); the small book's edit saved meanwhile is applied and searchable before
+    it ends. The big book, edited again during its run, is applied once more after it: its
+    runs never overlap, and its latest content is what is indexed."""
+    from rag_pipeline_tests.phasepoint import Phases
+
+    data = tmp_path / "books"
+    _write_book(data, "small", 3)
+    cli = Cli(tmp_path, data)
+    cli.env["RAG_LIVE_WORKERS"] = os.environ.get("XX_WORKERS", "2")
+    phases = Phases(tmp_path / "phases")
+    live = LiveProcess(cli, phases=phases.folder)
+    try:
+        live.next_event("ready", timeout=120)
+        phases.arm("read")
+        _write_book(data, "big", 60)  # its first ingest: held after it read its files
+        phases.wait("read")
+        big_edit, small_edit = _word(), _word()
+        (data / "big" / "f000.md").write_text(f"# Part big 0\n\nThe {big_edit} edit.\n")
+        saved = time.monotonic()
+        (data / "small" / "f001.md").write_text(f"# Part small 1\n\nThe {small_edit} edit.\n")
+        report = live.next_event("applied", timeout=30)["report"]["books"]
+        assert report["small"]["status"] == "ingested", report
+        applied_after = time.monotonic() - saved
+        assert _search_words(cli, "small", small_edit)  # searchable, the big one still held
+        assert not live.applied_books() or "big" not in live.applied_books()
+        phases.go("read")
+        deadline = time.monotonic() + 60
+        while not _search_words(cli, "big", big_edit):  # its edit, applied after its run
+            assert time.monotonic() < deadline, "".join(live.stderr[-20:])
+            time.sleep(0.5)
+    finally:
+        assert live.stop() == 0, "".join(live.stderr[-30:])
+    print(f"the small book's edit applied {applied_after:.2f}s after its save")
+    assert live.applied_books().count("big") == 2  # the first ingest, then its edit
+    big, small = _book_runs(cli, "big"), _book_runs(cli, "small")
+    assert len(big) == 2 and all(r.end_time for r in big), big
+    # a live run's work starts when it is recorded (its points are written before its steps
+    # execute): the runs of one book, one after the other
+    assert big[0].end_time <= _begun(big[1])
+    during = small[-1]
+    assert _begun(big[0]) < _begun(during) and during.end_time < big[0].end_time
+
+
+def _begun(record: Any) -> float:
+    """When a live run's work began: its creation (its stages run before it starts)."""
+    return float(record.create_timestamp.timestamp())
