@@ -64,7 +64,6 @@ def test_a_small_books_edit_is_searchable_during_a_big_books_first_ingest(tmp_pa
     data = tmp_path / "books"
     _write_book(data, "small", 3)
     cli = Cli(tmp_path, data)
-    cli.env["RAG_LIVE_WORKERS"] = os.environ.get("XX_WORKERS", "2")
     phases = Phases(tmp_path / "phases")
     live = LiveProcess(cli, phases=phases.folder)
     try:
