@@ -101,3 +101,56 @@ def test_a_small_books_edit_is_searchable_during_a_big_books_first_ingest(tmp_pa
 def _begun(record: Any) -> float:
     """When a live run's work began: its creation (its stages run before it starts)."""
     return float(record.create_timestamp.timestamp())
+
+
+def test_ingest_hands_its_change_to_the_live_process_and_runs_it_itself_without_one(tmp_path):
+    """Issue 41.2: where live mode runs, ``rag-pipeline ingest`` asks it to apply the books
+    and prints its report (the same ``--json``, with ``applied_by``): the run is live mode's.
+    Once the live process is gone (stopped, or killed: its socket left behind), the CLI runs
+    the change itself."""
+    import signal
+
+    from rag_pipeline.defs.live import LIVE_TRIGGER
+    from rag_pipeline.defs.runs import TRIGGER_TAG
+
+    data = tmp_path / "books"
+    _write_book(data, "alpha", 3)
+    _write_book(data, "beta", 2)
+    cli = Cli(tmp_path, data)
+    live = LiveProcess(cli)
+    try:
+        live.next_event("ready", timeout=120)
+        word = _word()
+        (data / "alpha" / "f001.md").write_text(f"# Part alpha 1\n\nThe {word} edit.\n")
+        done = json.loads(cli("ingest", "--json").stdout)
+        assert done["applied_by"] == f"live mode (pid {live.proc.pid})", done
+        assert set(done["books"]) == {"alpha", "beta"}  # every book, as an ingest reports
+        alpha = done["books"]["alpha"]
+        assert alpha["status"] == "ingested" and alpha["reasons"], alpha
+        assert done["books"]["beta"]["status"] == "unchanged"
+        assert _search_words(cli, "alpha", word)  # in the index when the CLI returns
+        runs = {r.dagster_run.run_id: r for r in _book_runs(cli, "alpha")}
+        assert runs[alpha["run_id"]].dagster_run.tags[TRIGGER_TAG] == LIVE_TRIGGER
+        named = json.loads(cli("ingest", "--book", "beta", "--json").stdout)
+        assert list(named["books"]) == ["beta"] and "applied_by" in named
+        assert named["books"]["beta"]["status"] == "unchanged"
+        text = cli("ingest", "--book", "beta")
+        assert "applied by live mode" in text.stderr and "beta" in text.stdout
+    finally:
+        assert live.stop() == 0, "".join(live.stderr[-30:])
+    word = _word()
+    (data / "beta" / "f000.md").write_text(f"# Part beta 0\n\nThe {word} edit.\n")
+    alone = json.loads(cli("ingest", "--json").stdout)
+    assert "applied_by" not in alone and alone["books"]["beta"]["status"] == "ingested"
+    killed = LiveProcess(cli)
+    try:
+        killed.next_event("ready", timeout=120)
+        os.killpg(killed.proc.pid, signal.SIGKILL)
+        killed.proc.wait(10)
+    finally:
+        killed.stop()
+    word = _word()
+    (data / "alpha" / "f000.md").write_text(f"# Part alpha 0\n\nThe {word} edit.\n")
+    alone = json.loads(cli("ingest", "--json").stdout)
+    assert "applied_by" not in alone and alone["books"]["alpha"]["status"] == "ingested"
+    assert _search_words(cli, "alpha", word)

@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.scan import BookScanState, scan_books, written_since
@@ -53,6 +53,7 @@ __all__ = [
     "LiveLeft",
     "LiveLoop",
     "LiveMark",
+    "LiveTicket",
     "LiveTiming",
 ]
 
@@ -169,10 +170,61 @@ class LiveMark:
 
 
 @dataclass
+class LiveTicket:
+    """A request to apply books now (``rag-pipeline ingest`` handing its change over): done
+    once each book it names (None: every book) has been through a call of ``apply`` that
+    started after the request (a call in flight then may have read the files before the
+    change the request is about)."""
+
+    books: list[str] | None
+    done: threading.Event = field(default_factory=threading.Event)
+    #: what each call of ``apply`` that took its books returned
+    outcomes: list[Mapping[str, bool]] = field(default_factory=list)
+    #: the books it names, resolved by the look that took it (every book for None)
+    resolved: list[str] = field(default_factory=list)
+    #: why it was not applied (the process stopped, the source was unavailable)
+    refused: str = ""
+    _waiting: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def waiting(self) -> list[str]:
+        """The books still to apply."""
+        with self._lock:
+            return sorted(self._waiting)
+
+    def _wait_for(self, book_id: str) -> None:
+        with self._lock:
+            self._waiting.add(book_id)
+
+    def _applied(self, book_id: str, outcome: Mapping[str, bool]) -> None:
+        with self._lock:
+            if not any(o is outcome for o in self.outcomes):
+                self.outcomes.append(outcome)
+            self._waiting.discard(book_id)
+            if not self._waiting:
+                self.done.set()
+
+    def _refuse(self, why: str) -> None:
+        with self._lock:
+            if not self.done.is_set():
+                self.refused = why
+                self.done.set()
+
+
+@dataclass
 class _Failed:
     content_digest: str
     failures: int
     next_try: float
+
+
+class _Job(NamedTuple):
+    """The books of one call of ``apply`` (with the look each is applied with) and the
+    requests waiting for them."""
+
+    books: dict[str, BookScanState | None]
+    tickets: dict[str, list[LiveTicket]]
 
 
 @dataclass
@@ -220,6 +272,22 @@ class LiveLoop:
     #: a book changed during its run, the first catch-up done)
     _ended: threading.Event = field(default_factory=threading.Event)
     _closing: bool = False
+    #: requests to apply books now, for the next look
+    _requests: list[LiveTicket] = field(default_factory=list)
+    #: per queued book, the requests its next call answers
+    _tickets: dict[str, list[LiveTicket]] = field(default_factory=dict)
+
+    def request(self, books: list[str] | None) -> LiveTicket:
+        """Apply ``books`` (None: every book) now, whatever the looks say: the next look
+        queues them (after a call of theirs in flight). Wait on the ticket's ``done``."""
+        ticket = LiveTicket(None if books is None else list(books))
+        with self._lock:
+            if self._closing:
+                ticket._refuse("the live process is stopping")
+                return ticket
+            self._requests.append(ticket)
+        self._ended.set()  # the looking thread looks now
+        return ticket
 
     def look(self, now: float | None = None) -> list[str]:
         """Look at the books due (all of them the first time) and hand those that changed to
@@ -230,15 +298,21 @@ class LiveLoop:
         with self._lock:
             doubtful = set(self._doubtful)
             cursor = self._cursor()
+            asked, self._requests = self._requests, []
+        # a request for every book stats every book; one for named books stats those afresh
+        every = any(ticket.books is None for ticket in asked)
+        named = {b for ticket in asked for b in ticket.books or ()}
         if watcher is not None:  # a book in doubt is stat'ed afresh: a kept digest proves nothing
-            for book_id in doubtful:
+            for book_id in doubtful | named:
                 watcher.look_again(book_id)
         try:
-            states, rejected = scan_books(self.source, cursor, watcher)
+            states, rejected = scan_books(self.source, cursor, None if every else watcher)
         except SourceUnavailableError as exc:
             if str(exc) != self._unavailable:  # said once, not at every look
                 self.notify(f"{exc}; nothing is applied until it is back")
             self._unavailable = str(exc)
+            for ticket in asked:
+                ticket._refuse(str(exc))
             return []
         self._unavailable = ""
         for refused in sorted(set(rejected) - self._rejected):  # each said once
@@ -246,6 +320,15 @@ class LiveLoop:
         self._rejected = set(rejected)
         with self._lock:
             books = self._changed(states, now)
+            for ticket in asked:
+                names = ticket.books if ticket.books is not None else sorted(states)
+                ticket.resolved = list(dict.fromkeys(names))
+                for book_id in ticket.resolved:
+                    books.setdefault(book_id, states.get(book_id))
+                    self._tickets.setdefault(book_id, []).append(ticket)
+                    ticket._wait_for(book_id)
+                if not ticket.resolved:
+                    ticket.done.set()
             if books:
                 self._pending.update(books)
                 self._save()
@@ -299,13 +382,13 @@ class LiveLoop:
             books.setdefault(book_id, states.get(book_id))
         return books
 
-    def _take(self) -> dict[str, BookScanState | None]:
+    def _take(self) -> _Job:
         """The books of the next call of ``apply`` (the caller holds the lock): those queued
         and not in flight, shared among the idle workers by their files (a big book's first
         ingest goes alone; the next book does not wait behind it)."""
         ready = sorted(b for b in self._pending if b not in self._in_flight)
         if not ready:
-            return {}
+            return _Job({}, {})
         idle = max(len(self._pool) - self._busy, 1)
         if idle > 1 and len(ready) > 1:
             files = {
@@ -320,14 +403,18 @@ class LiveLoop:
                 taken.append(book_id)
                 count += files[book_id]
             ready = taken
-        job = {b: self._pending.pop(b) for b in ready}
-        self._in_flight.update(job)
+        job = _Job(
+            {b: self._pending.pop(b) for b in ready},
+            {b: self._tickets.pop(b) for b in ready if b in self._tickets},
+        )
+        self._in_flight.update(job.books)
         self._busy += 1
         return job
 
-    def _apply_job(self, job: Mapping[str, BookScanState | None], now: float | None = None) -> None:
+    def _apply_job(self, taken: _Job, now: float | None = None) -> None:
         """One call of ``apply`` and its bookkeeping: what each book's call read is recorded
         as applied, a failed book is backed off (from ``now``, default: when it ended)."""
+        job = taken.books
         books = sorted(job)
         try:
             done: Mapping[str, bool] = self.apply(books)
@@ -353,6 +440,9 @@ class LiveLoop:
             self._busy -= 1
             self._save()
             self._lock.notify_all()
+        for book_id, tickets in taken.tickets.items():
+            for ticket in tickets:
+                ticket._applied(book_id, done)
         self._ended.set()
 
     def _record(
@@ -386,7 +476,7 @@ class LiveLoop:
         while True:
             with self._lock:
                 job = self._take()
-            if not job:
+            if not job.books:
                 return
             self._apply_job(job, now)
 
@@ -435,8 +525,10 @@ class LiveLoop:
                 else:  # no notifications: every look stats every book
                     news = self._pause(stop, self._idle_wait())
                 if self._ended.is_set():  # a call ended: wait again (a book in doubt is due
-                    self._ended.clear()  # a debounce from now), or say ready
-                    if news is None:
+                    self._ended.clear()  # a debounce from now), or say ready; or a request
+                    with self._lock:
+                        asked = bool(self._requests)
+                    if news is None and not asked:
                         continue
                 if not stop.is_set():
                     self.look()
@@ -447,6 +539,11 @@ class LiveLoop:
             for worker in self._pool:
                 worker.join()
             self._pool = []
+            with self._lock:
+                left_asked = [*self._requests, *(t for ts in self._tickets.values() for t in ts)]
+                self._requests, self._tickets = [], {}
+            for ticket in left_asked:
+                ticket._refuse("the live process stopped first")
             left = self.in_hand
             if left:
                 self.notify(
@@ -458,13 +555,13 @@ class LiveLoop:
         """A worker: take the books queued and not in flight, apply them, until stopped."""
         while True:
             with self._lock:
-                job: dict[str, BookScanState | None] = {}
+                job = _Job({}, {})
                 while not (self._closing or stop.is_set()):
                     job = self._take()
-                    if job:
+                    if job.books:
                         break
                     self._lock.wait()
-                if not job:
+                if not job.books:
                     return
             self._apply_job(job)
 
