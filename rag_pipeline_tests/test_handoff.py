@@ -20,7 +20,7 @@ from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.sources import watch
 from rag_pipeline.sources.folder import FolderSource
 from rag_pipeline.sources.scan import clear_scan_cache
-from rag_pipeline_tests.test_live import HoldingApplier, running
+from rag_pipeline_tests.test_live import HoldingApplier, _until, running
 
 
 def _report(books: list[str] | None) -> IngestReport:
@@ -134,25 +134,31 @@ def two_books(data_dir, write_book):
         stale.stop()
 
 
-def test_a_request_is_answered_by_a_call_that_starts_after_it(two_books):
-    """A book whose call is in flight when the request comes is applied once more after it
-    (that call may have read the files before the change the CLI is about); a request for
+def test_a_request_is_answered_by_a_call_that_applies_what_the_files_hold(two_books):
+    """A book whose call in flight applies the content the files hold when the request
+    comes answers it with that call; one changed since that call's look is applied once more
+    after it (that call read the files before the change the CLI is about); a request for
     every book takes every book, changed or not; stopping refuses the requests left."""
     applier = HoldingApplier(hold=set())
     live = LiveLoop(FolderSource(two_books), applier, timing=LiveTiming(debounce_s=0.05))
     with running(live, two_books):
-        first = len(applier.calls)
-        applier.hold = {"alpha"}
-        (two_books / "alpha" / "a.md").write_text("# A\n\nedit")
-        assert applier.held.wait(5)
-        ticket = live.request(["alpha"])
-        time.sleep(0.3)
-        assert not ticket.done.is_set() and ticket.waiting == ["alpha"]
-        applier.hold = set()
-        applier.release.set()
-        assert ticket.done.wait(5) and not ticket.refused
-        assert applier.calls[first:] == [["alpha"], ["alpha"]]  # the held one, then its own
-        assert ticket.resolved == ["alpha"] and len(ticket.outcomes) == 1
+        for edited_again, calls in ((False, 1), (True, 2)):
+            first = len(applier.calls)
+            applier.hold = {"alpha"}
+            applier.held.clear()
+            applier.release.clear()
+            (two_books / "alpha" / "a.md").write_text(f"# A\n\nedit {edited_again}")
+            assert applier.held.wait(5)
+            if edited_again:
+                (two_books / "alpha" / "a.md").write_text("# A\n\nedited again")
+            ticket = live.request(["alpha"])
+            time.sleep(0.3)
+            assert not ticket.done.is_set() and ticket.waiting == ["alpha"]
+            applier.hold = set()
+            applier.release.set()
+            assert ticket.done.wait(5) and not ticket.refused
+            assert applier.calls[first:] == [["alpha"]] * calls
+            assert ticket.resolved == ["alpha"] and len(ticket.outcomes) == 1
         every = live.request(None)
         assert every.done.wait(5)
         assert every.resolved == ["alpha", "beta"]
@@ -166,13 +172,18 @@ def test_a_request_is_answered_by_a_call_that_starts_after_it(two_books):
     thread.start()
     try:
         assert applier.held.wait(5)  # the first look's beta
-        late = live.request(["beta"])  # beta in flight: queued after it
+        riding = live.request(["beta"])  # to be answered by the call in flight, but:
+        _until(lambda: bool(riding.resolved))  # taken by a look
+        (two_books / "beta" / "b.md").write_text("# B\n\nedited")
+        late = live.request(["beta"])  # changed since: queued after it (and the call in
+        # flight, written during, is in doubt: it answers neither)
         time.sleep(0.3)
         stop.set()
     finally:
         applier.release.set()
         thread.join(5)
     assert not thread.is_alive()
+    assert riding.done.is_set() and riding.refused
     assert late.done.is_set() and late.refused
     refused = live.request(["alpha"])  # after the loop ended
     assert refused.done.is_set() and refused.refused

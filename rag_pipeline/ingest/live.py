@@ -173,8 +173,8 @@ class LiveMark:
 class LiveTicket:
     """A request to apply books now (``rag-pipeline ingest`` handing its change over): done
     once each book it names (None: every book) has been through a call of ``apply`` that
-    started after the request (a call in flight then may have read the files before the
-    change the request is about)."""
+    applies what the files held when it came: a call in flight with that content (nothing
+    written during it), else one that starts after it."""
 
     books: list[str] | None
     done: threading.Event = field(default_factory=threading.Event)
@@ -276,6 +276,9 @@ class LiveLoop:
     _requests: list[LiveTicket] = field(default_factory=list)
     #: per queued book, the requests its next call answers
     _tickets: dict[str, list[LiveTicket]] = field(default_factory=dict)
+    #: per book in flight, the requests its call in flight answers (it applies the content
+    #: the files held when they came)
+    _riding: dict[str, list[LiveTicket]] = field(default_factory=dict)
 
     def request(self, books: list[str] | None) -> LiveTicket:
         """Apply ``books`` (None: every book) now, whatever the looks say: the next look
@@ -324,9 +327,13 @@ class LiveLoop:
                 names = ticket.books if ticket.books is not None else sorted(states)
                 ticket.resolved = list(dict.fromkeys(names))
                 for book_id in ticket.resolved:
+                    ticket._wait_for(book_id)
+                    if book_id in self._in_flight and book_id not in {*books, *self._pending}:
+                        # the call in flight applies what the files hold now: its answer
+                        self._riding.setdefault(book_id, []).append(ticket)
+                        continue
                     books.setdefault(book_id, states.get(book_id))
                     self._tickets.setdefault(book_id, []).append(ticket)
-                    ticket._wait_for(book_id)
                 if not ticket.resolved:
                     ticket.done.set()
             if books:
@@ -433,14 +440,20 @@ class LiveLoop:
             for b, seen in job.items()
             if seen is not None and done.get(b, False)
         }
+        answered = dict(taken.tickets)
         with self._lock:
             for book_id in books:
                 self._in_flight.pop(book_id, None)
                 self._record(book_id, job[book_id], done.get(book_id, False), written, now)
+                riders = self._riding.pop(book_id, [])
+                if written.get(book_id, False):  # in doubt: the next call answers them
+                    self._tickets.setdefault(book_id, []).extend(riders)
+                else:
+                    answered[book_id] = [*answered.get(book_id, []), *riders]
             self._busy -= 1
             self._save()
             self._lock.notify_all()
-        for book_id, tickets in taken.tickets.items():
+        for book_id, tickets in answered.items():
             for ticket in tickets:
                 ticket._applied(book_id, done)
         self._ended.set()
@@ -540,8 +553,9 @@ class LiveLoop:
                 worker.join()
             self._pool = []
             with self._lock:
-                left_asked = [*self._requests, *(t for ts in self._tickets.values() for t in ts)]
-                self._requests, self._tickets = [], {}
+                queued = [*self._tickets.values(), *self._riding.values()]
+                left_asked = [*self._requests, *(t for ts in queued for t in ts)]
+                self._requests, self._tickets, self._riding = [], {}, {}
             for ticket in left_asked:
                 ticket._refuse("the live process stopped first")
             left = self.in_hand
