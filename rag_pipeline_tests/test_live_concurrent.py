@@ -156,3 +156,41 @@ def test_ingest_hands_its_change_to_the_live_process_and_runs_it_itself_without_
     alone = json.loads(cli("ingest", "--json").stdout)
     assert "applied_by" not in alone and alone["books"]["alpha"]["status"] == "ingested"
     assert _search_words(cli, "alpha", word)
+
+
+def test_under_make_ui_a_small_books_edit_is_applied_while_a_big_book_ingests(tmp_path):
+    """The same through ``make ui`` (``dg dev`` and live mode beside it, as a person starts
+    it): with a big book's first ingest in flight (``.rag-live.json`` says it is applying),
+    a small book's edit is found by search; the big ingest ends after that."""
+    from rag_pipeline_tests.test_make_ui import STOP_S, MakeUi
+
+    data = tmp_path / "books"
+    _write_book(data, "small", 2)
+    ui = MakeUi(tmp_path / "ui", data)
+    cli = Cli(tmp_path / "ui", data)  # its store and home
+    state = ui.home / ".rag-live.json"
+    try:
+        ui.start()
+        ui.wait_up()
+        filler = " ".join(f"word{i}" for i in range(300))
+        _write_book(data, "big", 3000, filler)  # a first ingest of about 20 s
+        deadline = time.monotonic() + 60
+        while json.loads(state.read_text())["books"].get("big") != ["applying", ""]:
+            assert time.monotonic() < deadline, ui.log()
+            time.sleep(0.1)
+        word = _word()
+        (data / "small" / "f001.md").write_text(f"# Part small 1\n\nThe {word} edit.\n")
+        while not _search_words(cli, "small", word):
+            assert time.monotonic() < deadline, ui.log()
+            time.sleep(0.2)
+        big_then = json.loads(state.read_text())["books"]["big"]
+        assert big_then == ["applying", ""], "the big ingest ended first: make it bigger"
+        while "big ingested" not in ui.log():  # it goes on, and ends
+            assert time.monotonic() < deadline + 120, ui.log()
+            time.sleep(0.5)
+        os.killpg(ui.proc.pid, 15)  # type: ignore[union-attr]
+        ui.wait_gone(STOP_S)
+    finally:
+        ui.kill()
+    log = ui.log()
+    assert log.rindex("small ingested") < log.index("big ingested"), log  # the edit first
