@@ -124,6 +124,7 @@ def test_ingest_hands_its_change_to_the_live_process_and_runs_it_itself_without_
         (data / "alpha" / "f001.md").write_text(f"# Part alpha 1\n\nThe {word} edit.\n")
         done = json.loads(cli("ingest", "--json").stdout)
         assert done["applied_by"] == f"live mode (pid {live.proc.pid})", done
+        assert list(done["phases"]) == ["imports", "live", "report"]  # no plan of its own
         assert set(done["books"]) == {"alpha", "beta"}  # every book, as an ingest reports
         alpha = done["books"]["alpha"]
         # live mode may have seen the edit first (its own look, within a second): then the
@@ -161,7 +162,8 @@ def test_ingest_hands_its_change_to_the_live_process_and_runs_it_itself_without_
 def test_under_make_ui_a_small_books_edit_is_applied_while_a_big_book_ingests(tmp_path):
     """The same through ``make ui`` (``dg dev`` and live mode beside it, as a person starts
     it): with a big book's first ingest in flight (``.rag-live.json`` says it is applying),
-    a small book's edit is found by search; the big ingest ends after that."""
+    a small book's edit is applied (its run writes its points before its events: searchable
+    then) while the big book is still applying; the big ingest ends after that."""
     from rag_pipeline_tests.test_make_ui import STOP_S, MakeUi
 
     data = tmp_path / "books"
@@ -180,11 +182,12 @@ def test_under_make_ui_a_small_books_edit_is_applied_while_a_big_book_ingests(tm
             time.sleep(0.1)
         word = _word()
         (data / "small" / "f001.md").write_text(f"# Part small 1\n\nThe {word} edit.\n")
-        while not _search_words(cli, "small", word):
+        while ui.log().count("small ingested") < 2:  # its run wrote its points
             assert time.monotonic() < deadline, ui.log()
-            time.sleep(0.2)
+            time.sleep(0.1)
         big_then = json.loads(state.read_text())["books"]["big"]
         assert big_then == ["applying", ""], "the big ingest ended first: make it bigger"
+        assert _search_words(cli, "small", word)
         while "big ingested" not in ui.log():  # it goes on, and ends
             assert time.monotonic() < deadline + 120, ui.log()
             time.sleep(0.5)
