@@ -163,6 +163,14 @@ def test_a_request_is_answered_by_a_call_that_applies_what_the_files_hold(two_bo
         assert every.done.wait(5)
         assert every.resolved == ["alpha", "beta"]
         assert sorted(b for o in every.outcomes for b in o) == ["alpha", "beta"]
+        import shutil
+
+        shutil.rmtree(two_books / "beta")  # gone: every book's request waits for its purge
+        gone = live.request(None)
+        assert gone.done.wait(5) and gone.resolved == ["alpha", "beta"]
+        assert "beta" not in live.known
+    (two_books / "beta").mkdir()
+    (two_books / "beta" / "b.md").write_text("# B\n\nback")
 
     # stopping: the call in hand ends; a request still queued is refused (the CLI runs it)
     applier = HoldingApplier(hold={"beta"})

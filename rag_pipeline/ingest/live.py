@@ -324,7 +324,8 @@ class LiveLoop:
         with self._lock:
             books = self._changed(states, now)
             for ticket in asked:
-                names = ticket.books if ticket.books is not None else sorted(states)
+                gone = [b for b, state in books.items() if state is None]  # purged
+                names = ticket.books if ticket.books is not None else sorted({*states, *gone})
                 ticket.resolved = list(dict.fromkeys(names))
                 for book_id in ticket.resolved:
                     ticket._wait_for(book_id)
