@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -139,6 +142,16 @@ def test_ingest_hands_its_change_to_the_live_process_and_runs_it_itself_without_
         assert named["books"]["beta"]["status"] == "unchanged"
         text = cli("ingest", "--book", "beta")
         assert "applied by live mode" in text.stderr and "beta" in text.stdout
+        imports = subprocess.run(  # a fresh process: what it imports to hand its books over
+            [sys.executable, "-X", "importtime", "-m", "rag_pipeline.cli", "ingest", "--json"],
+            env=cli.env,
+            cwd=cli.cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert "applied_by" in json.loads(imports.stdout)
+        assert not re.search(r"\|\s+dagster(\.|\s*$)", imports.stderr, re.MULTILINE)
     finally:
         assert live.stop() == 0, "".join(live.stderr[-30:])
     word = _word()
