@@ -276,6 +276,8 @@ class LiveLoop:
     _requests: list[LiveTicket] = field(default_factory=list)
     #: per queued book, the requests its next call answers
     _tickets: dict[str, list[LiveTicket]] = field(default_factory=dict)
+    #: per book, when its latest call of ``apply`` ended (see :meth:`_due_in`)
+    _ended_at: dict[str, float] = field(default_factory=dict)
     #: per book in flight, the requests its call in flight answers (it applies the content
     #: the files held when they came)
     _riding: dict[str, list[LiveTicket]] = field(default_factory=dict)
@@ -390,11 +392,28 @@ class LiveLoop:
             books.setdefault(book_id, states.get(book_id))
         return books
 
+    def _due_in(self, book_id: str) -> float:
+        """Seconds until a queued book may start again (the caller holds the lock): a book
+        changed during its run is applied again once its writer pauses (``debounce_s`` of
+        quiet) or ``max_delay_s`` after that run ended, as one live look followed another:
+        a writer that never pauses gets a run a ``max_delay_s``, not one per run's end."""
+        ended = self._ended_at.get(book_id)
+        if ended is None:
+            return 0.0
+        now = time.monotonic()
+        watcher = self.source.watcher()
+        quiet = now - watcher.last_news if watcher is not None else float("inf")
+        if quiet >= self.timing.debounce_s:
+            return 0.0
+        return min(ended + self.timing.max_delay_s - now, self.timing.debounce_s - quiet)
+
     def _take(self) -> _Job:
         """The books of the next call of ``apply`` (the caller holds the lock): those queued
         and not in flight, shared among the idle workers by their files (a big book's first
         ingest goes alone; the next book does not wait behind it)."""
-        ready = sorted(b for b in self._pending if b not in self._in_flight)
+        ready = sorted(
+            b for b in self._pending if b not in self._in_flight and self._due_in(b) <= 0
+        )
         if not ready:
             return _Job({}, {})
         idle = max(len(self._pool) - self._busy, 1)
@@ -443,8 +462,10 @@ class LiveLoop:
         }
         answered = dict(taken.tickets)
         with self._lock:
+            ended = time.monotonic()
             for book_id in books:
                 self._in_flight.pop(book_id, None)
+                self._ended_at[book_id] = ended
                 self._record(book_id, job[book_id], done.get(book_id, False), written, now)
                 riders = self._riding.pop(book_id, [])
                 if written.get(book_id, False):  # in doubt: the next call answers them
@@ -575,7 +596,8 @@ class LiveLoop:
                     job = self._take()
                     if job.books:
                         break
-                    self._lock.wait()
+                    later = [self._due_in(b) for b in self._pending if b not in self._in_flight]
+                    self._lock.wait(max(min(later), 0.01) if later else None)
                 if not job.books:
                     return
             self._apply_job(job)
