@@ -20,16 +20,26 @@ store and ``DAGSTER_HOME`` given the same edits: the two alternate within each r
 first swaps every round), so a machine shared with other work loads both alike. Each ``ingest
 --json`` that reports its ``phases`` (where its time went: imports, plan, Dagster's import, the
 instance, the runs, the collection's refresh) has their medians printed too.
+
+With ``--live``, a third copy (this checkout's code) runs the same steps, interleaved, while
+``rag-pipeline watch`` runs on it: each ``ingest`` hands its change to the live process (issue
+41.2), which may have applied it already (it follows the folder). Its figures add
+``live_cpu_s``, what the live process used during each command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -68,13 +78,20 @@ def main() -> None:
     parser.add_argument(
         "--baseline", type=Path, help="another checkout whose code runs every step too"
     )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="also a copy where `rag-pipeline watch` runs (each ingest handed to it)",
+    )
     args = parser.parse_args()
     books = [b for b in args.books.split(",") if b]
     missing = [b for b in books if not (args.corpus / b).is_dir()]
     if missing:
         raise SystemExit(f"no book folders {missing} under {args.corpus}")
     versions = [("this", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])
-    with tempfile.TemporaryDirectory(prefix="change-cost-") as tmp:
+    versions += [("live", REPO)] if args.live else []
+    live_pids: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="change-cost-") as tmp, contextlib.ExitStack() as stack:
         setups = []
         for label, code in versions:
             work = Path(tmp) / label
@@ -88,6 +105,9 @@ def main() -> None:
         files = sorted(p.relative_to(base) for p in base.rglob("*.md") if p.stat().st_size > 2000)
         file_count = sum(1 for _ in base.rglob("*.md"))
         first = {s.label: run_cli(["ingest", "--json"], s.env, s.data.parent)[0] for s in setups}
+        for setup in setups:
+            if setup.label == "live":
+                live_pids["live"] = stack.enter_context(watching(setup))
         samples: dict[str, dict[str, list[dict[str, Any]]]] = {
             s.label: {step: [] for step in STEPS} for s in setups
         }
@@ -99,8 +119,14 @@ def main() -> None:
 
             def step(name: str, order: list[Setup], command: str = "ingest") -> None:
                 for setup in order:
+                    pid = live_pids.get(setup.label)
+                    live_before = process_cpu_s(pid) if pid else 0.0
                     figures, out = run_cli([command, "--json"], setup.env, setup.data.parent)
                     report = json.loads(out)
+                    if pid:  # what the live process used meanwhile (its own look included)
+                        figures["live_cpu_s"] = round(process_cpu_s(pid) - live_before, 2)
+                        handed = command == "plan" or report.get("applied_by")
+                        assert handed, "the ingest was not handed to live mode"
                     if command == "plan":  # what it would run: one book
                         ran = [b for b, p in report["books"].items() if p["action"] == "run"]
                         figures["books_run"] = len(ran)
@@ -142,10 +168,13 @@ def main() -> None:
     for label, steps in summary.items():
         base_wall = steps["no_change"]["wall_s"]
         for name, figures in steps.items():
+            live = figures.get("live_cpu_s")
             print(
                 f"{label:<8} {name:<10} wall {figures['wall_s']:.2f} s "
                 f"(+{figures['wall_s'] - base_wall:.2f} over no change), CPU "
-                f"{figures['cpu_s']:.2f} s, peak RSS {figures['rss_mb']} MB"
+                f"{figures['cpu_s']:.2f} s"
+                + (f", live process CPU {live:.2f} s" if live is not None else "")
+                + f", peak RSS {figures['rss_mb']} MB"
             )
             for phase, p in figures["phases"].items():
                 print(
@@ -159,7 +188,9 @@ def _medians(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]
     out = {}
     for name, figures in runs.items():
         phase_names = [p for p in figures[0]["phases"]] if figures else []
+        live = [f["live_cpu_s"] for f in figures if "live_cpu_s" in f]
         out[name] = {
+            **({"live_cpu_s": round(statistics.median(live), 2)} if live else {}),
             "wall_s": round(statistics.median(f["wall_s"] for f in figures), 2),
             "cpu_s": round(statistics.median(f["cpu_s"] for f in figures), 2),
             "rss_mb": round(max(f["rss_mb"] for f in figures)),
@@ -173,6 +204,31 @@ def _medians(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]
             },
         }
     return out
+
+
+@contextlib.contextmanager
+def watching(setup: Setup) -> Iterator[int]:
+    """``rag-pipeline watch`` on the setup's copy, ready, until the block ends: its pid."""
+    with open(setup.data.parent / "watch.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rag_pipeline.cli", "watch", "--json"],
+            env=setup.env, cwd=setup.data.parent, stdout=subprocess.PIPE, stderr=log, text=True,
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if json.loads(line)["event"] == "ready":
+                break
+        yield proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Concurrent runs under the daemon: a small book's edit saved during a big book's first
-ingest, for each ``max_concurrent_runs`` (issue 40).
+ingest, for each ``max_concurrent_runs`` (issue 40); with ``--live``, through live mode for
+each count of its workers (issue 40.2).
 
     python bench/concurrent_runs.py [--runs 1,2,3] [--files 12] [--sections 20]
-                                    [--embedder local]
+                                    [--embedder local] [--live 1,2]
 
 For each count, on a fresh temp folder: the project's ``dagster.yaml`` with
 ``max_concurrent_runs`` and the pools' ``default_limit`` set to it, ``dg dev`` as ``make ui``
@@ -157,14 +158,125 @@ def measure(runs: int, work: Path, files: int, sections: int, embedder: str) -> 
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_live(
+    workers: int, work: Path, files: int, sections: int, embedder: str
+) -> dict[str, Any]:
+    """The same scenario through live mode (``rag-pipeline watch`` with ``workers``): the big
+    book's first ingest from its run's creation (live runs do their work before they start),
+    the small book's edit from its save to its run's end."""
+    import json
+    import threading
+
+    from dagster import DagsterInstance, RunsFilter
+
+    data = work / "books"
+    shutil.copytree(REPO / "data" / "books" / SMALL, data / SMALL)
+    write_big_book(work / "big", files, sections)
+    home = work / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    env = scenario_env(data, work, DAGSTER_HOME=str(home), RAG_EMBEDDER=embedder)
+    env["RAG_CACHE_DIR"] = os.environ.get("RAG_CACHE_DIR", str(REPO / ".rag" / "cache"))
+    env["RAG_LIVE_WORKERS"] = str(workers)
+    with open(work / "watch.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rag_pipeline.cli", "watch", "--json"],
+            cwd=work, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+    events: list[dict[str, Any]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = json.loads(line)
+            event["at"] = time.time()
+            events.append(event)
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def wait(predicate: Any, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if value := predicate():
+                return value
+            if proc.poll() is not None:
+                raise SystemExit(f"rag-pipeline watch exited while waiting for {what}")
+            time.sleep(POLL_S)
+        raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+
+    def applied(book: str, after: float) -> Any:
+        for event in events:
+            report = event.get("report", {}).get("books", {})
+            if event["at"] > after and report.get(book, {}).get("status") == "ingested":
+                return event
+        return None
+
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        wait(lambda: any(e["event"] == "ready" for e in events), 600, "ready")
+        with DagsterInstance.get() as instance:
+
+            def of(book: str) -> list[Any]:
+                return sorted(
+                    instance.get_run_records(RunsFilter(tags={"dagster/partition": book})),
+                    key=lambda r: r.storage_id,
+                )
+
+            cpu_before = process_cpu_s(proc.pid)
+            moved = time.time()
+            shutil.move(work / "big", data / BIG)
+            big = wait(lambda: of(BIG), 600, "the big run")[0]
+            time.sleep(max(0.0, big.create_timestamp.timestamp() + 5 - time.time()))
+            edited = data / SMALL / EDITED
+            edited.write_text(edited.read_text() + "\n\nZebra quartz umbrella.\n")
+            saved = time.time()
+            small_event = wait(lambda: applied(SMALL, saved), 1200, "the edit's run")
+            big_event = wait(lambda: applied(BIG, moved), 1200, "the big run to end")
+            cpu = process_cpu_s(proc.pid) - cpu_before
+            small = instance.get_run_record_by_id(small_event["report"]["books"][SMALL]["run_id"])
+            big_end = instance.get_run_record_by_id(big_event["report"]["books"][BIG]["run_id"])
+            created = small.create_timestamp.timestamp()
+            return {
+                "live_workers": workers,
+                "edit_to_run_end_s": round(small.end_time - saved, 1),
+                "edit_queued_s": round(created - saved, 1),
+                "edit_run_s": round(small.end_time - created, 1),
+                "big_ingest_s": round(big_end.end_time - big.create_timestamp.timestamp(), 1),
+                "big_ended_before_edit": big_end.end_time < small.end_time,
+                "live_cpu_s": round(cpu, 1),
+                "statuses": [small.dagster_run.status.value, big_end.dagster_run.status.value],
+            }
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="1,2,3", help="max_concurrent_runs values to measure")
     parser.add_argument("--files", type=int, default=12)
     parser.add_argument("--sections", type=int, default=20)
     parser.add_argument("--embedder", default="local")
+    parser.add_argument(
+        "--live",
+        default="",
+        help="live mode's worker counts to measure instead of the daemon (e.g. 1,2)",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # dg dev is stopped on the way out
+    if args.live:
+        main_live([int(n) for n in args.live.split(",")], args)
+        return
     results = []
     for runs in [int(n) for n in args.runs.split(",")]:
         with tempfile.TemporaryDirectory(prefix=f"concurrent-{runs}-") as work:
@@ -179,6 +291,27 @@ def main() -> None:
         print(
             f"| {r['max_concurrent_runs']} | {r['edit_to_run_end_s']} s | {r['edit_queued_s']} s"
             f" | {r['edit_run_s']} s | {r['big_ingest_s']} s |"
+        )
+
+
+def main_live(counts: list[int], args: argparse.Namespace) -> None:
+    results = []
+    for workers in counts:
+        with tempfile.TemporaryDirectory(prefix=f"concurrent-live-{workers}-") as work:
+            results.append(
+                measure_live(workers, Path(work), args.files, args.sections, args.embedder)
+            )
+        print(results[-1], flush=True)
+    out = {"cores": os.cpu_count(), "files": args.files, "sections": args.sections}
+    out["load_average"] = os.getloadavg()
+    out["results"] = results
+    save_results("concurrent_runs_live", out)
+    print("| live workers | edit -> its run's end | its run | big first ingest | live CPU |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['live_workers']} | {r['edit_to_run_end_s']} s | {r['edit_run_s']} s"
+            f" | {r['big_ingest_s']} s | {r['live_cpu_s']} s |"
         )
 
 

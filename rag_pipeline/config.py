@@ -212,6 +212,8 @@ class Settings(BaseSettings):
     # live mode (`rag-pipeline watch`): quiet after a file's latest change before it is
     # applied (a writer's burst is one change), in milliseconds
     live_debounce_ms: int = Field(100, ge=0, le=60_000)
+    # live mode: changes of different books applied at once (one book's never side by side)
+    live_workers: int = Field(2, ge=1, le=64)
     # where `lineage` points its run links (the Dagster webserver)
     dagster_url: str = "http://127.0.0.1:3000"
     # Local model precision: fp32, int8 (ONNX Runtime dynamic quantization, its own

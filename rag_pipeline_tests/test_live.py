@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -317,3 +317,151 @@ def test_a_replaced_data_folder_is_watched_again(tmp_path):
         if stale is not None:
             stale.stop()
         first.stop()
+
+
+class HoldingApplier(Applier):
+    """``apply`` that holds the calls of the books in ``hold`` until ``release`` is set, and
+    records which books were in a call at once (for the per-book serial and the bound)."""
+
+    def __init__(self, hold: set[str]) -> None:
+        super().__init__()
+        self.hold = hold
+        self.release = threading.Event()
+        self.held = threading.Event()
+        self.active: list[str] = []
+        self.overlaps: list[list[str]] = []  # the books in calls at once, when more than one
+        self.most = 0  # calls at once
+        self.calls_at_once = 0
+        self.read: list[tuple[str, str]] = []  # (book, first file's text) as each call read
+        self._lock = threading.Lock()
+        self.data_dir: Path | None = None
+
+    def __call__(self, books: list[str]) -> Mapping[str, bool]:
+        with self._lock:
+            assert not set(books) & set(self.active), f"{books} while {self.active}"
+            self.active += books
+            self.calls_at_once += 1
+            self.most = max(self.most, self.calls_at_once)
+            if len(self.active) > len(books):
+                self.overlaps.append(sorted(self.active))
+        try:
+            if self.data_dir is not None:
+                for book in books:
+                    first = sorted((self.data_dir / book).iterdir())[0]
+                    self.read.append((book, first.read_text()))
+            if set(books) & self.hold:
+                self.held.set()
+                assert self.release.wait(10)
+            return super().__call__(books)
+        finally:
+            with self._lock:
+                for book in books:
+                    self.active.remove(book)
+                self.calls_at_once -= 1
+
+
+def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.01)
+
+
+def _concurrent_loop(data_dir: Path, applier: Applier, workers: int) -> LiveLoop:
+    clear_scan_cache()
+    return LiveLoop(
+        FolderSource(data_dir), applier, timing=LiveTiming(debounce_s=0.05), workers=workers
+    )
+
+
+def test_an_edit_of_another_book_is_applied_while_a_long_apply_is_in_flight(
+    data_dir, write_book, tmp_path
+):
+    """Issue 40.2: with two workers, a small book's edit is applied while the big book's
+    call is still held; with one, it waits behind it (what live mode did before)."""
+    write_book("small", {"a.md": "# S\n\none"})
+    for workers, applied_meanwhile in ((2, True), (1, False)):
+        home = tmp_path / f"home-{workers}"
+        home.mkdir()
+        mark = LiveMark(home, FolderSource(data_dir))
+        applier = HoldingApplier(hold={"big"})
+        live = _concurrent_loop(data_dir, applier, workers)
+        live.save = mark.save
+        with running(live, data_dir):
+            write_book("big", {f"f{i}.md": f"# F{i}\n\nbig book" for i in range(20)})
+            assert applier.held.wait(5)
+            left = mark.left()
+            assert left is not None and left.books["big"] == APPLYING
+            (data_dir / "small" / "a.md").write_text(f"# S\n\nedit with {workers}")
+            time.sleep(1.0)
+            assert (["small"] in applier.calls[1:]) is applied_meanwhile, applier.calls
+            applier.release.set()
+            _until(lambda: not live.in_hand)  # noqa: B023 (called within the iteration)
+        # (a call is recorded as it ends: big's after its release)
+        assert applier.calls[1:] == ([["small"], ["big"]] if workers == 2 else [["big"], ["small"]])
+        assert applier.most == workers
+        left = mark.left()
+        assert left is not None and APPLYING not in left.books.values()  # all in step
+        (data_dir / "big").rename(tmp_path / f"big-{workers}")
+
+
+def test_a_book_changed_during_its_apply_is_applied_again_after_it_never_beside_it(
+    data_dir, write_book
+):
+    """Per book serial: edits saved while the book's call is held are not applied in a
+    second call beside it; once it ends, one more call applies the latest content."""
+    write_book("alpha", {"a.md": "# A\n\none"})
+    write_book("beta", {"b.md": "# B\n\none"})
+    applier = HoldingApplier(hold={"alpha"})
+    applier.data_dir = data_dir
+    live = _concurrent_loop(data_dir, applier, workers=3)
+    applier.hold = set()
+    with running(live, data_dir):
+        first = len(applier.calls)
+        applier.hold = {"alpha"}
+        (data_dir / "alpha" / "a.md").write_text("# A\n\nfirst edit")
+        assert applier.held.wait(5)
+        for i in range(3):  # edits while its call is held, and one of beta's
+            (data_dir / "alpha" / "a.md").write_text(f"# A\n\nedit {i}")
+            time.sleep(0.3)
+        (data_dir / "beta" / "b.md").write_text("# B\n\nan edit")
+        _until(lambda: ["beta"] in applier.calls[first:])
+        assert ["alpha"] not in applier.calls[first:]  # the held one: nothing beside it
+        applier.hold = set()
+        applier.release.set()
+        _until(lambda: applier.calls[first:].count(["alpha"]) == 2 and not live.in_hand)
+        time.sleep(0.3)
+    assert applier.calls[first:].count(["alpha"]) == 2  # once more after it, not per edit
+    assert [text for book, text in applier.read if book == "alpha"][-1] == "# A\n\nedit 2"
+    assert live.known["alpha"] != APPLYING
+
+
+def test_the_workers_share_the_first_catch_up_by_files_and_stop_after_the_calls_in_hand(
+    data_dir, write_book
+):
+    """The first look's books are shared among the idle workers (adjacent books together,
+    a big one alone); ``stop`` lets the calls in hand end and starts none after them."""
+    write_book("a-big", {f"f{i}.md": f"# F{i}" for i in range(10)})
+    for name in ("b", "c", "d"):
+        write_book(name, {"x.md": f"# {name}"})
+    applier = HoldingApplier(hold={"a-big"})
+    live = _concurrent_loop(data_dir, applier, workers=2)
+    stop = threading.Event()
+    thread = threading.Thread(target=live.run, args=(stop,), daemon=True)
+    try:
+        thread.start()
+        _until(lambda: len(applier.calls) == 1 and applier.held.is_set())
+        assert sorted(map(sorted, applier.calls)) == [["b", "c", "d"]]  # beside a-big's
+        stop.set()
+        time.sleep(0.3)
+        assert thread.is_alive()  # a-big's call is in hand: run waits for it
+        applier.release.set()
+        thread.join(5)
+        assert not thread.is_alive()
+    finally:
+        stop.set()
+        applier.release.set()
+        stale = watch._watchers.pop(os.path.abspath(data_dir), None)
+        if stale is not None:
+            stale.stop()
+    assert sorted(map(sorted, applier.calls)) == [["a-big"], ["b", "c", "d"]]

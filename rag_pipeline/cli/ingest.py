@@ -21,6 +21,7 @@ from rag_pipeline.cli.app import (
     main,
     out,
 )
+from rag_pipeline.cli.live import hand_to_live
 from rag_pipeline.config import Settings
 from rag_pipeline.phases import Phases
 
@@ -54,22 +55,31 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
     settings = _settings()
     home = ensure_dagster_home()
     rebuilt: IngestReport | None = None
-    if rebuild:
-        if books:
-            fail("--rebuild rebuilds the whole collection; it takes no --book")
-        rebuilt = _rebuild(settings, home, phases)
-    if rebuilt is not None and not rebuilt.ok:
-        report = rebuilt  # not swapped in: the collection in service is untouched
+    # where live mode runs, it applies the books (rag_pipeline/ingest/handoff.py)
+    handed = None if force or rebuild else hand_to_live(settings, home, list(books) or None)
+    if handed is not None:
+        report = handed.report
+        phases.mark("live")  # asked, and waited for its report
     else:
-        # after a rebuild's swap: the books changed while it built are caught up here
-        report = _ingest(settings, home, list(books) or None, force=force, phases=phases)
-        if rebuilt is not None:
-            report = rebuilt.followed_by(report)
+        if rebuild:
+            if books:
+                fail("--rebuild rebuilds the whole collection; it takes no --book")
+            rebuilt = _rebuild(settings, home, phases)
+        if rebuilt is not None and not rebuilt.ok:
+            report = rebuilt  # not swapped in: the collection in service is untouched
+        else:
+            # after a rebuild's swap: the books changed while it built are caught up here
+            report = _ingest(settings, home, list(books) or None, force=force, phases=phases)
+            if rebuilt is not None:
+                report = rebuilt.followed_by(report)
     phases.mark("report")
     if as_json:
-        emit_json({**report.as_dict(), "phases": phases.as_dict()})
+        by = {} if handed is None else {"applied_by": handed.applied_by}
+        emit_json({**report.as_dict(), "phases": phases.as_dict(), **by})
     else:
         _print_ingest(report)
+        if handed is not None:
+            err.print(f"applied by {handed.applied_by}", highlight=False)
     if not report.ok:
         sys.exit(1)
 

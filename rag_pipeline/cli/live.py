@@ -17,6 +17,10 @@ import click
 from rag_pipeline.cli.app import _settings, book_pipeline, err, main
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from rag_pipeline.config import Settings
+    from rag_pipeline.ingest.handoff import Handed
     from rag_pipeline.ingest.live import LiveLoop
     from rag_pipeline.ingest.report import IngestReport
 
@@ -36,10 +40,13 @@ def watch(as_json: bool) -> None:
     folder's notifications and runs the ingest (or purge) job in process for each change:
     each change is a Dagster run in the UI, with its metadata, checks and lineage. While it
     runs, the books sensor of the same DAGSTER_HOME defers to it; when it stops (or dies), the
-    sensor takes over from what it applied. Ctrl-C or SIGTERM stops it after the change in
-    hand."""
+    sensor takes over from what it applied. Changes of different books are applied side by
+    side (RAG_LIVE_WORKERS, default 2); one book's, one after another. Ctrl-C or SIGTERM stops
+    it after the changes in hand. `rag-pipeline ingest` with the same settings hands its
+    books to this process and prints its report."""
     from rag_pipeline.config import ensure_dagster_home
     from rag_pipeline.defs.live import run_live
+    from rag_pipeline.ingest.handoff import settings_key
 
     settings = _settings()
     home = ensure_dagster_home()
@@ -50,7 +57,7 @@ def watch(as_json: bool) -> None:
         if stop.is_set():  # a second Ctrl-C: now
             raise KeyboardInterrupt
         stop.set()
-        say("stopping after the change in hand")
+        say("stopping after the changes in hand")
 
     signal.signal(signal.SIGINT, stopping)
     signal.signal(signal.SIGTERM, stopping)
@@ -87,6 +94,8 @@ def watch(as_json: bool) -> None:
             notify=lambda message: say(f"[yellow]note[/] {message}"),
             on_report=applied,
             on_ready=ready,
+            workers=settings.live_workers,
+            handoff_key=settings_key(settings),
         )
 
     say(f"starting: {pipeline.description}")
@@ -104,6 +113,15 @@ def init_instance() -> None:
 
     ensure_dagster_home()
     prepare_home_instance()
+
+
+def hand_to_live(settings: Settings, home: Path, books: list[str] | None) -> Handed | None:
+    """The report of the live process of ``home`` after it applied ``books`` (None: every
+    book) for this ingest; None where none runs for these settings or it did not answer:
+    the ingest then runs them itself. Imports no Dagster."""
+    from rag_pipeline.ingest.handoff import ask_live, settings_key
+
+    return ask_live(home, books, settings_key(settings))
 
 
 def in_worker_thread(work: Callable[[], None]) -> None:

@@ -104,6 +104,19 @@ def add_partition_metadata(
     )
 
 
+def without_output_capture(instance: DagsterInstance) -> None:
+    """Runs this instance executes in this process no longer capture its stdout and stderr.
+    Dagster captures them for a run's whole execution by pointing the process's descriptors
+    1 and 2 at the run's log file (``dup2``), and back at the end: two runs executing at once
+    in threads (live mode) left them pointing at the first run's file, and the process's own
+    output went there. The project's steps log through Dagster's logger, not print."""
+    from dagster._core.storage.noop_compute_log_manager import NoOpComputeLogManager
+
+    manager = NoOpComputeLogManager()
+    manager.register_instance(instance)
+    instance._compute_log_manager = manager
+
+
 def location_job_origin(location: str, module: str, attribute: str, job: str) -> RemoteJobOrigin:
     """The origin of a run of ``job`` of the code location ``location`` (the Python module
     ``module``'s ``attribute``, as workspace.yaml loads it): the same origin a run the sensor
@@ -320,4 +333,5 @@ __all__ = [
     "execute_created_run",
     "kept_sqlite_engines",
     "location_job_origin",
+    "without_output_capture",
 ]

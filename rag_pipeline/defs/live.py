@@ -20,13 +20,16 @@ from pathlib import Path
 from dagster import DagsterInstance
 
 from rag_pipeline.config import BatchConfig
+from rag_pipeline.defs._dagster_private import without_output_capture
 from rag_pipeline.defs.instance import open_home_instance
 from rag_pipeline.defs.runner import execute_plan
+from rag_pipeline.ingest.handoff import HEARTBEAT_S, HandOffServer
 from rag_pipeline.ingest.live import LiveLoop, LiveMark, LiveTiming
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.ingest.report import BookResult, IngestReport
+from rag_pipeline.models import validate_book_id
 
-__all__ = ["LIVE_LAUNCHER", "LIVE_TRIGGER", "LiveRuns", "run_live"]
+__all__ = ["LIVE_LAUNCHER", "LIVE_TRIGGER", "Applied", "LiveRuns", "handed_report", "run_live"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,9 @@ class LiveRuns:
     on_report: Callable[[IngestReport], None]
     #: set when the process is asked to stop: no run starts after the one in hand
     stop: threading.Event = field(default_factory=threading.Event)
+    #: the live loop's workers call this at once for different books: their reports are
+    #: handed on one at a time (one JSON line, one block of lines each)
+    _reporting: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, books: list[str]) -> dict[str, bool]:
         try:
@@ -71,8 +77,63 @@ class LiveRuns:
             report = IngestReport(
                 {b: BookResult(b, "failed", error_messages=[message]) for b in books}
             )
-        self.on_report(report)
-        return {b: r.status not in ("failed", "deferred") for b, r in report.books.items()}
+        with self._reporting:
+            self.on_report(report)
+        return Applied(
+            {b: r.status not in ("failed", "deferred") for b, r in report.books.items()}, report
+        )
+
+
+class Applied(dict[str, bool]):
+    """What :class:`LiveRuns` says of each book, with the report it came from (handed to a
+    ``rag-pipeline ingest`` that asked for the books)."""
+
+    def __init__(self, done: dict[str, bool], report: IngestReport) -> None:
+        super().__init__(done)
+        self.report = report
+
+
+def handed_report(
+    loop: LiveLoop, books: list[str] | None, beat: Callable[[list[str]], None]
+) -> IngestReport | None:
+    """Apply ``books`` (None: every book) now for a ``rag-pipeline ingest`` that handed them
+    over, and return their report as an ingest of them would (None: not all applied, the
+    process is stopping, or a book name is invalid: the CLI then runs them itself)."""
+    try:
+        for book_id in books or ():
+            validate_book_id(book_id)
+    except ValueError:
+        return None  # the CLI says what is wrong with it, as ever
+    ticket = loop.request(books)
+    while not ticket.done.wait(HEARTBEAT_S):
+        beat(ticket.waiting)
+    if ticket.refused:
+        return None
+    reports = [o.report for o in ticket.outcomes if isinstance(o, Applied)]
+    results: dict[str, BookResult] = {}
+    for report in reports:  # in the order the calls ended: a later result is newer
+        results.update(report.books)
+    if any(b not in results or results[b].status == "deferred" for b in ticket.resolved):
+        return None
+    warnings = list(dict.fromkeys(w for r in reports for w in r.warnings))
+    rejected = sorted({f for r in reports for f in r.rejected})
+    return IngestReport(
+        {b: results[b] for b in ticket.resolved},
+        rejected,
+        warnings,
+        sum(r.seconds for r in reports),
+    )
+
+
+def python_log_handlers_once(instance: DagsterInstance) -> None:
+    """Build the instance's Python log handlers (``python_logs`` of dagster.yaml) once, not
+    at every run. Dagster builds them with ``logging.config.dictConfig`` whenever it starts a
+    run's execution, which closes every handler of the process and takes each one's lock
+    while it holds logging's own: two runs executing at once in threads of this process
+    deadlocked there (one run starting, the other logging an event through its handler,
+    which takes logging's lock to get a logger)."""
+    handlers = list(instance.get_yaml_python_handlers())
+    setattr(instance, "get_yaml_python_handlers", lambda: handlers)  # noqa: B010 (a method)
 
 
 def run_live(
@@ -85,17 +146,47 @@ def run_live(
     notify: Callable[[str], None] = log.warning,
     on_report: Callable[[IngestReport], None] = lambda report: None,
     on_ready: Callable[[LiveLoop], None] = lambda loop: None,
+    workers: int = 2,
+    handoff_key: str | None = None,
 ) -> None:
     """Apply the pipeline's source's changes until ``stop`` is set: hold the live lock of
     ``home`` (:class:`~rag_pipeline.ingest.live.LiveBusyError` if another live process holds
-    it), load the model, catch up with every book, then follow the notifications."""
+    it), load the model, catch up with every book, then follow the notifications. Up to
+    ``workers`` changes of different books are applied at once, each by runs executed in a
+    thread of this process on the one instance, pipeline and model (the store's book locks,
+    shared handle and Dagster's pools are what two runs in one process share; the ONNX
+    session runs calls of two threads at once). With ``handoff_key`` (the settings' key,
+    :func:`~rag_pipeline.ingest.handoff.settings_key`), a ``rag-pipeline ingest`` of the same
+    settings hands its books to this process (:mod:`rag_pipeline.ingest.handoff`)."""
     mark = LiveMark(home, pipeline.source)
     with mark.hold(), open_home_instance() as instance:
+        python_log_handlers_once(instance)
+        if workers > 1:  # runs at once: none may redirect the process's output
+            without_output_capture(instance)
         pipeline.warm_up()
         runs = LiveRuns(
             pipeline, instance, home, batching or BatchConfig(), notify, on_report, stop
         )
         loop = LiveLoop(
-            pipeline.source, runs, timing=timing or LiveTiming(), save=mark.save, notify=notify
+            pipeline.source,
+            runs,
+            timing=timing or LiveTiming(),
+            save=mark.save,
+            notify=notify,
+            workers=workers,
         )
-        loop.run(stop, on_ready=lambda: on_ready(loop))
+        server = None
+        if handoff_key is not None:
+            server = HandOffServer(
+                home, handoff_key, lambda books, beat: handed_report(loop, books, beat)
+            )
+            try:
+                server.start()
+            except OSError as exc:  # the CLI then runs its changes itself, as without
+                notify(f"`rag-pipeline ingest` cannot hand its changes over: {exc}")
+                server = None
+        try:
+            loop.run(stop, on_ready=lambda: on_ready(loop))
+        finally:
+            if server is not None:
+                server.close()

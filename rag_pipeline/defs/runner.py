@@ -349,7 +349,7 @@ def _run_books(
     one = len(books) == 1
     run_tags = {**tags, **(one_book_tags(books[0]) if one else batch_tags(books))}
     with watched(run_id), _failed_if_left(instance, run_id):
-        with _planned_per_run(not one):
+        with _CREATING, _planned_per_run(not one):
             created = _create(
                 job,
                 instance,
@@ -382,10 +382,15 @@ def _run_books(
 PLANNED_PER_RUN = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 
 
+#: this process's runs are created one at a time (live mode executes runs in threads):
+#: :data:`PLANNED_PER_RUN`, set for a batch's creation, is read by no other creation
+_CREATING = threading.Lock()
+
+
 @contextmanager
 def _planned_per_run(batch: bool) -> Iterator[None]:
-    """:data:`PLANNED_PER_RUN` for the creation of a batch's run (this process's runs are
-    created one at a time: nothing else reads it meanwhile)."""
+    """:data:`PLANNED_PER_RUN` for the creation of a batch's run (runs are created one at a
+    time: :data:`_CREATING`)."""
     if not batch or os.environ.get(PLANNED_PER_RUN) is not None:
         yield
         return

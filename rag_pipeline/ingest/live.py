@@ -34,13 +34,13 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
-from rag_pipeline.sources.scan import scan_books, written_since
+from rag_pipeline.sources.scan import BookScanState, scan_books, written_since
 from rag_pipeline.sources.watch import RESCAN_EVERY_S, BookWatcher
 from rag_pipeline.store.errors import StoreBusyError
 from rag_pipeline.store.lock import FolderLock, describe_holder, holding_for
@@ -53,6 +53,7 @@ __all__ = [
     "LiveLeft",
     "LiveLoop",
     "LiveMark",
+    "LiveTicket",
     "LiveTiming",
 ]
 
@@ -169,10 +170,61 @@ class LiveMark:
 
 
 @dataclass
+class LiveTicket:
+    """A request to apply books now (``rag-pipeline ingest`` handing its change over): done
+    once each book it names (None: every book) has been through a call of ``apply`` that
+    applies what the files held when it came: a call in flight with that content (nothing
+    written during it), else one that starts after it."""
+
+    books: list[str] | None
+    done: threading.Event = field(default_factory=threading.Event)
+    #: what each call of ``apply`` that took its books returned
+    outcomes: list[Mapping[str, bool]] = field(default_factory=list)
+    #: the books it names, resolved by the look that took it (every book for None)
+    resolved: list[str] = field(default_factory=list)
+    #: why it was not applied (the process stopped, the source was unavailable)
+    refused: str = ""
+    _waiting: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def waiting(self) -> list[str]:
+        """The books still to apply."""
+        with self._lock:
+            return sorted(self._waiting)
+
+    def _wait_for(self, book_id: str) -> None:
+        with self._lock:
+            self._waiting.add(book_id)
+
+    def _applied(self, book_id: str, outcome: Mapping[str, bool]) -> None:
+        with self._lock:
+            if not any(o is outcome for o in self.outcomes):
+                self.outcomes.append(outcome)
+            self._waiting.discard(book_id)
+            if not self._waiting:
+                self.done.set()
+
+    def _refuse(self, why: str) -> None:
+        with self._lock:
+            if not self.done.is_set():
+                self.refused = why
+                self.done.set()
+
+
+@dataclass
 class _Failed:
     content_digest: str
     failures: int
     next_try: float
+
+
+class _Job(NamedTuple):
+    """The books of one call of ``apply`` (with the look each is applied with) and the
+    requests waiting for them."""
+
+    books: dict[str, BookScanState | None]
+    tickets: dict[str, list[LiveTicket]]
 
 
 @dataclass
@@ -181,13 +233,22 @@ class LiveLoop:
 
     ``apply(books)`` brings each book's index in step with the source and says, per book,
     whether it did; a book it did not is tried again after a back-off (at once when its
-    content changes again). ``save`` receives the applied-state map after each look."""
+    content changes again). ``save`` receives the applied-state map whenever it changes.
+
+    Within :meth:`run`, up to ``workers`` calls of ``apply`` run at once, each in a thread of
+    its own, on different books: a long first ingest of a big book does not hold another
+    book's edit behind it. A book is in at most one call at a time; one changed again while
+    its call is in flight is applied again after it (its latest content: the changes of one
+    book are applied in order, never side by side). Outside :meth:`run` (a bare
+    :meth:`look`), ``apply`` runs in the caller's thread before the look returns."""
 
     source: BookSource
     apply: Callable[[list[str]], Mapping[str, bool]]
     timing: LiveTiming = field(default_factory=LiveTiming)
     save: Callable[[Mapping[str, list[str]]], None] | None = None
     notify: Callable[[str], None] = log.warning
+    #: how many calls of ``apply`` run at once within :meth:`run`
+    workers: int = 2
     #: per book, the look its index was last brought in step with
     known: dict[str, list[str]] = field(default_factory=dict)
     looks: int = 0
@@ -197,98 +258,371 @@ class LiveLoop:
     #: books applied while something wrote them: what their run read may not be what their
     #: look saw, so the next look applies them again whatever its digests say
     _doubtful: set[str] = field(default_factory=set)
+    #: books to apply, with what the latest look found (None: gone, to purge)
+    _pending: dict[str, BookScanState | None] = field(default_factory=dict)
+    #: books in a call of ``apply`` now, with the look it applies
+    _in_flight: dict[str, BookScanState | None] = field(default_factory=dict)
+    #: calls of ``apply`` under way
+    _busy: int = 0
+    #: the worker threads of :meth:`run` (none: a look applies in its caller's thread)
+    _pool: list[threading.Thread] = field(default_factory=list)
+    #: guards everything above that the workers share with the looking thread
+    _lock: threading.Condition = field(default_factory=threading.Condition)
+    #: set by a worker when its call ends: the looking thread looks again (a book in doubt,
+    #: a book changed during its run, the first catch-up done)
+    _ended: threading.Event = field(default_factory=threading.Event)
+    _closing: bool = False
+    #: requests to apply books now, for the next look
+    _requests: list[LiveTicket] = field(default_factory=list)
+    #: per queued book, the requests its next call answers
+    _tickets: dict[str, list[LiveTicket]] = field(default_factory=dict)
+    #: per book, when its latest call of ``apply`` ended (see :meth:`_due_in`)
+    _ended_at: dict[str, float] = field(default_factory=dict)
+    #: per book in flight, the requests its call in flight answers (it applies the content
+    #: the files held when they came)
+    _riding: dict[str, list[LiveTicket]] = field(default_factory=dict)
+
+    def request(self, books: list[str] | None) -> LiveTicket:
+        """Apply ``books`` (None: every book) now, whatever the looks say: the next look
+        queues them (after a call of theirs in flight). Wait on the ticket's ``done``."""
+        ticket = LiveTicket(None if books is None else list(books))
+        with self._lock:
+            if self._closing:
+                ticket._refuse("the live process is stopping")
+                return ticket
+            self._requests.append(ticket)
+        self._ended.set()  # the looking thread looks now
+        return ticket
 
     def look(self, now: float | None = None) -> list[str]:
-        """Look at the books due (all of them the first time), apply those that changed;
-        returns them."""
+        """Look at the books due (all of them the first time) and hand those that changed to
+        ``apply`` (queued for the workers within :meth:`run`); returns them."""
         now = time.monotonic() if now is None else now
         self.looks += 1
         watcher = self.source.watcher()
+        with self._lock:
+            doubtful = set(self._doubtful)
+            cursor = self._cursor()
+            asked, self._requests = self._requests, []
+        # a request for every book stats every book; one for named books stats those afresh
+        every = any(ticket.books is None for ticket in asked)
+        named = {b for ticket in asked for b in ticket.books or ()}
         if watcher is not None:  # a book in doubt is stat'ed afresh: a kept digest proves nothing
-            for book_id in self._doubtful:
+            for book_id in doubtful | named:
                 watcher.look_again(book_id)
         try:
-            states, rejected = scan_books(self.source, self.known, watcher)
+            states, rejected = scan_books(self.source, cursor, None if every else watcher)
         except SourceUnavailableError as exc:
             if str(exc) != self._unavailable:  # said once, not at every look
                 self.notify(f"{exc}; nothing is applied until it is back")
             self._unavailable = str(exc)
+            for ticket in asked:
+                ticket._refuse(str(exc))
             return []
         self._unavailable = ""
         for refused in sorted(set(rejected) - self._rejected):  # each said once
             self.notify(f"refused book folder: {refused}")
         self._rejected = set(rejected)
-        books = set()
+        with self._lock:
+            books = self._changed(states, now)
+            for ticket in asked:
+                gone = [b for b, state in books.items() if state is None]  # purged
+                names = ticket.books if ticket.books is not None else sorted({*states, *gone})
+                ticket.resolved = list(dict.fromkeys(names))
+                for book_id in ticket.resolved:
+                    ticket._wait_for(book_id)
+                    if book_id in self._in_flight and book_id not in {*books, *self._pending}:
+                        # the call in flight applies what the files hold now: its answer
+                        self._riding.setdefault(book_id, []).append(ticket)
+                        continue
+                    books.setdefault(book_id, states.get(book_id))
+                    self._tickets.setdefault(book_id, []).append(ticket)
+                if not ticket.resolved:
+                    ticket.done.set()
+            if books:
+                self._pending.update(books)
+                self._save()
+                self._lock.notify_all()
+        if not self._pool:
+            self._apply_here(now)
+        return sorted(books)
+
+    def _cursor(self) -> dict[str, list[str]]:
+        """What a look compares the disk with: the applied looks, and for a book queued or in
+        flight, the look it is (to be) applied with (unchanged since: nothing new)."""
+        cursor = {b: list(v) for b, v in self.known.items()}
+        for queued in (self._in_flight, self._pending):
+            for book_id, state in queued.items():
+                if state is None:
+                    cursor.pop(book_id, None)
+                else:
+                    cursor[book_id] = [state.stat_digest, state.content_digest]
+        return cursor
+
+    def _changed(
+        self, states: Mapping[str, BookScanState], now: float
+    ) -> dict[str, BookScanState | None]:
+        """The books a look found to apply (the caller holds the lock)."""
+        books: dict[str, BookScanState | None] = {}
         for book_id, state in states.items():
+            if book_id in self._pending or book_id in self._in_flight:
+                target = self._pending.get(book_id, self._in_flight.get(book_id))
+                if book_id in self._pending or target is None:
+                    books[book_id] = state  # the latest look of a queued book is applied
+                elif target.content_digest != state.content_digest:
+                    books[book_id] = state  # changed during its run: applied after it
+                continue
             before = self.known.get(book_id)
             if before is not None and before[1] == state.content_digest:
                 continue
             failed = self._failed.get(book_id)
             if failed and failed.content_digest == state.content_digest and now < failed.next_try:
                 continue  # failed with this content: tried again when its back-off is over
-            books.add(book_id)
-        books.update(b for b in self.known if b not in states)  # gone: purged
-        books.update(b for b, f in self._failed.items() if now >= f.next_try)
-        books.update(b for b in self._doubtful if b not in self._failed)
-        if not books:
-            return []
-        applying = sorted(books)
-        self._save(applying)
-        done = self.apply(applying)
-        for book_id in applying:
-            seen = states.get(book_id)
-            if done.get(book_id, False):
-                self._failed.pop(book_id, None)
-                self._doubtful.discard(book_id)
-                if seen is None:
-                    self.known.pop(book_id, None)
-                    continue
-                self.known[book_id] = [seen.stat_digest, seen.content_digest]
-                # What is recorded as applied must be what the run read. The run read the
-                # files after this look; if nothing was written since, that is the look's
-                # version. If something was (an edit saved as the run started and reverted
-                # after it read the files leaves the look's digests as they were), the run
-                # may have indexed a version in between: the book is applied again.
-                if written_since(self.source, book_id, seen.stat_digest):
-                    self._doubtful.add(book_id)
-                continue
-            self._doubtful.discard(book_id)  # failed: retried as a failure is
-            before_failed = self._failed.get(book_id)
-            failures = (before_failed.failures if before_failed else 0) + 1
-            wait = min(self.timing.retry_after_s * 2 ** (failures - 1), self.timing.retry_max_s)
-            digest = seen.content_digest if seen is not None else ""
-            self._failed[book_id] = _Failed(digest, failures, now + wait)
-        self._save(())
-        return applying
+            books[book_id] = state
+        for book_id in {*self.known, *self._in_flight, *self._pending} - set(states):
+            queued = self._pending if book_id in self._pending else self._in_flight
+            if book_id in queued and queued[book_id] is None:
+                continue  # its purge is queued, or under way
+            books[book_id] = None  # gone: purged
+        busy = {*self._pending, *self._in_flight}
+        for book_id, failed in self._failed.items():
+            if now >= failed.next_try and book_id not in busy:
+                books.setdefault(book_id, states.get(book_id))
+        for book_id in self._doubtful - set(self._failed) - busy:
+            books.setdefault(book_id, states.get(book_id))
+        return books
 
-    def _save(self, applying: Sequence[str]) -> None:
+    def _due_in(self, book_id: str) -> float:
+        """Seconds until a queued book may start again (the caller holds the lock): a book
+        changed during its run is applied again once its writer pauses (``debounce_s`` of
+        quiet) or ``max_delay_s`` after that run ended, as one live look followed another:
+        a writer that never pauses gets a run a ``max_delay_s``, not one per run's end."""
+        ended = self._ended_at.get(book_id)
+        if ended is None:
+            return 0.0
+        now = time.monotonic()
+        watcher = self.source.watcher()
+        quiet = now - watcher.last_news if watcher is not None else float("inf")
+        if quiet >= self.timing.debounce_s:
+            return 0.0
+        return min(ended + self.timing.max_delay_s - now, self.timing.debounce_s - quiet)
+
+    def _take(self) -> _Job:
+        """The books of the next call of ``apply`` (the caller holds the lock): those queued
+        and not in flight, shared among the idle workers by their files (a big book's first
+        ingest goes alone; the next book does not wait behind it)."""
+        ready = sorted(
+            b for b in self._pending if b not in self._in_flight and self._due_in(b) <= 0
+        )
+        if not ready:
+            return _Job({}, {})
+        idle = max(len(self._pool) - self._busy, 1)
+        if idle > 1 and len(ready) > 1:
+            files = {
+                b: max(s.files if (s := self._pending[b]) is not None else 1, 1) for b in ready
+            }
+            share = sum(files.values()) / idle
+            taken: list[str] = []
+            count = 0
+            for book_id in ready:  # adjacent books: a call's runs batch them
+                if taken and count + files[book_id] > share:
+                    break
+                taken.append(book_id)
+                count += files[book_id]
+            ready = taken
+        job = _Job(
+            {b: self._pending.pop(b) for b in ready},
+            {b: self._tickets.pop(b) for b in ready if b in self._tickets},
+        )
+        self._in_flight.update(job.books)
+        self._busy += 1
+        return job
+
+    def _apply_job(self, taken: _Job, now: float | None = None) -> None:
+        """One call of ``apply`` and its bookkeeping: what each book's call read is recorded
+        as applied, a failed book is backed off (from ``now``, default: when it ended)."""
+        job = taken.books
+        books = sorted(job)
+        try:
+            done: Mapping[str, bool] = self.apply(books)
+        except Exception as exc:  # apply reports failures; a bug in it must not lose books
+            log.exception("live mode's apply of %s failed", books)
+            self.notify(f"applying {', '.join(books)} failed: {type(exc).__name__}: {exc}")
+            done = {}
+        now = time.monotonic() if now is None else now
+        # What is recorded as applied must be what the run read. The run read the files
+        # after its look; if nothing was written since, that is the look's version. If
+        # something was (an edit saved as the run started and reverted after it read the
+        # files leaves the look's digests as they were), the run may have indexed a version
+        # in between: the book is applied again.
+        written = {
+            b: written_since(self.source, b, seen.stat_digest)
+            for b, seen in job.items()
+            if seen is not None and done.get(b, False)
+        }
+        answered = dict(taken.tickets)
+        with self._lock:
+            ended = time.monotonic()
+            for book_id in books:
+                self._in_flight.pop(book_id, None)
+                self._ended_at[book_id] = ended
+                self._record(book_id, job[book_id], done.get(book_id, False), written, now)
+                riders = self._riding.pop(book_id, [])
+                if written.get(book_id, False):  # in doubt: the next call answers them
+                    self._tickets.setdefault(book_id, []).extend(riders)
+                else:
+                    answered[book_id] = [*answered.get(book_id, []), *riders]
+            self._busy -= 1
+            self._save()
+            self._lock.notify_all()
+        for book_id, tickets in answered.items():
+            for ticket in tickets:
+                ticket._applied(book_id, done)
+        self._ended.set()
+
+    def _record(
+        self,
+        book_id: str,
+        seen: BookScanState | None,
+        done: bool,
+        written: Mapping[str, bool],
+        now: float,
+    ) -> None:
+        """What one book's call did (the caller holds the lock)."""
+        if done:
+            self._failed.pop(book_id, None)
+            self._doubtful.discard(book_id)
+            if seen is None:
+                self.known.pop(book_id, None)
+                return
+            self.known[book_id] = [seen.stat_digest, seen.content_digest]
+            if written.get(book_id, False):
+                self._doubtful.add(book_id)
+            return
+        self._doubtful.discard(book_id)  # failed: retried as a failure is
+        before_failed = self._failed.get(book_id)
+        failures = (before_failed.failures if before_failed else 0) + 1
+        wait = min(self.timing.retry_after_s * 2 ** (failures - 1), self.timing.retry_max_s)
+        digest = seen.content_digest if seen is not None else ""
+        self._failed[book_id] = _Failed(digest, failures, now + wait)
+
+    def _apply_here(self, now: float) -> None:
+        """Without workers: apply what is queued in this thread (``now``: the look's time)."""
+        while True:
+            with self._lock:
+                job = self._take()
+            if not job.books:
+                return
+            self._apply_job(job, now)
+
+    def _save(self) -> None:
+        """Hand the applied-state map to ``save`` (the caller holds the lock: one writer at a
+        time, each map newer than the one before)."""
         if self.save is None:
             return
-        doubtful = {*applying, *self._failed, *self._doubtful}
+        doubtful = {*self._pending, *self._in_flight, *self._failed, *self._doubtful}
         books = {b: list(v) for b, v in self.known.items()}
         books.update({b: list(APPLYING) for b in doubtful})
         self.save(books)
 
-    def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
-        """Look at every book, then apply changes as they come until ``stop`` is set."""
-        self.look()
-        if on_ready is not None:
-            on_ready()
-        while not stop.is_set():
-            watcher = self.source.watcher()
-            if watcher is not None and watcher.watching:
-                if self._news(watcher, stop):
-                    self._settle(watcher, stop)
-            else:  # no notifications: every look stats every book
-                stop.wait(self._idle_wait())
-            if not stop.is_set():
-                self.look()
+    @property
+    def in_hand(self) -> list[str]:
+        """The books queued or in a call of ``apply`` now."""
+        with self._lock:
+            return sorted({*self._pending, *self._in_flight})
 
-    def _news(self, watcher: BookWatcher, stop: threading.Event) -> bool:
-        """Wait for a notification until the next idle look is due; False at that time or
-        when ``stop`` is set (looked at every quarter second)."""
+    def run(self, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
+        """Look at every book, then apply changes as they come until ``stop`` is set; the
+        calls of ``apply`` in hand then end (none starts after ``stop``) before it returns.
+        ``on_ready`` is called once the first look's books are applied."""
+        self._closing = False
+        self._pool = [
+            threading.Thread(target=self._work, args=(stop,), name=f"live-{n}", daemon=True)
+            for n in range(max(self.workers, 1))
+        ]
+        for worker in self._pool:
+            worker.start()
+        try:
+            # the first catch-up: on_ready once it is applied
+            first: set[str] | None = set(self.look())
+            while not stop.is_set():
+                if on_ready is not None and first is not None:
+                    with self._lock:
+                        first &= {*self._pending, *self._in_flight}
+                    if not first:
+                        first = None
+                        on_ready()
+                watcher = self.source.watcher()
+                if watcher is not None and watcher.watching:
+                    news = self._news(watcher, stop)
+                    if news:
+                        self._settle(watcher, stop)
+                else:  # no notifications: every look stats every book
+                    news = self._pause(stop, self._idle_wait())
+                if self._ended.is_set():  # a call ended: wait again (a book in doubt is due
+                    self._ended.clear()  # a debounce from now), or say ready; or a request
+                    with self._lock:
+                        asked = bool(self._requests)
+                    if news is None and not asked:
+                        continue
+                if not stop.is_set():
+                    self.look()
+        finally:
+            with self._lock:
+                self._closing = True
+                self._lock.notify_all()
+            for worker in self._pool:
+                worker.join()
+            self._pool = []
+            with self._lock:
+                queued = [*self._tickets.values(), *self._riding.values()]
+                left_asked = [*self._requests, *(t for ts in queued for t in ts)]
+                self._requests, self._tickets, self._riding = [], {}, {}
+            for ticket in left_asked:
+                ticket._refuse("the live process stopped first")
+            left = self.in_hand
+            if left:
+                self.notify(
+                    f"{len(left)} books not applied (stopping): the next start, or the books "
+                    "sensor, applies them"
+                )
+
+    def _work(self, stop: threading.Event) -> None:
+        """A worker: take the books queued and not in flight, apply them, until stopped."""
+        while True:
+            with self._lock:
+                job = _Job({}, {})
+                while not (self._closing or stop.is_set()):
+                    job = self._take()
+                    if job.books:
+                        break
+                    later = [self._due_in(b) for b in self._pending if b not in self._in_flight]
+                    self._lock.wait(max(min(later), 0.01) if later else None)
+                if not job.books:
+                    return
+            self._apply_job(job)
+
+    def _pause(self, stop: threading.Event, seconds: float) -> bool | None:
+        """Wait ``seconds`` (False), or until ``stop`` is set (False) or a call of ``apply``
+        ended (None)."""
+        until = time.monotonic() + seconds
+        while not stop.is_set():
+            if self._ended.is_set():
+                return None
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            self._ended.wait(min(left, _STOP_CHECK_S))
+        return False
+
+    def _news(self, watcher: BookWatcher, stop: threading.Event) -> bool | None:
+        """Wait for a notification (True) until the next idle look is due (False), or a call
+        of ``apply`` ended (None); False when ``stop`` is set (looked at every quarter
+        second)."""
         until = time.monotonic() + self._idle_wait()
         while not stop.is_set():
+            if self._ended.is_set():
+                return None
             left = until - time.monotonic()
             if left <= 0:
                 return False
@@ -299,13 +633,14 @@ class LiveLoop:
         return False
 
     def _idle_wait(self) -> float:
-        if self._doubtful:  # applied again once its writer has paused
-            return self.timing.debounce_s
-        wait = min(self.timing.idle_look_s, RESCAN_EVERY_S)
-        if self._failed:
-            soonest = min(f.next_try for f in self._failed.values()) - time.monotonic()
-            wait = min(wait, max(soonest, 0.0))
-        return wait
+        with self._lock:
+            if self._doubtful - {*self._pending, *self._in_flight}:
+                return self.timing.debounce_s  # applied again once its writer has paused
+            wait = min(self.timing.idle_look_s, RESCAN_EVERY_S)
+            if self._failed:
+                soonest = min(f.next_try for f in self._failed.values()) - time.monotonic()
+                wait = min(wait, max(soonest, 0.0))
+            return wait
 
     def _settle(self, watcher: BookWatcher, stop: threading.Event) -> None:
         """Wait until the notifications pause for ``debounce_s`` (at most ``max_delay_s``

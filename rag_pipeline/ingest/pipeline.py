@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -206,8 +207,9 @@ class IngestPipeline:
         self.store = store
         self.recipes = recipes
         self.parsing = parsing or ParseOptions()
-        #: stages done ahead of the Dagster run that executes now (:meth:`replaying`)
-        self._replay: PreparedRun | None = None
+        #: per thread, stages done ahead of the Dagster run it executes now (:meth:`replaying`;
+        #: live mode executes runs of different books in threads of one process)
+        self._replays = threading.local()
 
     @classmethod
     def from_settings(
@@ -225,6 +227,11 @@ class IngestPipeline:
             recipes,
             parsing=settings.parsing(),
         )
+
+    @property
+    def _replay(self) -> PreparedRun | None:
+        replay: PreparedRun | None = getattr(self._replays, "prepared", None)
+        return replay
 
     @property
     def description(self) -> str:
@@ -469,11 +476,11 @@ class IngestPipeline:
     def replaying(self, prepared: PreparedRun) -> Iterator[None]:
         """While the Dagster run of ``prepared`` executes (in this process), its steps are
         handed the stages already done instead of doing them again."""
-        self._replay = prepared
+        self._replays.prepared = prepared
         try:
             yield
         finally:
-            self._replay = None
+            self._replays.prepared = None
 
     def preview(
         self, assessment: BookInventory, recipe: IndexRecipe
