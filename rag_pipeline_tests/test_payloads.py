@@ -160,6 +160,8 @@ NOT_PAYLOAD_KEYS = {
     ("rag_pipeline/sources/crawl.py", "module"),
     ("rag_pipeline/sources/crawl.py", "chapter"),
     ("rag_pipeline/sources/crawl.py", "lesson"),
+    # dagster.yaml's run_coordinator entry (Dagster's configuration format)
+    ("rag_pipeline/dagster_yaml.py", "module"),
     # frontmatter keys of the source files (the input format's contract)
     ("rag_pipeline/ingest/parse.py", "tags"),
     # the OpenAI API's error body

@@ -35,14 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline.ingest.report import BookResult, IngestReport
+from rag_pipeline.ingest.report import IngestReport
 
 __all__ = [
     "HANDOFF_SOCKET",
     "HandOffServer",
     "Handed",
     "ask_live",
-    "report_from_dict",
     "settings_key",
 ]
 
@@ -158,7 +157,7 @@ def ask_live(
                     on_wait([str(b) for b in message["waiting"]])
                 continue
             if "report" in message:
-                return Handed(report_from_dict(message["report"]), str(message["applied_by"]))
+                return Handed(IngestReport.from_dict(message["report"]), str(message["applied_by"]))
             log.info("live mode did not apply the ingest: %s", message.get("refused"))
             return None
         return None  # it closed the connection: it died, or stopped
@@ -167,21 +166,6 @@ def ask_live(
         return None
     finally:
         conn.close()
-
-
-def report_from_dict(data: Mapping[str, Any]) -> IngestReport:
-    """The :class:`IngestReport` whose ``as_dict`` is ``data``."""
-    books = {}
-    known = set(BookResult.__dataclass_fields__) - {"book_id"}
-    for book_id, fields in data["books"].items():
-        values = {k: v for k, v in fields.items() if k in known}
-        books[book_id] = BookResult(book_id, **values)
-    return IngestReport(
-        books,
-        list(data.get("rejected_folders", [])),
-        list(data.get("warnings", [])),
-        float(data.get("seconds", 0.0)),
-    )
 
 
 #: the live side: apply these books (None: every book) and return their report, or None when

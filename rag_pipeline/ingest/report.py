@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -93,3 +94,19 @@ class IngestReport:
             "warnings": self.warnings,
             "seconds": round(self.seconds, 3),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> IngestReport:
+        """The report whose :meth:`as_dict` is ``data`` (what another process printed or sent:
+        a field this version does not know is left out)."""
+        known = set(BookResult.__dataclass_fields__) - {"book_id"}
+        books = {
+            book_id: BookResult(book_id, **{k: v for k, v in fields.items() if k in known})
+            for book_id, fields in data["books"].items()
+        }
+        return cls(
+            books,
+            list(data.get("rejected_folders", [])),
+            list(data.get("warnings", [])),
+            float(data.get("seconds", 0.0)),
+        )
