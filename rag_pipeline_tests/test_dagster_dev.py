@@ -571,8 +571,17 @@ def test_sensor_ui_launch_and_asset_graph_page(dev, sample_books, tmp_path):
         assert [t for t in terminal if t.startswith(ended) and t.endswith(": done")], terminal
     assert not [t for t in terminal if " - DEBUG - " in t or " - INFO - " in t], terminal
     assert "won't launch more" not in "\n".join(terminal)
-    repeats = Counter(t.split(" - ", 1)[-1] for t in terminal if not t.startswith("[rag_pipeline]"))
-    assert not [t for t, n in repeats.items() if n > 10], repeats.most_common(5)
+    # log records repeated (the daemon's every-second lines), not the frames of a traceback:
+    # on a loaded machine Dagster printed 10 tracebacks of failed gRPC queries to the code
+    # server (dagster/_grpc/client.py, in one suite run of three), whose blank lines and
+    # frames repeat from one traceback to the next
+    records = [
+        t
+        for t in terminal
+        if t.strip() and not t.startswith(("[rag_pipeline]", " ", "Traceback", "The above"))
+    ]
+    repeats = Counter(t.split(" - ", 1)[-1] for t in records)
+    assert not [t for t, n in repeats.items() if n > 10], (repeats.most_common(5), terminal[-60:])
     from rag_pipeline.config import load_settings
     from rag_pipeline.ingest.consistency import check_index
     from rag_pipeline.schema import COLLECTION_SCHEMA
