@@ -41,6 +41,21 @@ EDITED = "01-chapter-1-ros2-fundamentals/02-setup.md"
 POLL_S = 0.2
 
 
+def wait_for(
+    proc: subprocess.Popen[Any], name: str, predicate: Any, timeout: float, what: str
+) -> Any:
+    """``predicate()``'s first true value, polled until ``timeout``; exits if ``proc`` (the
+    process ``name`` measured) ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited while waiting for {what}")
+        time.sleep(POLL_S)
+    raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -115,14 +130,7 @@ def measure(runs: int, work: Path, files: int, sections: int, embedder: str) -> 
                 )
 
             def wait(predicate: Any, timeout: float, what: str) -> Any:
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
-                    if value := predicate():
-                        return value
-                    if proc.poll() is not None:
-                        raise SystemExit(f"dg dev exited while waiting for {what}")
-                    time.sleep(POLL_S)
-                raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+                return wait_for(proc, "dg dev", predicate, timeout, what)
 
             success = DagsterRunStatus.SUCCESS
             wait(lambda: [r for r in of(SMALL) if r.dagster_run.status == success], 600, SMALL)
@@ -202,14 +210,7 @@ def measure_live(
     threading.Thread(target=read, daemon=True).start()
 
     def wait(predicate: Any, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if value := predicate():
-                return value
-            if proc.poll() is not None:
-                raise SystemExit(f"rag-pipeline watch exited while waiting for {what}")
-            time.sleep(POLL_S)
-        raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+        return wait_for(proc, "rag-pipeline watch", predicate, timeout, what)
 
     def applied(book: str, after: float) -> Any:
         for event in events:
