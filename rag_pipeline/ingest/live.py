@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rag_pipeline.ingest.plan import decide_purges
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.scan import BookScanState, scan_books, written_since
 from rag_pipeline.sources.watch import RESCAN_EVERY_S, BookWatcher
@@ -254,6 +255,8 @@ class LiveLoop:
     looks: int = 0
     _failed: dict[str, _Failed] = field(default_factory=dict)
     _unavailable: str = ""
+    #: the warning of a look that found none of the applied books (said once)
+    _said_halt: str = ""
     _rejected: set[str] = field(default_factory=set)
     #: books applied while something wrote them: what their run read may not be what their
     #: look saw, so the next look applies them again whatever its digests say
@@ -319,6 +322,17 @@ class LiveLoop:
             for ticket in asked:
                 ticket._refuse(str(exc))
             return []
+        # the purge policy of ingest and the books sensor: a data folder holding none of the
+        # books applied (emptied, unmounted, the wrong folder) purges nothing, starts nothing
+        halt = decide_purges(self.source, set(states), set(cursor))
+        if halt.halt:
+            if halt.warnings[0] != self._said_halt:  # said once, not at every look
+                self.notify(halt.warnings[0])
+            self._said_halt = halt.warnings[0]
+            for ticket in asked:  # the CLI runs them itself: named books still run or purge
+                ticket._refuse(halt.warnings[0])
+            return []
+        self._said_halt = ""
         self._unavailable = ""
         for refused in sorted(set(rejected) - self._rejected):  # each said once
             self.notify(f"refused book folder: {refused}")

@@ -1,0 +1,37 @@
+"""Hostile probes of live mode's loop (rag_pipeline/ingest/live.py), without Dagster."""
+
+from __future__ import annotations
+
+import shutil
+
+from rag_pipeline.ingest.live import LiveLoop
+from rag_pipeline.sources.scan import clear_scan_cache
+from rag_pipeline_tests.test_live import Applier, NoWatchSource
+
+
+def test_an_emptied_data_folder_purges_no_book(data_dir, write_book, tmp_path):
+    """The data folder unmounted or emptied under a running live process (every book folder
+    gone at once) purges nothing, as ``ingest`` and the books sensor refuse to (README:
+    "never every book at once"); one book removed is still purged."""
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none"})
+    write_book("beta", {"b.md": "# B\n\ntwo"})
+    applier = Applier()
+    notes: list[str] = []
+    live = LiveLoop(NoWatchSource(data_dir), applier, notify=notes.append)
+    live.look()
+    assert applier.calls == [["alpha", "beta"]]
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for book in ("alpha", "beta"):
+        shutil.move(data_dir / book, aside / book)
+    live.look()
+    assert applier.calls == [["alpha", "beta"]], "every book purged at once"
+    asked = live.request(None)  # a handed ingest: refused, the CLI says why itself
+    live.look()
+    assert asked.done.is_set() and "refusing to purge all 2" in asked.refused
+    assert applier.calls == [["alpha", "beta"]]
+    assert len(notes) == 1 and "refusing to purge all 2" in notes[0]  # said once
+    shutil.move(aside / "alpha", data_dir / "alpha")  # back: one removed is purged
+    live.look()
+    assert applier.calls[1:] == [["beta"]]
