@@ -175,6 +175,8 @@ def run_live(
             notify=notify,
             workers=workers,
         )
+        with pipeline.store.open() as store:  # a book removed while no live process ran
+            loop.indexed(store.tenants())  # is purged by the first look
         server = None
         if handoff_key is not None:
             server = HandOffServer(

@@ -34,7 +34,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -67,6 +67,9 @@ _STOP_CHECK_S = 0.25
 #: the state of a book whose run is under way or failed: it matches no look, so a sensor that
 #: takes over runs the book
 APPLYING = ["applying", ""]
+#: what :meth:`LiveLoop.indexed` knows of an indexed book before its first look: no digest,
+#: so the look finds it changed (or gone)
+_INDEXED = ["", ""]
 
 
 class LiveBusyError(StoreBusyError):
@@ -284,6 +287,14 @@ class LiveLoop:
     #: per book in flight, the requests its call in flight answers (it applies the content
     #: the files held when they came)
     _riding: dict[str, list[LiveTicket]] = field(default_factory=dict)
+
+    def indexed(self, books: Iterable[str]) -> None:
+        """``books`` are in the index (before the first look): one whose folder is gone is
+        purged by that look (removed while no live process ran), as ``ingest`` purges it; the
+        others are applied as every book of the first look is."""
+        with self._lock:
+            for book_id in books:
+                self.known.setdefault(book_id, list(_INDEXED))
 
     def request(self, books: list[str] | None) -> LiveTicket:
         """Apply ``books`` (None: every book) now, whatever the looks say: the next look

@@ -1,0 +1,117 @@
+"""Hostile probes of ``rag-pipeline ingest`` handed to a running live process
+(rag_pipeline/ingest/handoff.py): the handed report keeps the CLI's contract (the same books,
+statuses, file errors and exit status as the CLI running the change itself), and a live
+process that cannot answer (stopped with SIGSTOP, a stale or foreign file at the socket's
+path) leaves the change to the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_pipeline.ingest.handoff import HANDOFF_SOCKET, ask_live
+from rag_pipeline_tests.helpers import Cli, LiveProcess
+
+#: per book, the fields of ``ingest --json`` that say what the index holds and what is wrong
+#: (the work fields, embedded/reused/deleted, seconds, run_id, depend on who ran it when)
+SAME = ("status", "files", "errors", "chunks", "points", "files_unreadable", "error_messages")
+
+
+def _books(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {b: {k: r[k] for k in SAME} for b, r in report["books"].items()}
+
+
+def _write(data: Path, book: str, files: dict[str, str | bytes]) -> None:
+    for name, content in files.items():
+        path = data / book / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_handed_ingest_reports_what_the_cli_would(tmp_path):
+    """One live process, several probes: a book removed while no live process ran is purged
+    (the CLI's ingest purges it); a bad file is reported by the handed ingest as by the CLI's
+    own; a named book that does not exist exits 1 as ``missing``; two CLIs handing off at
+    once both get their report; a live process stopped by SIGSTOP leaves the change to the
+    CLI within seconds."""
+    data = tmp_path / "books"
+    _write(data, "alpha", {"a.md": "# A\n\none alpha", "bad.md": b"\x00\x01\x02" * 200})
+    _write(data, "beta", {"b.md": "# B\n\none beta"})
+    _write(data, "gamma", {"c.md": "# C\n\none gamma"})
+    cli = Cli(tmp_path, data)
+    cli("ingest", "--json")
+    import shutil
+
+    shutil.rmtree(data / "gamma")  # removed while no live process runs
+    live = LiveProcess(cli)
+    try:
+        live.next_event("ready", timeout=120)
+        planned = json.loads(cli("plan", "--json").stdout)["books"]
+        assert "gamma" not in planned, "a book removed before the start stays indexed"
+        handed = json.loads(cli("ingest", "--json").stdout)
+        assert "applied_by" in handed
+
+        missing = cli("ingest", "--book", "nosuch", "--json", check=False)
+        assert missing.returncode == 1, missing.stderr
+        assert json.loads(missing.stdout)["books"]["nosuch"]["status"] == "missing"
+
+        answers: list[Any] = []
+
+        def one() -> None:
+            answers.append(cli("ingest", "--json", check=False))
+
+        both = [threading.Thread(target=one) for _ in range(2)]
+        for thread in both:
+            thread.start()
+        for thread in both:
+            thread.join(120)
+        assert [a.returncode for a in answers] == [0, 0], [a.stderr for a in answers]
+        assert all("applied_by" in json.loads(a.stdout) for a in answers)
+
+        os.kill(live.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            alone = cli("ingest", "--json", timeout=120)
+            took = time.monotonic() - started
+        finally:
+            os.kill(live.proc.pid, signal.SIGCONT)
+        assert "applied_by" not in json.loads(alone.stdout)
+        assert took < 20, f"a stopped live process held the CLI {took:.1f}s"
+    finally:
+        assert live.stop() == 0, "".join(live.stderr[-30:])
+    local = json.loads(cli("ingest", "--json").stdout)
+    assert "applied_by" not in local
+    assert _books(handed) == _books(local)
+    assert local["books"]["alpha"]["error_messages"], local  # the bad file, named
+
+
+def test_a_file_that_is_not_a_socket_at_the_path_is_no_live_process(tmp_path):
+    """A regular file, a folder, or a socket nobody listens on at the socket's path: the
+    CLI runs the change itself at once."""
+    path = tmp_path / HANDOFF_SOCKET
+    path.write_text("not a socket")
+    assert ask_live(tmp_path, None, "k") is None
+    path.unlink()
+    path.mkdir()
+    assert ask_live(tmp_path, None, "k") is None
+    path.rmdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()
+    os.chmod(path, 0)  # another user's: no permission to connect
+    started = time.monotonic()
+    assert ask_live(tmp_path, None, "k") is None
+    assert time.monotonic() - started < 0.5
