@@ -186,16 +186,18 @@ def _digest(data: bytes) -> str:
 def review_home_config(home: Path) -> HomeConfigReview:
     """Check ``home/dagster.yaml``; replace an unmodified earlier version of the project's
     file with the current one (the earlier kept as ``dagster.yaml.<digest>.old``, the new
-    one renamed into place: a process starting alongside never reads half a file). A file
-    that cannot be read, is not YAML or not a mapping is left to Dagster, whose error names
-    it."""
+    one renamed into place: a process starting alongside never reads half a file; a link is
+    never replaced). An empty file lacks every setting. A file that cannot be read, is not
+    YAML or not a mapping is left to Dagster, whose error names it."""
     path = home / "dagster.yaml"
     try:
         data = path.read_bytes()
     except OSError:  # unreadable: Dagster's own error names the file and the way out
         return HomeConfigReview(path)
     source = project_dagster_yaml()
-    if source is not None and _digest(data) in EARLIER_VERSIONS:
+    # a link is its owner's arrangement (a file shared by homes, managed elsewhere): never
+    # turned into a file of ours, whatever it points at
+    if source is not None and _digest(data) in EARLIER_VERSIONS and not path.is_symlink():
         current = source.read_bytes()
         if _digest(current) != _digest(data):
             kept = path.with_name(f"dagster.yaml.{_digest(data)[:8]}.old")
@@ -208,6 +210,8 @@ def review_home_config(home: Path) -> HomeConfigReview:
         config = yaml.safe_load(data)
     except yaml.YAMLError:
         return HomeConfigReview(path)
+    if config is None:  # empty, or comments only: Dagster's defaults, which lack them all
+        config = {}
     if not isinstance(config, Mapping):
         return HomeConfigReview(path)
     return HomeConfigReview(path, missing=tuple(missing_settings(config)))

@@ -1,0 +1,62 @@
+"""Hostile probes of a home's dagster.yaml review (rag_pipeline/dagster_yaml.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from rag_pipeline.config import SettingsError, ensure_dagster_home
+from rag_pipeline.dagster_yaml import REQUIRED_SNIPPET, review_home_config
+from rag_pipeline_tests.conftest import REPO
+
+OLD = REPO / "rag_pipeline_tests" / "fixtures" / "dagster_yaml" / "7af2fdd.yaml"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n", "---\n"])
+def test_an_empty_file_lacks_every_setting(home, capsys, text):
+    """Dagster reads an empty dagster.yaml as its defaults: no coordinator, no limits."""
+    (home / "dagster.yaml").write_text(text)
+    ensure_dagster_home()
+    err = capsys.readouterr().err
+    assert "lacks settings" in err and "BookRunCoordinator" in err, err
+    assert (home / "dagster.yaml").read_text() == text  # the owner's: not rewritten
+
+
+def test_a_link_to_an_earlier_copy_is_not_replaced(home, tmp_path, capsys):
+    shared = tmp_path / "shared.yaml"
+    shutil.copy(OLD, shared)
+    (home / "dagster.yaml").symlink_to(shared)
+    ensure_dagster_home()
+    assert (home / "dagster.yaml").is_symlink()
+    assert shared.read_bytes() == OLD.read_bytes()
+    assert "lacks settings" in capsys.readouterr().err
+
+
+def test_the_right_settings_with_other_comments_and_a_folder_at_the_path(home, capsys):
+    (home / "dagster.yaml").write_text(
+        "# ours\ntelemetry:\n  enabled: false  # no\n" + REQUIRED_SNIPPET + "# end\n"
+    )
+    ensure_dagster_home()
+    assert capsys.readouterr().err == ""
+    (home / "dagster.yaml").unlink()
+    (home / "dagster.yaml").mkdir()
+    assert review_home_config(home).notice == ""  # left to Dagster's error, which names it
+    (home / "dagster.yaml").rmdir()
+    (home / "dagster.yaml").write_text("a: [unclosed\n")
+    assert review_home_config(home).notice == ""  # the same
+
+
+def test_a_home_that_is_a_file(tmp_path, monkeypatch):
+    (tmp_path / "home").write_text("")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    with pytest.raises(SettingsError, match="is a file"):
+        ensure_dagster_home()
