@@ -51,6 +51,7 @@ def test_a_handed_ingest_reports_what_the_cli_would(tmp_path):
     _write(data, "alpha", {"a.md": "# A\n\none alpha", "bad.md": b"\x00\x01\x02" * 200})
     _write(data, "beta", {"b.md": "# B\n\none beta"})
     _write(data, "gamma", {"c.md": "# C\n\none gamma"})
+    _write(data, "bad name", {"d.md": "# D\n\na folder refused as a book"})
     cli = Cli(tmp_path, data)
     cli("ingest", "--json")
     import shutil
@@ -63,6 +64,8 @@ def test_a_handed_ingest_reports_what_the_cli_would(tmp_path):
         assert "gamma" not in planned, "a book removed before the start stays indexed"
         handed = json.loads(cli("ingest", "--json").stdout)
         assert "applied_by" in handed
+        named = json.loads(cli("ingest", "--book", "beta", "--json").stdout)
+        assert "applied_by" in named
 
         missing = cli("ingest", "--book", "nosuch", "--json", check=False)
         assert missing.returncode == 1, missing.stderr
@@ -95,6 +98,11 @@ def test_a_handed_ingest_reports_what_the_cli_would(tmp_path):
     local = json.loads(cli("ingest", "--json").stdout)
     assert "applied_by" not in local
     assert _books(handed) == _books(local)
+    local_named = json.loads(cli("ingest", "--book", "beta", "--json").stdout)
+    assert _books(named) == _books(local_named)
+    for mine, theirs in ((handed, local), (named, local_named)):
+        for field in ("rejected_folders", "warnings"):
+            assert mine[field] == theirs[field], (field, mine[field], theirs[field])
     assert local["books"]["alpha"]["error_messages"], local  # the bad file, named
 
 

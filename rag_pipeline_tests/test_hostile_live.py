@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+import threading
 
 from rag_pipeline.ingest.live import LiveLoop
+from rag_pipeline.ingest.report import IngestReport
 from rag_pipeline.sources.scan import clear_scan_cache
-from rag_pipeline_tests.test_live import Applier, NoWatchSource
+from rag_pipeline_tests.test_live import Applier, NoWatchSource, _until
 
 
 def test_an_emptied_data_folder_purges_no_book(data_dir, write_book, tmp_path):
@@ -35,3 +37,24 @@ def test_an_emptied_data_folder_purges_no_book(data_dir, write_book, tmp_path):
     shutil.move(aside / "alpha", data_dir / "alpha")  # back: one removed is purged
     live.look()
     assert applier.calls[1:] == [["beta"]]
+
+
+def test_a_request_for_every_book_of_a_folder_without_books_says_the_folders_refused(
+    data_dir, write_book
+):
+    """What an ingest of no book reports: the folders refused as books (a handed ingest
+    printed none)."""
+    from rag_pipeline.defs.live import handed_report
+
+    clear_scan_cache()
+    write_book("bad name", {"a.md": "# A\n\none"})
+    live = LiveLoop(NoWatchSource(data_dir), Applier())
+    asked: list[IngestReport | None] = []
+    thread = threading.Thread(target=lambda: asked.append(handed_report(live, None, print)))
+    thread.start()
+    _until(lambda: bool(live._requests))
+    live.look()
+    thread.join(5)
+    (report,) = asked
+    assert report is not None and report.books == {}
+    assert len(report.rejected) == 1 and "bad name" in report.rejected[0]

@@ -116,7 +116,9 @@ def handed_report(
     if any(b not in results or results[b].status == "deferred" for b in ticket.resolved):
         return None
     warnings = list(dict.fromkeys(w for r in reports for w in r.warnings))
-    rejected = sorted({f for r in reports for f in r.rejected})
+    # the folders refused as books, as the plans of the calls saw them (the look's, when no
+    # call was needed: a data folder without a book)
+    rejected = sorted({f for r in reports for f in r.rejected} if reports else ticket.rejected)
     return IngestReport(
         {b: results[b] for b in ticket.resolved},
         rejected,

@@ -188,6 +188,8 @@ class LiveTicket:
     resolved: list[str] = field(default_factory=list)
     #: why it was not applied (the process stopped, the source was unavailable)
     refused: str = ""
+    #: the folders the look that took it refused as books (what an ingest of no book reports)
+    rejected: list[str] = field(default_factory=list)
     _waiting: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -354,6 +356,7 @@ class LiveLoop:
                 gone = [b for b, state in books.items() if state is None]  # purged
                 names = ticket.books if ticket.books is not None else sorted({*states, *gone})
                 ticket.resolved = list(dict.fromkeys(names))
+                ticket.rejected = list(rejected)
                 for book_id in ticket.resolved:
                     ticket._wait_for(book_id)
                     if book_id in self._in_flight and book_id not in {*books, *self._pending}:
