@@ -123,3 +123,48 @@ def test_a_file_that_is_not_a_socket_at_the_path_is_no_live_process(tmp_path):
     started = time.monotonic()
     assert ask_live(tmp_path, None, "k") is None
     assert time.monotonic() - started < 0.5
+
+
+def _answering(home: Path, *answers: bytes) -> threading.Thread:
+    """A listener at the socket's path that accepts one request and sends ``answers``
+    (another version of the live process, or something else on that path)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(home / HANDOFF_SOCKET))
+    sock.listen(1)
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        for answer in answers:
+            conn.sendall(answer)
+        conn.close()
+        sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+ACCEPTED = b'{"accepted": true}\n'
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        (ACCEPTED, b'{"report": {"books": {"a": {}}}, "applied_by": "x"}\n'),  # no status
+        (ACCEPTED, b'{"report": {"nothing": 1}, "applied_by": "x"}\n'),
+        (ACCEPTED, b'{"report": "a string", "applied_by": "x"}\n'),
+        (ACCEPTED, b'{"report": {"books": {"a": {"status": "ingested"}}}}\n'),  # by whom?
+        (ACCEPTED, b'{"waiting": 5}\n'),
+        (ACCEPTED, b'{"report": {"books": []}, "applied_by": "x"}\n'),
+        (ACCEPTED, b"\xff\xfe not json\n"),
+        (b"[1, 2]\n",),
+        (b'{"accepted": true',),  # cut off
+    ],
+)
+def test_a_broken_or_foreign_answer_leaves_the_change_to_the_cli(tmp_path, answers):
+    """A live process of another version, or anything else listening at the path: whatever
+    it answers, the CLI runs the change itself (no traceback, no report it made up)."""
+    thread = _answering(tmp_path, *answers)
+    assert ask_live(tmp_path, None, "k", accept_s=2, silent_s=2) is None
+    thread.join(5)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline.ingest.report import IngestReport
+from rag_pipeline.ingest.report import BookResult, IngestReport
 
 __all__ = [
     "HANDOFF_SOCKET",
@@ -77,6 +77,9 @@ def settings_key(settings: Any) -> str:
     for name in _PATHS:
         if values.get(name):
             values[name] = str(Path(values[name]).expanduser().resolve())
+    # the report's fields: a live process started by another version, whose report this one
+    # may not read, refuses (the CLI runs the change itself)
+    values["report_fields"] = sorted(BookResult.__dataclass_fields__)
     text = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -161,8 +164,9 @@ def ask_live(
             log.info("live mode did not apply the ingest: %s", message.get("refused"))
             return None
         return None  # it closed the connection: it died, or stopped
-    except (OSError, ValueError) as exc:  # absent, refused, timed out, a broken answer
-        log.info("no answer from live mode at %s: %s", path, exc)
+    # absent, refused, timed out, a broken answer or one this version cannot read
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.info("no answer from live mode at %s: %r", path, exc)
         return None
     finally:
         conn.close()
