@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rag_pipeline.ingest.handoff import HANDOFF_SOCKET, ask_live
+from rag_pipeline.ingest.handoff import HANDOFF_SOCKET, HandOffServer, ask_live
 from rag_pipeline_tests.helpers import Cli, LiveProcess
 
 #: per book, the fields of ``ingest --json`` that say what the index holds and what is wrong
@@ -168,3 +168,20 @@ def test_a_broken_or_foreign_answer_leaves_the_change_to_the_cli(tmp_path, answe
     thread = _answering(tmp_path, *answers)
     assert ask_live(tmp_path, None, "k", accept_s=2, silent_s=2) is None
     thread.join(5)
+
+
+def test_a_request_whose_books_are_not_a_list_is_refused(tmp_path):
+    """``{"books": "alpha"}`` is not the books a, l, p, h, a."""
+    asked: list[object] = []
+    server = HandOffServer(tmp_path, "k", lambda books, beat: asked.append(books))
+    server.start()
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(tmp_path / HANDOFF_SOCKET))
+        conn.sendall(b'{"books": "alpha", "key": "k"}\n')
+        conn.settimeout(5)
+        answer = json.loads(conn.recv(65536).split(b"\n")[0])
+        conn.close()
+    finally:
+        server.close()
+    assert "refused" in answer and asked == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 import threading
 
+import pytest
+
 from rag_pipeline.ingest.live import LiveLoop
 from rag_pipeline.ingest.report import IngestReport
 from rag_pipeline.sources.scan import clear_scan_cache
@@ -58,3 +60,18 @@ def test_a_request_for_every_book_of_a_folder_without_books_says_the_folders_ref
     (report,) = asked
     assert report is not None and report.books == {}
     assert len(report.rejected) == 1 and "bad name" in report.rejected[0]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x", "99999999", "1.5", ""])
+def test_a_bad_worker_count_is_a_setting_error_naming_it(value, monkeypatch, tmp_path):
+    """``watch`` exits 2 naming RAG_LIVE_WORKERS before it loads anything."""
+    from click.testing import CliRunner
+
+    from rag_pipeline.cli import main
+
+    monkeypatch.setenv("RAG_LIVE_WORKERS", value)
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    result = CliRunner().invoke(main, ["watch"])
+    assert result.exit_code == 2, result.output
+    assert "RAG_LIVE_WORKERS" in result.output and "Traceback" not in result.output

@@ -240,6 +240,9 @@ class HandOffServer:
                 _send(conn, {"refused": "the live process runs with other settings"})
                 return
             books = request.get("books")
+            if books is not None and not isinstance(books, list):
+                _send(conn, {"refused": "a request names its books in a list"})
+                return
             asked = None if books is None else [str(b) for b in books]
             _send(conn, {"accepted": True})
             conn.settimeout(None)
