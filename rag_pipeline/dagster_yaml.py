@@ -11,8 +11,10 @@ owner is told what to add instead. No dagster import: the CLI calls it before Da
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,13 +185,34 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _refuse_unless_a_file(path: Path) -> None:
+    """Raise an OSError naming ``path`` when it is there but is not a regular file (behind
+    its links): reading a FIFO waits for a writer forever, a device such as /dev/zero never
+    ends, and Dagster reads it the same way."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # not there (a dangling link included), or unreadable: as a file's read says
+    if stat.S_ISREG(mode):
+        return
+    kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
+    if stat.S_ISSOCK(mode):
+        kind = "a socket"
+    raise OSError(
+        errno.EINVAL,
+        f"{path} is {kind}, not a file: move it aside (the next command writes the default one)",
+    )
+
+
 def review_home_config(home: Path) -> HomeConfigReview:
     """Check ``home/dagster.yaml``; replace an unmodified earlier version of the project's
     file with the current one (the earlier kept as ``dagster.yaml.<digest>.old``, the new
     one renamed into place: a process starting alongside never reads half a file; a link is
-    never replaced). An empty file lacks every setting. A file that cannot be read, is not
+    never replaced). An empty file lacks every setting; anything there but a regular file
+    (a folder, a FIFO, a device) raises OSError naming it. A file that cannot be read, is not
     YAML or not a mapping is left to Dagster, whose error names it."""
     path = home / "dagster.yaml"
+    _refuse_unless_a_file(path)
     try:
         data = path.read_bytes()
     except OSError:  # unreadable: Dagster's own error names the file and the way out

@@ -41,16 +41,12 @@ def test_a_link_to_an_earlier_copy_is_not_replaced(home, tmp_path, capsys):
     assert "lacks settings" in capsys.readouterr().err
 
 
-def test_the_right_settings_with_other_comments_and_a_folder_at_the_path(home, capsys):
+def test_the_right_settings_with_other_comments_and_broken_yaml(home, capsys):
     (home / "dagster.yaml").write_text(
         "# ours\ntelemetry:\n  enabled: false  # no\n" + REQUIRED_SNIPPET + "# end\n"
     )
     ensure_dagster_home()
     assert capsys.readouterr().err == ""
-    (home / "dagster.yaml").unlink()
-    (home / "dagster.yaml").mkdir()
-    assert review_home_config(home).notice == ""  # left to Dagster's error, which names it
-    (home / "dagster.yaml").rmdir()
     (home / "dagster.yaml").write_text("a: [unclosed\n")
     assert review_home_config(home).notice == ""  # the same
 
@@ -59,4 +55,21 @@ def test_a_home_that_is_a_file(tmp_path, monkeypatch):
     (tmp_path / "home").write_text("")
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     with pytest.raises(SettingsError, match="is a file"):
+        ensure_dagster_home()
+
+
+@pytest.mark.timeout(30)  # a read of the FIFO waited forever
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_home_file_that_is_not_a_regular_file_is_named_not_read(home, kind):
+    """A FIFO (or a link to /dev/zero) at the path hung every command reading it."""
+    import os
+
+    path = home / "dagster.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    with pytest.raises(SettingsError, match=r"dagster\.yaml is a .*, not a file: move it aside"):
         ensure_dagster_home()
