@@ -185,3 +185,44 @@ def test_a_request_whose_books_are_not_a_list_is_refused(tmp_path):
     finally:
         server.close()
     assert "refused" in answer and asked == []
+
+
+@pytest.mark.integration  # a process of the user nobody
+def test_a_deep_home_its_owner_may_enter_but_not_list(request):
+    """A Dagster home whose socket path is past sun_path's 108 bytes, in a folder of mode
+    0300 (write and enter, no listing): the live process still listens and the CLI still
+    reaches it (as an ordinary user: root reads any folder)."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from rag_pipeline_tests.helpers import as_nobody_or_skip
+
+    nobody = as_nobody_or_skip()
+    top = Path(tempfile.mkdtemp(prefix="rag-deep-", dir="/tmp"))  # pytest's folders are 0700
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    home = top / ("h" * 70) / ("o" * 50)
+    home.mkdir(parents=True)
+    for folder in (top, home.parent):
+        os.chmod(folder, 0o755)
+    os.chown(home, 65534, 65534)
+    os.chmod(home, 0o300)
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from rag_pipeline.ingest.handoff import HandOffServer, ask_live\n"
+        "from rag_pipeline.ingest.report import IngestReport\n"
+        "home = Path(sys.argv[1])\n"
+        "server = HandOffServer(home, 'k', lambda books, beat: IngestReport({}))\n"
+        "server.start()\n"
+        "print(ask_live(home, None, 'k') is not None)\n"
+        "server.close()\n"
+    )
+    done = subprocess.run(
+        [*nobody, sys.executable, "-c", script, str(home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert done.stdout.strip() == "True", done.stderr[-2000:]

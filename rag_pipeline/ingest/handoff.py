@@ -91,7 +91,8 @@ def _address(path: Path) -> Iterator[str]:
     if len(os.fsencode(path)) < 100:
         yield str(path)
         return
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    # O_PATH: a folder its owner may enter but not list (mode 0711, 0300) is reached too
+    folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
     try:
         yield f"/proc/self/fd/{folder}/{path.name}"
     finally:
