@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import random
 import shutil
 import threading
+import time
+from collections.abc import Mapping
 
 import pytest
 
-from rag_pipeline.ingest.live import LiveLoop
+from rag_pipeline.ingest.live import LiveLoop, LiveTicket, LiveTiming
 from rag_pipeline.ingest.report import IngestReport
+from rag_pipeline.sources.folder import FolderSource
 from rag_pipeline.sources.scan import clear_scan_cache
-from rag_pipeline_tests.test_live import Applier, NoWatchSource, _until
+from rag_pipeline_tests.conftest import settle_files
+from rag_pipeline_tests.test_live import Applier, HoldingApplier, NoWatchSource, _until, running
 
 
 def test_an_emptied_data_folder_purges_no_book(data_dir, write_book, tmp_path):
@@ -75,3 +81,83 @@ def test_a_bad_worker_count_is_a_setting_error_naming_it(value, monkeypatch, tmp
     result = CliRunner().invoke(main, ["watch"])
     assert result.exit_code == 2, result.output
     assert "RAG_LIVE_WORKERS" in result.output and "Traceback" not in result.output
+
+
+class RandomApplier(HoldingApplier):
+    """Calls that take a random moment and fail now and then, recording what each read."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(hold=set())
+        self.random = random.Random(seed)
+        self.last_read: dict[str, str | None] = {}
+
+    def __call__(self, books: list[str]) -> Mapping[str, bool]:
+        assert self.data_dir is not None
+        failing = {b for b in books if self.random.random() < 0.15}
+        time.sleep(self.random.uniform(0, 0.03))
+        for book in books:  # what the run read, as a run reads it: after its look
+            folder = self.data_dir / book
+            try:
+                read = (folder / "a.md").read_text() if folder.exists() else None
+            except FileNotFoundError:
+                read = None
+            if book not in failing:
+                self.last_read[book] = read
+        time.sleep(self.random.uniform(0, 0.03))
+        super().__call__(books)  # the overlap check (its answer reads a shared fail set)
+        return {b: b not in failing for b in books}
+
+
+def test_under_random_edits_requests_and_failures_a_books_calls_never_overlap(data_dir):
+    """Edits, removals, re-creations and requests of five books from three threads while
+    three workers apply them, a sixth of the calls failing: no book is ever in two calls at
+    once (HoldingApplier asserts it), every request is answered, and once the writers stop
+    every book's last applied read is what its folder holds."""
+    books = [f"b{i}" for i in range(5)]
+    for book in books:
+        (data_dir / book).mkdir()
+        (data_dir / book / "a.md").write_text(f"# {book}\n\nstart")
+    clear_scan_cache()
+    applier = RandomApplier(seed=7)
+    applier.data_dir = data_dir
+    live = LiveLoop(
+        FolderSource(data_dir),
+        applier,
+        timing=LiveTiming(debounce_s=0.02, retry_after_s=0.05, retry_max_s=0.1),
+        workers=3,
+    )
+    tickets: list[LiveTicket] = []
+    with running(live, data_dir):
+
+        def writer(seed: int) -> None:
+            rng = random.Random(seed)
+            for step in range(40):
+                book = rng.choice(books)
+                folder = data_dir / book
+                what = rng.random()
+                if what < 0.1 and folder.exists():
+                    shutil.rmtree(folder, ignore_errors=True)
+                elif what < 0.2:
+                    tickets.append(live.request(rng.choice([None, [book]])))
+                else:
+                    with contextlib.suppress(FileNotFoundError):  # another writer's rmtree
+                        folder.mkdir(exist_ok=True)
+                        (folder / "a.md").write_text(f"# {book}\n\n{seed} {step}")
+                time.sleep(rng.uniform(0, 0.02))
+
+        writers = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+        for thread in writers:
+            thread.start()
+        for thread in writers:
+            thread.join(30)
+        for book in books:  # none gone at the end: a purge of every book is refused
+            (data_dir / book).mkdir(exist_ok=True)
+            (data_dir / book / "a.md").write_text(f"# {book}\n\nfinal")
+        settle_files()
+        final = live.request(None)
+        assert final.done.wait(20) and not final.refused, final.refused
+        assert all(t.done.wait(20) for t in tickets)
+        # a call that failed is tried again after its back-off
+        _until(lambda: not live.in_hand and not live._failed, timeout=20)
+    for book in books:
+        assert applier.last_read[book] == f"# {book}\n\nfinal", book
