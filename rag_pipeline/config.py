@@ -480,7 +480,8 @@ def ensure_dagster_home(default: Path | str = ".dagster_home") -> Path:
             os.replace(part, config)
         notice = review_home_config(home).notice
     except OSError as exc:
-        raise SettingsError(f"DAGSTER_HOME={str(home)!r}: {exc.strerror or exc}") from None
+        where = f"{exc.filename}: " if exc.filename else ""  # which file of the home
+        raise SettingsError(f"DAGSTER_HOME={str(home)!r}: {where}{exc.strerror or exc}") from None
     if notice:
         print(notice, file=sys.stderr)
     return home

@@ -73,3 +73,23 @@ def test_a_home_file_that_is_not_a_regular_file_is_named_not_read(home, kind):
         path.mkdir()
     with pytest.raises(SettingsError, match=r"dagster\.yaml is a .*, not a file: move it aside"):
         ensure_dagster_home()
+
+
+def test_an_earlier_copy_in_a_home_that_cannot_be_written_is_named(home, monkeypatch):
+    """A read-only home (as root cannot be made one, its writes are refused here): exit 2
+    naming the home and the file that could not be written; the owner's file untouched."""
+    import pathlib
+
+    shutil.copy(OLD, home / "dagster.yaml")
+    real = pathlib.Path.write_bytes
+
+    def refused(self, data):
+        if self.parent == home:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, data)
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", refused)
+    with pytest.raises(SettingsError, match=r"DAGSTER_HOME=.*dagster\.yaml\..*: Permission denied"):
+        ensure_dagster_home()
+    assert (home / "dagster.yaml").read_bytes() == OLD.read_bytes()
+    assert sorted(p.name for p in home.iterdir()) == ["dagster.yaml"]
