@@ -177,8 +177,14 @@ def run_live(
             notify=notify,
             workers=workers,
         )
-        with pipeline.store.open() as store:  # a book removed while no live process ran
-            loop.indexed(store.tenants())  # is purged by the first look
+        try:  # a book removed while no live process ran is purged by the first look
+            with pipeline.store.open() as store:
+                loop.indexed(store.tenants())
+        except Exception as exc:  # a store busy or unreachable at the start: run without
+            notify(
+                f"the indexed books could not be read ({type(exc).__name__}: {exc}): a book "
+                "removed while no live process ran is purged by the next `rag-pipeline ingest`"
+            )
         server = None
         if handoff_key is not None:
             server = HandOffServer(
