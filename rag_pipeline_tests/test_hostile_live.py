@@ -161,3 +161,40 @@ def test_under_random_edits_requests_and_failures_a_books_calls_never_overlap(da
         _until(lambda: not live.in_hand and not live._failed, timeout=20)
     for book in books:
         assert applier.last_read[book] == f"# {book}\n\nfinal", book
+
+
+def test_the_index_decides_what_a_start_purges_and_ends_a_halt(data_dir, write_book, tmp_path):
+    """The loop asks the index (``indexed``): a book indexed and removed while no live
+    process ran is purged by the first look (a store that cannot be read then is asked again
+    at the next look); after a halt (every applied book gone at once), books an operator
+    purged with ``ingest --book`` are forgotten, and a new book is applied, not refused for
+    books no index holds any more."""
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none"})
+    held = {"alpha", "gone"}
+    readable = [False]
+    notes: list[str] = []
+
+    def indexed() -> set[str]:
+        if not readable[0]:
+            raise RuntimeError("store busy")
+        return set(held)
+
+    applier = Applier()
+    live = LiveLoop(NoWatchSource(data_dir), applier, notify=notes.append, indexed=indexed)
+    live.look()
+    assert applier.calls == [["alpha"]] and notes == [
+        "the indexed books could not be read: RuntimeError: store busy"
+    ]
+    readable[0] = True
+    live.look()
+    assert applier.calls[1:] == [["gone"]]  # purged once the index could be read
+    held.discard("gone")
+
+    (data_dir / "alpha").rename(tmp_path / "alpha")  # every applied book gone: halt
+    live.look()
+    assert applier.calls[2:] == []
+    held.clear()  # the operator's `ingest --book alpha` purged it (live refused)
+    write_book("beta", {"b.md": "# B\n\none"})
+    live.look()
+    assert applier.calls[2:] == [["beta"]], notes

@@ -127,6 +127,12 @@ def handed_report(
     )
 
 
+def _indexed_books(pipeline: IngestPipeline) -> list[str]:
+    """The books the index holds now (what ``ingest`` compares the folder with)."""
+    with pipeline.store.open() as store:
+        return store.tenants()
+
+
 def python_log_handlers_once(instance: DagsterInstance) -> None:
     """Build the instance's Python log handlers (``python_logs`` of dagster.yaml) once, not
     at every run. Dagster builds them with ``logging.config.dictConfig`` whenever it starts a
@@ -176,15 +182,8 @@ def run_live(
             save=mark.save,
             notify=notify,
             workers=workers,
+            indexed=lambda: _indexed_books(pipeline),
         )
-        try:  # a book removed while no live process ran is purged by the first look
-            with pipeline.store.open() as store:
-                loop.indexed(store.tenants())
-        except Exception as exc:  # a store busy or unreachable at the start: run without
-            notify(
-                f"the indexed books could not be read ({type(exc).__name__}: {exc}): a book "
-                "removed while no live process ran is purged by the next `rag-pipeline ingest`"
-            )
         server = None
         if handoff_key is not None:
             server = HandOffServer(

@@ -34,7 +34,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -67,7 +67,7 @@ _STOP_CHECK_S = 0.25
 #: the state of a book whose run is under way or failed: it matches no look, so a sensor that
 #: takes over runs the book
 APPLYING = ["applying", ""]
-#: what :meth:`LiveLoop.indexed` knows of an indexed book before its first look: no digest,
+#: what a loop knows of a book its ``indexed`` names before its first look: no digest,
 #: so the look finds it changed (or gone)
 _INDEXED = ["", ""]
 
@@ -255,6 +255,11 @@ class LiveLoop:
     notify: Callable[[str], None] = log.warning
     #: how many calls of ``apply`` run at once within :meth:`run`
     workers: int = 2
+    #: the books the index holds now (None: only those this loop applied count): the first
+    #: look purges an indexed book whose folder went while no live process ran, and a look
+    #: that finds none of the books it applied asks the index before it halts (the books
+    #: may have been purged meanwhile by an operator's ``ingest --book``)
+    indexed: Callable[[], Collection[str]] | None = None
     #: per book, the look its index was last brought in step with
     known: dict[str, list[str]] = field(default_factory=dict)
     looks: int = 0
@@ -262,6 +267,9 @@ class LiveLoop:
     _unavailable: str = ""
     #: the warning of a look that found none of the applied books (said once)
     _said_halt: str = ""
+    #: the index's books were read into ``known`` (at the first look that could read them)
+    _seeded: bool = False
+    _said_index: str = ""
     _rejected: set[str] = field(default_factory=set)
     #: books applied while something wrote them: what their run read may not be what their
     #: look saw, so the next look applies them again whatever its digests say
@@ -290,14 +298,6 @@ class LiveLoop:
     #: the files held when they came)
     _riding: dict[str, list[LiveTicket]] = field(default_factory=dict)
 
-    def indexed(self, books: Iterable[str]) -> None:
-        """``books`` are in the index (before the first look): one whose folder is gone is
-        purged by that look (removed while no live process ran), as ``ingest`` purges it; the
-        others are applied as every book of the first look is."""
-        with self._lock:
-            for book_id in books:
-                self.known.setdefault(book_id, list(_INDEXED))
-
     def request(self, books: list[str] | None) -> LiveTicket:
         """Apply ``books`` (None: every book) now, whatever the looks say: the next look
         queues them (after a call of theirs in flight). Wait on the ticket's ``done``."""
@@ -316,6 +316,13 @@ class LiveLoop:
         now = time.monotonic() if now is None else now
         self.looks += 1
         watcher = self.source.watcher()
+        if not self._seeded and self.indexed is not None:
+            held = self._index_books()
+            if held is not None:  # each one's folder is looked at: gone, it is purged
+                self._seeded = True
+                with self._lock:
+                    for book_id in held:
+                        self.known.setdefault(book_id, list(_INDEXED))
         with self._lock:
             doubtful = set(self._doubtful)
             cursor = self._cursor()
@@ -338,6 +345,12 @@ class LiveLoop:
         # the purge policy of ingest and the books sensor: a data folder holding none of the
         # books applied (emptied, unmounted, the wrong folder) purges nothing, starts nothing
         halt = decide_purges(self.source, set(states), set(cursor))
+        if halt.halt and self.indexed is not None and (held := self._index_books()) is not None:
+            with self._lock:  # the books gone and purged by another writer: not ours to purge
+                for book_id in set(cursor) - set(held) - set(states):
+                    if book_id not in self._pending and book_id not in self._in_flight:
+                        self.known.pop(book_id, None)
+            halt = decide_purges(self.source, set(states), set(cursor) & set(held))
         if halt.halt:
             if halt.warnings[0] != self._said_halt:  # said once, not at every look
                 self.notify(halt.warnings[0])
@@ -374,6 +387,18 @@ class LiveLoop:
         if not self._pool:
             self._apply_here(now)
         return sorted(books)
+
+    def _index_books(self) -> Collection[str] | None:
+        """The books the index holds now (None: it cannot be read now, said once)."""
+        assert self.indexed is not None
+        try:
+            return self.indexed()
+        except Exception as exc:  # a store busy or unreachable: the next look asks again
+            said = f"the indexed books could not be read: {type(exc).__name__}: {exc}"
+            if said != self._said_index:
+                self.notify(said)
+            self._said_index = said
+            return None
 
     def _cursor(self) -> dict[str, list[str]]:
         """What a look compares the disk with: the applied looks, and for a book queued or in
