@@ -60,6 +60,12 @@ HARDWARE_TIER_KEYWORDS: tuple[tuple[int, tuple[str, ...]], ...] = (
 FRONTMATTER_LIMITS = {"bytes": 64 * 1024, "aliases": 64, "values": 10_000, "depth": 32}
 
 _md = MarkdownIt("commonmark").disable(["inline", "text_join"])
+#: a Git LFS pointer file (its spec: under 1024 bytes, a version line first, then ``oid``
+#: and ``size``): what a clone or an upload without the LFS objects holds in a file's place
+_LFS_POINTER = re.compile(
+    rb"\Aversion https://(?:git-lfs\.github\.com|hawser\.github\.com)/spec/v1\n"
+    rb"(?:[a-z0-9.-]+ [^\n]*\n)*?oid sha256:[0-9a-f]{64}\n(?:[a-z0-9.-]+ [^\n]*\n)*\Z"
+)
 
 
 class _FrontmatterError(ValueError):
@@ -107,6 +113,11 @@ def _parse(
         return FileError(book_id, source_file, "parse", reason, source_file_hash)
 
     warnings: list[str] = []
+    if len(data) < 1024 and _LFS_POINTER.match(data):
+        return error(
+            "a Git LFS pointer, not the file's content (the object was not fetched: run "
+            "`git lfs pull` where the book is checked out, or store the file without LFS)"
+        )
     decoded = _decode(data)
     if isinstance(decoded, _Refusal):
         return error(str(decoded))

@@ -170,15 +170,23 @@ class _Blobs:
         if len(header) != 3 or header[1] != b"blob":
             raise SourceReadError(errno.ENOENT, f"git blob {blob} is not in the repository")
         size = int(header[2])
-        data = self.proc.stdout.read(size + 1)[:size]  # and the newline after it
-        if len(data) != size:
-            raise ValueError("the cat-file process ended early")
         if size > max_bytes:
+            # refused by its header's size: the blob is skipped in bounded blocks, never held
+            # (a file of gigabytes would otherwise sit in memory to be refused)
+            left = size + 1  # and the newline after it
+            while left > 0:
+                block = self.proc.stdout.read(min(left, 1 << 20))
+                if not block:
+                    raise ValueError("the cat-file process ended early")
+                left -= len(block)
             raise SourceReadError(
                 errno.EFBIG,
                 f"file too large: {size / 1e6:.1f} MB exceeds the {max_bytes / 1e6:.1f} MB "
                 "limit (RAG_MAX_FILE_BYTES)",
             )
+        data = self.proc.stdout.read(size + 1)[:size]  # and the newline after it
+        if len(data) != size:
+            raise ValueError("the cat-file process ended early")
         return data
 
     def close(self) -> None:

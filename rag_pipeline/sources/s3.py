@@ -37,7 +37,7 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
 )
-from rag_pipeline.sources.crawl import is_book_path
+from rag_pipeline.sources.crawl import MARKDOWN_SUFFIXES, is_book_path
 from rag_pipeline.sources.folder import DEFAULT_MAX_FILE_BYTES
 
 if TYPE_CHECKING:
@@ -224,18 +224,23 @@ class S3Source(BookSource):
                 for obj in page.get("Contents", ()):
                     key = str(obj["Key"])
                     rel = key[len(spec.prefix) :]
-                    if not is_book_path(rel):
-                        continue  # a folder marker ("guide/"), an image, a hidden file, ...
-                    if any(not p for p in rel.split("/")):
+                    if rel.lower().endswith(MARKDOWN_SUFFIXES) and any(
+                        p in ("", ".", "..") for p in rel.split("/")
+                    ):
+                        # a name no folder could hold ("a//b.md", "../x.md", "./y.md"): said,
+                        # never taken for a hidden file nor resolved (it names no other file)
                         errors.append(
                             FileError(
                                 book_id,
                                 rel,
                                 "crawl",
-                                f"object key {key!r} has an empty path part: not a file name",
+                                f"object key {key!r} has an empty, '.' or '..' path part: "
+                                "not a file name; rename the object to ingest it",
                             )
                         )
                         continue
+                    if not is_book_path(rel):
+                        continue  # a folder marker ("guide/"), an image, a hidden file, ...
                     etag = str(obj["ETag"])
                     listed = object_key_version(etag, obj["LastModified"], int(obj["Size"]))
                     files.append(FileVersion(rel, listed, key, version=etag.strip('"')))
