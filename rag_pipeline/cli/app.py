@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from rag_pipeline import __version__
 from rag_pipeline.config import DagsterStateError, Settings, SettingsError, load_settings
@@ -87,10 +88,17 @@ def _end_process(done: SystemExit) -> NoReturn:
     os._exit(code or 0)
 
 
+def shown(value: object) -> str:
+    """``value`` (a file name, a section title, a message naming them: data) as printed through
+    Rich's markup: as it is written, never read as style tags (``notes[/x].md`` was a
+    MarkupError, ``[bold]x[/bold].md`` printed as ``x.md``)."""
+    return escape(str(value))
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     try:
         err.print(
-            f"[bold red]error:[/] {message}",
+            f"[bold red]error:[/] {shown(message)}",
             highlight=False,
             markup=True,
             emoji=False,

@@ -20,6 +20,7 @@ from rag_pipeline.cli.app import (
     fail,
     main,
     out,
+    shown,
 )
 from rag_pipeline.cli.live import hand_to_live
 from rag_pipeline.config import Settings
@@ -79,7 +80,7 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
     else:
         _print_ingest(report)
         if handed is not None:
-            err.print(f"applied by {handed.applied_by}", highlight=False)
+            err.print(f"applied by {shown(handed.applied_by)}", highlight=False)
     if not report.ok:
         sys.exit(1)
 
@@ -111,23 +112,23 @@ def _rebuild(settings: Settings, home: Path, phases: Phases) -> IngestReport | N
 
     config = settings.store()
     if not backend_of(config).rebuilds_beside:
-        err.print(f"[yellow]set aside[/] {set_aside(config)}", highlight=False)
+        err.print(f"[yellow]set aside[/] {shown(set_aside(config))}", highlight=False)
         return None
     from rag_pipeline.store import rebuilding_beside, swap_in_rebuilt
 
     with rebuilding_beside(config) as staged:
-        err.print(f"[yellow]rebuilding[/] every book into {staged.path}", highlight=False)
+        err.print(f"[yellow]rebuilding[/] every book into {shown(staged.path)}", highlight=False)
         beside = settings.model_copy(update={"qdrant_path": staged.path})
         report = _ingest(beside, home, None, force=False, phases=phases)
         if not report.ok:
             err.print(
                 "[red]the rebuild is not swapped in[/]: some books failed (below); the "
                 "collection in service is unchanged. Fix them and run `rag-pipeline ingest "
-                f"--rebuild` again (the partial build stays in {staged.path} until then).",
+                f"--rebuild` again (the partial build stays in {shown(staged.path)} until then).",
                 highlight=False,
             )
             return report
-        err.print(f"[yellow]rebuilt[/]: {swap_in_rebuilt(config)}", highlight=False)
+        err.print(f"[yellow]rebuilt[/]: {shown(swap_in_rebuilt(config))}", highlight=False)
         return report
 
 
@@ -141,7 +142,7 @@ def _execute(
         plan,
         pipeline,
         dagster_home=home,
-        notify=lambda m: err.print(f"[yellow]note[/] {m}", highlight=False),
+        notify=lambda m: err.print(f"[yellow]note[/] {shown(m)}", highlight=False),
         batching=settings.batching(),
         phases=phases,
     )
@@ -178,12 +179,12 @@ def _print_ingest(report: IngestReport) -> None:
         if r.status == "unchanged" and r.chunks:
             continue
         for reason in r.reasons:
-            err.print(f"[cyan]{book_id}[/]: {reason}", highlight=False)
+            err.print(f"[cyan]{book_id}[/]: {shown(reason)}", highlight=False)
     for book_id, r in report.books.items():
         for message in r.error_messages:
-            err.print(f"[yellow]{book_id}[/]: {message}", highlight=False)
+            err.print(f"[yellow]{book_id}[/]: {shown(message)}", highlight=False)
         for warning in r.warnings:
-            err.print(f"[yellow]{book_id}[/] warning: {warning}", highlight=False)
+            err.print(f"[yellow]{book_id}[/] warning: {shown(warning)}", highlight=False)
     _print_notes(report.rejected, report.warnings)
     unchanged = [r for r in report.books.values() if r.status == "unchanged"]
     if unchanged:
@@ -255,18 +256,18 @@ def _print_plan(the_plan: IngestPlan, model: str, price: float) -> None:
     _print_recipe_change(the_plan, price)
     for book_id, p in the_plan.books.items():
         for reason in p.reasons if p.action != "unchanged" else ():
-            err.print(f"[cyan]{book_id}[/]: {reason}", highlight=False)
+            err.print(f"[cyan]{book_id}[/]: {shown(reason)}", highlight=False)
         for message in p.errors:
-            err.print(f"[yellow]{book_id}[/]: {message}", highlight=False)
+            err.print(f"[yellow]{book_id}[/]: {shown(message)}", highlight=False)
     _print_notes(the_plan.rejected, the_plan.warnings)
 
 
 def _print_notes(rejected: Sequence[str], warnings: Sequence[str]) -> None:
     """The folders refused as books, and the warnings of the whole command, on stderr."""
     for folder in rejected:
-        err.print(f"[yellow]skipped folder[/] {folder}", highlight=False)
+        err.print(f"[yellow]skipped folder[/] {shown(folder)}", highlight=False)
     for warning in warnings:
-        err.print(f"[yellow]warning[/] {warning}", highlight=False)
+        err.print(f"[yellow]warning[/] {shown(warning)}", highlight=False)
 
 
 def _print_recipe_change(the_plan: IngestPlan, price: float) -> None:
@@ -310,4 +311,4 @@ def books(first: bool, as_json: bool) -> None:
     for book_id in scan.book_ids:
         click.echo(book_id)
     for rejected in scan.rejected:
-        err.print(f"refused: {rejected}", highlight=False)
+        err.print(f"refused: {shown(rejected)}", highlight=False)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rag_pipeline.cli.app import _settings, book_pipeline, err, main
+from rag_pipeline.cli.app import _settings, book_pipeline, err, main, shown
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -66,8 +66,10 @@ def watch(as_json: bool) -> None:
         click.echo(json.dumps(event, ensure_ascii=False, default=str))
         sys.stdout.flush()
 
-    def say(message: str) -> None:
-        err.print(f"{time.strftime('%H:%M:%S')} [dim]live[/] {message}", highlight=False)
+    def say(message: str, tag: str = "") -> None:
+        # the message names files (data): printed as written; ``tag`` is this module's style
+        stamp = time.strftime("%H:%M:%S")
+        err.print(f"{stamp} [dim]live[/] {tag}{shown(message)}", highlight=False)
 
     def ready(loop: LiveLoop) -> None:
         books = len(loop.known)
@@ -91,7 +93,7 @@ def watch(as_json: bool) -> None:
             stop=stop,
             batching=settings.batching(),
             timing=settings.live_timing(),
-            notify=lambda message: say(f"[yellow]note[/] {message}"),
+            notify=lambda message: say(message, "[yellow]note[/] "),
             on_report=applied,
             on_ready=ready,
             workers=settings.live_workers,

@@ -18,6 +18,7 @@ from rag_pipeline.cli.app import (
     main,
     opened_store,
     out,
+    shown,
 )
 from rag_pipeline.retrieve.params import (
     BOOK,
@@ -166,7 +167,7 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
     for group in cast("list[HitGroup]", results):
         _print_hits(
             list(group.hits),
-            f"{group.source_file} (best {group.score:.4f}, {len(group.hits)} hits)",
+            f"{shown(group.source_file)} (best {group.score:.4f}, {len(group.hits)} hits)",
         )
     out.print(f"{len(results)} files in {book} ({label})")
 
@@ -196,11 +197,11 @@ def _print_hits(hits: Sequence[Hit], title: str, show_score: bool = True) -> Non
     for h in hits:
         p = h.payload
         source = (
-            f"{p.get(SOURCE_FILE)} #{p.get(CHUNK_INDEX)}\n"
-            f"[dim]{p.get(SECTION_TITLE) or ''}[/]\n[dim]{h.id}[/]"
+            f"{shown(p.get(SOURCE_FILE))} #{p.get(CHUNK_INDEX)}\n"
+            f"[dim]{shown(p.get(SECTION_TITLE) or '')}[/]\n[dim]{h.id}[/]"
         )
         text = " ".join(str(p.get(TEXT, "")).split())
-        row = [source, text[:400] + ("…" if len(text) > 400 else "")]
+        row = [source, shown(text[:400] + ("…" if len(text) > 400 else ""))]
         table.add_row(*([f"{h.score:.4f}"] if show_score and h.score is not None else []), *row)
     out.print(table)
 
@@ -291,7 +292,7 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     for key, value in info.items():
         if isinstance(value, dict):  # the source, the commit: one line, its fields in order
             value = ", ".join(f"{k} {v}" for k, v in value.items() if v)
-        table.add_row(key, "" if value is None else str(value))
+        table.add_row(key, "" if value is None else shown(value))
     out.print(table)
 
 
@@ -330,7 +331,7 @@ def serve(
     recipe, parallel = query_recipe(settings, model_threads)
     app = create_app(settings, recipe, cache_size=cache_size, parallel=parallel)
     err.print(
-        f"serving {settings.store().target} on http://{host}:{port} (docs: /docs)",
+        f"serving {shown(settings.store().target)} on http://{host}:{port} (docs: /docs)",
         highlight=False,
     )
     run_server(

@@ -1,0 +1,213 @@
+"""Hostile probes of the query service and lineage, in-process (FastAPI's TestClient over the
+production app, an embedded store indexed by the production pipeline): odd book ids, odd point
+ids, filters that try to widen the scope, wrong types and sizes, unknown routes, a point whose
+file is replaced by a link out of its book. Every answer is a 4xx with a reason, never a 500,
+and never another book's data."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_pipeline_tests.conftest import make_recipe, section
+
+BOOK, OTHER = "alpha", "beta"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve.app import create_app
+
+    root = tmp_path_factory.mktemp("served")
+    data_dir = root / "books"
+    for book in (BOOK, OTHER):
+        folder = data_dir / book
+        folder.mkdir(parents=True)
+        (folder / "a.md").write_text(f"# {book}\n\n" + section("Nodes", seed=book))
+        (folder / "b.md").write_text(f"# {book} b\n\n" + section("Topics", seed=book + "b"))
+    settings = load_settings(
+        data_dir=data_dir, qdrant_path=str(root / "q"), embedder="hash", cache_dir=root
+    )
+    recipe = make_recipe(HashEmbedder())
+    IngestPipeline.from_settings(settings, recipe).run([BOOK, OTHER], run_id="r1")
+    with TestClient(create_app(settings, recipe, cache_size=0)) as client:
+        yield client, data_dir
+
+
+ODD_BOOKS = [
+    "",
+    ".",
+    "..",
+    "../beta",
+    "beta/../alpha",
+    "alpha\n",
+    "alpha\x00",
+    "alph\u0430",  # a Cyrillic 'a'
+    "b\u00e9ta",
+    "x" * 129,
+    "alpha beta",
+    "*",
+    "alpha,beta",
+    "%2e%2e",
+]
+
+
+@pytest.mark.parametrize("book", ODD_BOOKS)
+def test_an_odd_book_id_is_400_naming_it_never_another_books_data(served, book):
+    client, _ = served
+    for path in ("/search", f"/lineage/{uuid.uuid4()}", f"/document/{uuid.uuid4()}"):
+        response = client.get(path, params={"q": "nodes", "book": book})
+        assert response.status_code == 400, (path, book, response.text)
+        assert "book" in response.json()["detail"]
+
+
+def test_a_book_that_does_not_exist_answers_nothing_and_no_error(served):
+    client, _ = served
+    response = client.get("/search", params={"q": "nodes", "book": "gamma"})
+    assert response.status_code == 200 and response.json() == []
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "book_id=beta",
+        "book_id=alpha",
+        "tenant=beta",
+        "record_type=document",
+        "embedding_model=x",
+    ],
+)
+def test_a_filter_cannot_widen_the_scope(served, where):
+    client, _ = served
+    response = client.get("/search", params={"q": "nodes", "book": BOOK, "where": where})
+    if response.status_code == 200:
+        assert {h["book_id"] for h in response.json()} <= {BOOK}
+    else:
+        assert response.status_code == 400, response.text
+
+
+def test_another_books_document_id_as_a_filter_finds_nothing(served):
+    client, _ = served
+    hit = client.get("/search", params={"q": "nodes", "book": OTHER, "limit": 1}).json()[0]
+    for where in (f"parent_doc_id={hit['parent_doc_id']}", f"source_file={hit['source_file']}"):
+        hits = client.get("/search", params={"q": "nodes", "book": BOOK, "where": where}).json()
+        assert all(h["book_id"] == BOOK for h in hits)
+        assert all(h["parent_doc_id"] != hit["parent_doc_id"] for h in hits)
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [
+        ({"limit": 10**30}, 422),
+        ({"limit": 1001}, 422),
+        ({"limit": "ten"}, 422),
+        ({"limit": "1e3"}, 422),
+        ({"limit": -1}, 422),
+        ({"group_size": 10**9, "group_by": "file"}, 422),
+        ({"rrf_k": 10**12}, 422),
+        ({"chapter_min": "NaN"}, 422),
+        ({"score_threshold": "inf"}, 400),
+        ({"hardware_tier": 2**63}, 400),
+        ({"lesson": -(2**63) - 1}, 400),
+        ({"where": "chapter=" + "9" * 40}, 400),
+        ({"where": "=x"}, 400),
+        ({"where": "module"}, 400),
+        ({"q": ""}, 400),
+        ({"q": "\t\n \u3000"}, 400),
+        ({"q": "\x00"}, 400),
+        ({"q": "\u200b\u200b"}, 400),
+    ],
+)
+def test_wrong_types_and_sizes_are_4xx_with_a_reason(served, params, status):
+    client, _ = served
+    query = {"q": "nodes", "book": BOOK, **params}
+    response = client.get("/search", params=query)
+    assert response.status_code == status, (params, response.text)
+    assert response.json()["detail"]
+
+
+def test_a_huge_query_is_answered_or_refused_never_a_500(served):
+    client, _ = served
+    for mode in ("dense", "sparse", "hybrid"):
+        query = " ".join(f"word{i}" for i in range(1500))
+        response = client.get("/search", params={"q": query, "book": BOOK, "mode": mode})
+        assert response.status_code in (200, 400, 414, 431), response.text
+
+
+@pytest.mark.parametrize("point", ["0", "x" * 5000, "..%2f..%2fetc", "-1", "{}", "\u00e9"])
+def test_malformed_point_ids_are_400(served, point):
+    client, _ = served
+    for path in ("context", "document", "lineage"):
+        response = client.get(f"/{path}/{point}", params={"book": BOOK})
+        assert response.status_code in (400, 404), (path, point, response.text)
+
+
+def test_unknown_routes_and_methods_are_404_and_405(served):
+    client, _ = served
+    assert client.get("/nothing", params={"book": BOOK}).status_code == 404
+    assert client.get("/search/extra", params={"q": "x", "book": BOOK}).status_code == 404
+    assert client.post("/search", params={"q": "x", "book": BOOK}, content=b"{").status_code == 405
+    assert client.get("/lineage/", params={"book": BOOK}).status_code == 404
+
+
+def test_lineage_of_a_point_whose_file_became_a_link_out_of_its_book(served):
+    client, data_dir = served
+    hit = client.get("/search", params={"q": "topics", "book": BOOK, "limit": 1}).json()[0]
+    path = data_dir / BOOK / hit["source_file"]
+    saved = path.read_bytes()
+    path.unlink()
+    os.symlink(data_dir / OTHER / hit["source_file"], path)  # into the other book
+    try:
+        info = client.get(f"/lineage/{hit['id']}", params={"book": BOOK}).json()
+        assert info["file_exists"] is False and info["current_file_hash"] is None
+        assert "outside its book" in info["file_problem"]
+    finally:
+        path.unlink()
+        path.write_bytes(saved)
+    info = client.get(f"/lineage/{hit['id']}", params={"book": BOOK}).json()
+    assert info["file_exists"] is True and info["file_changed_since_indexed"] is False
+
+
+# -- the CLI's human output: names and text of the books are data, never markup -----------
+
+MARKUP_NAMES = ["notes[/x].md", "[bold]loud[/bold].md"]
+
+
+def test_file_names_and_text_that_look_like_markup_are_printed_as_they_are(tmp_path):
+    """A file name, a section title or an error message holding ``[/x]`` (Rich's markup) is
+    printed as written by every human-readable command; it was a MarkupError (a crash with a
+    traceback, or text silently eaten)."""
+    from rag_pipeline_tests.helpers import InProcessCli, index_books
+
+    books = tmp_path / "books"
+    (books / BOOK).mkdir(parents=True)
+    for name in MARKUP_NAMES:  # "[/x]" in a path: a folder "notes[" holds "x].md"
+        (books / BOOK / name).parent.mkdir(parents=True, exist_ok=True)
+        (books / BOOK / name).write_text(f"# Intro [/i] {name}\n\n" + section("Nodes [/]"))
+    (books / BOOK / "bad[").mkdir()
+    (books / BOOK / "bad[/y].md").write_bytes(b"# caf\xe9\n")
+    cli = InProcessCli(tmp_path, books)
+    index_books(books, cli.env["RAG_QDRANT_PATH"])
+    plan = cli("plan", check=False)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "bad[/y].md" in plan.stdout + plan.stderr
+    found = cli("search", "nodes intro", "--book", BOOK, "--mode", "sparse")
+    shown = " ".join(found.stdout.split())
+    for name in MARKUP_NAMES:
+        assert name in shown.replace("│ ", "").replace(" │", ""), found.stdout
+    assert "Nodes [/]" in shown  # a section title
+    hit = cli.json("search", "nodes intro", "--book", BOOK, "--mode", "sparse", "--limit", "1")[0]
+    for command in ("lineage", "context", "document"):
+        point = hit["parent_doc_id"] if command == "document" else hit["id"]
+        done = cli(command, point, "--book", BOOK)
+        assert hit["source_file"] in done.stdout.replace("\n", "") or command != "lineage"
