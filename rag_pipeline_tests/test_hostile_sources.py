@@ -270,3 +270,29 @@ def test_missing_credentials_and_a_wrong_endpoint_fail_the_book_naming_source_an
         wrong.versions("sb")
     assert dead in str(caught.value) and "connect" in str(caught.value)
     assert wrong.is_gone("sb", "a.md") is False
+
+
+def test_a_listing_beyond_the_prefix_lists_no_other_books_objects(s3, aws):
+    """A server (or a proxy) that answers keys outside the prefix asked for: they are named
+    as errors, never listed as this book's files under a mangled name."""
+    bucket = bucket_with(s3, {"docs/a.md": b"# A\n", "other/secret.md": b"# S\n"})
+    source = s3_source(s3, bucket)
+    real = source.client(source.books["sb"])
+
+    class Client:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def get_paginator(self, name: str) -> Any:
+            class Pages:
+                def paginate(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+                    kwargs["Prefix"] = ""  # the prefix ignored
+                    yield from real.get_paginator(name).paginate(**kwargs)
+
+            return Pages()
+
+    source._clients[(s3.url, None)] = Client()
+    versions = source.versions("sb")
+    assert [f.source_file for f in versions.files] == ["a.md"]
+    assert [e.source_file for e in versions.errors] == ["other/secret.md"]
+    assert "outside the book's prefix" in versions.errors[0].reason

@@ -223,6 +223,19 @@ class S3Source(BookSource):
             for page in pages.paginate(Bucket=spec.bucket, Prefix=spec.prefix):
                 for obj in page.get("Contents", ()):
                     key = str(obj["Key"])
+                    if not key.startswith(spec.prefix):
+                        # a server that answers beyond the prefix asked for: another book's
+                        # objects are never listed as this book's (tenant isolation)
+                        errors.append(
+                            FileError(
+                                book_id,
+                                key,
+                                "crawl",
+                                f"object key {key!r} is outside the book's prefix "
+                                f"{spec.prefix!r}: the server answered beyond it; not read",
+                            )
+                        )
+                        continue
                     rel = key[len(spec.prefix) :]
                     if rel.lower().endswith(MARKDOWN_SUFFIXES) and any(
                         p in ("", ".", "..") for p in rel.split("/")
