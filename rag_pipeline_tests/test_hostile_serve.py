@@ -211,3 +211,100 @@ def test_file_names_and_text_that_look_like_markup_are_printed_as_they_are(tmp_p
         point = hit["parent_doc_id"] if command == "document" else hit["id"]
         done = cli(command, point, "--book", BOOK)
         assert hit["source_file"] in done.stdout.replace("\n", "") or command != "lineage"
+
+
+@pytest.mark.slow
+def test_reads_of_every_endpoint_while_runs_rewrite_and_delete_the_same_book(tmp_path):
+    """Threads ask for search, context, document and lineage of one book while runs of it
+    (threads of this process: the store's locks conflict between open files) edit, delete and
+    add its files: every answer is 200, or 404 for a point a run deleted; never a 500, never a
+    stale handle's error."""
+    import threading
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve.app import create_app
+
+    data_dir = tmp_path / "books"
+    folder = data_dir / BOOK
+    folder.mkdir(parents=True)
+    for i in range(4):
+        (folder / f"p{i}.md").write_text(f"# P{i}\n\n" + section("Nodes", seed=str(i)))
+    settings = load_settings(
+        data_dir=data_dir, qdrant_path=str(tmp_path / "q"), embedder="hash", cache_dir=tmp_path
+    )
+    recipe = make_recipe(HashEmbedder())
+    pipeline = IngestPipeline.from_settings(settings, recipe)
+    pipeline.run([BOOK], run_id="r0")
+    codes: list[tuple[str, int, str]] = []
+    stop = threading.Event()
+    with TestClient(create_app(settings, recipe, cache_size=0)) as client:
+        hits = client.get("/search", params={"q": "nodes", "book": BOOK, "limit": 20}).json()
+        assert hits
+
+        def read(n: int) -> None:
+            k = 0
+            while not stop.is_set():
+                # an id of before the runs, or of the index now
+                now = client.get("/search", params={"q": "nodes", "book": BOOK, "limit": 20})
+                fresh = now.json() if now.status_code == 200 else []
+                hit = (fresh or hits)[(n + k) % len(fresh or hits)] if k % 2 else hits[n]
+                k += 1
+                for url, params in (
+                    ("/search", {"q": f"nodes {k}", "book": BOOK}),
+                    (f"/context/{hit['id']}", {"book": BOOK, "prev": 3, "next": 3}),
+                    (f"/document/{hit['parent_doc_id']}", {"book": BOOK}),
+                    (f"/lineage/{hit['id']}", {"book": BOOK}),
+                ):
+                    r = client.get(url, params=params)
+                    codes.append((url.split("/")[1], r.status_code, r.text[:300]))
+
+        readers = [threading.Thread(target=read, args=(n,)) for n in range(3)]
+        for t in readers:
+            t.start()
+        try:
+            for rnd in range(6):
+                victim = folder / f"p{(0, 1, 2, 3, 0, 2)[rnd]}.md"
+                if rnd % 2:
+                    victim.unlink()
+                else:
+                    victim.write_text(f"# P edited {rnd}\n\n" + section("Edges", seed=str(rnd)))
+                (folder / f"new{rnd}.md").write_text("# New\n\n" + section("New", seed=str(rnd)))
+                pipeline.run([BOOK], run_id=f"r{rnd + 1}")
+                time.sleep(0.2)  # the readers' turn
+        finally:
+            stop.set()
+            for t in readers:
+                t.join()
+    bad = [c for c in codes if c[1] not in (200, 404)]
+    assert not bad, bad[:5]
+    assert {c[0] for c in codes if c[1] == 200} == {"search", "context", "document", "lineage"}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--where", "module=\udcff"],
+        ["--module", "x\udcff"],
+        ["--proficiency", "\udcff"],
+        ["--where", "source_file=\udcffa.md"],
+    ],
+)
+def test_a_filter_argument_that_is_not_utf8_is_exit_2_naming_it(tmp_path, args):
+    """A shell passes bytes that are not UTF-8 on (Python keeps them as lone surrogates): such a
+    filter is refused naming it (exit 2), never sent to the engine (exit 1 with its internal
+    type error)."""
+    from rag_pipeline_tests.helpers import InProcessCli, index_books
+
+    books = tmp_path / "books"
+    (books / BOOK).mkdir(parents=True)
+    (books / BOOK / "a.md").write_text("# A\n\n" + section("Nodes"))
+    cli = InProcessCli(tmp_path, books)
+    index_books(books, cli.env["RAG_QDRANT_PATH"])
+    done = cli("search", "nodes", "--book", BOOK, *args, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "not valid UTF-8" in done.stderr and "\\xff" in done.stderr

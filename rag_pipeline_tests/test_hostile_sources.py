@@ -138,6 +138,8 @@ def test_an_lfs_pointer_is_a_per_file_error_not_indexed_as_text():
     parsed = parse_document("b", "big.md", LFS_POINTER.encode(), "h")
     assert isinstance(parsed, FileError), parsed
     assert "LFS" in parsed.reason and parsed.source_file == "big.md"
+    crlf = LFS_POINTER.replace("\n", "\r\n").encode()  # a Windows checkout (core.autocrlf)
+    assert isinstance(parse_document("b", "big.md", crlf, "h"), FileError)
     # a page that only quotes a pointer is a page
     quoted = "# LFS\n\nA pointer looks like this:\n\n```\n" + LFS_POINTER + "```\n"
     assert not isinstance(parse_document("b", "doc.md", quoted.encode(), "h"), FileError)
@@ -296,3 +298,39 @@ def test_a_listing_beyond_the_prefix_lists_no_other_books_objects(s3, aws):
     assert [f.source_file for f in versions.files] == ["a.md"]
     assert [e.source_file for e in versions.errors] == ["other/secret.md"]
     assert "outside the book's prefix" in versions.errors[0].reason
+
+
+# -- bad input in any book ---------------------------------------------------------------------
+
+
+def test_frontmatter_surrogate_escapes_never_sink_the_book(tmp_path):
+    """YAML (and JSON) ``\\u`` escapes can make half of a UTF-16 pair, which is no character
+    and cannot be encoded as UTF-8: the store refused the whole book's write for one such
+    title (a TypeError). A pair is its character; a lone half is U+FFFD with a warning naming
+    the file; every file of the book is indexed."""
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.parse import parse_document
+    from rag_pipeline.models import FileError
+    from rag_pipeline_tests.conftest import make_pipeline, make_recipe, store_config
+
+    pair = '---\ntitle: "smile \\ud83d\\ude00"\ntags: ["\\ud83d\\ude00"]\n---\n# T\n\nbody\n'
+    parsed = parse_document("b", "pair.md", pair.encode(), "h")
+    assert not isinstance(parsed, FileError)
+    assert parsed.meta.title == "smile \U0001f600" and not parsed.warnings
+    lone = '---\ntitle: "half \\ud800"\nmodule: "\\udfff"\n"\\ud801": x\n---\n# T\n\nbody\n'
+    parsed = parse_document("b", "lone.md", lone.encode(), "h")
+    assert not isinstance(parsed, FileError)
+    assert parsed.meta.title == "half \ufffd" and parsed.meta.module == "\ufffd"
+    assert any("surrogate" in w for w in parsed.warnings), parsed.warnings
+    json_fm = '{\n"title": "\\ud800"\n}\n# T\n\nbody\n'
+    parsed = parse_document("b", "json.md", json_fm.encode(), "h")
+    assert not isinstance(parsed, FileError) and parsed.meta.title == "\ufffd"
+
+    books = tmp_path / "books"
+    (books / "b").mkdir(parents=True)
+    (books / "b" / "pair.md").write_text(pair)
+    (books / "b" / "lone.md").write_text(lone)
+    (books / "b" / "plain.md").write_text("# Plain\n\nplain text\n")
+    pipeline = make_pipeline(books, store_config(tmp_path / "q"), make_recipe(HashEmbedder()))
+    written = pipeline.run(["b"], run_id="r")["b"].written
+    assert written.documents == 3

@@ -61,10 +61,12 @@ FRONTMATTER_LIMITS = {"bytes": 64 * 1024, "aliases": 64, "values": 10_000, "dept
 
 _md = MarkdownIt("commonmark").disable(["inline", "text_join"])
 #: a Git LFS pointer file (its spec: under 1024 bytes, a version line first, then ``oid``
-#: and ``size``): what a clone or an upload without the LFS objects holds in a file's place
+#: and ``size``; CRLF where a Windows checkout converted it): what a clone or an upload without
+#: the LFS objects holds in a file's place
 _LFS_POINTER = re.compile(
-    rb"\Aversion https://(?:git-lfs\.github\.com|hawser\.github\.com)/spec/v1\n"
-    rb"(?:[a-z0-9.-]+ [^\n]*\n)*?oid sha256:[0-9a-f]{64}\n(?:[a-z0-9.-]+ [^\n]*\n)*\Z"
+    rb"\Aversion https://(?:git-lfs\.github\.com|hawser\.github\.com)/spec/v1\r?\n"
+    rb"(?:[a-z0-9.-]+ [^\r\n]*\r?\n)*?oid sha256:[0-9a-f]{64}\r?\n"
+    rb"(?:[a-z0-9.-]+ [^\r\n]*\r?\n)*\Z"
 )
 
 
@@ -191,9 +193,9 @@ def _split_frontmatter(text: str, warnings: list[str]) -> tuple[Any, str]:
             f"frontmatter is larger than {FRONTMATTER_LIMITS['bytes'] // 1024} KiB"
         )
     if not isinstance(handler, YAMLHandler):
-        return _or_empty(_bounded(handler.load(raw))), body
+        return _or_empty(_bounded(handler.load(raw), warnings)), body
     try:
-        return _or_empty(_load_yaml(raw)), body
+        return _or_empty(_load_yaml(raw, warnings)), body
     except yaml.YAMLError as exc:
         raise _FrontmatterError(
             f"invalid YAML frontmatter: {_yaml_reason(exc, raw, _raw_first_line(handler, text))}"
@@ -213,7 +215,7 @@ def _raw_first_line(handler: YAMLHandler, text: str) -> int:
     return 1 + (text[: opening.end()].count("\n") if opening is not None else 0)
 
 
-def _load_yaml(raw: str) -> Any:
+def _load_yaml(raw: str, warnings: list[str]) -> Any:
     """Check the event stream first (aliases, nesting), stopping at the first excess: PyYAML's
     scanner slows quadratically with flow nesting and its loader recurses once per level, so a
     10 KB block of 5,000 brackets would take seconds and end in a RecursionError."""
@@ -233,13 +235,19 @@ def _load_yaml(raw: str) -> Any:
                 )
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
-    return _bounded(yaml.load(raw, Loader=yaml.SafeLoader))
+    return _bounded(yaml.load(raw, Loader=yaml.SafeLoader), warnings)
 
 
-def _bounded(value: Any) -> Any:
+def _bounded(value: Any, warnings: list[str]) -> Any:
     """The value as JSON types, refusing self-reference and huge or deep expansions."""
-    budget = [FRONTMATTER_LIMITS["values"]]
-    return _json_safe(value, budget, 0, set())
+    budget = [FRONTMATTER_LIMITS["values"], 0]  # values left, texts with lone surrogates
+    safe = _json_safe(value, budget, 0, set())
+    if budget[1]:
+        warnings.append(
+            f"frontmatter: {budget[1]} text value(s) hold a \\u escape of half a UTF-16 "
+            "surrogate pair (\\ud800-\\udfff), which is no character: replaced by U+FFFD"
+        )
+    return safe
 
 
 def _json_safe(value: Any, budget: list[int], depth: int, path: set[int]) -> Any:
@@ -260,15 +268,37 @@ def _json_safe(value: Any, budget: list[int], depth: int, path: set[int]) -> Any
             raise _FrontmatterError("frontmatter refers to itself (a recursive YAML anchor)")
         inner = path | {id(value)}
         if isinstance(value, Mapping):
-            return {str(k): _json_safe(v, budget, depth + 1, inner) for k, v in value.items()}
+            return {
+                _text(str(k), budget): _json_safe(v, budget, depth + 1, inner)
+                for k, v in value.items()
+            }
         return [_json_safe(v, budget, depth + 1, inner) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, int) and not isinstance(value, bool) and not _fits(value):
         return str(value)  # payload integers are 64-bit
-    if value is None or isinstance(value, str | int | float | bool):
-        return value.replace("\x00", "") if isinstance(value, str) else value
+    if isinstance(value, str):
+        return _text(value, budget)
+    if value is None or isinstance(value, int | float | bool):
+        return value
     return str(value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str, budget: list[int]) -> str:
+    """A frontmatter text as a payload can hold it: without NULs, and without surrogates (a
+    YAML or JSON ``\\ud83d\\ude00`` escape gives two of them): a pair becomes its character,
+    a lone one U+FFFD (counted in ``budget[1]``). Such a text could not be encoded as UTF-8,
+    and the store refused the whole book's write for it."""
+    value = value.replace("\x00", "")
+    if _SURROGATE.search(value) is None:
+        return value
+    fixed = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if fixed.count("\ufffd") > value.count("\ufffd"):
+        budget[1] += 1
+    return fixed
 
 
 def _fits(value: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from rag_pipeline.models import normalize_proficiency
 from rag_pipeline.schema import (
@@ -19,6 +20,8 @@ from rag_pipeline.store import Condition, Match, MatchAny, Range
 from rag_pipeline.store.filters import INT64_MAX, INT64_MIN, Scalar
 
 __all__ = ["EQUALS_FIELDS", "SearchFilters", "parse_equals"]
+
+_Value = TypeVar("_Value", bound=Scalar)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +44,7 @@ class SearchFilters:
                 raise ValueError(f"--{name.replace('_', '-')} {value} does not fit in 64 bits")
         out: list[Condition] = []
         if self.module is not None:
-            out.append(Match(MODULE, self.module))
+            out.append(Match(MODULE, _utf8("--module", self.module)))
         if self.chapter_min is not None or self.chapter_max is not None:
             if (
                 self.chapter_min is not None
@@ -57,15 +60,30 @@ class SearchFilters:
         if self.hardware_tier is not None:
             out.append(Range(HARDWARE_TIER, lte=self.hardware_tier))
         if self.proficiency_levels:
-            levels = tuple(normalize_proficiency(v) for v in self.proficiency_levels)
+            levels = tuple(
+                normalize_proficiency(_utf8("--proficiency", v)) for v in self.proficiency_levels
+            )
             if not all(levels):
                 raise ValueError("--proficiency needs a level (e.g. beginner or B1), not ''")
             out.append(MatchAny(PROFICIENCY_LEVEL, levels))
         for key, value in sorted(self.equals.items()):
             if key in SCOPE_FIELDS:
                 raise ValueError(f"{key} cannot be used as a free filter")
-            out.append(Match(key, value))
+            out.append(Match(key, _utf8(f"filter {key}", value)))
         return tuple(out)
+
+
+def _utf8(name: str, value: _Value) -> _Value:
+    """``value``, if it is text the store can match: an argument holding a byte that is not
+    UTF-8 (the shell passes it on, Python keeps it as a lone surrogate) is refused naming the
+    filter (it reached the engine, which failed the search with an internal type error)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise ValueError(f"{name} value '{shown}' is not valid UTF-8 text") from None
+    return value
 
 
 #: what ``key=value`` filters may name: the chunk payload's indexed fields, with their types
