@@ -105,6 +105,27 @@ def test_an_empty_repository_and_a_deleted_ref_fail_the_book_naming_it(tmp_path)
 
 @pytest.mark.integration  # git processes
 @NEEDS_GIT
+def test_a_book_folder_replaced_by_a_file_or_removed_fails_the_book_deletes_nothing(tmp_path):
+    from rag_pipeline.sources.base import BookUnavailableError
+
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("first", {"docs/a.md": "# A\n\ntext\n", "README.md": "# R\n"})
+    source = git_source(tmp_path, repo, path="docs")
+    assert [f.source_file for f in source.versions("gb").files] == ["a.md"]
+    repo.git("rm", "-r", "--quiet", "docs")
+    repo.commit("docs becomes a file", {"docs": "not a folder\n"})
+    with pytest.raises(BookUnavailableError, match="no folder 'docs'"):
+        source.versions("gb")
+    assert source.is_gone("gb", "a.md") is False
+    (repo.path / "docs").unlink()
+    repo.commit("docs removed")
+    with pytest.raises(BookUnavailableError, match="no folder 'docs'"):
+        source.versions("gb")
+    source.close()
+
+
+@pytest.mark.integration  # git processes
+@NEEDS_GIT
 def test_a_force_push_and_a_case_only_rename_are_followed_by_blob_id(tmp_path):
     repo = GitRepo(tmp_path / "repo")
     repo.commit("first", {"Guide.md": "# G\n\none\n", "b.md": "# B\n\nb\n"})

@@ -487,10 +487,14 @@ class GitSource(BookSource):
             args += ["--", prefix]
         out = _git(book.repo, *args)
         if prefix and not out:
-            try:  # a folder that is not there is no answer: its files are not taken for deleted
-                _git(book.repo, "cat-file", "-e", f"{commit}:{book.spec.path}")
+            # a folder that is not there (or a file where it was) is no answer: its files are
+            # not taken for deleted
+            try:
+                kind = _git(book.repo, "cat-file", "-t", f"{commit}:{book.spec.path}").strip()
             except GitError:
-                raise GitError(f"no folder {book.spec.path!r} in commit {commit[:12]}") from None
+                kind = b""
+            if kind != b"tree":
+                raise GitError(f"no folder {book.spec.path!r} in commit {commit[:12]}")
         files: list[FileVersion] = []
         errors: list[FileError] = []
         for entry in out.split(b"\0"):
