@@ -355,3 +355,19 @@ def test_frontmatter_surrogate_escapes_never_sink_the_book(tmp_path):
     pipeline = make_pipeline(books, store_config(tmp_path / "q"), make_recipe(HashEmbedder()))
     written = pipeline.run(["b"], run_id="r")["b"].written
     assert written.documents == 3
+
+
+def test_lineage_of_an_object_whose_reads_are_denied_says_it_exists_and_why(s3, aws):
+    """A bucket that lists but denies reads: the object is there (nothing about it is gone),
+    its hash cannot be known, and the problem names the book and the reason."""
+    bucket = bucket_with(s3, {"docs/a.md": b"# A\n\ntext\n"})
+    source = s3_source(s3, bucket)
+    s3.unreadable_buckets.add(bucket)
+    try:
+        now = source.file_now("sb", "a.md")
+    finally:
+        s3.unreadable_buckets.discard(bucket)
+    assert (now.exists, now.sha256) == (True, None)
+    assert now.problem is not None and "AccessDenied" in now.problem and "'sb'" in now.problem
+    assert source.file_now("sb", "a.md").sha256 is not None
+    assert source.file_now("sb", "gone.md").exists is False

@@ -326,8 +326,8 @@ class S3Source(BookSource):
     def file_now(self, book_id: str, source_file: str) -> FileNow:
         try:
             return super().file_now(book_id, source_file)
-        except BookUnavailableError as exc:
-            return FileNow(False, None, str(exc))
+        except BookUnavailableError as exc:  # listed, but its read denied or unreachable:
+            return FileNow(True, None, str(exc))  # not known to be gone (as a listing failure)
 
 
 def _too_large(size: int, max_bytes: int) -> str:
