@@ -490,10 +490,10 @@ class GitSource(BookSource):
             # a folder that is not there (or a file where it was) is no answer: its files are
             # not taken for deleted
             try:
-                kind = _git(book.repo, "cat-file", "-t", f"{commit}:{book.spec.path}").strip()
+                path_type = _git(book.repo, "cat-file", "-t", f"{commit}:{book.spec.path}")
             except GitError:
-                kind = b""
-            if kind != b"tree":
+                path_type = b""
+            if path_type.strip() != b"tree":
                 raise GitError(f"no folder {book.spec.path!r} in commit {commit[:12]}")
         files: list[FileVersion] = []
         errors: list[FileError] = []
