@@ -308,3 +308,45 @@ def test_a_filter_argument_that_is_not_utf8_is_exit_2_naming_it(tmp_path, args):
     done = cli("search", "nodes", "--book", BOOK, *args, check=False)
     assert done.returncode == 2, done.stderr
     assert "not valid UTF-8" in done.stderr and "\\xff" in done.stderr
+
+
+def test_lineage_asks_the_source_with_the_store_let_go_of(tmp_path, monkeypatch):
+    """Lineage asks the book's source about the file (for a git or object-store book, a remote
+    that may take seconds, a minute when it is down): a run of the same book that needs the
+    store meanwhile gets it. It waited behind the request and failed busy."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline.sources.folder import FolderSource
+
+    data_dir = tmp_path / "books"
+    (data_dir / BOOK).mkdir(parents=True)
+    (data_dir / BOOK / "a.md").write_text("# A\n\n" + section("Nodes"))
+    settings = load_settings(
+        data_dir=data_dir,
+        qdrant_path=str(tmp_path / "q"),
+        embedder="hash",
+        cache_dir=tmp_path,
+        busy_wait_s=3.0,
+    )
+    recipe = make_recipe(HashEmbedder())
+    pipeline = IngestPipeline.from_settings(settings, recipe)
+    pipeline.run([BOOK], run_id="r0")
+    asked = FolderSource.file_now
+    runs: list[Any] = []
+
+    def slow_remote(self: FolderSource, book_id: str, source_file: str) -> Any:
+        # a run of the same book while the source is being asked
+        (data_dir / BOOK / "b.md").write_text("# B\n\n" + section("Edges"))
+        runs.append(pipeline.run([BOOK], run_id="r1")[BOOK].written.documents)
+        return asked(self, book_id, source_file)
+
+    with TestClient(create_app(settings, recipe, cache_size=0)) as client:
+        hit = client.get("/search", params={"q": "nodes", "book": BOOK, "limit": 1}).json()[0]
+        monkeypatch.setattr(FolderSource, "file_now", slow_remote)
+        response = client.get(f"/lineage/{hit['id']}", params={"book": BOOK})
+    assert response.status_code == 200, response.text
+    assert runs == [1]  # b.md written

@@ -274,15 +274,17 @@ def _show_chunks(
 @click.option("--json", "as_json", is_flag=True)
 def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     """Where a point came from: file, section, hashes, run, model; and if its file changed."""
-    from rag_pipeline.retrieve.lineage import trace_point
+    from rag_pipeline.retrieve.lineage import describe_point, read_point
 
     book = _require_book(book_id)
     point = _point_id(point_id)
     settings = _settings()
     with opened_store(settings) as store:
-        info = trace_point(store, settings.source(), book, point, dagster_url=settings.dagster_url)
-    if info is None:
+        record = read_point(store, book, point)
+    if record is None:
         fail(f"no point {point} in book {book}", code=1)
+    # the source is asked with the store closed (a remote may take seconds)
+    info = describe_point(record, settings.source(), book, dagster_url=settings.dagster_url)
     if as_json:
         emit_json(info)
         return

@@ -8,7 +8,8 @@ filtered to the point's id) shows the point's line whole, whatever the size of t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -30,7 +31,10 @@ from rag_pipeline.store import VectorStore
 __all__ = [
     "POINTS_PER_MESSAGE",
     "WHERE_CHARS",
+    "PointRecord",
+    "describe_point",
     "point_log_path",
+    "read_point",
     "trace_point",
     "written_points_messages",
 ]
@@ -43,20 +47,42 @@ POINTS_PER_MESSAGE = 8
 WHERE_CHARS = 80
 
 
-def trace_point(
-    store: VectorStore,
-    source: BookSource,
-    book_id: str,
-    point_id: str,
-    *,
-    dagster_url: str | None = None,
-) -> dict[str, Any] | None:
-    """Lineage of one point of one book, and whether its file (in ``source``, where the book
-    comes from) changed since."""
+@dataclass(frozen=True)
+class PointRecord:
+    """What the index holds of a point for its lineage: its payload, and its document
+    record's (None: the point is a document record, or its record is gone)."""
+
+    point_id: str
+    payload: Mapping[str, Any]
+    document: Mapping[str, Any] | None
+
+
+def read_point(store: VectorStore, book_id: str, point_id: str) -> PointRecord | None:
+    """The store's part of a point's lineage (None: the book holds no such point). Only the
+    index is read: a caller holding the store lets go of it before :func:`describe_point`
+    asks the source (a remote git repository or object store may take seconds, and a run
+    waiting for the store would fail busy meanwhile)."""
     found = store.retrieve(book_filter(book_id), [point_id])
     if not found:
         return None
     payload = found[0].payload
+    document = None
+    if payload.get(RECORD_TYPE) != DOCUMENT and payload.get(PARENT_DOC_ID):
+        record = store.retrieve(book_filter(book_id), [str(payload[PARENT_DOC_ID])])
+        document = record[0].payload if record else None
+    return PointRecord(point_id, payload, document)
+
+
+def describe_point(
+    record: PointRecord,
+    source: BookSource,
+    book_id: str,
+    *,
+    dagster_url: str | None = None,
+) -> dict[str, Any]:
+    """Lineage of one point of one book (:func:`read_point`), and whether its file (in
+    ``source``, where the book comes from) changed since."""
+    payload, point_id = record.payload, record.point_id
     info: dict[str, Any] = {"point_id": point_id}
     info.update({k: payload.get(k) for k in LINEAGE_FIELDS})
     source_file = str(payload.get(SOURCE_FILE) or "")
@@ -73,11 +99,9 @@ def trace_point(
         info["source"] = source.describe(book_id)
         commit = source.revision_info(book_id, str(revision)) or {"sha": str(revision)}
         info["commit"] = commit
-    if payload.get(RECORD_TYPE) != DOCUMENT and payload.get(PARENT_DOC_ID):
-        record = store.retrieve(book_filter(book_id), [str(payload[PARENT_DOC_ID])])
-        if record:
-            info["document_status"] = record[0].payload.get(STATUS)
-            info["document_run_id"] = record[0].payload.get(RUN_ID)
+    if record.document is not None:
+        info["document_status"] = record.document.get(STATUS)
+        info["document_run_id"] = record.document.get(RUN_ID)
     if info.get(RUN_ID):
         info["dagster_run_url_path"] = f"/runs/{info[RUN_ID]}"
         info["dagster_point_url_path"] = point_log_path(str(info[RUN_ID]), point_id)
@@ -86,6 +110,22 @@ def trace_point(
             info["dagster_run_url"] = f"{base}/runs/{info[RUN_ID]}"
             info["dagster_point_url"] = base + info["dagster_point_url_path"]
     return info
+
+
+def trace_point(
+    store: VectorStore,
+    source: BookSource,
+    book_id: str,
+    point_id: str,
+    *,
+    dagster_url: str | None = None,
+) -> dict[str, Any] | None:
+    """:func:`read_point` then :func:`describe_point` (the store held throughout: for a caller
+    that holds it anyway)."""
+    record = read_point(store, book_id, point_id)
+    if record is None:
+        return None
+    return describe_point(record, source, book_id, dagster_url=dagster_url)
 
 
 def point_log_path(run_id: str, point_id: str) -> str:

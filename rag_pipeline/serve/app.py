@@ -49,7 +49,7 @@ from rag_pipeline.models import validate_book_id
 from rag_pipeline.recipes.lazy import LazyRecipe
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.retrieve import expand_context, get_document
-from rag_pipeline.retrieve.lineage import trace_point
+from rag_pipeline.retrieve.lineage import describe_point, read_point
 from rag_pipeline.retrieve.params import (
     BOOK,
     CONTEXT_PARAMS,
@@ -563,10 +563,14 @@ def create_app(
     ) -> Response:
         """`rag-pipeline lineage --json`: file, section, hashes, run and model of a point."""
         book_id, point = _book(book), _point(point_id)
-        info = service.read(
-            lambda s: trace_point(s, source, book_id, point, dagster_url=settings.dagster_url)
+        record = service.read(lambda s: read_point(s, book_id, point))
+        if record is None:
+            raise HTTPException(404, f"no point {point} in book {book_id}")
+        # the source is asked with the store let go of: a remote may take seconds, and a run
+        # waiting for the store meanwhile would fail busy
+        return CliJSONResponse(
+            describe_point(record, source, book_id, dagster_url=settings.dagster_url)
         )
-        return _found(info, f"no point {point} in book {book_id}")
 
     return app
 
