@@ -350,3 +350,47 @@ def test_lineage_asks_the_source_with_the_store_let_go_of(tmp_path, monkeypatch)
         response = client.get(f"/lineage/{hit['id']}", params={"book": BOOK})
     assert response.status_code == 200, response.text
     assert runs == [1]  # b.md written
+
+
+def test_a_search_embeds_its_query_with_the_store_let_go_of(tmp_path, monkeypatch):
+    """The query's embedding (a local model, or an embedding API: seconds, a minute when it
+    is down) runs with the store let go of: a run of the same book that needs the store
+    meanwhile gets it. It waited behind the request and failed busy (503)."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve.app import create_app
+
+    data_dir = tmp_path / "books"
+    (data_dir / BOOK).mkdir(parents=True)
+    (data_dir / BOOK / "a.md").write_text("# A\n\n" + section("Nodes"))
+    settings = load_settings(
+        data_dir=data_dir,
+        qdrant_path=str(tmp_path / "q"),
+        embedder="hash",
+        cache_dir=tmp_path,
+        busy_wait_s=3.0,
+    )
+    recipe = make_recipe(HashEmbedder())
+    pipeline = IngestPipeline.from_settings(settings, recipe)
+    pipeline.run([BOOK], run_id="r0")
+    embed = HashEmbedder.embed_query
+    runs: list[int] = []
+
+    def slow_api(self: HashEmbedder, text: str) -> Any:
+        if "marker" in text and not runs:  # a run of the same book while the query embeds
+            (data_dir / BOOK / "b.md").write_text("# B\n\n" + section("Edges"))
+            runs.append(pipeline.run([BOOK], run_id="r1")[BOOK].written.documents)
+        return embed(self, text)
+
+    with TestClient(create_app(settings, recipe, cache_size=0)) as client:
+        monkeypatch.setattr(HashEmbedder, "embed_query", slow_api)
+        for mode in ("dense", "hybrid"):
+            runs.clear()
+            query = {"q": f"nodes marker {mode}", "book": BOOK, "mode": mode}
+            response = client.get("/search", params=query)
+            assert response.status_code == 200, response.text
+            assert runs == [1 if mode == "dense" else 0]  # b.md written by the first run
+            assert {h["book_id"] for h in response.json()} == {BOOK}

@@ -138,6 +138,18 @@ class CachedQueryEmbedder:
         return vector
 
 
+class _Embedded:
+    """A query embedder answering one text with the vector made before the store was taken
+    (:meth:`Service.embed_first`); any other text is embedded by ``embedder``."""
+
+    def __init__(self, embedder: CachedQueryEmbedder, text: str, vector: np.ndarray) -> None:
+        self._embedder, self._text, self._vector = embedder, text, vector
+        self.source, self.dimension = embedder.source, embedder.dimension
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._vector if text == self._text else self._embedder.embed_query(text)
+
+
 def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[LazyRecipe, int]:
     """The recipes the service embeds queries with (each book's recorded model, each loaded
     once), and how many inferences may run at once: one per ``model_threads`` cores (default:
@@ -259,7 +271,22 @@ class Service:
             self._books[book_id] = (recipe, now, opening, signature)
         return recipe, signature
 
-    def search(self, store: VectorStore, request: SearchRequest) -> list[Hit] | list[HitGroup]:
+    def embed_first(self, request: SearchRequest) -> tuple[str, np.ndarray] | None:
+        """The request's query embedded by the model its book records, with the store let go
+        of while the model (or an embedding API: seconds, a minute when it is down) runs: a run
+        that needs the store meanwhile gets it (it waited behind the request and failed busy).
+        (model, vector); None for a search that embeds nothing."""
+        if not request.needs_embedder:
+            return None
+        recipe = self.read(lambda store: self.book_recipe(store, request.book_id))
+        return recipe.embedding_model, self._embedder_of(recipe).embed_query(request.query)
+
+    def search(
+        self,
+        store: VectorStore,
+        request: SearchRequest,
+        embedded: tuple[str, np.ndarray] | None = None,
+    ) -> list[Hit] | list[HitGroup]:
         """``request`` run with its query embedded by the model of the generation it searches,
         under one view of the book: the generation's signature is read before the model is
         chosen and again after the last read. The handle may let go of the book meanwhile
@@ -274,7 +301,9 @@ class Service:
             return request.run(store, None, self.recipe.sparse)
         for _ in range(VIEW_TRIES):
             recipe, signature = self.book_view(store, book_id)
-            embedder = self._embedder_of(recipe)
+            embedder: CachedQueryEmbedder | _Embedded = self._embedder_of(recipe)
+            if embedded is not None and embedded[0] == recipe.embedding_model:
+                embedder = _Embedded(self._embedder_of(recipe), request.query, embedded[1])
             try:
                 results = request.run(store, embedder, self.recipe.sparse)
             except (StoreBusyError, StoreUnavailableError, StoreResourceError):
@@ -523,7 +552,8 @@ def create_app(
             raise HTTPException(400, str(exc)) from None
 
         try:
-            results = service.read(lambda store: service.search(store, request))
+            embedded = service.embed_first(request)
+            results = service.read(lambda store: service.search(store, request, embedded))
         except ValueError as exc:  # a filter the engine refuses
             raise HTTPException(400, str(exc)) from None
         return CliJSONResponse(results_json(results))
