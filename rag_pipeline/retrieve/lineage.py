@@ -1,4 +1,6 @@
-"""Walk from a point back to the file, section and run that produced it.
+"""Walk from a point back to the file, section and run that produced it: :func:`read_point`
+reads the index, :func:`describe_point` asks the book's source about the file (a remote may take
+seconds: a caller lets go of the store in between).
 
 The run that writes points logs every id it wrote on a short line of its own with its file and
 section, :data:`POINTS_PER_MESSAGE` lines a message (:func:`written_points_messages`); the run
@@ -35,7 +37,6 @@ __all__ = [
     "describe_point",
     "point_log_path",
     "read_point",
-    "trace_point",
     "written_points_messages",
 ]
 
@@ -110,22 +111,6 @@ def describe_point(
             info["dagster_run_url"] = f"{base}/runs/{info[RUN_ID]}"
             info["dagster_point_url"] = base + info["dagster_point_url_path"]
     return info
-
-
-def trace_point(
-    store: VectorStore,
-    source: BookSource,
-    book_id: str,
-    point_id: str,
-    *,
-    dagster_url: str | None = None,
-) -> dict[str, Any] | None:
-    """:func:`read_point` then :func:`describe_point` (the store held throughout: for a caller
-    that holds it anyway)."""
-    record = read_point(store, book_id, point_id)
-    if record is None:
-        return None
-    return describe_point(record, source, book_id, dagster_url=dagster_url)
 
 
 def point_log_path(run_id: str, point_id: str) -> str:
