@@ -371,3 +371,40 @@ def test_lineage_of_an_object_whose_reads_are_denied_says_it_exists_and_why(s3, 
     assert now.problem is not None and "AccessDenied" in now.problem and "'sb'" in now.problem
     assert source.file_now("sb", "a.md").sha256 is not None
     assert source.file_now("sb", "gone.md").exists is False
+
+
+def test_lineage_says_unknown_not_changed_when_the_source_cannot_be_read(s3, aws, tmp_path):
+    """Lineage of a point of a book whose objects cannot be read now: whether its file changed
+    is unknown (null), with the reason; it said the file changed."""
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.resources import StoreOpener
+    from rag_pipeline.retrieve.lineage import describe_point, read_point
+    from rag_pipeline.schema import book_filter
+    from rag_pipeline.sources.base import ParseOptions
+    from rag_pipeline_tests.conftest import make_recipe, store_config
+
+    bucket = bucket_with(s3, {"docs/a.md": b"# A\n\nsome text to index\n"})
+    source = s3_source(s3, bucket)
+    opener = StoreOpener(store_config(tmp_path / "q"))
+    recipe = _fixed(make_recipe(HashEmbedder()))
+    pipeline = IngestPipeline(source, opener, recipe, parsing=ParseOptions())
+    pipeline.run(["sb"], run_id="r")
+    with opener.open() as store:
+        point = next(iter(store.scroll(book_filter("sb")))).id
+        record = read_point(store, "sb", str(point))
+    assert record is not None
+    assert describe_point(record, source, "sb")["file_changed_since_indexed"] is False
+    s3.unreadable_buckets.add(bucket)
+    try:
+        info = describe_point(record, source, "sb")
+    finally:
+        s3.unreadable_buckets.discard(bucket)
+    assert info["file_exists"] is True and info["file_changed_since_indexed"] is None
+    assert "AccessDenied" in info["file_problem"]
+
+
+def _fixed(recipe: Any) -> Any:
+    from rag_pipeline.recipes.choice import FixedRecipe
+
+    return FixedRecipe(recipe)

@@ -93,7 +93,11 @@ def describe_point(
     info["file_path"] = source.locate(book_id, source_file)
     info["file_exists"] = now.exists
     info["current_file_hash"] = now.sha256
-    info["file_changed_since_indexed"] = now.sha256 != payload.get(SOURCE_FILE_HASH)
+    # a file that is there but could not be read (a remote down, a read denied): unknown
+    unknown = now.exists and now.sha256 is None
+    info["file_changed_since_indexed"] = (
+        None if unknown else now.sha256 != payload.get(SOURCE_FILE_HASH)
+    )
     info["file_problem"] = now.problem
     revision = payload.get(SOURCE_REVISION)
     if revision:  # a book of a source with revisions (git): the commit the point was read at
