@@ -198,7 +198,7 @@ def test_a_rebuild_with_a_failed_book_is_not_swapped_in(tmp_path, monkeypatch, q
     assert "not swapped in" in done.stderr
     report = json.loads(done.stdout)["books"]
     assert report["humanoid-robotics-ros2"]["status"] == "failed", report
-    assert quick_step_retries  # its write step was retried, and failed each time
+    assert quick_step_retries  # its waits were shortened: the step failed under its policy
     assert _generations(root / "rag_chunks") == in_service  # untouched
     assert not list(root.glob("rag_chunks.set-aside-*"))
     monkeypatch.setattr(pipeline_module, "write_and_check", write_and_check)
