@@ -327,3 +327,24 @@ def loads(monkeypatch) -> Counter[str]:
 
     monkeypatch.setattr(qe.EdgeShard, "load", staticmethod(counting))
     return opened
+
+
+@pytest.fixture
+def quick_step_retries(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Dagster's step retries in this process wait a hundredth of their policy's delay (the
+    assets' RetryPolicy waits 5 s, then 15 s): for a test whose step fails on every attempt,
+    where those 20 s of sleep prove nothing. The retries still happen. Returned: the delays
+    asked of a policy, in order (Dagster asks on every failed attempt of a step that has one,
+    the last included), so a test can check that the shortening was in its path. (The test of
+    the policy riding out an outage keeps the real waits.)"""
+    from dagster import RetryPolicy
+
+    real = RetryPolicy.calculate_delay
+    asked: list[float] = []
+
+    def shortened(policy: RetryPolicy, attempt_num: int) -> float:
+        asked.append(float(real(policy, attempt_num)))
+        return asked[-1] / 100
+
+    monkeypatch.setattr(RetryPolicy, "calculate_delay", shortened)
+    return asked

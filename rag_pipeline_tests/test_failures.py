@@ -607,7 +607,7 @@ def test_step_retry_policy_rides_out_an_outage_and_a_failed_run_recovers(
     ],
 )
 def test_an_ingest_given_bad_vectors_fails_naming_the_check_and_writes_nothing(
-    openai_server, tmp_path, sample_books, monkeypatch, answer, message
+    openai_server, tmp_path, sample_books, monkeypatch, answer, message, quick_step_retries
 ):
     """Before, the duplicate-index answer was ingested (exit 0, 5 of 6 vectors another
     chunk's) and a NaN answer was reported only as "blocking asset check failed:
@@ -640,5 +640,6 @@ def test_an_ingest_given_bad_vectors_fails_naming_the_check_and_writes_nothing(
     error = report["error_messages"][0]
     assert "step chunk_embeddings failed" in error and message in error, error
     assert f"the API at {openai_server.base_url}/" in error and "vector_dimension" not in error
+    assert quick_step_retries  # its waits were shortened: the step failed under its policy
     with open_store(load_settings().store(), COLLECTION_SCHEMA) as store:
         assert store.count(tenant_filter(book)) == 0

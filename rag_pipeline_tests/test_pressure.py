@@ -177,7 +177,7 @@ def _hit_ids(server: Server, book: str) -> list[str]:
     return [hit["id"] for hit in response.json()]
 
 
-def test_a_rebuild_with_a_failed_book_is_not_swapped_in(tmp_path, monkeypatch):
+def test_a_rebuild_with_a_failed_book_is_not_swapped_in(tmp_path, monkeypatch, quick_step_retries):
     """All or nothing: a rebuild in which a book fails leaves the collection in service as it
     was (exit 1, the report names the book); the next rebuild starts afresh and swaps in."""
     from rag_pipeline.ingest import pipeline as pipeline_module
@@ -198,6 +198,7 @@ def test_a_rebuild_with_a_failed_book_is_not_swapped_in(tmp_path, monkeypatch):
     assert "not swapped in" in done.stderr
     report = json.loads(done.stdout)["books"]
     assert report["humanoid-robotics-ros2"]["status"] == "failed", report
+    assert quick_step_retries  # its waits were shortened: the step failed under its policy
     assert _generations(root / "rag_chunks") == in_service  # untouched
     assert not list(root.glob("rag_chunks.set-aside-*"))
     monkeypatch.setattr(pipeline_module, "write_and_check", write_and_check)
