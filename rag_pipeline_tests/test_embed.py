@@ -234,6 +234,22 @@ def test_hash_embedder_is_deterministic_and_normalized():
     assert a.embed([]).shape == (0, 384)
 
 
+def test_hash_embedder_sums_each_words_signed_bucket():
+    """The vector is the sum of each word's signed bucket (repeats counted), normalized:
+    the same vectors as adding the words one by one (the first implementation)."""
+    embedder = HashEmbedder(16)
+    texts = ["Alpha beta alpha, gamma!", "", "delta delta delta epsilon"]
+    expected = np.zeros((len(texts), 16), dtype=np.float32)
+    for row, text in enumerate(texts):
+        for word in re.findall(r"\w+", text.lower()):
+            index, sign = embedder._bucket(word)
+            expected[row, index] += sign
+        if not expected[row].any():
+            expected[row, 0] = 1.0
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_array_equal(embedder.embed(texts), expected)
+
+
 def test_regex_token_counter_split_keeps_words():
     tok = RegexTokenCounter()
     pieces = tok.split("alpha, beta gamma delta", 2)
@@ -351,6 +367,26 @@ def test_token_counts_are_remembered_and_right(local_embedder, monkeypatch):
     assert tok.count(texts) == direct
     assert encoded == [["hello world", "", "a longer line of text, with punctuation!"]]
     assert tok.count([*texts, "new"]) == [*direct, 1] and encoded[1:] == [["new"]]
-    monkeypatch.setattr(local, "_COUNTED_CHARS", 14)  # past the budget the oldest go
+    monkeypatch.setattr(tok._memo, "_max_chars", 14)  # past the budget the oldest go
     tok.count(["another text"])
-    assert list(tok._counts) == ["another text"]
+    assert list(tok._memo._counts) == ["another text"]
+
+
+def test_the_hash_embedders_token_counts_are_remembered_and_right():
+    """The hash embedder's counter (what the benchmarks chunk with) counts each text once
+    too, and its counts are its regex's."""
+    from rag_pipeline.embed.base import RegexTokenCounter
+
+    tok = RegexTokenCounter(64)
+    texts = ["hello world", "", "hello world", "a line, with punctuation!"]
+    counted: list[list[str]] = []
+    real = tok._count
+
+    def counting(batch: list[str]) -> list[int]:
+        counted.append(list(batch))
+        return real(batch)
+
+    tok._count = counting  # type: ignore[method-assign]
+    assert tok.count(texts) == [2, 0, 2, 6]
+    assert tok.count(["hello world", "new words"]) == [2, 2]
+    assert counted == [["hello world", "", "a line, with punctuation!"], ["new words"]]
