@@ -367,26 +367,6 @@ def test_token_counts_are_remembered_and_right(local_embedder, monkeypatch):
     assert tok.count(texts) == direct
     assert encoded == [["hello world", "", "a longer line of text, with punctuation!"]]
     assert tok.count([*texts, "new"]) == [*direct, 1] and encoded[1:] == [["new"]]
-    monkeypatch.setattr(tok._memo, "_max_chars", 14)  # past the budget the oldest go
+    monkeypatch.setattr(local, "_COUNTED_CHARS", 14)  # past the budget the oldest go
     tok.count(["another text"])
-    assert list(tok._memo._counts) == ["another text"]
-
-
-def test_the_hash_embedders_token_counts_are_remembered_and_right():
-    """The hash embedder's counter (what the benchmarks chunk with) counts each text once
-    too, and its counts are its regex's."""
-    from rag_pipeline.embed.base import RegexTokenCounter
-
-    tok = RegexTokenCounter(64)
-    texts = ["hello world", "", "hello world", "a line, with punctuation!"]
-    counted: list[list[str]] = []
-    real = tok._count
-
-    def counting(batch: list[str]) -> list[int]:
-        counted.append(list(batch))
-        return real(batch)
-
-    tok._count = counting  # type: ignore[method-assign]
-    assert tok.count(texts) == [2, 0, 2, 6]
-    assert tok.count(["hello world", "new words"]) == [2, 2]
-    assert counted == [["hello world", "", "a line, with punctuation!"], ["new words"]]
+    assert list(tok._counts) == ["another text"]

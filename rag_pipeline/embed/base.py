@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import re
-import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = [
-    "COUNTED_CHARS",
-    "CountMemo",
     "EmbedError",
     "EmbedServiceError",
     "Embedder",
@@ -124,47 +120,6 @@ class TokenCounter(ABC):
         """Cut ``text`` into consecutive pieces of at most ``max_tokens`` tokens each."""
 
 
-#: characters of text whose token counts a counter keeps (about 4 bytes of memory each)
-COUNTED_CHARS = 4_000_000
-
-
-class CountMemo:
-    """Token counts of the texts a counter saw last, most recent last, at most
-    :data:`COUNTED_CHARS` characters of them: the chunker counts the same blocks, lines and
-    sections several times over, and a live edit's file again (issue 41.1)."""
-
-    def __init__(self, max_chars: int = COUNTED_CHARS) -> None:
-        self._counts: OrderedDict[str, int] = OrderedDict()
-        self._chars = 0
-        self._max_chars = max_chars
-        self._lock = threading.Lock()
-
-    def counts(self, texts: Sequence[str], count: Callable[[list[str]], list[int]]) -> list[int]:
-        """The count of each text: those kept, and ``count`` of the others (each once)."""
-        if not texts:
-            return []
-        with self._lock:
-            known = {t: self._counts.get(t) for t in texts}
-        missing = list(dict.fromkeys(t for t, n in known.items() if n is None))
-        if missing:
-            fresh = dict(zip(missing, count(missing), strict=True))
-            known.update(fresh)
-            with self._lock:
-                self._remember(fresh)
-        return [known[t] or 0 for t in texts]
-
-    def _remember(self, counts: Mapping[str, int]) -> None:
-        """Keep ``counts`` (lock held), forgetting the oldest past the size."""
-        for text, n in counts.items():
-            if text not in self._counts:
-                self._chars += len(text)
-            self._counts[text] = n
-            self._counts.move_to_end(text)
-        while self._chars > self._max_chars and self._counts:
-            text, _ = self._counts.popitem(last=False)
-            self._chars -= len(text)
-
-
 class RegexTokenCounter(TokenCounter):
     """Words and punctuation marks as tokens; only for the deterministic ``hash`` embedder."""
 
@@ -172,12 +127,8 @@ class RegexTokenCounter(TokenCounter):
 
     def __init__(self, max_input_tokens: int = 512) -> None:
         self.max_input_tokens = max_input_tokens
-        self._memo = CountMemo()
 
     def count(self, texts: Sequence[str]) -> list[int]:
-        return self._memo.counts(texts, self._count)
-
-    def _count(self, texts: list[str]) -> list[int]:
         return [len(self._token.findall(t)) for t in texts]
 
     def split(self, text: str, max_tokens: int) -> list[str]:

@@ -23,20 +23,15 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from rag_pipeline.embed.base import (
-    CountMemo,
-    Embedder,
-    EmbedError,
-    TokenCounter,
-    _split_at_spans,
-)
+from rag_pipeline.embed.base import Embedder, EmbedError, TokenCounter, _split_at_spans
 
 __all__ = [
     "DEFAULT_LOCAL_MODEL",
@@ -66,6 +61,8 @@ _QUANTIZATION = {
 # x86 flags of the instructions that make ONNX Runtime's int8 MatMul fast (u8s8 dot products).
 _FAST_INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 _TOKENIZE_SLICE = 512  # texts tokenized at a time (encodings are large; ids are kept)
+#: characters of text whose token counts a counter keeps (about 4 bytes of memory each)
+_COUNTED_CHARS = 4_000_000
 
 
 def cpu_has_fast_int8(cpuinfo: Path | str = "/proc/cpuinfo") -> bool:
@@ -127,14 +124,36 @@ class HFTokenCounter(TokenCounter):
         self._tokenizer.no_padding()
         self.max_input_tokens = max_input_tokens
         self.special_tokens = len(self._tokenizer.encode("").ids)
-        self._memo = CountMemo()
+        #: text -> its token count, most recent last: the chunker counts the same blocks,
+        #: lines and sections several times over, and a live edit's file again (issue 41.1)
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._counted_chars = 0
+        self._counts_lock = threading.Lock()
 
     def count(self, texts: Sequence[str]) -> list[int]:
-        return self._memo.counts(texts, self._count)
+        if not texts:
+            return []
+        with self._counts_lock:
+            known = {t: self._counts.get(t) for t in texts}
+        missing = list(dict.fromkeys(t for t, n in known.items() if n is None))
+        if missing:
+            encodings = self._tokenizer.encode_batch(missing, add_special_tokens=False)
+            fresh = {t: len(e.ids) for t, e in zip(missing, encodings, strict=True)}
+            known.update(fresh)
+            with self._counts_lock:
+                self._remember(fresh)
+        return [known[t] or 0 for t in texts]
 
-    def _count(self, texts: list[str]) -> list[int]:
-        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [len(e.ids) for e in encodings]
+    def _remember(self, counts: Mapping[str, int]) -> None:
+        """Keep ``counts`` (lock held), forgetting the oldest past :data:`_COUNTED_CHARS`."""
+        for text, n in counts.items():
+            if text not in self._counts:
+                self._counted_chars += len(text)
+            self._counts[text] = n
+            self._counts.move_to_end(text)
+        while self._counted_chars > _COUNTED_CHARS and self._counts:
+            text, _ = self._counts.popitem(last=False)
+            self._counted_chars -= len(text)
 
     def split(self, text: str, max_tokens: int) -> list[str]:
         offsets = self._tokenizer.encode(text, add_special_tokens=False).offsets
