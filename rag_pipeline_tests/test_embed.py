@@ -234,22 +234,6 @@ def test_hash_embedder_is_deterministic_and_normalized():
     assert a.embed([]).shape == (0, 384)
 
 
-def test_hash_embedder_sums_each_words_signed_bucket():
-    """The vector is the sum of each word's signed bucket (repeats counted), normalized:
-    the same vectors as adding the words one by one (the first implementation)."""
-    embedder = HashEmbedder(16)
-    texts = ["Alpha beta alpha, gamma!", "", "delta delta delta epsilon"]
-    expected = np.zeros((len(texts), 16), dtype=np.float32)
-    for row, text in enumerate(texts):
-        for word in re.findall(r"\w+", text.lower()):
-            index, sign = embedder._bucket(word)
-            expected[row, index] += sign
-        if not expected[row].any():
-            expected[row, 0] = 1.0
-    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
-    np.testing.assert_array_equal(embedder.embed(texts), expected)
-
-
 def test_regex_token_counter_split_keeps_words():
     tok = RegexTokenCounter()
     pieces = tok.split("alpha, beta gamma delta", 2)

@@ -48,12 +48,9 @@ class HashEmbedder(Embedder):
     def _embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
-            buckets = [self._bucket(word) for word in _WORD.findall(text.lower())]
-            if buckets:
-                # one sum per bucket in C, not a numpy item update per word (the sums of
-                # +-1 are exact integers: the same vector in any order)
-                indexes, signs = zip(*buckets, strict=True)
-                out[row] = np.bincount(indexes, weights=signs, minlength=self.dimension)
+            for word in _WORD.findall(text.lower()):
+                index, sign = self._bucket(word)
+                out[row, index] += sign
             if not out[row].any():
                 out[row, 0] = 1.0
         return out
