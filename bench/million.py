@@ -2,11 +2,13 @@
 
     python bench/million.py [--points 1000000] [--work DIR] [--queries 300] [--json]
                             [--corpus ../shared/corpora/powershell-docs/books] [--reuse]
+                            [--purged-points N]
 
 Builds, from copies of the powershell-docs corpus (each copy ending with its own line, so no
 two files are identical, as ``bench/scale.py`` does): one big book of half the points, one
-book of a tenth (the book the purge removes: 100,000 points at 1M) and small books of
-``--small-book-points`` each for the rest; then, each step one `rag-pipeline` process under
+book of a tenth (the book the purge removes: 100,000 points at 1M; ``--purged-points`` sets
+another size, e.g. 100,000 at 500k points) and small books of ``--small-book-points`` each
+for the rest; then, each step one `rag-pipeline` process under
 `/usr/bin/time -v` with ``RAG_EMBEDDER=hash`` (the pipeline's cost, not a model's) and a fresh
 store, cache and ``DAGSTER_HOME``:
 
@@ -66,12 +68,13 @@ def write_book(pool: list[Path], folder: Path, files: int, first: int) -> None:
         (folder / f"f{f:06d}-{source.stem}{source.suffix}").write_text(text + marker)
 
 
-def layout(points: int, small_points: int) -> dict[str, int]:
-    """book -> files: half the points in the big book, a tenth in the purged book, the rest
-    in small books of ``small_points``."""
+def layout(points: int, small_points: int, purged_points: int | None = None) -> dict[str, int]:
+    """book -> files: half the points in the big book, a tenth (or ``purged_points``) in the
+    purged book, the rest in small books of ``small_points``."""
+    purged = points // 10 if purged_points is None else purged_points
     files = {BIG_BOOK: round(points / 2 / POINTS_PER_FILE)}
-    files[PURGED_BOOK] = round(points / 10 / POINTS_PER_FILE)
-    rest = points - points // 2 - points // 10
+    files[PURGED_BOOK] = round(purged / POINTS_PER_FILE)
+    rest = points - points // 2 - purged
     small = max(1, round(rest / small_points))
     for b in range(small):
         files[f"book-{b:04d}"] = max(1, round(rest / small / POINTS_PER_FILE))
@@ -82,7 +85,7 @@ def measure(args: argparse.Namespace, pool: list[Path]) -> dict[str, Any]:
     here: Path = args.work / f"million-{args.points}"
     data, home = here / "books", here / "dagster_home"
     steps: dict[str, Any] = {}
-    plan = layout(args.points, args.small_book_points)
+    plan = layout(args.points, args.small_book_points, args.purged_points)
     if not (args.reuse and (here / "qdrant").is_dir()):
         shutil.rmtree(here, ignore_errors=True)
         first = 0
@@ -153,6 +156,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--small-book-points", type=int, default=10_000)
+    parser.add_argument(
+        "--purged-points", type=int, default=None, help="the purged book's size (a tenth)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/rag-million"))
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--queries", type=int, default=300)

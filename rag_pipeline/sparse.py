@@ -40,6 +40,7 @@ __all__ = [
     "FALLBACK_TERMS_PER_TARGET_TOKEN",
     "Analyzer",
     "Bm25Encoder",
+    "avg_len_of",
     "fallback_avg_len",
     "measure_avg_len",
 ]
@@ -176,14 +177,19 @@ class Bm25Encoder:
         return out
 
     def encode_documents(self, texts: Sequence[str]) -> list[SparseVector]:
-        return [self._document(t) for t in texts]
+        return self.encode_analysed(self.terms(t) for t in texts)
+
+    def encode_analysed(self, analysed: Iterable[Sequence[str]]) -> list[SparseVector]:
+        """The vectors of texts already analysed: each one's :meth:`terms` as an encoder of
+        this analyser and language gives them (they do not depend on k1, b or the average,
+        so a book's texts are analysed once for its average and its vectors)."""
+        return [self._weigh(terms) for terms in analysed]
 
     def encode_query(self, text: str) -> SparseVector:
         ids = sorted({_term_id(t) for t in self.terms(text)})
         return SparseVector(tuple(ids), tuple(1.0 for _ in ids))
 
-    def _document(self, text: str) -> SparseVector:
-        terms = self.terms(text)
+    def _weigh(self, terms: Sequence[str]) -> SparseVector:
         if not terms:
             return SparseVector((), ())
         norm = self.k1 * (1 - self.b + self.b * len(terms) / self.avg_len)
@@ -211,9 +217,14 @@ def measure_avg_len(
     sparse-encoded, i.e. the chunks' ``embed_text``), rounded to 0.1 so that the signature is
     stable; texts without a term are not counted; ``fallback`` when there is none."""
     encoder = Bm25Encoder(language=language, analyzer=analyzer)
+    return avg_len_of((len(encoder.terms(text)) for text in texts), fallback=fallback)
+
+
+def avg_len_of(lengths: Iterable[int], *, fallback: float = DEFAULT_AVG_LEN) -> float:
+    """:func:`measure_avg_len` from the texts' analysed lengths (their :meth:`~Bm25Encoder.
+    terms` counted)."""
     total = count = 0
-    for text in texts:
-        n = len(encoder.terms(text))
+    for n in lengths:
         if n:
             total += n
             count += 1

@@ -496,6 +496,28 @@ def test_a_books_bm25_average_is_measured_once_recorded_and_kept(env, store, wri
     )
 
 
+def test_a_first_run_analyses_each_chunk_text_once_for_bm25(env, monkeypatch):
+    """A book's first run analyses each chunk's text once, for its BM25 average and its
+    sparse vectors alike (issue 40.4's 1M-point ingest: it analysed each text twice), and
+    the vectors are the ones the recorded encoder gives the texts."""
+    from rag_pipeline.sparse import Bm25Encoder
+
+    analysed: list[str] = []
+    real = Bm25Encoder.terms
+
+    def counting(self: Bm25Encoder, text: str) -> list[str]:
+        analysed.append(text)
+        return real(self, text)
+
+    monkeypatch.setattr(Bm25Encoder, "terms", counting)
+    run = env.run("first")
+    texts = [c.embed_text for c in run.chunked.chunks]
+    assert texts and sorted(analysed) == sorted(texts)
+    monkeypatch.undo()
+    encoder = Bm25Encoder.from_name(run.embedded.sparse_model)
+    assert list(run.embedded.sparse) == encoder.encode_documents(texts)
+
+
 def test_a_plan_hashes_each_file_once_and_reads_only_what_runs(env, store, monkeypatch):
     """The plan's decision and its preview come from one assessment: every file is hashed once,
     and only the files that run are read to be parsed (the ingest pre-plan reads none)."""

@@ -414,12 +414,14 @@ def embed_books(
             dense[todo] = vectors[offset : offset + len(todo)]
             offset += len(todo)
         inventory = chunked.inventory
-        book_texts = [c.embed_text for c in chunks]
+        # each text analysed once, for the book's BM25 average (when it is measured) and its
+        # vectors: the encoder sparse_for returns analyses as recipe.sparse does
+        analysed = [recipe.sparse.terms(c.embed_text) for c in chunks]
         encoder = recipe.sparse_for(
             None if inventory.reembed else inventory.state.sparse_model,
-            lambda: book_texts,  # noqa: B023 - called here, in this iteration
+            lambda: (len(terms) for terms in analysed),  # noqa: B023 - called in this iteration
         )
-        sparse = tuple(encoder.encode_documents(book_texts))
+        sparse = tuple(encoder.encode_analysed(analysed))
         tokens = sum(chunks[i].token_count for i in todo)
         share = len(todo) / len(texts) if texts else 0.0  # the book's share of the pass
         out.append(

@@ -16,7 +16,7 @@ from rag_pipeline.chunking import DEFAULT_CHUNKER, ChunkBudget, Chunker
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.base import Embedder
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE
-from rag_pipeline.sparse import Bm25Encoder, fallback_avg_len, measure_avg_len
+from rag_pipeline.sparse import Bm25Encoder, avg_len_of, fallback_avg_len
 
 __all__ = ["IndexRecipe", "LineageInfo"]
 
@@ -97,10 +97,11 @@ class IndexRecipe:
             "sparse_family": self.sparse.family,
         }
 
-    def sparse_for(self, recorded: str | None, texts: Callable[[], Iterable[str]]) -> Bm25Encoder:
+    def sparse_for(self, recorded: str | None, lengths: Callable[[], Iterable[int]]) -> Bm25Encoder:
         """The sparse encoder of one book: the one its chunks already record (same family),
-        else one whose average is measured over ``texts()``, the book's chunk texts (a book
-        being indexed for the first time, or rebuilt)."""
+        else one whose average is measured over ``lengths()``, the analysed lengths of the
+        book's chunk texts (``len(self.sparse.terms(text))`` each: a book being indexed for the
+        first time, or rebuilt). Every encoder it returns analyses texts as ``self.sparse``."""
         if self.sparse_fixed:
             return self.sparse
         if recorded:
@@ -110,12 +111,7 @@ class IndexRecipe:
                 encoder = None
             if encoder is not None and encoder.family == self.sparse.family:
                 return encoder
-        average = measure_avg_len(
-            texts(),
-            analyzer=self.sparse.analyzer,
-            language=self.sparse.language,
-            fallback=self.sparse.avg_len,
-        )
+        average = avg_len_of(lengths(), fallback=self.sparse.avg_len)
         return replace(self.sparse, avg_len=average)
 
     def lineage(self, run_id: str | None, sparse_model: str | None = None) -> LineageInfo:
