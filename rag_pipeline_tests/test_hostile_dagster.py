@@ -1,0 +1,128 @@
+"""Hostile names in the Dagster layer: book data (file names, section titles, error messages)
+shown as markdown in the UI, and folder names used as dynamic partition keys and run tags."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import DagsterInstance, MarkdownMetadataValue, materialize
+from markdown_it import MarkdownIt
+
+from rag_pipeline.defs.assets import ingestion_assets
+from rag_pipeline.defs.location import fixed_resources
+from rag_pipeline.defs.metadata import (
+    escape_markdown,
+    link,
+    markdown_list,
+    markdown_rows,
+    markdown_table,
+)
+from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+from rag_pipeline.ingest.pipeline import IngestPipeline
+from rag_pipeline_tests.conftest import hash_settings
+
+#: file names that markdown would render as a link, an image, HTML, a table cell, emphasis,
+#: a heading or a list, were they not escaped
+HOSTILE_NAMES = (
+    "x](http:evil)[y.md",
+    "![i](evil.png).md",
+    "<img src=x onerror=alert(1)>.md",
+    "|pipe|.md",
+    "**bold**.md",
+    "__under__.md",
+    "~~struck~~.md",
+    "`code`.md",
+    "# heading.md",
+    "1. numbered.md",
+    "- dash.md",
+    "&lt;entity.md",
+    "back\\slash.md",
+)
+
+#: the UI's markdown: CommonMark with inline HTML, GFM tables and strikethrough
+_RENDER = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+
+
+def rendered_as_text(markdown: str) -> str:
+    """The HTML the UI would render ``markdown`` as, asserting it holds no element that
+    book data could have made (a link, an image, raw HTML, emphasis, code, a heading)."""
+    html = _RENDER.render(markdown)
+    for tag in (
+        "<a ",
+        "<img",
+        "<strong",
+        "<em>",
+        "<s>",
+        "<del>",
+        "<code",
+        "<h1",
+        "<ol",
+        "<ul>\n<li>\n<ul",
+    ):
+        assert tag not in html, (tag, markdown, html)
+    return html
+
+
+def escaped_html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_hostile_name_in_a_markdown_list_renders_as_its_text(name):
+    html = rendered_as_text(markdown_list([name]).value)
+    assert escaped_html(name) in html
+
+
+def test_a_hostile_cell_stays_in_its_cell_and_reads_back():
+    rows = [
+        {"book": name, "why": name, "runs": link(name, "/runs?q=a b(c)")} for name in HOSTILE_NAMES
+    ]
+    value = markdown_table(rows, ("book", "why", "runs"))
+    html = _RENDER.render(value.value)
+    # one link per row (the runs column's), every other cell text
+    assert html.count("<a ") == len(HOSTILE_NAMES) and "<img" not in html
+    assert html.count("<tr>") == len(HOSTILE_NAMES) + 1  # no row split by a '|'
+    assert markdown_rows(value) == [{"book": n, "why": n, "runs": n} for n in HOSTILE_NAMES]
+
+
+def test_escaping_keeps_a_plain_name_readable():
+    assert escape_markdown("chapter-1.md") == "chapter-1.md"
+    assert escape_markdown("line\nbreak") == "line\\\\x0abreak"  # one line, control shown
+
+
+@pytest.fixture
+def hostile_book(data_dir: Path, tmp_path: Path) -> tuple[Any, DagsterInstance]:
+    book = data_dir / "hostile"
+    book.mkdir()
+    (book / "ok.md").write_text("# Fine\n\nSome text that parses.\n")
+    for name in HOSTILE_NAMES:
+        # empty: listed by name in empty_files ('/' makes a folder: the name is the path)
+        (book / name).parent.mkdir(parents=True, exist_ok=True)
+        (book / name).write_text("")
+    (book / "broken [x](evil).md").write_bytes(b"---\ntitle: [oops\n---\nbody")
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, ["hostile"])
+    resources = fixed_resources(IngestPipeline.from_settings(hash_settings(data_dir, tmp_path)))
+    return resources, instance
+
+
+def test_hostile_file_names_in_a_runs_metadata_render_as_text(hostile_book):
+    resources, instance = hostile_book
+    result = materialize(
+        ingestion_assets, partition_key="hostile", instance=instance, resources=resources
+    )
+    assert result.success
+    markdowns = [
+        value.value
+        for event in result.get_asset_materialization_events()
+        for value in event.materialization.metadata.values()
+        if isinstance(value, MarkdownMetadataValue)
+    ] + [
+        value.value
+        for check in result.get_asset_check_evaluations()
+        for value in check.metadata.values()
+        if isinstance(value, MarkdownMetadataValue)
+    ]
+    shown = "\n".join(rendered_as_text(text) for text in markdowns)
+    for name in HOSTILE_NAMES:
+        assert escaped_html(name) in shown, name
