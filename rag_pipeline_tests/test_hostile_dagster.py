@@ -19,7 +19,7 @@ from rag_pipeline.defs.metadata import (
 )
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.ingest.pipeline import IngestPipeline
-from rag_pipeline_tests.conftest import hash_settings
+from rag_pipeline_tests.conftest import hash_settings, step_failure
 
 #: file names that markdown would render as a link, an image, HTML, a table cell, emphasis,
 #: a heading or a list, were they not escaped
@@ -126,3 +126,54 @@ def test_hostile_file_names_in_a_runs_metadata_render_as_text(hostile_book):
     shown = "\n".join(rendered_as_text(text) for text in markdowns)
     for name in HOSTILE_NAMES:
         assert escaped_html(name) in shown, name
+
+
+#: folder names Dagster's partition UI or its range syntax mishandles (a comma, brackets, '*',
+#: '|', '...'), spaces at an end, past the 128-character limit, and a pair of unicode
+#: normalization twins (é composed and decomposed: two folders, one name on screen)
+HOSTILE_BOOK_IDS = (
+    "a,b",
+    "a[1]",
+    "a*",
+    "a|b",
+    "...",
+    " lead",
+    "trail ",
+    "x" * 129,
+    "caf\u00e9",
+    "cafe\u0301",
+)
+
+
+def test_hostile_folder_names_are_refused_by_name_never_listed_as_books(data_dir, tmp_path):
+    for book_id in HOSTILE_BOOK_IDS:
+        (data_dir / book_id).mkdir()
+        (data_dir / book_id / "a.md").write_text("# A\n\ntext\n")
+    listing = IngestPipeline.from_settings(hash_settings(data_dir, tmp_path)).source.list_books()
+    assert listing.book_ids == ()
+    # a folder whose name starts with '.' is hidden, never a book: skipped without a word
+    shown = [b for b in HOSTILE_BOOK_IDS if not b.startswith(".")]
+    assert sorted(e.book_id for e in listing.rejected) == sorted(shown)
+    assert all(e.reason.startswith("invalid book id") for e in listing.rejected)
+
+
+@pytest.mark.parametrize("book_id", HOSTILE_BOOK_IDS, ids=lambda b: ascii(b)[:20])
+def test_a_hostile_partition_added_by_hand_fails_its_run_with_the_reason(
+    data_dir, tmp_path, book_id
+):
+    """A partition the sensor never adds (the UI's "Add partition", a script): its run fails
+    at once saying why, before any stage reads or writes anything."""
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, [book_id])
+    resources = fixed_resources(IngestPipeline.from_settings(hash_settings(data_dir, tmp_path)))
+    result = materialize(
+        ingestion_assets,
+        partition_key=book_id,
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
+    assert not result.success
+    error = step_failure(result)
+    assert "invalid book id" in error and "not a book this pipeline can ingest" in error, error
+    assert "rag_pipeline/ingest" not in error and "rag_pipeline/recipes" not in error, error
