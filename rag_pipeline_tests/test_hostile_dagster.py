@@ -3,9 +3,10 @@ shown as markdown in the UI, and folder names used as dynamic partition keys and
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
-from dagster import DagsterInstance, MarkdownMetadataValue, materialize
+from dagster import DagsterInstance, MarkdownMetadataValue, RunsFilter, materialize
 from markdown_it import MarkdownIt
 
 from rag_pipeline.defs.assets import ingestion_assets
@@ -18,7 +19,15 @@ from rag_pipeline.defs.metadata import (
     markdown_table,
 )
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+from rag_pipeline.defs.runs import (
+    BOOK_KEY_PREFIX,
+    BOOK_KEY_VALUE,
+    BOOK_TAG,
+    PARTITION_TAG,
+    book_runs_path,
+)
 from rag_pipeline.ingest.pipeline import IngestPipeline
+from rag_pipeline.models import validate_book_id
 from rag_pipeline_tests.conftest import hash_settings, step_failure
 
 #: file names that markdown would render as a link, an image, HTML, a table cell, emphasis,
@@ -177,3 +186,26 @@ def test_a_hostile_partition_added_by_hand_fails_its_run_with_the_reason(
     error = step_failure(result)
     assert "invalid book id" in error and "not a book this pipeline can ingest" in error, error
     assert "rag_pipeline/ingest" not in error and "rag_pipeline/recipes" not in error, error
+
+
+def test_the_longest_book_id_tags_its_run_and_the_runs_link_finds_it(data_dir, tmp_path):
+    """A 128-character id of every allowed character kind is a partition key, a run tag's
+    key (``rag-book/<id>``) and value (``rag/book``), and the runs link's filter."""
+    book_id = "A" + "b._-" * 31 + "x_9"
+    assert len(validate_book_id(book_id)) == 128
+    (data_dir / book_id).mkdir()
+    (data_dir / book_id / "a.md").write_text("# A\n\nSome text.\n")
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, [book_id])
+    resources = fixed_resources(IngestPipeline.from_settings(hash_settings(data_dir, tmp_path)))
+    result = materialize(
+        ingestion_assets, partition_key=book_id, instance=instance, resources=resources
+    )
+    assert result.success
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert tags[BOOK_TAG] == book_id and tags[PARTITION_TAG] == book_id
+    found = instance.get_runs(RunsFilter(tags={f"{BOOK_KEY_PREFIX}{book_id}": BOOK_KEY_VALUE}))
+    assert [run.run_id for run in found] == [result.run_id]
+    # the runs link carries the whole key, nothing markdown or a URL would cut
+    path = book_runs_path(book_id)
+    assert unquote(path.split("q[0]=", 1)[1]) == f"tag:{BOOK_KEY_PREFIX}{book_id}=yes"
