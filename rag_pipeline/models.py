@@ -19,7 +19,9 @@ __all__ = [
     "PathMeta",
     "SourceFile",
     "VersionKey",
+    "book_id_problem",
     "document_id",
+    "is_book_id",
     "normalize_proficiency",
     "printable",
     "validate_book_id",
@@ -40,7 +42,7 @@ class InvalidBookIdError(ValueError):
 
 def validate_book_id(book_id: str) -> str:
     """Return ``book_id`` if it is a safe id, else raise :class:`InvalidBookIdError`."""
-    if not isinstance(book_id, str) or not BOOK_ID_PATTERN.fullmatch(book_id) or ".." in book_id:
+    if not isinstance(book_id, str) or not is_book_id(book_id):
         shown = printable(book_id) if isinstance(book_id, str) else repr(book_id)
         problem = _book_id_problem(book_id) if isinstance(book_id, str) else "not text"
         raise InvalidBookIdError(
@@ -48,6 +50,20 @@ def validate_book_id(book_id: str) -> str:
             "starting with a letter or digit, without '..'"
         )
     return book_id
+
+
+def is_book_id(book_id: str) -> bool:
+    """Whether :func:`validate_book_id` accepts ``book_id``."""
+    return bool(BOOK_ID_PATTERN.fullmatch(book_id)) and ".." not in book_id
+
+
+def book_id_problem(book_id: str) -> str:
+    """Why :func:`validate_book_id` refuses ``book_id`` (its whole message)."""
+    try:
+        validate_book_id(book_id)
+    except InvalidBookIdError as exc:
+        return str(exc)
+    return ""
 
 
 def _book_id_problem(book_id: str) -> str:

@@ -6,7 +6,13 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from dagster import DagsterInstance, MarkdownMetadataValue, RunsFilter, materialize
+from dagster import (
+    DagsterInstance,
+    MarkdownMetadataValue,
+    RunsFilter,
+    SkipReason,
+    materialize,
+)
 from markdown_it import MarkdownIt
 
 from rag_pipeline.defs.assets import ingestion_assets
@@ -26,8 +32,10 @@ from rag_pipeline.defs.runs import (
     PARTITION_TAG,
     book_runs_path,
 )
+from rag_pipeline.defs.sensors import read_cursor
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.models import validate_book_id
+from rag_pipeline.sources.scan import clear_scan_cache
 from rag_pipeline_tests.conftest import hash_settings, step_failure
 
 #: file names that markdown would render as a link, an image, HTML, a table cell, emphasis,
@@ -209,3 +217,22 @@ def test_the_longest_book_id_tags_its_run_and_the_runs_link_finds_it(data_dir, t
     # the runs link carries the whole key, nothing markdown or a URL would cut
     path = book_runs_path(book_id)
     assert unquote(path.split("q[0]=", 1)[1]) == f"tag:{BOOK_KEY_PREFIX}{book_id}=yes"
+
+
+def test_a_hostile_partition_added_by_hand_is_deleted_by_the_sensor_without_a_purge_run(
+    data_dir, write_book
+):
+    """The store refuses an invalid id, so such a partition holds no points: the sensor
+    deletes it (saying why) rather than request a purge run that could only fail."""
+    from rag_pipeline_tests.test_sensors import Harness
+
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A"})
+    harness = Harness(data_dir)
+    assert [r.job_name for r in harness.tick().run_requests] == ["ingest_books"]
+    harness.instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, ["a,b", "cafe\u0301"])
+    result = harness.tick()
+    assert not isinstance(result, SkipReason), result
+    assert result.run_requests == []
+    assert harness.partitions == ["alpha"]
+    assert "a,b" not in read_cursor(harness.cursor)[0]
