@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -73,6 +74,10 @@ def _book_id_problem(book_id: str) -> str:
     if len(book_id) > 128:
         return f"it is {len(book_id)} characters long"
     bad = next((ch for ch in book_id if not (ch.isascii() and (ch.isalnum() or ch in "._-"))), None)
+    if bad is not None and not bad.isascii():
+        # named: a combining mark shown alone is invisible, and twins look alike
+        name = unicodedata.name(bad, "unnamed")
+        return f"it contains '{printable(bad)}' (U+{ord(bad):04X} {name})"
     if bad is not None:
         return f"it contains '{printable(bad)}'"
     if not book_id[0].isalnum():

@@ -34,7 +34,7 @@ from rag_pipeline.defs.runs import (
 )
 from rag_pipeline.defs.sensors import read_cursor
 from rag_pipeline.ingest.pipeline import IngestPipeline
-from rag_pipeline.models import validate_book_id
+from rag_pipeline.models import InvalidBookIdError, validate_book_id
 from rag_pipeline.sources.scan import clear_scan_cache
 from rag_pipeline_tests.conftest import hash_settings, step_failure
 
@@ -252,3 +252,12 @@ def test_a_hostile_partition_added_by_hand_is_deleted_by_the_sensor_without_a_pu
     assert result.run_requests == []
     assert harness.partitions == ["alpha"]
     assert "a,b" not in read_cursor(harness.cursor)[0]
+
+
+def test_a_refused_non_ascii_character_is_named_by_its_code_point():
+    """A combining accent printed alone is invisible or sticks to the quote: the reason
+    names the code point, so é composed and decomposed read differently."""
+    with pytest.raises(InvalidBookIdError, match=r"U\+0301 COMBINING ACUTE ACCENT"):
+        validate_book_id("cafe\u0301")
+    with pytest.raises(InvalidBookIdError, match=r"U\+00E9 LATIN SMALL LETTER E WITH ACUTE"):
+        validate_book_id("caf\u00e9")
