@@ -261,3 +261,25 @@ def test_a_refused_non_ascii_character_is_named_by_its_code_point():
         validate_book_id("cafe\u0301")
     with pytest.raises(InvalidBookIdError, match=r"U\+00E9 LATIN SMALL LETTER E WITH ACUTE"):
         validate_book_id("caf\u00e9")
+
+
+def test_a_hostile_data_folder_path_stays_in_its_cell_of_the_collection_table(tmp_path):
+    """The book table's ``source`` cell holds the data folder's path: a '|' there split the
+    row, and brackets or '*' made a link or emphasis of it."""
+    from rag_pipeline.defs.collection import qdrant_collection
+
+    data_dir = tmp_path / "b|o**k [s](x) <i>"
+    (data_dir / "alpha").mkdir(parents=True)
+    (data_dir / "alpha" / "a.md").write_text("# A\n\nSome text.\n")
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, ["alpha"])
+    resources = fixed_resources(IngestPipeline.from_settings(hash_settings(data_dir, tmp_path)))
+    materialize(ingestion_assets, partition_key="alpha", instance=instance, resources=resources)
+    result = materialize([qdrant_collection], instance=instance, resources=resources)
+    (event,) = result.get_asset_materialization_events()
+    table = event.materialization.metadata["book_table"]
+    html = _RENDER.render(table.value.split("\n\n")[0])  # the table, not its legend
+    assert html.count("<tr>") == 2 and html.count("<a ") == 2  # last_run and runs links
+    assert "<strong" not in html and "<i>" not in html and "<em>" not in html
+    (row,) = markdown_rows(table)
+    assert str(data_dir) in str(row["source"])
