@@ -283,3 +283,12 @@ def test_a_hostile_data_folder_path_stays_in_its_cell_of_the_collection_table(tm
     assert "<strong" not in html and "<i>" not in html and "<em>" not in html
     (row,) = markdown_rows(table)
     assert str(data_dir) in str(row["source"])
+
+
+def test_a_run_of_one_long_book_id_is_named_as_one_book():
+    """Its rag/book value and its cut rag-book/ key are one book, not two."""
+    from rag_pipeline.defs.runs import one_book_tags, run_started_line
+
+    book_id = "A" + "b" * 127
+    line = run_started_line("0" * 36, "ingest_books", one_book_tags(book_id))
+    assert book_id in line and "more" not in line and book_key(book_id)[9:] not in line, line

@@ -341,7 +341,9 @@ def note_queue_wait(instance: DagsterInstance, run_id: str) -> None:
 
 
 def _waits_for(books: set[str], running: Sequence[RunRecord]) -> str | None:
-    same = [r for r in running if books & _books_of(r.dagster_run.tags)]
+    # compared by key: a batch's tags name a long id only by its cut key
+    keys = {book_key(b) for b in books}
+    same = [r for r in running if keys & {book_key(b) for b in _books_of(r.dagster_run.tags)}]
     if same:
         return f"a run of the same book in progress: {_name(same[0])} (one run per book)"
     if running:
@@ -362,9 +364,16 @@ def _name(record: RunRecord) -> str:
 
 
 def _books_of(tags: Mapping[str, str]) -> set[str]:
-    """The books a run is tagged with: its book keys, its book tag or its partition."""
-    keyed = {k[len(BOOK_KEY_PREFIX) :] for k in tags if k.startswith(BOOK_KEY_PREFIX)}
-    return keyed | {v for k in (BOOK_TAG, PARTITION_TAG) if (v := tags.get(k))}
+    """The books a run is tagged with: its book tag or its partition, and its book keys (a
+    long id's cut key counted once, as the id its book tag names)."""
+    named = {v for k in (BOOK_TAG, PARTITION_TAG) if (v := tags.get(k))}
+    named_keys = {book_key(b) for b in named}
+    keyed = {
+        k[len(BOOK_KEY_PREFIX) :]
+        for k in tags
+        if k.startswith(BOOK_KEY_PREFIX) and k not in named_keys
+    }
+    return keyed | named
 
 
 def run_started_line(run_id: str, job_name: str, tags: Mapping[str, str]) -> str:
