@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -19,7 +20,9 @@ __all__ = [
     "PathMeta",
     "SourceFile",
     "VersionKey",
+    "book_id_problem",
     "document_id",
+    "is_book_id",
     "normalize_proficiency",
     "printable",
     "validate_book_id",
@@ -40,7 +43,7 @@ class InvalidBookIdError(ValueError):
 
 def validate_book_id(book_id: str) -> str:
     """Return ``book_id`` if it is a safe id, else raise :class:`InvalidBookIdError`."""
-    if not isinstance(book_id, str) or not BOOK_ID_PATTERN.fullmatch(book_id) or ".." in book_id:
+    if not isinstance(book_id, str) or not is_book_id(book_id):
         shown = printable(book_id) if isinstance(book_id, str) else repr(book_id)
         problem = _book_id_problem(book_id) if isinstance(book_id, str) else "not text"
         raise InvalidBookIdError(
@@ -50,6 +53,20 @@ def validate_book_id(book_id: str) -> str:
     return book_id
 
 
+def is_book_id(book_id: str) -> bool:
+    """Whether :func:`validate_book_id` accepts ``book_id``."""
+    return bool(BOOK_ID_PATTERN.fullmatch(book_id)) and ".." not in book_id
+
+
+def book_id_problem(book_id: str) -> str:
+    """Why :func:`validate_book_id` refuses ``book_id`` (its whole message)."""
+    try:
+        validate_book_id(book_id)
+    except InvalidBookIdError as exc:
+        return str(exc)
+    return ""
+
+
 def _book_id_problem(book_id: str) -> str:
     """What exactly is wrong with a book id the pattern refuses."""
     if not book_id:
@@ -57,6 +74,10 @@ def _book_id_problem(book_id: str) -> str:
     if len(book_id) > 128:
         return f"it is {len(book_id)} characters long"
     bad = next((ch for ch in book_id if not (ch.isascii() and (ch.isalnum() or ch in "._-"))), None)
+    if bad is not None and not bad.isascii():
+        # named: a combining mark shown alone is invisible, and twins look alike
+        name = unicodedata.name(bad, "unnamed")
+        return f"it contains '{printable(bad)}' (U+{ord(bad):04X} {name})"
     if bad is not None:
         return f"it contains '{printable(bad)}'"
     if not book_id[0].isalnum():

@@ -25,6 +25,7 @@ from dagster import (
     AssetKey,
     AssetRecordsFilter,
     DagsterInstance,
+    Failure,
     Output,
 )
 
@@ -32,6 +33,7 @@ from rag_pipeline.defs._dagster_private import (
     AssetCheckEvaluationTargetMaterializationData,
     add_partition_metadata,
 )
+from rag_pipeline.models import InvalidBookIdError, validate_book_id
 
 __all__ = [
     "BookCheck",
@@ -44,8 +46,23 @@ __all__ = [
 
 
 def run_books(context: AssetExecutionContext) -> list[str]:
-    """The books this run materializes, in partition order (one, or a batch)."""
-    return list(context.partition_keys)
+    """The books this run materializes, in partition order (one, or a batch). A partition
+    key that is not a valid book id (one added by hand in the UI: the sensor adds only
+    valid ones) fails the run at once, saying why, before any stage reads or writes."""
+    books = list(context.partition_keys)
+    refused = []
+    for book_id in books:
+        try:
+            validate_book_id(book_id)
+        except InvalidBookIdError as exc:
+            refused.append(str(exc))
+    if refused:
+        raise Failure(
+            description="; ".join(refused) + ": not a book this pipeline can ingest "
+            "(delete the partition; book folders are added by the sensor)",
+            allow_retries=False,
+        )
+    return books
 
 
 def record_book(context: AssetExecutionContext, book_id: str, metadata: Mapping[str, Any]) -> None:

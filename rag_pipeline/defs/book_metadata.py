@@ -6,10 +6,10 @@ The assets (:mod:`.assets`) call these after their stage; nothing here runs a st
 
 from typing import Any
 
-from dagster import AssetCheckSeverity, MetadataValue, TableMetadataValue
+from dagster import AssetCheckSeverity, TableMetadataValue
 
 from rag_pipeline.defs.batch import BookCheck
-from rag_pipeline.defs.metadata import error_table, shorten, table
+from rag_pipeline.defs.metadata import error_table, markdown_list, shorten, table
 from rag_pipeline.defs.parse_check import parse_errors_verdict
 from rag_pipeline.ingest.index import WriteReport
 from rag_pipeline.ingest.migration import SwitchOutcome
@@ -44,7 +44,7 @@ def when(condition: bool, **entries: Any) -> dict[str, Any]:
 
 def details(problems: list[str]) -> dict[str, Any]:
     """A check's problems, listed (when there are any)."""
-    listed = MetadataValue.md("\n".join(f"- {p}" for p in problems[:50]))
+    listed = markdown_list(problems[:50])
     return when(bool(problems), details=listed)
 
 
@@ -107,7 +107,7 @@ def parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
     all_errors, all_empty = parsed.book_errors, parsed.book_empty_documents
     files = len(parsed.inventory.files)
     error_rate = round(len(all_errors) / files, 4) if files else 0.0
-    empty_list = MetadataValue.md("\n".join(f"- {n}" for n in all_empty))
+    empty_list = markdown_list(all_empty)
     errors = {"error_rate": error_rate, "error_table": error_table(all_errors)}
     metadata = {
         "parsed": len(parsed.documents),
@@ -119,7 +119,7 @@ def parsed_metadata(parsed: ParsedBook) -> tuple[dict[str, Any], BookCheck]:
         **when(bool(all_empty), empty_files=empty_list),
         **when(
             bool(parsed.warnings),
-            warning_list=MetadataValue.md("\n".join(f"- {w}" for w in parsed.warnings[:50])),
+            warning_list=markdown_list(parsed.warnings[:50]),
         ),
     }
     check = BookCheck(
@@ -147,7 +147,7 @@ def recipe_metadata(before: dict[str, str] | None, switch: SwitchOutcome) -> dic
         recipe_build=switch.state,
         **when(
             bool(switch.held_back),
-            recipe_held_back=MetadataValue.md("\n".join(f"- {r}" for r in switch.held_back)),
+            recipe_held_back=markdown_list(switch.held_back),
         ),
     )
 

@@ -57,7 +57,14 @@ from rag_pipeline.defs.assets import (
     STORE_POOL,
     qdrant_points,
 )
-from rag_pipeline.defs.metadata import breakable, link, markdown_table, shorten
+from rag_pipeline.defs.metadata import (
+    breakable,
+    escape_markdown,
+    link,
+    markdown_list,
+    markdown_table,
+    shorten,
+)
 from rag_pipeline.defs.runs import book_runs_path, explain_queue
 from rag_pipeline.ingest.overview import BookHealth, describe_collection
 from rag_pipeline.ingest.pipeline import IngestPipeline
@@ -343,7 +350,9 @@ def _linked(row: dict[str, Any]) -> dict[str, Any]:
 def _recipes(books: Sequence[BookHealth]) -> str:
     """Each index recipe in use and how many books it built."""
     counts = Counter(b.recipe for b in books if b.recipe)
-    return "\n".join(f"- `{r}`: {n} book{'s' * (n != 1)}" for r, n in counts.most_common())
+    return "\n".join(
+        f"- {escape_markdown(r)}: {n} book{'s' * (n != 1)}" for r, n in counts.most_common()
+    )
 
 
 def _checks_verdict(failed: set[str], warned: set[str]) -> str:
@@ -375,7 +384,7 @@ def _listed(items: list[str]) -> list[str]:
 
 
 def _md_list(items: list[str], empty: str = "(none)") -> MarkdownMetadataValue:
-    return MetadataValue.md("\n".join(f"- {item}" for item in items) or empty)
+    return markdown_list(items, empty)
 
 
 def _source_of(pipeline: IngestPipeline, book: BookHealth) -> str:

@@ -22,13 +22,15 @@ from dagster import (
     TableSchema,
 )
 
-from rag_pipeline.models import FileError
+from rag_pipeline.models import FileError, printable
 
 __all__ = [
     "DIALOG_MARKDOWN_CHARS",
     "breakable",
     "error_table",
+    "escape_markdown",
     "link",
+    "markdown_list",
     "markdown_rows",
     "markdown_table",
     "shorten",
@@ -104,9 +106,46 @@ def breakable(text: str) -> str:
     )
 
 
-def link(text: str, url: str) -> str:
-    """A markdown link (what a table metadata cell cannot hold)."""
-    return f"[{text}]({url})"
+#: characters that mean something to the UI's markdown (GFM with inline HTML) anywhere in a
+#: line: emphasis, links and images, code, HTML tags and entities, table cells, strikethrough
+_MARKDOWN_INLINE = re.compile(r"([\\`*_\[\]<>&|~!])")
+#: what makes the start of a line a block (a heading, a quote, a list, a rule, a numbered item)
+_MARKDOWN_LINE_START = re.compile(r"^(\s*)([#>+=-]|\d+(?=[.)]))")
+
+
+class Markdown(str):
+    """Text that is markdown already (a :func:`link`): :func:`escape_markdown` keeps it."""
+
+
+def escape_markdown(text: object) -> str:
+    """``text`` (a file name, a section title, an error message: book data) as markdown that
+    shows it literally on one line: controls escaped as ``printable`` does, every markdown
+    and HTML character backslash-escaped, so a name like ``x](http://evil)[y.md`` or
+    ``<img src=x onerror=...>.md`` is text, never a link, an image, a tag or a table cell.
+    Every place in defs/ that puts book data into markdown goes through here."""
+    if isinstance(text, Markdown):
+        return text
+    escaped = _MARKDOWN_INLINE.sub(r"\\\1", printable(str(text), limit=10_000))
+    return _MARKDOWN_LINE_START.sub(lambda m: f"{m[1]}\\{m[2]}", escaped)
+
+
+def _unescape_markdown(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
+
+
+def markdown_list(items: Iterable[object], empty: str = "") -> MarkdownMetadataValue:
+    """``items`` (book data) as a markdown bullet list, each escaped
+    (:func:`escape_markdown`); ``empty`` when there are none."""
+    return MetadataValue.md("\n".join(f"- {escape_markdown(i)}" for i in items) or empty)
+
+
+def link(text: str, url: str) -> Markdown:
+    """A markdown link (what a table metadata cell cannot hold): ``text`` escaped, and the
+    characters that would end the link or break the table percent-encoded in ``url``."""
+    safe_url = "".join(
+        f"%{ord(ch):02X}" if ch in " ()<>|\\`\"'" or ord(ch) < 32 else ch for ch in url
+    )
+    return Markdown(f"[{escape_markdown(text)}]({safe_url})")
 
 
 def markdown_table(
@@ -117,8 +156,8 @@ def markdown_table(
     table needs the width."""
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     for row in rows:
-        cells = [str(_cell(row.get(c)) if row.get(c) is not None else "") for c in columns]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        cells = [escape_markdown(row[c]) if row.get(c) is not None else "" for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + (f"\n\n{legend}" if legend else "")
     # trailing blank lines render as nothing: they only make a short table long enough
     return MetadataValue.md(text.ljust(DIALOG_MARKDOWN_CHARS, "\n"))
@@ -141,9 +180,9 @@ def markdown_rows(value: Any) -> list[dict[str, str | int]]:
         parts = re.split(r"(?<!\\)\|", line.strip()[1:-1])
         out: list[str | int] = []
         for part in parts:
-            cell = part.strip().replace("\\|", "|")
+            cell = part.strip()
             found = _LINK.match(cell)
-            text = found["label"] if found else cell
+            text = _unescape_markdown(found["label"] if found else cell)
             out.append(int(text) if text.isdigit() else text)
         return out
 

@@ -18,6 +18,7 @@ CLI's and live mode's runs name their launcher as the UI's "Launched by" column 
 (:func:`launcher_tags`).
 """
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -56,6 +57,7 @@ __all__ = [
     "TRIGGER_TAG",
     "BooksInFlight",
     "batch_tags",
+    "book_key",
     "book_keys",
     "book_runs_path",
     "books_in_flight",
@@ -159,9 +161,22 @@ def tag_run(context: AssetExecutionContext | OpExecutionContext, books: list[str
         context.instance.add_run_tags(context.run.run_id, missing)
 
 
+#: the most characters Dagster allows in a section of a tag key (a longer one is deprecated)
+TAG_KEY_SECTION_CHARS = 63
+
+
+def book_key(book: str) -> str:
+    """The tag key of ``book``'s runs: ``rag-book/<id>``; an id longer than a tag key section
+    may be (book ids reach 128 characters) is cut to its first 54 characters, a '.' and 8 hex
+    digits of its SHA-256, so two long ids never share a key."""
+    if len(book) > TAG_KEY_SECTION_CHARS:
+        book = f"{book[:54]}.{hashlib.sha256(book.encode()).hexdigest()[:8]}"
+    return f"{BOOK_KEY_PREFIX}{book}"
+
+
 def book_keys(books: Sequence[str]) -> dict[str, str]:
-    """One tag per book the run writes or purges (``rag-book/<id>=yes``)."""
-    return {f"{BOOK_KEY_PREFIX}{book}": BOOK_KEY_VALUE for book in books}
+    """One tag per book the run writes or purges (``rag-book/<id>=yes``, :func:`book_key`)."""
+    return {book_key(book): BOOK_KEY_VALUE for book in books}
 
 
 def one_book_tags(book: str) -> dict[str, str]:
@@ -171,7 +186,7 @@ def one_book_tags(book: str) -> dict[str, str]:
 
 def book_runs_path(book: str) -> str:
     """The Runs page filtered to every run that wrote or purged ``book`` (a UI path)."""
-    token = quote(f"tag:{BOOK_KEY_PREFIX}{book}={BOOK_KEY_VALUE}", safe=":/=")
+    token = quote(f"tag:{book_key(book)}={BOOK_KEY_VALUE}", safe=":/=")
     return f"/runs?q[0]={token}"
 
 
@@ -326,7 +341,9 @@ def note_queue_wait(instance: DagsterInstance, run_id: str) -> None:
 
 
 def _waits_for(books: set[str], running: Sequence[RunRecord]) -> str | None:
-    same = [r for r in running if books & _books_of(r.dagster_run.tags)]
+    # compared by key: a batch's tags name a long id only by its cut key
+    keys = {book_key(b) for b in books}
+    same = [r for r in running if keys & {book_key(b) for b in _books_of(r.dagster_run.tags)}]
     if same:
         return f"a run of the same book in progress: {_name(same[0])} (one run per book)"
     if running:
@@ -347,9 +364,16 @@ def _name(record: RunRecord) -> str:
 
 
 def _books_of(tags: Mapping[str, str]) -> set[str]:
-    """The books a run is tagged with: its book keys, its book tag or its partition."""
-    keyed = {k[len(BOOK_KEY_PREFIX) :] for k in tags if k.startswith(BOOK_KEY_PREFIX)}
-    return keyed | {v for k in (BOOK_TAG, PARTITION_TAG) if (v := tags.get(k))}
+    """The books a run is tagged with: its book tag or its partition, and its book keys (a
+    long id's cut key counted once, as the id its book tag names)."""
+    named = {v for k in (BOOK_TAG, PARTITION_TAG) if (v := tags.get(k))}
+    named_keys = {book_key(b) for b in named}
+    keyed = {
+        k[len(BOOK_KEY_PREFIX) :]
+        for k in tags
+        if k.startswith(BOOK_KEY_PREFIX) and k not in named_keys
+    }
+    return keyed | named
 
 
 def run_started_line(run_id: str, job_name: str, tags: Mapping[str, str]) -> str:

@@ -77,6 +77,7 @@ from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.live import LiveMark
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.ingest.plan import decide_purges
+from rag_pipeline.models import book_id_problem, is_book_id
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.scan import PURGING, BookScanState, scan_books
 
@@ -320,6 +321,12 @@ def build_books_sensor(
         for refused in rejected:
             context.log.warning(f"refused book folder: {refused}")
         partitions = list(context.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
+        # a partition that is no book id (added by hand in the UI) holds no points (the store
+        # refuses such an id): deleted at once, never purged by a run that could only fail
+        invalid = [p for p in partitions if not is_book_id(p)]
+        for key in invalid:
+            context.log.warning(f"deleted partition {key!r}: {book_id_problem(key)}")
+        partitions = [p for p in partitions if p not in set(invalid)]
         known = set(partitions)
         new_books = sorted(b for b in states if b not in known)
         order = partitions + new_books  # the partition order once this tick's are added
@@ -392,6 +399,10 @@ def build_books_sensor(
                 )
             )
         partition_requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
+        if invalid:
+            partition_requests.append(
+                DeleteDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, invalid)
+            )
         if new_books:
             partition_requests.append(AddDynamicPartitionsRequest(BOOKS_PARTITIONS_NAME, new_books))
         # A removed book's partition goes once none of its runs is in flight: an ingest run
