@@ -166,9 +166,10 @@ def test_under_random_edits_requests_and_failures_a_books_calls_never_overlap(da
 def test_the_index_decides_what_a_start_purges_and_ends_a_halt(data_dir, write_book, tmp_path):
     """The loop asks the index (``indexed``): a book indexed and removed while no live
     process ran is purged by the first look (a store that cannot be read then is asked again
-    at the next look); after a halt (every applied book gone at once), books an operator
-    purged with ``ingest --book`` are forgotten, and a new book is applied, not refused for
-    books no index holds any more."""
+    at the next look, and nothing is applied before: a wrong data folder applied first would
+    make the indexed books look removed once the index is read); after a halt (every applied
+    book gone at once), books an operator purged with ``ingest --book`` are forgotten, and a
+    new book is applied, not refused for books no index holds any more."""
     clear_scan_cache()
     write_book("alpha", {"a.md": "# A\n\none"})
     held = {"alpha", "gone"}
@@ -182,19 +183,47 @@ def test_the_index_decides_what_a_start_purges_and_ends_a_halt(data_dir, write_b
 
     applier = Applier()
     live = LiveLoop(NoWatchSource(data_dir), applier, notify=notes.append, indexed=indexed)
-    live.look()
-    assert applier.calls == [["alpha"]] and notes == [
+    live.look()  # nothing applied before the index is known (the halt compares with it)
+    assert applier.calls == [] and notes == [
         "the indexed books could not be read: RuntimeError: store busy"
     ]
     readable[0] = True
     live.look()
-    assert applier.calls[1:] == [["gone"]]  # purged once the index could be read
+    # applied, and purged, once the index could be read
+    assert sorted(b for call in applier.calls for b in call) == ["alpha", "gone"]
+    applier.calls.clear()
     held.discard("gone")
 
     (data_dir / "alpha").rename(tmp_path / "alpha")  # every applied book gone: halt
     live.look()
-    assert applier.calls[2:] == []
+    assert applier.calls == []
     held.clear()  # the operator's `ingest --book alpha` purged it (live refused)
     write_book("beta", {"b.md": "# B\n\none"})
     live.look()
-    assert applier.calls[2:] == [["beta"]], notes
+    assert applier.calls == [["beta"]], notes
+
+
+def test_a_wrong_data_folder_met_while_the_index_is_unreadable_purges_nothing(data_dir, write_book):
+    """A live process started on the wrong data folder (books x, y) while the index (books a,
+    b) could not be read: nothing is applied until the index is known, and then the folder
+    holding none of the indexed books halts the loop; a and b are never purged (applying x
+    and y first made a and b look removed once the index was read)."""
+    clear_scan_cache()
+    write_book("x", {"a.md": "# X\n\none"})
+    write_book("y", {"a.md": "# Y\n\none"})
+    readable = [False]
+    notes: list[str] = []
+
+    def indexed() -> set[str]:
+        if not readable[0]:
+            raise RuntimeError("store busy")
+        return {"a", "b"}
+
+    applier = Applier()
+    live = LiveLoop(NoWatchSource(data_dir), applier, notify=notes.append, indexed=indexed)
+    live.look()
+    readable[0] = True
+    live.look()
+    live.look()
+    assert applier.calls == [], (applier.calls, notes)
+    assert any("none of" in n or "halt" in n.lower() for n in notes[1:]), notes

@@ -318,11 +318,19 @@ class LiveLoop:
         watcher = self.source.watcher()
         if not self._seeded and self.indexed is not None:
             held = self._index_books()
-            if held is not None:  # each one's folder is looked at: gone, it is purged
-                self._seeded = True
+            if held is None:
+                # nothing is applied before the index is known: the halt below compares the
+                # folder with it (a wrong data folder applied first, then seeded, would make
+                # the indexed books look removed and purge them)
                 with self._lock:
-                    for book_id in held:
-                        self.known.setdefault(book_id, list(_INDEXED))
+                    asked, self._requests = self._requests, []
+                for ticket in asked:
+                    ticket._refuse(self._said_index or "the indexed books could not be read")
+                return []
+            self._seeded = True  # each one's folder is looked at: gone, it is purged
+            with self._lock:
+                for book_id in held:
+                    self.known.setdefault(book_id, list(_INDEXED))
         with self._lock:
             doubtful = set(self._doubtful)
             cursor = self._cursor()
