@@ -394,3 +394,26 @@ def test_a_search_embeds_its_query_with_the_store_let_go_of(tmp_path, monkeypatc
             assert response.status_code == 200, response.text
             assert runs == [1 if mode == "dense" else 0]  # b.md written by the first run
             assert {h["book_id"] for h in response.json()} == {BOOK}
+
+
+def test_live_modes_report_lines_show_their_style_and_print_the_books_data_as_written():
+    """`rag-pipeline watch`'s line per applied book: its own style is markup (a failed book in
+    red), the messages it carries (naming files) are data, printed as written (the whole line
+    was escaped, so '[red]... failed[/]' showed as text)."""
+    import io
+
+    from rich.console import Console
+
+    from rag_pipeline.cli.live import report_lines
+    from rag_pipeline.ingest.report import BookResult, IngestReport
+
+    failed = BookResult("b1", "failed", error_messages=["notes[/x].md: bad [bold]x[/bold]"])
+    done = BookResult("b2", "modified", error_messages=["[i]odd[/i].md: unreadable"])
+    report = IngestReport({"b1": failed, "b2": done}, warnings=["folder [/q] skipped"])
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    for line in report_lines(report):
+        console.print(line, highlight=False)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "b1 failed: notes[/x].md: bad [bold]x[/bold]" in text, text
+    assert "[i]odd[/i].md: unreadable" in text and "folder [/q] skipped" in text, text
+    assert "[red]" not in text and "[yellow]" not in text, text

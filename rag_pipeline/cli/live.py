@@ -68,8 +68,11 @@ def watch(as_json: bool) -> None:
 
     def say(message: str, tag: str = "") -> None:
         # the message names files (data): printed as written; ``tag`` is this module's style
-        stamp = time.strftime("%H:%M:%S")
-        err.print(f"{stamp} [dim]live[/] {tag}{shown(message)}", highlight=False)
+        say_markup(f"{tag}{shown(message)}")
+
+    def say_markup(line: str) -> None:
+        """``line`` whose data is escaped already (:func:`report_lines`)."""
+        err.print(f"{time.strftime('%H:%M:%S')} [dim]live[/] {line}", highlight=False)
 
     def ready(loop: LiveLoop) -> None:
         books = len(loop.known)
@@ -84,7 +87,7 @@ def watch(as_json: bool) -> None:
         if as_json:
             emit({"event": "applied", "report": report.as_dict()})
         for line in report_lines(report):
-            say(line)
+            say_markup(line)
 
     def live() -> None:
         run_live(
@@ -154,7 +157,7 @@ def in_worker_thread(work: Callable[[], None]) -> None:
 
 def report_lines(report: IngestReport) -> list[str]:
     """One line per book that ran or failed (unchanged books are not news), then the
-    report's notes."""
+    report's notes: Rich markup, the report's data (messages naming files) escaped."""
     lines = []
     deferred = [b for b, r in report.books.items() if r.status == "deferred"]
     for book_id, r in report.books.items():
@@ -162,17 +165,17 @@ def report_lines(report: IngestReport) -> list[str]:
             continue
         run = f", run {r.run_id}" if r.run_id else ""
         if r.status == "failed":
-            why = "; ".join(r.error_messages) or "failed"
+            why = shown("; ".join(r.error_messages) or "failed")
             lines.append(f"[red]{book_id} failed[/]: {why}{run}")
             continue
         counts = f"{r.embedded} embedded, {r.reused} reused, {r.deleted} deleted"
         errors = f", [yellow]{r.errors} file errors[/]" if r.errors else ""
         lines.append(f"{book_id} {r.status}: {counts}{errors} in {r.seconds:.1f}s{run}")
-        lines += [f"[yellow]{book_id}[/]: {m}" for m in r.error_messages]
+        lines += [f"[yellow]{book_id}[/]: {shown(m)}" for m in r.error_messages]
     if deferred:
         lines.append(
             f"{len(deferred)} books not applied (stopping): the next start, or the books "
             "sensor, applies them"
         )
-    lines += [f"[yellow]note[/] {w}" for w in report.warnings]
+    lines += [f"[yellow]note[/] {shown(w)}" for w in report.warnings]
     return lines
