@@ -92,7 +92,9 @@ def _address(path: Path) -> Iterator[str]:
         yield str(path)
         return
     # O_PATH: a folder its owner may enter but not list (mode 0711, 0300) is reached too
-    folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    # (Linux only, as /proc/self/fd is; elsewhere O_RDONLY, and a folder that cannot be
+    # listed raises OSError: no hand-off, the CLI runs its change itself)
+    folder = os.open(path.parent, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
     try:
         yield f"/proc/self/fd/{folder}/{path.name}"
     finally:
