@@ -102,6 +102,16 @@ def test_a_hostile_cell_stays_in_its_cell_and_reads_back():
     assert markdown_rows(value) == [{"book": n, "why": n, "runs": n} for n in HOSTILE_NAMES]
 
 
+@pytest.mark.parametrize("name", ["1. Intro.md", "10) ten.md", "3.5", "1.basics", "-3", "# x"])
+def test_a_name_opening_like_a_block_shows_exactly_its_text(name):
+    """A name that opens like a numbered item, a heading or a list shows as itself, no
+    backslash in sight (one before a digit is no escape in CommonMark: it showed)."""
+    html = rendered_as_text(markdown_list([name]).value)
+    assert f"<li>{escaped_html(name)}</li>" in html, html
+    cell = _RENDER.render(markdown_table([{"book": name}], ("book",)).value)
+    assert f"<td>{escaped_html(name)}</td>" in cell, cell
+
+
 def test_escaping_keeps_a_plain_name_readable():
     assert escape_markdown("chapter-1.md") == "chapter-1.md"
     assert escape_markdown("line\nbreak") == "line\\\\x0abreak"  # one line, control shown

@@ -109,8 +109,9 @@ def breakable(text: str) -> str:
 #: characters that mean something to the UI's markdown (GFM with inline HTML) anywhere in a
 #: line: emphasis, links and images, code, HTML tags and entities, table cells, strikethrough
 _MARKDOWN_INLINE = re.compile(r"([\\`*_\[\]<>&|~!])")
-#: what makes the start of a line a block (a heading, a quote, a list, a rule, a numbered item)
-_MARKDOWN_LINE_START = re.compile(r"^(\s*)([#>+=-]|\d+(?=[.)]))")
+#: what makes the start of a line a block (a heading, a quote, a list, a rule, a numbered
+#: item): the punctuation is escaped (a backslash before a digit is no escape: it would show)
+_MARKDOWN_LINE_START = re.compile(r"^(\s*(?:\d{1,9})?)([#>+=.)-])")
 
 
 class Markdown(str):
