@@ -324,8 +324,6 @@ def build_books_sensor(
         # a partition that is no book id (added by hand in the UI) holds no points (the store
         # refuses such an id): deleted at once, never purged by a run that could only fail
         invalid = [p for p in partitions if not is_book_id(p)]
-        for key in invalid:
-            context.log.warning(f"deleted partition {key!r}: {book_id_problem(key)}")
         partitions = [p for p in partitions if p not in set(invalid)]
         known = set(partitions)
         new_books = sorted(b for b in states if b not in known)
@@ -335,6 +333,8 @@ def build_books_sensor(
             context.log.warning(warning)
         if decision.halt:  # empty, or none of the known books: a wrong folder or mount
             return SkipReason(decision.warnings[0])
+        for key in invalid:  # said where the deletion is returned (a halted tick deletes none)
+            context.log.warning(f"deleted partition {key!r}: {book_id_problem(key)}")
         removed = list(decision.purge)
         # Run history costs a constant number of queries per tick, whatever the number of
         # books: the runs finished since the last tick, and (only when needed) those in flight.
