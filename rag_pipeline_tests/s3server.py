@@ -20,6 +20,15 @@ from typing import Any
 
 _CREDENTIAL = re.compile(r"Credential=([^/]+)/")
 
+#: the credentials the tests give the S3 client (moto accepts any)
+AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+#: settings of the developer's environment that would send the tests elsewhere
+FOREIGN_AWS = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
 
 @dataclass(frozen=True)
 class Request:

@@ -310,17 +310,12 @@ def test_a_filter_argument_that_is_not_utf8_is_exit_2_naming_it(tmp_path, args):
     assert "not valid UTF-8" in done.stderr and "\\xff" in done.stderr
 
 
-def test_lineage_asks_the_source_with_the_store_let_go_of(tmp_path, monkeypatch):
-    """Lineage asks the book's source about the file (for a git or object-store book, a remote
-    that may take seconds, a minute when it is down): a run of the same book that needs the
-    store meanwhile gets it. It waited behind the request and failed busy."""
-    from fastapi.testclient import TestClient
-
+def one_indexed_book(tmp_path: Path) -> tuple[Path, Any, Any, Any]:
+    """A data folder of one book (``a.md``), indexed by a run of the pipeline (hash
+    embedder): the data folder, the settings, the recipe and the pipeline."""
     from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
     from rag_pipeline.ingest.pipeline import IngestPipeline
-    from rag_pipeline.serve.app import create_app
-    from rag_pipeline.sources.folder import FolderSource
 
     data_dir = tmp_path / "books"
     (data_dir / BOOK).mkdir(parents=True)
@@ -335,6 +330,19 @@ def test_lineage_asks_the_source_with_the_store_let_go_of(tmp_path, monkeypatch)
     recipe = make_recipe(HashEmbedder())
     pipeline = IngestPipeline.from_settings(settings, recipe)
     pipeline.run([BOOK], run_id="r0")
+    return data_dir, settings, recipe, pipeline
+
+
+def test_lineage_asks_the_source_with_the_store_let_go_of(tmp_path, monkeypatch):
+    """Lineage asks the book's source about the file (for a git or object-store book, a remote
+    that may take seconds, a minute when it is down): a run of the same book that needs the
+    store meanwhile gets it. It waited behind the request and failed busy."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline.sources.folder import FolderSource
+
+    data_dir, settings, recipe, pipeline = one_indexed_book(tmp_path)
     asked = FolderSource.file_now
     runs: list[Any] = []
 
@@ -358,24 +366,10 @@ def test_a_search_embeds_its_query_with_the_store_let_go_of(tmp_path, monkeypatc
     meanwhile gets it. It waited behind the request and failed busy (503)."""
     from fastapi.testclient import TestClient
 
-    from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.ingest.pipeline import IngestPipeline
     from rag_pipeline.serve.app import create_app
 
-    data_dir = tmp_path / "books"
-    (data_dir / BOOK).mkdir(parents=True)
-    (data_dir / BOOK / "a.md").write_text("# A\n\n" + section("Nodes"))
-    settings = load_settings(
-        data_dir=data_dir,
-        qdrant_path=str(tmp_path / "q"),
-        embedder="hash",
-        cache_dir=tmp_path,
-        busy_wait_s=3.0,
-    )
-    recipe = make_recipe(HashEmbedder())
-    pipeline = IngestPipeline.from_settings(settings, recipe)
-    pipeline.run([BOOK], run_id="r0")
+    data_dir, settings, recipe, pipeline = one_indexed_book(tmp_path)
     embed = HashEmbedder.embed_query
     runs: list[int] = []
 

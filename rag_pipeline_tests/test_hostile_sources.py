@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rag_pipeline_tests.gitbooks import NEEDS_GIT, GitRepo
-from rag_pipeline_tests.s3server import S3Server
+from rag_pipeline_tests.s3server import AWS, FOREIGN_AWS, S3Server
 
 LFS_POINTER = (
     "version https://git-lfs.github.com/spec/v1\n"
@@ -167,13 +167,6 @@ def test_an_lfs_pointer_is_a_per_file_error_not_indexed_as_text():
 
 
 # -- object-store books ----------------------------------------------------------------------
-
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-FOREIGN_AWS = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
 @pytest.fixture(scope="module")

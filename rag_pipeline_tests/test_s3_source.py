@@ -18,16 +18,8 @@ from pydantic import ValidationError
 
 from rag_pipeline_tests.conftest import section
 from rag_pipeline_tests.helpers import assert_no_trace, cli_env
-from rag_pipeline_tests.s3server import S3Server, closed_port
+from rag_pipeline_tests.s3server import AWS, FOREIGN_AWS, S3Server, closed_port
 from rag_pipeline_tests.warm import warm_server
-
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-#: settings of the developer's environment that would send the tests elsewhere
-FOREIGN_AWS = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
 @pytest.fixture(scope="session")
