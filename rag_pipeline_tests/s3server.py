@@ -30,6 +30,14 @@ AWS = {
 FOREIGN_AWS = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
+def use_test_credentials(monkeypatch: Any) -> None:
+    """This process's S3 clients given :data:`AWS`, and nothing of :data:`FOREIGN_AWS`."""
+    for var, value in AWS.items():
+        monkeypatch.setenv(var, value)
+    for var in FOREIGN_AWS:
+        monkeypatch.delenv(var, raising=False)
+
+
 @dataclass(frozen=True)
 class Request:
     method: str

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rag_pipeline_tests.gitbooks import NEEDS_GIT, GitRepo
-from rag_pipeline_tests.s3server import AWS, FOREIGN_AWS, S3Server
+from rag_pipeline_tests.s3server import AWS, FOREIGN_AWS, S3Server, use_test_credentials
 
 LFS_POINTER = (
     "version https://git-lfs.github.com/spec/v1\n"
@@ -178,10 +178,7 @@ def s3() -> Iterator[S3Server]:
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var, value in AWS.items():
-        monkeypatch.setenv(var, value)
-    for var in FOREIGN_AWS:
-        monkeypatch.delenv(var, raising=False)
+    use_test_credentials(monkeypatch)
 
 
 def bucket_with(s3: S3Server, keys: dict[str, bytes]) -> str:

@@ -18,7 +18,13 @@ from pydantic import ValidationError
 
 from rag_pipeline_tests.conftest import section
 from rag_pipeline_tests.helpers import assert_no_trace, cli_env
-from rag_pipeline_tests.s3server import AWS, FOREIGN_AWS, S3Server, closed_port
+from rag_pipeline_tests.s3server import (
+    AWS,
+    FOREIGN_AWS,
+    S3Server,
+    closed_port,
+    use_test_credentials,
+)
 from rag_pipeline_tests.warm import warm_server
 
 
@@ -31,10 +37,7 @@ def s3() -> Iterator[S3Server]:
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var, value in AWS.items():
-        monkeypatch.setenv(var, value)
-    for var in FOREIGN_AWS:
-        monkeypatch.delenv(var, raising=False)
+    use_test_credentials(monkeypatch)
 
 
 def new_bucket(s3: S3Server) -> str:
