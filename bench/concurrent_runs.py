@@ -159,11 +159,16 @@ def measure(runs: int, work: Path, files: int, sections: int, embedder: str) -> 
                 "statuses": [small.dagster_run.status.value, big_end.dagster_run.status.value],
             }
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM to the process group ``proc`` leads, SIGKILL if it is still there 60 s later."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def process_cpu_s(pid: int) -> float:
@@ -255,11 +260,7 @@ def measure_live(
                 "statuses": [small.dagster_run.status.value, big_end.dagster_run.status.value],
             }
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
 
 
 def main() -> None:

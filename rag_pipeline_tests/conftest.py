@@ -348,3 +348,13 @@ def quick_step_retries(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
     monkeypatch.setattr(RetryPolicy, "calculate_delay", shortened)
     return asked
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder as DAGSTER_HOME (no dagster.yaml: what a command then writes or
+    reviews is the test's subject)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home

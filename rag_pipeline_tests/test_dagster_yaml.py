@@ -94,14 +94,6 @@ def test_every_earlier_dagster_yaml_of_the_repository_is_known():
         assert digest == current or digest in EARLIER_VERSIONS, commit
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    return home
-
-
 def test_an_unmodified_earlier_copy_is_replaced_and_kept_aside(home, capsys):
     shutil.copy(OLD, home / "dagster.yaml")
     assert ensure_dagster_home() == home

@@ -13,14 +13,6 @@ from rag_pipeline_tests.conftest import REPO
 OLD = REPO / "rag_pipeline_tests" / "fixtures" / "dagster_yaml" / "7af2fdd.yaml"
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    return home
-
-
 @pytest.mark.parametrize("text", ["", "\n", "# only a comment\n", "---\n"])
 def test_an_empty_file_lacks_every_setting(home, capsys, text):
     """Dagster reads an empty dagster.yaml as its defaults: no coordinator, no limits."""
