@@ -212,6 +212,9 @@ def assess(
     the index holds that ``found`` lacks is deleted only when ``source`` says it is gone)."""
     reembed = force or index.damaged
     book_id = found.book_id
+    # what the look itself found wrong with a file (too large, a refused link) says why it
+    # gave no bytes better than a second look at it
+    found_wrong = {e.source_file: e.reason for e in found.errors}
     changes = classify_files(
         {f.source_file: f.sha256 for f in found.files},
         index.state.documents,
@@ -220,7 +223,7 @@ def assess(
         chunk_points=index.chunk_points,
         orphan_files=set(index.chunk_points) - set(index.state.documents),
         force=reembed,
-        why_unreadable=lambda name: source.why_unreadable(book_id, name),
+        why_unreadable=lambda name: found_wrong.get(name) or source.why_unreadable(book_id, name),
     )
     if index.damaged:
         changes = changes.with_reason(DAMAGED_VECTORS)

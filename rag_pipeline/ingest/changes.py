@@ -15,6 +15,7 @@ from typing import Literal
 __all__ = [
     "FORCED_REBUILD",
     "UNREADABLE_STAGE",
+    "UNREAD_STAGES",
     "FileChanges",
     "FileStatus",
     "IndexedDocument",
@@ -23,6 +24,10 @@ __all__ = [
 
 #: error stage of a record whose file could not be read (crawl-time: not even hashed)
 UNREADABLE_STAGE: Literal["crawl"] = "crawl"
+#: error stages at which no bytes of the file were parsed (not hashed, or not read by the run
+#: after its look hashed them): such a record keeps the hash of the version it serves, so the
+#: file is read again once it can be, whatever its bytes are then
+UNREAD_STAGES = frozenset({UNREADABLE_STAGE, "read"})
 
 #: the reason of every indexed file of a book rebuilt on request (``--force``)
 FORCED_REBUILD = "forced rebuild"
@@ -40,8 +45,8 @@ class IndexedDocument:
     signature: str = ""  # chunker + embedding model the file was indexed with
     total_chunks: int = 0
     error: str | None = None
-    #: the stage the recorded error came from; ``UNREADABLE_STAGE`` means the file could not
-    #: be read at all, and the record keeps the hash of the last good version it serves
+    #: the stage the recorded error came from; one of ``UNREAD_STAGES`` means the file gave
+    #: no bytes, and the record keeps the hash of the last good version it serves
     error_stage: str | None = None
 
 
@@ -167,7 +172,7 @@ def _reason(
         return FORCED_REBUILD
     if record.source_file_hash != digest:
         return "content changed"
-    if record.status == "error" and record.error_stage == UNREADABLE_STAGE:
+    if record.status == "error" and record.error_stage in UNREAD_STAGES:
         # readable again with the bytes of the version it serves: the run clears the error
         # (and re-embeds nothing: every chunk's vector is reused)
         return "readable again: its recorded read error is cleared"

@@ -189,11 +189,13 @@ def parse_book(inventory: BookInventory, source: BookSource, options: ParseOptio
     hashes: dict[str, str] = {}
     book_id = inventory.book_id
     for f in inventory.changed_files:
-        hashes[f.source_file] = f.sha256
         try:
             data = source.read(book_id, f, inventory.boundary)
         except SourceReadError as exc:
-            errors.append(FileError(book_id, f.source_file, "read", str(exc), f.sha256))
+            # no bytes were parsed: the record keeps the hash of the version it serves (none
+            # for a new file), never the look's, so the next run reads the file again
+            hashes[f.source_file] = _served_hash(inventory, f.source_file)
+            errors.append(FileError(book_id, f.source_file, "read", str(exc)))
             continue
         digest = hashlib.sha256(data).hexdigest()
         hashes[f.source_file] = digest
@@ -206,8 +208,15 @@ def parse_book(inventory: BookInventory, source: BookSource, options: ParseOptio
         known = inventory.crawl_error(name)
         reason = known.reason if known else source.why_unreadable(book_id, name)
         errors.append(FileError(book_id, name, UNREADABLE_STAGE, reason))
-        hashes[name] = inventory.state.documents[name].source_file_hash  # the version served
+        hashes[name] = _served_hash(inventory, name)
     return ParsedBook(inventory, tuple(documents), tuple(errors), hashes)
+
+
+def _served_hash(inventory: BookInventory, source_file: str) -> str:
+    """The hash of the version a file's record serves ("" for a file the index does not hold):
+    what the record of a file that gave no bytes keeps (see ``changes.UNREAD_STAGES``)."""
+    record = inventory.state.documents.get(source_file)
+    return record.source_file_hash if record is not None else ""
 
 
 @dataclass(frozen=True)

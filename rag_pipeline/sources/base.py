@@ -49,6 +49,7 @@ __all__ = [
     "RefusedPathError",
     "SourceReadError",
     "SourceUnavailableError",
+    "too_large",
 ]
 
 
@@ -81,6 +82,18 @@ class RefusedPathError(SourceReadError):
 
     def __init__(self, reason: str, code: int = errno.EPERM) -> None:
         super().__init__(code, reason)
+
+
+def too_large(size: int, max_bytes: int, noun: str = "file") -> str:
+    """Why a file over ``RAG_MAX_FILE_BYTES`` is refused, in words (every source's). Sizes
+    under a megabyte are given in bytes: "0.0 MB exceeds the 0.0 MB limit" says nothing."""
+    return (
+        f"{noun} too large: {_size(size)} exceeds the {_size(max_bytes)} limit (RAG_MAX_FILE_BYTES)"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1_000_000 else f"{n:,} bytes"
 
 
 def _read_failure(exc: OSError | SourceReadError) -> str:

@@ -41,6 +41,7 @@ from rag_pipeline.sources.base import (
     RefusedPathError,
     SourceReadError,
     SourceUnavailableError,
+    too_large,
 )
 from rag_pipeline.sources.filekeys import file_key
 
@@ -428,7 +429,7 @@ def read_source(path: str, folder: str, max_bytes: int) -> bytes:
     fd, st = open_in_book(path, folder)
     try:
         if st.st_size > max_bytes:
-            raise SourceReadError(errno.EFBIG, _too_large(st.st_size, max_bytes))
+            raise SourceReadError(errno.EFBIG, too_large(st.st_size, max_bytes))
         chunks = []
         remaining = max_bytes + 1
         while remaining > 0:
@@ -439,19 +440,12 @@ def read_source(path: str, folder: str, max_bytes: int) -> bytes:
             remaining -= len(block)
         data = b"".join(chunks)
         if len(data) > max_bytes:  # it grew after the stat
-            raise SourceReadError(errno.EFBIG, _too_large(len(data), max_bytes))
+            raise SourceReadError(errno.EFBIG, too_large(len(data), max_bytes))
         return data
     except OSError as exc:
         raise SourceReadError(exc.errno, f"cannot read file: {exc.strerror}") from None
     finally:
         os.close(fd)
-
-
-def _too_large(size: int, max_bytes: int) -> str:
-    return (
-        f"file too large: {size / 1e6:.1f} MB exceeds the {max_bytes / 1e6:.1f} MB limit "
-        "(RAG_MAX_FILE_BYTES)"
-    )
 
 
 def _opened_path(fd: int, path: str, st: os.stat_result) -> str | None:
@@ -471,13 +465,22 @@ def _opened_path(fd: int, path: str, st: os.stat_result) -> str | None:
     return real if (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino) else None
 
 
-def hash_file(path: str | Path, folder: str) -> str:
+def hash_file(path: str | Path, folder: str, max_bytes: int | None = None) -> str:
     """sha256 of a book's file (opened within ``folder``, :func:`open_in_book`), streamed so
-    large files never sit in memory twice; :class:`SourceReadError` when it cannot be."""
-    fd, _ = open_in_book(os.fspath(path), folder)
+    large files never sit in memory twice; :class:`SourceReadError` when it cannot be, or
+    when it is larger than ``max_bytes``: refused by the opened file's size before a byte is
+    read (a file growing while it is hashed is refused once past it), as :func:`read_source`
+    refuses it."""
+    fd, st = open_in_book(os.fspath(path), folder)
     h = hashlib.sha256()
+    read = 0
     try:
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise SourceReadError(errno.EFBIG, too_large(st.st_size, max_bytes))
         for block in iter(lambda: os.read(fd, 1 << 20), b""):
+            read += len(block)
+            if max_bytes is not None and read > max_bytes:
+                raise SourceReadError(errno.EFBIG, too_large(read, max_bytes))
             h.update(block)
     except OSError as exc:
         raise SourceReadError(exc.errno, f"cannot read file: {exc.strerror}") from None

@@ -72,8 +72,9 @@ class FolderSource(BookSource):
         return read_source(file.location, boundary, self.max_file_bytes)
 
     def hash(self, book_id: str, file: FileVersion, boundary: str) -> str:
-        # streamed: a large file never sits in memory (only a run reads whole files)
-        return hash_file(file.location, boundary)
+        # streamed: a large file never sits in memory (only a run reads whole files); one
+        # over the limit is refused by its size, unread, as the run's read refuses it
+        return hash_file(file.location, boundary, self.max_file_bytes)
 
     def locate(self, book_id: str, source_file: str) -> str:
         return str(self.data_dir / book_id / source_file)
@@ -94,7 +95,7 @@ class FolderSource(BookSource):
         book_dir = self.data_dir / book_id
         try:
             path = book_file_path(book_dir, source_file)
-            return FileNow(True, hash_file(path, os.path.realpath(book_dir)))
+            return FileNow(True, hash_file(path, os.path.realpath(book_dir), self.max_file_bytes))
         except RefusedPathError as exc:
             return FileNow(False, None, str(exc))
         except SourceReadError as exc:

@@ -40,6 +40,7 @@ from rag_pipeline.sources.base import (
     BookVersions,
     FileVersion,
     SourceReadError,
+    too_large,
 )
 from rag_pipeline.sources.crawl import is_book_path
 
@@ -179,11 +180,7 @@ class _Blobs:
                 if not block:
                     raise ValueError("the cat-file process ended early")
                 left -= len(block)
-            raise SourceReadError(
-                errno.EFBIG,
-                f"file too large: {size / 1e6:.1f} MB exceeds the {max_bytes / 1e6:.1f} MB "
-                "limit (RAG_MAX_FILE_BYTES)",
-            )
+            raise SourceReadError(errno.EFBIG, too_large(size, max_bytes))
         data = self.proc.stdout.read(size + 1)[:size]  # and the newline after it
         if len(data) != size:
             raise ValueError("the cat-file process ended early")

@@ -36,6 +36,7 @@ from rag_pipeline.sources.base import (
     FileNow,
     FileVersion,
     SourceReadError,
+    too_large,
 )
 from rag_pipeline.sources.crawl import MARKDOWN_SUFFIXES, is_book_path
 from rag_pipeline.sources.folder import DEFAULT_MAX_FILE_BYTES
@@ -275,7 +276,7 @@ class S3Source(BookSource):
             size = int(answer["ContentLength"])
             if size > self.max_file_bytes:
                 answer["Body"].close()
-                raise SourceReadError(errno.EFBIG, _too_large(size, self.max_file_bytes))
+                raise SourceReadError(errno.EFBIG, too_large(size, self.max_file_bytes, "object"))
             data: bytes = answer["Body"].read(self.max_file_bytes + 1)
             answer["Body"].close()
         except ClientError as exc:
@@ -285,7 +286,7 @@ class S3Source(BookSource):
         except BotoCoreError as exc:
             raise self._unavailable(book_id, "read", exc) from None
         if len(data) > self.max_file_bytes:  # more than its header said
-            raise SourceReadError(errno.EFBIG, _too_large(len(data), self.max_file_bytes))
+            raise SourceReadError(errno.EFBIG, too_large(len(data), self.max_file_bytes, "object"))
         if file.version is not None and str(answer["ETag"]).strip('"') != file.version:
             # written since the look: these bytes are not the version it listed (the ETag, not
             # LastModified: a listing may keep milliseconds that the GET's header drops)
@@ -328,10 +329,3 @@ class S3Source(BookSource):
             return super().file_now(book_id, source_file)
         except BookUnavailableError as exc:  # listed, but its read denied or unreachable:
             return FileNow(True, None, str(exc))  # not known to be gone (as a listing failure)
-
-
-def _too_large(size: int, max_bytes: int) -> str:
-    return (
-        f"object too large: {size / 1e6:.1f} MB exceeds the {max_bytes / 1e6:.1f} MB limit "
-        "(RAG_MAX_FILE_BYTES)"
-    )

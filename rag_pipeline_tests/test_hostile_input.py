@@ -1,0 +1,137 @@
+"""Hostile input of the books themselves: odd file contents, odd names and trees, and files that
+change while a run reads them. Each test names the fault it was written for (it failed before
+the fix); each drives the production pipeline or source in-process on tiny books, and where a
+run is involved, ends by comparing the index with a clean build of the same files."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_pipeline_tests.conftest import make_pipeline, make_recipe, settle_files, store_config
+
+
+@pytest.fixture
+def recipe(hash_embedder: Any) -> Any:
+    return make_recipe(hash_embedder)
+
+
+def point_ids(store_path: Path, book: str) -> dict[str, tuple[Any, ...]]:
+    """Every point of the book: id -> (record type, file, file hash, status)."""
+    from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter
+    from rag_pipeline.store import open_store
+
+    with open_store(store_config(store_path), COLLECTION_SCHEMA) as store:
+        keys = ("record_type", "source_file", "source_file_hash", "status")
+        return {
+            r.id: tuple(r.payload.get(k) for k in keys)
+            for r in store.scroll(book_filter(book), fields=None)
+        }
+
+
+def clean_build(data_dir: Path, work: Path, book: str, recipe: Any, **options: Any) -> dict:
+    """The points a clean build of the book as it is now gives (a copy, a fresh store)."""
+    shutil.copytree(data_dir, work / "books", symlinks=True)
+    make_pipeline(work / "books", store_config(work / "q"), recipe, **options).run([book])
+    return point_ids(work / "q", book)
+
+
+@pytest.fixture
+def book(tmp_path: Path, recipe: Any) -> Iterator[tuple[Path, Any, Any]]:
+    """A book ``b`` of two files, indexed: (its folder, its pipeline, a check that the index
+    equals a clean build)."""
+    folder = tmp_path / "books" / "b"
+    folder.mkdir(parents=True)
+    (folder / "a.md").write_text("# A\n\nversion zero of a\n")
+    (folder / "other.md").write_text("# Other\n\nother text\n")
+    settle_files()
+    pipeline = make_pipeline(tmp_path / "books", store_config(tmp_path / "q"), recipe)
+    pipeline.run(["b"])
+
+    def equals_clean_build() -> None:
+        ours = point_ids(tmp_path / "q", "b")
+        theirs = clean_build(tmp_path / "books", tmp_path / "clean", "b", recipe)
+        shutil.rmtree(tmp_path / "clean")
+        assert ours == theirs
+
+    yield folder, pipeline, equals_clean_build
+
+
+def test_a_read_that_fails_after_the_look_hashed_the_file_is_read_again(book, monkeypatch):
+    """Fault: a file hashed by the run's look whose read then failed (made unreadable, an I/O
+    error, replaced by a FIFO in between) got an error record carrying the look's hash: the
+    next runs took it as unchanged and served the old version forever, with the stale error.
+    A record of a file that gave no bytes keeps the hash of the version it serves."""
+    from rag_pipeline.sources.base import SourceReadError
+    from rag_pipeline.sources.folder import FolderSource
+
+    folder, pipeline, equals_clean_build = book
+    (folder / "a.md").write_text("# A\n\nversion one of a, edited\n")
+    (folder / "new.md").write_text("# New\n\na new file\n")
+    settle_files()
+    real = FolderSource.read
+
+    def failing(self: Any, book_id: str, file: Any, boundary: str) -> bytes:
+        if file.source_file in ("a.md", "new.md"):
+            raise SourceReadError(errno.EIO, "cannot read file: Input/output error")
+        return real(self, book_id, file, boundary)
+
+    monkeypatch.setattr(FolderSource, "read", failing)
+    failed = pipeline.run(["b"])["b"].outcome.result
+    assert sorted(failed.error_messages) == [
+        "b/a.md: cannot read file: Input/output error",
+        "b/new.md: cannot read file: Input/output error",
+    ]
+    monkeypatch.setattr(FolderSource, "read", real)
+    again = pipeline.run(["b"])["b"]
+    assert again.inventory.changes.modified == ("a.md", "new.md")  # new.md: its error record
+    assert again.outcome.result.error_messages == []
+    equals_clean_build()
+
+
+def test_a_file_over_the_size_limit_is_refused_by_its_size_unread(tmp_path, recipe, monkeypatch):
+    """Fault: a folder file over RAG_MAX_FILE_BYTES was hashed in full by every look (plan,
+    sensor, run) before the run's read refused it. It is refused by its size, not a byte read,
+    with a message that says the sizes (a limit under 1 MB read "0.0 MB"); a file that grows
+    past the limit keeps its last good chunks and says why."""
+    from rag_pipeline.sources.folder import FolderSource
+
+    folder = tmp_path / "books" / "b"
+    folder.mkdir(parents=True)
+    (folder / "a.md").write_text("# A\n\nsmall\n")
+    (folder / "big.md").write_text("# Big\n\n" + "word " * 4000)
+    settle_files()
+    read: list[int] = []
+    real_read = os.read
+
+    def counting(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "read", counting)
+    source = FolderSource(tmp_path / "books", max_file_bytes=10_000)
+    found = source.scan("b")
+    assert sum(read) == len("# A\n\nsmall\n")  # big.md: not one byte
+    assert [str(e) for e in found.errors] == [
+        "b/big.md: file too large: 20,007 bytes exceeds the 10,000 bytes limit (RAG_MAX_FILE_BYTES)"
+    ]
+    monkeypatch.setattr(os, "read", real_read)
+
+    pipeline = make_pipeline(tmp_path / "books", store_config(tmp_path / "q"), recipe)
+    pipeline = pipeline.with_source(source)
+    pipeline.run(["b"])
+    (folder / "a.md").write_text("# A\n\n" + "grown " * 4000)
+    settle_files()
+    grown = pipeline.run(["b"])["b"]
+    assert grown.inventory.reasons == [
+        "file too large: 24,005 bytes exceeds the 10,000 bytes limit (RAG_MAX_FILE_BYTES); "
+        "its last good chunks stay: a.md"
+    ]
+    assert {v[1] for v in point_ids(tmp_path / "q", "b").values()} == {"a.md"}  # kept
