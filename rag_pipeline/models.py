@@ -25,6 +25,7 @@ __all__ = [
     "is_book_id",
     "normalize_proficiency",
     "printable",
+    "shown_name",
     "validate_book_id",
 ]
 
@@ -100,6 +101,14 @@ def printable(name: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def shown_name(name: str) -> str:
+    """A file's name as a message shows it: whole (a path the file system takes), with control
+    characters escaped, so that one message is one line naming one file (``a\\x0ab.md``) and
+    a name cannot write to the terminal. Only messages use it: the name itself (records,
+    payloads, the crawl's errors) is never altered."""
+    return printable(name, limit=4096)
+
+
 def normalize_proficiency(value: str) -> str:
     """One spelling per level, in payloads and in filters: CEFR codes upper case (``B1``),
     words lower case (``beginner``)."""
@@ -169,7 +178,7 @@ class FileError:
     source_file_hash: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.book_id}/{self.source_file}: {self.reason}"
+        return f"{self.book_id}/{shown_name(self.source_file)}: {self.reason}"
 
 
 @dataclass(frozen=True, slots=True)

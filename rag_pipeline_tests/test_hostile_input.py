@@ -135,3 +135,31 @@ def test_a_file_over_the_size_limit_is_refused_by_its_size_unread(tmp_path, reci
         "its last good chunks stay: a.md"
     ]
     assert {v[1] for v in point_ids(tmp_path / "q", "b").values()} == {"a.md"}  # kept
+
+
+def test_a_refused_file_with_an_odd_name_is_one_error_on_one_line(book):
+    """Fault: the crawl named a refused file by an escaped name cut at 200 characters, its
+    record by its real name: a file whose name holds a control character or is long was two
+    errors (the run's count and ``plan``'s list doubled), and a message held the raw newline
+    or terminal escape of a name (a second, forged line). Errors keep the file's name; only
+    messages escape it, whole."""
+    folder, pipeline, _ = book
+    names = ["new\nline.md", "esc\x1b[2Jape.md", "y" * 240 + ".md"]
+    for name in names:
+        (folder / name).write_text("# T\n\ntext\n")
+    settle_files()
+    pipeline.run(["b"])
+    for name in names:  # each replaced by something that is not a file
+        (folder / name).unlink()
+        os.mkfifo(folder / name)
+    with pipeline.store.open() as reader:
+        planned = pipeline.plan(reader, ["b"], detail=True).books["b"]
+    done = pipeline.run(["b"])["b"].outcome.result
+    expected = [
+        "b/esc\\x1b[2Jape.md: not a regular file: a FIFO (named pipe)",
+        "b/new\\x0aline.md: not a regular file: a FIFO (named pipe)",
+        f"b/{'y' * 240}.md: not a regular file: a FIFO (named pipe)",
+    ]
+    assert sorted(planned.errors) == sorted(done.error_messages) == expected
+    assert done.errors == 3 and done.files_unreadable == 3
+    assert {v[1] for v in point_ids(folder.parent.parent / "q", "b").values()} >= set(names)

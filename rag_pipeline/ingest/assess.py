@@ -20,7 +20,7 @@ from rag_pipeline.ingest.catalog import (
 )
 from rag_pipeline.ingest.changes import FORCED_REBUILD, FileChanges, classify_files
 from rag_pipeline.ingest.index import IndexState, damaged_vectors, read_index_state
-from rag_pipeline.models import FileError, SourceFile, VersionKey
+from rag_pipeline.models import FileError, SourceFile, VersionKey, shown_name
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import SOURCE_FILE, chunks_of
 from rag_pipeline.sources.base import BookFilesRead, BookSource
@@ -197,7 +197,8 @@ class BookAssessment:
 
 def _some(names: list[str]) -> str:
     more = len(names) - _NAMES_SHOWN
-    return ", ".join(names[:_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    shown = ", ".join(shown_name(n) for n in names[:_NAMES_SHOWN])
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 def assess(

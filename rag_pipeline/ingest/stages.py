@@ -39,7 +39,7 @@ from rag_pipeline.ingest.index import (
 )
 from rag_pipeline.ingest.migration import SwitchOutcome, finish_build
 from rag_pipeline.ingest.report import BookResult
-from rag_pipeline.models import Chunk, FileError, ParsedDocument
+from rag_pipeline.models import Chunk, FileError, ParsedDocument, shown_name
 from rag_pipeline.recipes.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.sources.base import BookSource, ParseOptions, SourceReadError
 from rag_pipeline.store import BookDamagedError, CollectionSpec, SparseVector, VectorStore
@@ -154,7 +154,9 @@ class ParsedBook:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return tuple(f"{d.source_file}: {w}" for d in self.documents for w in d.warnings)
+        return tuple(
+            f"{shown_name(d.source_file)}: {w}" for d in self.documents for w in d.warnings
+        )
 
     @property
     def standing_errors(self) -> tuple[FileError, ...]:
@@ -606,7 +608,7 @@ def book_result(
     changes = inventory.changes
     recorded = set(index.file_errors)
     messages = [
-        f"{inventory.book_id}/{name}: {reason}"
+        f"{inventory.book_id}/{shown_name(name)}: {reason}"
         for name, reason in sorted(index.file_errors.items())
     ]
     messages += [str(e) for e in inventory.crawl_errors if e.source_file not in recorded]

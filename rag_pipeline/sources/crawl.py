@@ -233,17 +233,24 @@ def _walk(book_dir: str, folder: str) -> Iterator[tuple[str, str, str | None]]:
                         continue
                 problem, is_dir = _inspect(entry, rel, folder)
             except Exception as exc:  # one odd entry never stops the scan
-                yield printable(rel), entry.path, f"cannot inspect: {type(exc).__name__}: {exc}"
+                yield _error_name(rel), entry.path, f"cannot inspect: {type(exc).__name__}: {exc}"
                 continue
             if is_dir:
                 if problem is None:
                     stack.append((entry.path, rel, None))  # a link: resolved when listed
                 else:
-                    yield printable(rel), entry.path, problem
+                    yield _error_name(rel), entry.path, problem
             elif problem is not None:
-                yield printable(rel), entry.path, problem
+                yield _error_name(rel), entry.path, problem
             elif name.lower().endswith(MARKDOWN_SUFFIXES):
                 yield rel, entry.path, None
+
+
+def _error_name(rel: str) -> str:
+    """The name a crawl error gives an entry: the file's own name (the one its records hold,
+    so that one file is one error, matched with its record), escaped only when it is not
+    UTF-8 (such a name is never indexed, and could not be written to a payload)."""
+    return rel if _valid_utf8(rel) else printable(rel)
 
 
 def _inspect(entry: os.DirEntry[str], rel: str, folder: str) -> tuple[str | None, bool]:
