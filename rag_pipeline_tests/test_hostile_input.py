@@ -163,3 +163,35 @@ def test_a_refused_file_with_an_odd_name_is_one_error_on_one_line(book):
     assert sorted(planned.errors) == sorted(done.error_messages) == expected
     assert done.errors == 3 and done.files_unreadable == 3
     assert {v[1] for v in point_ids(folder.parent.parent / "q", "b").values()} >= set(names)
+
+
+@pytest.mark.parametrize(
+    ("frontmatter", "fields", "warning"),
+    [
+        # Fault: a key given twice silently took its last value (YAML forbids it)
+        (
+            "title: first\ntitle: second",
+            {"title": "second"},
+            "frontmatter key 'title' is given more than once: its last value is used",
+        ),
+        ("outer: {k: 1, k: 2}", {"outer": {"k": 2}}, "frontmatter key 'k' is given more than"),
+        # a merge's keys are meant to be overridden: no warning
+        ("base: &b {x: 1, y: 0}\nother:\n  <<: *b\n  y: 2", {"other": {"x": 1, "y": 2}}, None),
+        # Fault: a !!binary value became the text "b'hello'"
+        ("title: !!binary aGVsbG8=", {"title": "hello"}, None),
+        ("x: !!binary /w==", {"x": None}, "frontmatter: 1 !!binary value(s) are not UTF-8 text"),
+        # Fault: a !!set's items came in the hash's order, another in every process
+        ("tags: !!set {b, a, c}", {"tags": ["a", "b", "c"]}, None),
+    ],
+)
+def test_odd_yaml_values_are_kept_as_what_they_say_with_a_warning(frontmatter, fields, warning):
+    from rag_pipeline.ingest.parse import parse_document
+    from rag_pipeline.models import ParsedDocument
+
+    parsed = parse_document("b", "f.md", f"---\n{frontmatter}\n---\n# T\n\nx\n".encode(), "h")
+    assert isinstance(parsed, ParsedDocument)
+    assert {k: parsed.frontmatter[k] for k in fields} == fields
+    if warning is None:
+        assert parsed.warnings == ()
+    else:
+        assert len(parsed.warnings) == 1 and parsed.warnings[0].startswith(warning)

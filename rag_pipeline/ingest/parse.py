@@ -235,18 +235,47 @@ def _load_yaml(raw: str, warnings: list[str]) -> Any:
                 )
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
-    return _bounded(yaml.load(raw, Loader=yaml.SafeLoader), warnings)
+    loader = _Loader(raw)
+    try:
+        data = loader.get_single_data()
+    finally:
+        loader.dispose()
+    for key in sorted(loader.repeated):
+        warnings.append(f"frontmatter key {key!r} is given more than once: its last value is used")
+    return _bounded(data, warnings)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, noting the keys a mapping gives twice (YAML forbids it; PyYAML
+    keeps the last value without a word, so a second ``title:`` silently won)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.repeated: set[str] = set()
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key, _ in node.value:
+            # keys a merge (``<<: *base``) brings in may be overridden: that is its purpose
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    self.repeated.add(key.value)
+                seen.add(key.value)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _bounded(value: Any, warnings: list[str]) -> Any:
     """The value as JSON types, refusing self-reference and huge or deep expansions."""
-    budget = [FRONTMATTER_LIMITS["values"], 0]  # values left, texts with lone surrogates
+    # values left, texts with lone surrogates, binary values that are not text
+    budget = [FRONTMATTER_LIMITS["values"], 0, 0]
     safe = _json_safe(value, budget, 0, set())
     if budget[1]:
         warnings.append(
             f"frontmatter: {budget[1]} text value(s) hold a \\u escape of half a UTF-16 "
             "surrogate pair (\\ud800-\\udfff), which is no character: replaced by U+FFFD"
         )
+    if budget[2]:
+        warnings.append(f"frontmatter: {budget[2]} !!binary value(s) are not UTF-8 text: left out")
     return safe
 
 
@@ -272,7 +301,15 @@ def _json_safe(value: Any, budget: list[int], depth: int, path: set[int]) -> Any
                 _text(str(k), budget): _json_safe(v, budget, depth + 1, inner)
                 for k, v in value.items()
             }
+        if isinstance(value, set):  # a !!set: in an order of its own, not the hash's
+            value = sorted(value, key=lambda v: (type(v).__name__, str(v)))
         return [_json_safe(v, budget, depth + 1, inner) for v in value]
+    if isinstance(value, bytes):  # a !!binary value: the text it holds, if it is text
+        try:
+            return _text(value.decode("utf-8"), budget)
+        except UnicodeDecodeError:
+            budget[2] += 1
+            return None
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, int) and not isinstance(value, bool) and not _fits(value):
