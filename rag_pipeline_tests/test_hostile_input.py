@@ -195,3 +195,21 @@ def test_odd_yaml_values_are_kept_as_what_they_say_with_a_warning(frontmatter, f
         assert parsed.warnings == ()
     else:
         assert len(parsed.warnings) == 1 and parsed.warnings[0].startswith(warning)
+
+
+def test_a_file_with_text_but_no_markdown_block_is_an_empty_document_said_so(book):
+    """Fault: a file of only link reference definitions has text (so no "empty document"
+    warning at parse) but no Markdown block: it got no chunk, a record saying "empty", and
+    no word in the run's report. It is said as an empty file is."""
+    folder, pipeline, equals_clean_build = book
+    (folder / "refs.md").write_text('[home]: https://example.com\n[docs]: /docs "Docs"\n')
+    settle_files()
+    run = pipeline.run(["b"])["b"]
+    said = (
+        "refs.md: empty document (no text once read as Markdown, such as only link reference "
+        "definitions): nothing to index"
+    )
+    assert run.outcome.result.warnings == [said]
+    outcome = next(o for o in run.chunked.outcomes if o.source_file == "refs.md")
+    assert outcome.status == "empty" and outcome.warnings == (said.partition(": ")[2],)
+    equals_clean_build()

@@ -251,6 +251,13 @@ class ChunkedBook:
         }
 
 
+#: the warning of a document with text but no chunk
+_NO_TEXT = (
+    "empty document (no text once read as Markdown, such as only link reference "
+    "definitions): nothing to index"
+)
+
+
 def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
     """Chunk every parsed document; a document whose chunks break an invariant (over the
     model's limit, a broken chain) is an error of that file alone."""
@@ -258,6 +265,7 @@ def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
     chunks: list[Chunk] = []
     errors: list[FileError] = list(parsed.errors)
     outcomes: list[DocumentOutcome] = []
+    warnings = list(parsed.warnings)
     for doc in parsed.documents:
         try:
             doc_chunks = recipe.chunker.chunk(doc, recipe.embedder.tokenizer, recipe.budget)
@@ -280,6 +288,12 @@ def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
             )
             continue
         chunks.extend(doc_chunks)
+        doc_warnings = doc.warnings
+        if not doc_chunks and not doc.is_empty:
+            # text, but none once read as Markdown (only link reference definitions): as
+            # empty as a blank file, and said as one is
+            doc_warnings += (_NO_TEXT,)
+            warnings.append(f"{shown_name(doc.source_file)}: {_NO_TEXT}")
         outcomes.append(
             DocumentOutcome(
                 doc.source_file,
@@ -288,7 +302,7 @@ def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
                 len(doc_chunks),
                 doc.meta,
                 doc.frontmatter,
-                warnings=doc.warnings,
+                warnings=doc_warnings,
             )
         )
     for error in parsed.errors:
@@ -305,7 +319,7 @@ def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
         tuple(chunks),
         tuple(outcomes),
         tuple(errors),
-        parsed.warnings,
+        tuple(warnings),
         time.perf_counter() - started,
         tuple(check_chunks(chunks, recipe.budget.limit)),
     )
