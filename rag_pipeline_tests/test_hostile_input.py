@@ -213,3 +213,38 @@ def test_a_file_with_text_but_no_markdown_block_is_an_empty_document_said_so(boo
     outcome = next(o for o in run.chunked.outcomes if o.source_file == "refs.md")
     assert outcome.status == "empty" and outcome.warnings == (said.partition(": ")[2],)
     equals_clean_build()
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        ("2020-13-45", "timestamp"),  # no month 13
+        ("2020-02-30", "timestamp"),
+        ("2001-12-14 21:59:43.10 -25:00", "timestamp"),
+        ("0x_", "int"),
+        ("!!bool maybe", "bool"),
+        ("!!timestamp nope", "timestamp"),
+    ],
+)
+def test_a_frontmatter_value_that_is_not_the_type_it_looks_like_is_kept_as_text(value, kind):
+    """Fault: a date with a typo (``date: 2020-13-45``) refused the whole file with Python's
+    words ("invalid frontmatter: month must be in 1..12"; for ``!!timestamp nope``: "'NoneType'
+    object has no attribute 'groupdict'"). The value is kept as its text, with a warning."""
+    from rag_pipeline.ingest.parse import parse_document
+    from rag_pipeline.models import ParsedDocument
+
+    data = f"---\ntitle: Kept\nwhen: {value}\n---\n# T\n\nbody\n".encode()
+    parsed = parse_document("b", "f.md", data, "h")
+    assert isinstance(parsed, ParsedDocument) and parsed.meta.title == "Kept"
+    text = value.rpartition(" ")[2] if value.startswith("!!") else value
+    assert parsed.frontmatter["when"] == text
+    assert parsed.warnings == (f"frontmatter value {text!r} is not a valid {kind}: kept as text",)
+
+
+def test_a_yaml_collection_of_the_wrong_shape_for_its_tag_is_named_as_that():
+    from rag_pipeline.ingest.parse import parse_document
+    from rag_pipeline.models import FileError
+
+    refused = parse_document("b", "f.md", b"---\nx: !!map [1]\n---\nbody\n", "h")
+    assert isinstance(refused, FileError)
+    assert refused.reason.startswith("invalid YAML frontmatter: a value does not have the shape")

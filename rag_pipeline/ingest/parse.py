@@ -238,10 +238,21 @@ def _load_yaml(raw: str, warnings: list[str]) -> Any:
     loader = _Loader(raw)
     try:
         data = loader.get_single_data()
+    except yaml.YAMLError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+        # a collection of the wrong shape for its tag (``!!map [1]``): PyYAML's own error
+        # would be Python's ("cannot unpack non-iterable ScalarNode object")
+        raise _FrontmatterError(
+            f"invalid YAML frontmatter: a value does not have the shape its tag says ({exc})"
+        ) from None
     finally:
         loader.dispose()
     for key in sorted(loader.repeated):
         warnings.append(f"frontmatter key {key!r} is given more than once: its last value is used")
+    for value, kind in loader.not_what_they_say:
+        shown = repr(value) if len(value) <= 60 else repr(value[:59] + "…")
+        warnings.append(f"frontmatter value {shown} is not a valid {kind}: kept as text")
     return _bounded(data, warnings)
 
 
@@ -252,6 +263,25 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.repeated: set[str] = set()
+        #: (text, type) of the values that look like a type but are not one of it
+        self.not_what_they_say: list[tuple[str, str]] = []
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """A scalar PyYAML cannot make into the type its form or tag says (``2020-13-45``, a
+        date with no month 13; ``0x_``; ``!!bool maybe``) is its text, with a warning: PyYAML
+        raised Python's own error (``month must be in 1..12``) and the whole file was lost
+        for one typo."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+            if not isinstance(node, yaml.ScalarNode):
+                raise
+            self.recursive_objects.pop(node, None)
+            self.not_what_they_say.append((str(node.value), node.tag.rpartition(":")[2]))
+            self.constructed_objects[node] = str(node.value)
+            return str(node.value)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
