@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from rag_pipeline_tests.conftest import make_pipeline, make_recipe, settle_files, store_config
+from rag_pipeline_tests.gitbooks import NEEDS_GIT, GitRepo
 
 
 @pytest.fixture
@@ -248,3 +249,42 @@ def test_a_yaml_collection_of_the_wrong_shape_for_its_tag_is_named_as_that():
     refused = parse_document("b", "f.md", b"---\nx: !!map [1]\n---\nbody\n", "h")
     assert isinstance(refused, FileError)
     assert refused.reason.startswith("invalid YAML frontmatter: a value does not have the shape")
+
+
+@pytest.mark.integration  # git processes
+@NEEDS_GIT
+def test_a_git_blob_over_the_size_limit_is_refused_by_the_size_its_listing_names(tmp_path):
+    """Fault (the folder's, in git): a blob over RAG_MAX_FILE_BYTES was streamed whole through
+    ``git cat-file`` to be refused, at every look (plan, sensor tick, run). Its size comes
+    with the listing (``ls-tree -l``): it is refused by it, unread."""
+    from rag_pipeline.sources import git
+    from rag_pipeline.sources.base import SourceReadError
+
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("pages", {"big.md": "# Big\n\n" + "word " * 400, "small.md": "# S\n\ntext\n"})
+    source = git.GitSource(
+        {"gb": git.GitBookSpec(git=str(repo.path))},
+        cache_dir=tmp_path / "cache",
+        max_file_bytes=1000,
+    )
+    asked: list[str] = []
+    real = git._Blobs.read
+
+    def reading(self: Any, blob: str, max_bytes: int) -> bytes:
+        asked.append(blob)
+        return real(self, blob, max_bytes)
+
+    try:
+        git._Blobs.read = reading  # type: ignore[method-assign]
+        found = source.scan("gb")
+    finally:
+        git._Blobs.read = real  # type: ignore[method-assign]
+        source.close()
+    assert [f.source_file for f in found.files] == ["small.md"]
+    assert [str(e) for e in found.errors] == [
+        "gb/big.md: file too large: 2,007 bytes exceeds the 1,000 bytes limit (RAG_MAX_FILE_BYTES)"
+    ]
+    big = next(v for v in source.versions("gb").files if v.source_file == "big.md")
+    assert big.key not in asked and len(asked) == 1
+    with pytest.raises(SourceReadError, match="too large"):
+        source.read("gb", big, found.boundary)

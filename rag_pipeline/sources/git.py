@@ -221,6 +221,9 @@ class _Book:
     #: why the last look at the book failed (None: it listed ``listed``)
     failure: str | None = None
     blobs: _Blobs | None = None
+    #: blob id -> size, as the last listing found them: a blob over the limit is refused by
+    #: it, never streamed through ``cat-file`` at every look (one of an older listing is)
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
 class GitSource(BookSource):
@@ -282,6 +285,9 @@ class GitSource(BookSource):
         if not isinstance(file.key, str):
             raise SourceReadError(errno.EINVAL, "not a file of a git tree")
         book = self._book(book_id)
+        size = book.sizes.get(file.key)
+        if size is not None and size > self.max_file_bytes:
+            raise SourceReadError(errno.EFBIG, too_large(size, self.max_file_bytes))
         if book.blobs is None:
             book.blobs = _Blobs(book.repo)
         return book.blobs.read(file.key, self.max_file_bytes)
@@ -479,7 +485,7 @@ class GitSource(BookSource):
         """The Markdown files of the commit's tree under the book's path, each with its blob id
         (its version); symbolic links and names that are not UTF-8 are crawl errors."""
         prefix = f"{book.spec.path}/" if book.spec.path else ""
-        args = ["ls-tree", "-r", "-z", "--full-tree", commit]
+        args = ["ls-tree", "-r", "-l", "-z", "--full-tree", commit]  # -l: each blob's size
         if prefix:
             args += ["--", prefix]
         out = _git(book.repo, *args)
@@ -494,11 +500,12 @@ class GitSource(BookSource):
                 raise GitError(f"no folder {book.spec.path!r} in commit {commit[:12]}")
         files: list[FileVersion] = []
         errors: list[FileError] = []
+        sizes: dict[str, int] = {}
         for entry in out.split(b"\0"):
             if not entry:
                 continue
             meta, _, raw = entry.partition(b"\t")
-            mode, kind, blob = meta.decode().split(" ")
+            mode, kind, blob, size = meta.decode().split()
             raw_rel = raw[len(prefix.encode()) :]
             if not is_book_path(raw_rel.decode("utf-8", "surrogateescape")):
                 continue  # not Markdown, or hidden, as in a book folder
@@ -513,6 +520,8 @@ class GitSource(BookSource):
                 what = "a symbolic link" if mode == "120000" else f"not a regular file ({mode})"
                 errors.append(FileError(book_id, rel, "crawl", f"{what} in git; refused"))
                 continue
+            sizes[blob] = int(size)
             files.append(FileVersion(rel, blob, f"{commit}:{prefix}{rel}", version=blob))
         files.sort(key=lambda f: f.source_file)
+        book.sizes = sizes
         return BookVersions(book_id, commit, tuple(files), tuple(errors), commit)
