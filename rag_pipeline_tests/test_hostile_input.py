@@ -288,3 +288,16 @@ def test_a_git_blob_over_the_size_limit_is_refused_by_the_size_its_listing_names
     assert big.key not in asked and len(asked) == 1
     with pytest.raises(SourceReadError, match="too large"):
         source.read("gb", big, found.boundary)
+
+
+def test_an_object_over_the_size_limit_is_refused_by_its_listed_size_without_a_request():
+    """An object whose listing says it is over RAG_MAX_FILE_BYTES is refused by that size: no
+    GET is made for it at any look (a request per object and tick, before)."""
+    from rag_pipeline.sources.base import FileVersion, SourceReadError
+    from rag_pipeline.sources.s3 import S3BookSpec, S3Source, object_key_version
+
+    source = S3Source({"sb": S3BookSpec(s3="s3://bucket/p/")}, max_file_bytes=1000)
+    listed = FileVersion("big.md", object_key_version('"e"', "t", 5000), "p/big.md", version="e")
+    with pytest.raises(SourceReadError, match=r"object too large: 5,000 bytes exceeds the 1,000"):
+        source.read("sb", listed, "s3://bucket/p/")
+    assert source._clients == {}  # no client made, no request sent

@@ -271,6 +271,9 @@ class S3Source(BookSource):
         if not key.startswith(spec.prefix) or boundary not in ("", spec.s3):
             # a location outside the book's prefix is never read (tenant isolation)
             raise SourceReadError(errno.EPERM, f"{key!r} is not an object of {spec.s3}")
+        listed = file.key.size if isinstance(file.key, FileKey) else 0
+        if listed > self.max_file_bytes:  # refused by the size its listing names: no request
+            raise SourceReadError(errno.EFBIG, too_large(listed, self.max_file_bytes, "object"))
         try:
             answer = self.client(spec).get_object(Bucket=spec.bucket, Key=key)
             size = int(answer["ContentLength"])
