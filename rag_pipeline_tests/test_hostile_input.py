@@ -301,3 +301,22 @@ def test_an_object_over_the_size_limit_is_refused_by_its_listed_size_without_a_r
     with pytest.raises(SourceReadError, match=r"object too large: 5,000 bytes exceeds the 1,000"):
         source.read("sb", listed, "s3://bucket/p/")
     assert source._clients == {}  # no client made, no request sent
+
+
+def test_a_file_that_opens_with_a_thematic_break_is_read_as_markdown():
+    """Fault: a file opening with a thematic break (``---``) and holding a second one later
+    had the prose between them taken for frontmatter, a YAML string: the whole file was
+    refused ("frontmatter is not a key/value mapping"). Prose is read as Markdown, with a
+    warning; a YAML list there is still refused (it is frontmatter of the wrong kind)."""
+    from rag_pipeline.ingest.parse import parse_document
+    from rag_pipeline.models import FileError, ParsedDocument
+
+    data = b"---\n\n# Slides\n\nFirst slide text.\n\n---\n\nSecond slide.\n"
+    parsed = parse_document("b", "slides.md", data, "h")
+    assert isinstance(parsed, ParsedDocument)
+    assert parsed.meta.title == "Slides" and parsed.body == data.decode()
+    assert parsed.warnings == (
+        "the text between the first two '---' lines is not frontmatter (no key: value line): "
+        "read as Markdown",
+    )
+    assert isinstance(parse_document("b", "l.md", b"---\n- a\n---\nx\n", "h"), FileError)

@@ -142,6 +142,14 @@ def _parse(
         return error(f"frontmatter is nested deeper than {FRONTMATTER_LIMITS['depth']} levels")
     except Exception as exc:  # TOML / JSON handlers raise their own errors
         return error(f"invalid frontmatter: {exc}")
+    if isinstance(fm, str | int | float):
+        # prose between a thematic break (---) that opens the file and a second one: no
+        # metadata, the file's own text (it was refused whole, for a rule drawn in Markdown)
+        warnings.append(
+            "the text between the first two '---' lines is not frontmatter (no key: value "
+            "line): read as Markdown"
+        )
+        fm, body = {}, text
     if not isinstance(fm, Mapping):
         return error("frontmatter is not a key/value mapping")
     if not body.strip():
