@@ -351,7 +351,9 @@ def _json_safe(value: Any, budget: list[int], depth: int, path: set[int]) -> Any
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, int) and not isinstance(value, bool) and not _fits(value):
-        return str(value)  # payload integers are 64-bit
+        # payload integers are 64-bit; one of thousands of digits (``0b1111...``) has no
+        # decimal text Python will write: its hexadecimal one
+        return str(value) if value.bit_length() < 10_000 else hex(value)
     if isinstance(value, str):
         return _text(value, budget)
     if value is None or isinstance(value, int | float | bool):
