@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import datetime as dt
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import Any
 
 import frontmatter
 import yaml
-from frontmatter.default_handlers import YAMLHandler
+from frontmatter.default_handlers import JSONHandler, YAMLHandler
 from markdown_it import MarkdownIt
 
 from rag_pipeline.models import (
@@ -200,6 +201,8 @@ def _split_frontmatter(text: str, warnings: list[str]) -> tuple[Any, str]:
         raise _FrontmatterError(
             f"frontmatter is larger than {FRONTMATTER_LIMITS['bytes'] // 1024} KiB"
         )
+    if isinstance(handler, JSONHandler):  # an integer past Python's limit is its text
+        return _or_empty(_bounded(json.loads(raw, parse_int=_json_int), warnings)), body
     if not isinstance(handler, YAMLHandler):
         return _or_empty(_bounded(handler.load(raw), warnings)), body
     try:
@@ -208,6 +211,14 @@ def _split_frontmatter(text: str, warnings: list[str]) -> tuple[Any, str]:
         raise _FrontmatterError(
             f"invalid YAML frontmatter: {_yaml_reason(exc, raw, _raw_first_line(handler, text))}"
         ) from None
+
+
+def _json_int(digits: str) -> int | str:
+    """A JSON integer; one of more digits than Python converts (4,300) is kept as its text."""
+    try:
+        return int(digits)
+    except ValueError:
+        return digits
 
 
 def _or_empty(data: Any) -> Any:
