@@ -176,6 +176,7 @@ def test_a_refused_file_with_an_odd_name_is_one_error_on_one_line(book):
             "frontmatter key 'title' is given more than once: its last value is used",
         ),
         ("outer: {k: 1, k: 2}", {"outer": {"k": 2}}, "frontmatter key 'k' is given more than"),
+        ('{"t": 1, "t": 2}', {"t": 2}, "frontmatter key 't' is given more than once"),  # JSON
         # a merge's keys are meant to be overridden: no warning
         ("base: &b {x: 1, y: 0}\nother:\n  <<: *b\n  y: 2", {"other": {"x": 1, "y": 2}}, None),
         # Fault: a !!binary value became the text "b'hello'"
@@ -189,7 +190,8 @@ def test_odd_yaml_values_are_kept_as_what_they_say_with_a_warning(frontmatter, f
     from rag_pipeline.ingest.parse import parse_document
     from rag_pipeline.models import ParsedDocument
 
-    parsed = parse_document("b", "f.md", f"---\n{frontmatter}\n---\n# T\n\nx\n".encode(), "h")
+    block = frontmatter if frontmatter.startswith("{") else f"---\n{frontmatter}\n---"
+    parsed = parse_document("b", "f.md", f"{block}\n# T\n\nx\n".encode(), "h")
     assert isinstance(parsed, ParsedDocument)
     assert {k: parsed.frontmatter[k] for k in fields} == fields
     if warning is None:

@@ -202,7 +202,16 @@ def _split_frontmatter(text: str, warnings: list[str]) -> tuple[Any, str]:
             f"frontmatter is larger than {FRONTMATTER_LIMITS['bytes'] // 1024} KiB"
         )
     if isinstance(handler, JSONHandler):  # an integer past Python's limit is its text
-        return _or_empty(_bounded(json.loads(raw, parse_int=_json_int), warnings)), body
+        repeated: set[str] = set()
+
+        def mapping(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+            keys = [k for k, _ in pairs]
+            repeated.update(k for k in keys if keys.count(k) > 1)
+            return dict(pairs)
+
+        data = json.loads(raw, parse_int=_json_int, object_pairs_hook=mapping)
+        _say_repeated(repeated, warnings)
+        return _or_empty(_bounded(data, warnings)), body
     if not isinstance(handler, YAMLHandler):
         return _or_empty(_bounded(handler.load(raw), warnings)), body
     try:
@@ -267,12 +276,16 @@ def _load_yaml(raw: str, warnings: list[str]) -> Any:
         ) from None
     finally:
         loader.dispose()
-    for key in sorted(loader.repeated):
-        warnings.append(f"frontmatter key {key!r} is given more than once: its last value is used")
+    _say_repeated(loader.repeated, warnings)
     for value, kind in loader.not_what_they_say:
         shown = repr(value) if len(value) <= 60 else repr(value[:59] + "…")
         warnings.append(f"frontmatter value {shown} is not a valid {kind}: kept as text")
     return _bounded(data, warnings)
+
+
+def _say_repeated(keys: set[str], warnings: list[str]) -> None:
+    for key in sorted(keys):
+        warnings.append(f"frontmatter key {key!r} is given more than once: its last value is used")
 
 
 class _Loader(yaml.SafeLoader):
