@@ -32,7 +32,10 @@ from rag_pipeline.retrieve.params import (
 from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
-    from rag_pipeline.retrieve.search import Hit, HitGroup
+    from rag_pipeline.recipes.lazy import LazyRecipe
+    from rag_pipeline.recipes.recipe import IndexRecipe
+    from rag_pipeline.retrieve.request import SearchRequest
+    from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
     from rag_pipeline.store import VectorStore
 
 
@@ -133,6 +136,7 @@ def _fusion_option(multiple: bool = False) -> Callable[..., Any]:
 def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> None:
     """Search one book for QUERY."""
     from rag_pipeline.retrieve.request import results_json
+    from rag_pipeline.retrieve.search import EmbeddedQuery
 
     book = _require_book(book_id)
     settings = _settings()
@@ -140,19 +144,20 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
         request = search_request(query, book, values)
     except ValueError as exc:
         fail(str(exc))
+    recipes = book_recipes(settings)
+    embedded = _embed_first(recipes, request)
     with opened_store(settings) as store:
         # the query is embedded by the model the book records, never compared across models
         recipe = (
-            book_recipes(settings).for_book(store, book, purpose="search").recipe
+            recipes.for_book(store, book, purpose="search").recipe
             if request.needs_embedder
             else None
         )
+        embedder: QueryEmbedder | None = recipe.embedder if recipe else None
+        if recipe and embedded and embedded[0].embedding_model == recipe.embedding_model:
+            embedder = EmbeddedQuery(recipe.embedder, request.query, embedded[1])
         try:
-            results = request.run(
-                store,
-                recipe.embedder if recipe else None,
-                recipe.sparse if recipe else None,
-            )
+            results = request.run(store, embedder, recipe.sparse if recipe else None)
         except ValueError as exc:  # a query or filter the search cannot answer
             fail(str(exc))
         if not results:
@@ -170,6 +175,24 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
             f"{shown(group.source_file)} (best {group.score:.4f}, {len(group.hits)} hits)",
         )
     out.print(f"{len(results)} files in {book} ({label})")
+
+
+def _embed_first(recipes: LazyRecipe, request: SearchRequest) -> tuple[IndexRecipe, Any] | None:
+    """The query embedded before the store is opened, by the configured model: the one nearly
+    every book records (a book not migrated yet to it is embedded again, under the store).
+    A run of the same book never waits behind the model (or an embedding API: seconds, a
+    minute when it is down) and fails busy; and the store is opened once, as before. None
+    for a search that embeds nothing, or when the configured model cannot be built here (a
+    book's own model may still be: :meth:`LazyRecipe.for_book` says)."""
+    from rag_pipeline.embed import EmbedError
+
+    if not request.needs_embedder:
+        return None
+    try:
+        recipe = recipes.get()
+    except EmbedError:
+        return None
+    return recipe, recipe.embedder.embed_query(request.query)
 
 
 def _hint_if_not_indexed(store: VectorStore, book: str) -> None:

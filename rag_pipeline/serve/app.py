@@ -60,7 +60,7 @@ from rag_pipeline.retrieve.params import (
     single_valued,
 )
 from rag_pipeline.retrieve.request import SearchRequest, results_json
-from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
+from rag_pipeline.retrieve.search import EmbeddedQuery, Hit, HitGroup, QueryEmbedder
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
 from rag_pipeline.store import (
@@ -136,18 +136,6 @@ class CachedQueryEmbedder:
                 while len(self._cache) > self._size:
                     self._cache.popitem(last=False)
         return vector
-
-
-class _Embedded:
-    """A query embedder answering one text with the vector made before the store was taken
-    (:meth:`Service.embed_first`); any other text is embedded by ``embedder``."""
-
-    def __init__(self, embedder: CachedQueryEmbedder, text: str, vector: np.ndarray) -> None:
-        self._embedder, self._text, self._vector = embedder, text, vector
-        self.source, self.dimension = embedder.source, embedder.dimension
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self._vector if text == self._text else self._embedder.embed_query(text)
 
 
 def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[LazyRecipe, int]:
@@ -301,9 +289,9 @@ class Service:
             return request.run(store, None, self.recipe.sparse)
         for _ in range(VIEW_TRIES):
             recipe, signature = self.book_view(store, book_id)
-            embedder: CachedQueryEmbedder | _Embedded = self._embedder_of(recipe)
+            embedder: CachedQueryEmbedder | EmbeddedQuery = self._embedder_of(recipe)
             if embedded is not None and embedded[0] == recipe.embedding_model:
-                embedder = _Embedded(self._embedder_of(recipe), request.query, embedded[1])
+                embedder = EmbeddedQuery(self._embedder_of(recipe), request.query, embedded[1])
             try:
                 results = request.run(store, embedder, self.recipe.sparse)
             except (StoreBusyError, StoreUnavailableError, StoreResourceError):

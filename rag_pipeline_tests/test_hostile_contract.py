@@ -1,0 +1,93 @@
+"""Hostile probes of what README.md states as a contract: the retrieval commands' ``--json``
+fields, the query service's answers to odd requests, the settings' refusals, and that a
+search embeds its query with the store let go of. Each test names the fault it caught; all
+run in-process (click's CliRunner, FastAPI's TestClient) over books indexed by the
+production pipeline."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_pipeline_tests.conftest import section
+from rag_pipeline_tests.helpers import InProcessCli, assert_no_trace, index_books
+
+BOOK, OTHER = "alpha", "beta"
+
+
+def write_books(root: Path) -> Path:
+    books = root / "books"
+    for book in (BOOK, OTHER):
+        folder = books / book
+        folder.mkdir(parents=True)
+        (folder / "a.md").write_text(f"# {book}\n\n" + section("Nodes", seed=book))
+        (folder / "b.md").write_text(f"# {book} b\n\n" + section("Topics", seed=book + "b"))
+    return books
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCli]:
+    """Two books indexed directly into the store a CLI of the folder reads."""
+    root = tmp_path_factory.mktemp("contract")
+    books = write_books(root)
+    cli = InProcessCli(root, books)
+    index_books(books, cli.env["RAG_QDRANT_PATH"])
+    yield cli
+
+
+def cli_json(cli: InProcessCli, *args: str) -> Any:
+    done = cli(*args, "--json")
+    assert_no_trace(done.stderr)
+    return json.loads(done.stdout)
+
+
+# -- the CLI's search embeds its query with the store let go of ---------------------------
+
+
+def test_the_cli_search_embeds_its_query_before_it_opens_the_store_and_opens_it_once(
+    indexed, monkeypatch
+):
+    """Fault: `rag-pipeline search` embedded its query while it held the store, so a run of
+    the same book that needed the store meanwhile (a model's second, an embedding API's
+    minute) waited behind it and failed busy. Now the query is embedded before the store
+    is opened, and the store is still opened once per search."""
+    from dataclasses import replace
+
+    import rag_pipeline.store as store_module
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
+
+    config = replace(
+        load_settings(qdrant_path=indexed.env["RAG_QDRANT_PATH"]).store(), busy_wait_s=0
+    )
+    real_open, embed = store_module.open_store, HashEmbedder.embed_query
+    opens: list[str] = []
+    counted: list[int] = []
+
+    def counting_open(*args: Any, **kwargs: Any) -> Any:
+        opens.append("open")
+        return real_open(*args, **kwargs)
+
+    def embed_while_another_reads(self: HashEmbedder, text: str) -> Any:
+        # another handle of the store reads the book: busy at once if the search held it
+        other = real_open(config, COLLECTION_SCHEMA)
+        try:
+            counted.append(other.count(chunks_of(BOOK)))
+        finally:
+            other.close()
+        return embed(self, text)
+
+    monkeypatch.setattr(store_module, "open_store", counting_open)
+    monkeypatch.setattr(HashEmbedder, "embed_query", embed_while_another_reads)
+    for mode in ("dense", "hybrid"):
+        opens.clear()
+        counted.clear()
+        hits = cli_json(indexed, "search", "nodes", "--book", BOOK, "--mode", mode)
+        assert hits and {h["book_id"] for h in hits} == {BOOK}
+        assert counted and counted[0] > 0, mode
+        assert opens == ["open"], mode
