@@ -91,3 +91,36 @@ def test_the_cli_search_embeds_its_query_before_it_opens_the_store_and_opens_it_
         assert hits and {h["book_id"] for h in hits} == {BOOK}
         assert counted and counted[0] > 0, mode
         assert opens == ["open"], mode
+
+
+# -- lineage --json: every documented field, from every kind of hit ----------------------
+
+LINEAGE_DOCUMENTED = {
+    "file_path",
+    "file_exists",
+    "current_file_hash",
+    "file_changed_since_indexed",
+    "file_problem",
+    "source_version",
+    "document_status",
+    "document_run_id",
+    "dagster_run_url_path",
+    "dagster_run_url",
+}
+
+
+def test_lineage_has_every_documented_field_for_a_chunk_and_a_document_record(indexed):
+    """Fault: `lineage --json` of a document record (a `parent_doc_id`, a point of its own)
+    had no `document_status`, `document_run_id` (the record is its own document), and a
+    point without a run id no `dagster_run_url*`: a client reading the documented fields
+    failed on a KeyError. Every answer now holds each of them (null when unknown)."""
+    hit = cli_json(indexed, "search", "nodes", "--book", BOOK, "--limit", "1")[0]
+    chunk = cli_json(indexed, "lineage", hit["id"], "--book", BOOK)
+    record = cli_json(indexed, "lineage", hit["parent_doc_id"], "--book", BOOK)
+    for info in (chunk, record):
+        assert info.keys() >= LINEAGE_DOCUMENTED, LINEAGE_DOCUMENTED - info.keys()
+        assert info["book_id"] == BOOK and info["file_changed_since_indexed"] is False
+        assert info["document_status"] == "ok" and info["document_run_id"] == "direct"
+        assert info["dagster_run_url"].endswith("/runs/direct")
+    assert record["record_type"] == "document" and chunk["record_type"] == "chunk"
+    assert set(chunk) == set(record)
