@@ -124,3 +124,78 @@ def test_lineage_has_every_documented_field_for_a_chunk_and_a_document_record(in
         assert info["dagster_run_url"].endswith("/runs/direct")
     assert record["record_type"] == "document" and chunk["record_type"] == "chunk"
     assert set(chunk) == set(record)
+
+
+# -- the query service: HEAD, odd query strings -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(indexed: InProcessCli) -> Iterator[Any]:
+    """The production app over the books of ``indexed``."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline_tests.conftest import make_recipe
+
+    settings = load_settings(
+        data_dir=indexed.env["RAG_DATA_DIR"],
+        qdrant_path=indexed.env["RAG_QDRANT_PATH"],
+        embedder="hash",
+        cache_dir=indexed.env["RAG_CACHE_DIR"],
+    )
+    with TestClient(create_app(settings, make_recipe(HashEmbedder()), cache_size=0)) as client:
+        yield client
+
+
+def test_head_is_answered_as_get_without_a_body(served):
+    """Fault: HEAD of every route was 405 (FastAPI's routes take GET alone), so a load
+    balancer's or monitor's `HEAD /health` took the service for down. HEAD answers as GET
+    does (status, headers, Content-Length), without the body."""
+    hit = served.get("/search", params={"q": "nodes", "book": BOOK, "limit": 1}).json()[0]
+    for path, params in [
+        ("/health", {}),
+        ("/search", {"q": "nodes", "book": BOOK}),
+        (f"/lineage/{hit['id']}", {"book": BOOK}),
+        (f"/document/{hit['parent_doc_id']}", {"book": BOOK}),
+        ("/search", {"q": "nodes"}),  # no book: 400, as GET
+        (f"/lineage/{hit['id']}", {"book": OTHER}),  # another book's point: 404, as GET
+    ]:
+        got = served.get(path, params=params)
+        head = served.head(path, params=params)
+        assert head.status_code == got.status_code, (path, params, head.status_code)
+        assert head.content == b""
+        assert head.headers["content-length"] == got.headers["content-length"]
+    assert served.request("PUT", "/health").status_code == 405
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("q=%ff&book=alpha", "'q'"),  # read as U+FFFD, and searched for
+        ("q=nodes&book=alpha&module=%ff", "'module'"),  # a filter matching nothing: []
+        ("q=nodes&book=alpha&where=source_file%3D%c3", "'where'"),
+        ("q=nodes&book=alpha&proficiency=%fe", "'proficiency'"),
+        ("q=nodes&book=alpha&modul=x", "'modul'"),  # misspelled: dropped, a wider answer
+        ("q=nodes&book=alpha&chapter-min=3", "'chapter-min'"),  # the CLI's spelling
+        ("q=nodes&book=alpha&Book=beta", "'Book'"),
+    ],
+)
+def test_a_query_parameter_the_service_would_misread_is_400_naming_it(served, query, named):
+    """Fault: a percent-escape that is not UTF-8 was read as U+FFFD (a search for it, a
+    filter that matches nothing: 200 and [] where the CLI exits 2), and an unknown
+    parameter was dropped silently (a misspelled filter widened the answer). Both are 400
+    naming the parameter, as the CLI refuses them."""
+    response = served.get(f"/search?{query}")
+    assert response.status_code == 400, response.text
+    assert named in response.json()["detail"]
+
+
+def test_context_document_and_lineage_refuse_what_they_do_not_take(served):
+    hit = served.get("/search", params={"q": "nodes", "book": BOOK, "limit": 1}).json()[0]
+    for path in (f"/context/{hit['id']}", f"/document/{hit['parent_doc_id']}"):
+        response = served.get(path, params={"book": BOOK, "limit": 1})
+        assert response.status_code == 400 and "'limit'" in response.json()["detail"]
+    response = served.get(f"/lineage/{hit['id']}", params={"book": BOOK, "x": "%ff"})
+    assert response.status_code == 400

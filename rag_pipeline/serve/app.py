@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import parse_qsl
 
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -32,6 +33,7 @@ from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import QueryParams
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_pipeline import __version__
 from rag_pipeline.config import EmbedderConfig, Settings
@@ -81,6 +83,7 @@ from rag_pipeline.store.filters import check_point_id
 __all__ = [
     "CachedQueryEmbedder",
     "CliJSONResponse",
+    "HeadAsGet",
     "Service",
     "create_app",
     "query_recipe",
@@ -359,14 +362,38 @@ def _point(value: str) -> str:
         raise HTTPException(400, str(exc)) from None
 
 
-def _refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: frozenset[str]) -> None:
-    """400 naming the first parameter that would give the request two meanings: one that takes
-    one value given more than once (:func:`~rag_pipeline.retrieve.params.repeated`), or a
-    path parameter repeated in the query."""
+def _refuse_ambiguous(
+    query: QueryParams,
+    raw_query: bytes,
+    known: frozenset[str],
+    single: frozenset[str],
+    in_path: frozenset[str],
+) -> None:
+    """400 naming the first parameter that would give the request another meaning than the
+    one read: a name or value whose percent-escapes are not UTF-8 text (the service would
+    read U+FFFD in its place and search for that), a name the route does not take (a
+    misspelled filter would be dropped: a wider answer than asked), one that takes one value
+    given more than once (:func:`~rag_pipeline.retrieve.params.repeated`), or a path
+    parameter repeated in the query."""
+    for name, value in parse_qsl(
+        raw_query.decode("latin-1"), keep_blank_values=True, errors="surrogateescape"
+    ):
+        for text in (name, value):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                raise HTTPException(
+                    400, f"query parameter {shown!r} is not UTF-8 text (percent-encode UTF-8)"
+                ) from None
     for name in query:  # each name once, in the request's order
         if name in in_path:
             raise HTTPException(
                 400, f"{name!r} is a path parameter: it cannot also be given in the query"
+            )
+        if name not in known:
+            raise HTTPException(
+                400, f"unknown query parameter {name!r}; this path takes {', '.join(sorted(known))}"
             )
     twice = repeated([name for name, _ in query.multi_items()], single)
     if twice is not None:
@@ -378,14 +405,17 @@ def _refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: froze
 def one_meaning(
     params: Sequence[Param], *, query: Sequence[str] = (), path: Sequence[str] = ()
 ) -> params_module.Depends:
-    """A route's dependency that refuses an ambiguous request before any parameter is read:
-    the route's declared ``params`` (and its ``query`` names) take one value each unless
-    repeatable; its ``path`` names cannot be given in the query too."""
+    """A route's dependency that refuses an ambiguous request before any parameter is read
+    (:func:`_refuse_ambiguous`): the route takes the query parameters ``params`` and
+    ``query``, each one value unless repeatable; its ``path`` names cannot be given in the
+    query too."""
+    known = frozenset(p.name for p in params) | frozenset(query)
     single = single_valued(params) | frozenset(query)
     in_path = frozenset(path)
 
     def refuse(request: Request) -> None:
-        _refuse_ambiguous(request.query_params, single, in_path)
+        raw = request.scope.get("query_string", b"")
+        _refuse_ambiguous(request.query_params, raw, known, single, in_path)
 
     depends: params_module.Depends = Depends(refuse)
     return depends
@@ -460,6 +490,7 @@ def create_app(
         default_response_class=CliJSONResponse,
     )
     app.state.service = service
+    app.add_middleware(HeadAsGet)
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> Response:
@@ -591,6 +622,29 @@ def create_app(
         )
 
     return app
+
+
+class HeadAsGet:
+    """HEAD of any path answered as GET answers it, without the body (RFC 9110: a server that
+    answers GET answers HEAD; FastAPI's routes answered 405, a monitor's HEAD /health
+    included). The status and headers are GET's, Content-Length included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return  # a part of the body: only its end is passed on, empty
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 def _found(body: Any, missing: str) -> Response:
