@@ -199,3 +199,60 @@ def test_context_document_and_lineage_refuse_what_they_do_not_take(served):
         assert response.status_code == 400 and "'limit'" in response.json()["detail"]
     response = served.get(f"/lineage/{hit['id']}", params={"book": BOOK, "x": "%ff"})
     assert response.status_code == 400
+
+
+# -- settings: a bad value is exit 2 naming its variable, a key never shown ----------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        # fault: a host an HTTP client cannot parse passed the check, then failed the first
+        # request as "unexpected LocationParseError" (exit 1), or went into lineage's links
+        ("RAG_QDRANT_URL", "http://qdrant host:6333"),
+        ("RAG_QDRANT_URL", "http://a..b:6333"),
+        ("OPENAI_BASE_URL", "https://api.openai.com\t/v1"),
+        ("RAG_DAGSTER_URL", "http://dagster\u00a0ui:3000"),
+        # fault: a key that cannot be sent in a header (non-ASCII: an encoding error naming
+        # the header; a newline read from a file, spaces: a wrong key for the server)
+        ("OPENAI_API_KEY", "sk-caf\u00e9"),
+        ("OPENAI_API_KEY", "sk-abc\n"),
+        ("OPENAI_API_KEY", "   "),
+        ("RAG_QDRANT_API_KEY", "key with spaces"),
+        # fault: no upper bound (a number no window can reach)
+        ("RAG_OPENAI_REQUESTS_PER_MINUTE", "9" * 30),
+        ("RAG_OPENAI_TOKENS_PER_MINUTE", "9" * 30),
+        # fault: a blank model name was taken as a model
+        ("RAG_OPENAI_MODEL", " "),
+    ],
+)
+def test_a_bad_setting_is_exit_2_naming_its_variable_and_never_showing_a_key(
+    indexed, variable, value
+):
+    cli = InProcessCli(indexed.cwd, Path(indexed.env["RAG_DATA_DIR"]))
+    cli.env = {**indexed.env, variable: value}
+    done = cli("search", "nodes", "--book", BOOK, "--json", check=False)
+    assert done.returncode == 2, (variable, value, done.stdout, done.stderr)
+    assert variable in done.stderr and done.stdout == ""
+    # fault: OPENAI_* variables were named RAG_OPENAI_*, which the README does not list
+    assert f"RAG_{variable}" not in done.stderr
+    assert_no_trace(done.stderr)
+    if "API_KEY" in variable and value.strip():
+        assert value.strip() not in done.stderr  # the key itself is never printed
+
+
+def test_good_urls_and_keys_are_still_taken():
+    from rag_pipeline.config import load_settings
+
+    for url in (
+        "http://localhost:6333",
+        "https://xyz-example.eu-central.aws.cloud.qdrant.io:6333",
+        "http://[::1]:6333",
+        "http://qdrant_db:6333",  # a compose service name
+        "http://b\u00fccher.example/api/",  # IDNA
+    ):
+        settings = load_settings(qdrant_url=url, dagster_url=url, openai_base_url=url)
+        assert settings.qdrant_url == url.rstrip("/")
+    key = "sk-proj-AbC_123-xyz"
+    settings = load_settings(openai_api_key=key, qdrant_api_key="")
+    assert settings.embedding().openai_api_key == key and settings.qdrant_api_key is not None
