@@ -256,3 +256,38 @@ def test_good_urls_and_keys_are_still_taken():
     key = "sk-proj-AbC_123-xyz"
     settings = load_settings(openai_api_key=key, qdrant_api_key="")
     assert settings.embedding().openai_api_key == key and settings.qdrant_api_key is not None
+
+
+# -- JSON output: always UTF-8 -------------------------------------------------------------
+
+
+def test_json_output_is_utf8_under_a_data_folder_whose_name_is_not(tmp_path):
+    """Fault: a data folder whose name holds a byte that is not UTF-8 (Linux allows it;
+    Python reads it as a lone surrogate) reached `lineage --json`'s `file_path`: the CLI
+    failed writing it ("unexpected UnicodeEncodeError", exit 1) and the service answered
+    500. Both now write the byte as its JSON escape: valid UTF-8, parsed back as read."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline_tests.conftest import make_recipe
+
+    books = Path(os.fsdecode(bytes(tmp_path) + b"/b\xffooks"))
+    (books / BOOK).mkdir(parents=True)
+    (books / BOOK / "a.md").write_text("# A\n\n" + section("Nodes", seed="x"))
+    cli = InProcessCli(tmp_path, books)
+    index_books(books, cli.env["RAG_QDRANT_PATH"])
+    hit = cli_json(cli, "search", "nodes", "--book", BOOK)[0]
+    done = cli("lineage", hit["id"], "--book", BOOK, "--json")
+    assert json.loads(done.stdout)["file_path"] == str(books / BOOK / "a.md")
+    settings = load_settings(
+        data_dir=books, qdrant_path=cli.env["RAG_QDRANT_PATH"], embedder="hash", cache_dir=tmp_path
+    )
+    with TestClient(create_app(settings, make_recipe(HashEmbedder()), cache_size=0)) as client:
+        response = client.get(f"/lineage/{hit['id']}", params={"book": BOOK})
+        assert response.status_code == 200, response.text
+        response.content.decode("utf-8")  # valid UTF-8
+        assert json.loads(response.content)["file_path"] == str(books / BOOK / "a.md")

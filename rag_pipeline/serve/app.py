@@ -14,7 +14,6 @@ store is shared with ingestion runs through :class:`StoreHolder`.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import threading
@@ -47,6 +46,7 @@ from rag_pipeline.embed import (
     kind_of,
 )
 from rag_pipeline.embed.base import embedder_source
+from rag_pipeline.json_text import json_text
 from rag_pipeline.models import validate_book_id
 from rag_pipeline.recipes.lazy import LazyRecipe
 from rag_pipeline.recipes.recipe import IndexRecipe
@@ -97,7 +97,7 @@ class CliJSONResponse(JSONResponse):
     """JSON rendered as the CLI renders ``--json`` (``str()`` for anything else), compact."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, default=str, separators=(",", ":")).encode()
+        return json_text(content).encode()
 
 
 class CachedQueryEmbedder:
