@@ -291,3 +291,25 @@ def test_json_output_is_utf8_under_a_data_folder_whose_name_is_not(tmp_path):
         assert response.status_code == 200, response.text
         response.content.decode("utf-8")  # valid UTF-8
         assert json.loads(response.content)["file_path"] == str(books / BOOK / "a.md")
+
+
+# -- exit codes: 0, 1, 2 or 141, whatever fails ---------------------------------------------
+
+
+def test_serve_that_cannot_listen_is_exit_2_for_a_bad_host_and_1_for_a_busy_port(indexed):
+    """Fault: `serve` passed on uvicorn's own exit code 3 (its startup failure) for a host
+    name that does not resolve and for a port already in use; the README's codes are 0, 1,
+    2 and 141. A host that is not an address is now a bad argument (2, naming --host), a
+    port in use failed work (1)."""
+    import socket
+
+    done = indexed("serve", "--host", "no such host", "--port", "8999", check=False)
+    assert done.returncode == 2 and "--host" in done.stderr, done.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        done = indexed("serve", "--host", "127.0.0.1", "--port", port, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "address already in use" in done.stderr
+    assert_no_trace(done.stderr)

@@ -10,6 +10,7 @@ import click
 from rich.table import Table
 
 from rag_pipeline.cli.app import (
+    SIGPIPE_EXIT,
     _settings,
     book_recipes,
     emit_json,
@@ -353,17 +354,35 @@ def serve(
     from rag_pipeline.serve import serve as run_server
 
     settings = _settings()
+    _check_address(host, port)
     recipe, parallel = query_recipe(settings, model_threads)
     app = create_app(settings, recipe, cache_size=cache_size, parallel=parallel)
     err.print(
         f"serving {shown(settings.store().target)} on http://{host}:{port} (docs: /docs)",
         highlight=False,
     )
-    run_server(
-        app,
-        host,
-        port,
-        access_log=access_log,
-        read_timeout_s=settings.serve_read_timeout_s,
-        max_connections=settings.serve_max_connections,
-    )
+    try:
+        run_server(
+            app,
+            host,
+            port,
+            access_log=access_log,
+            read_timeout_s=settings.serve_read_timeout_s,
+            max_connections=settings.serve_max_connections,
+        )
+    except SystemExit as exc:
+        # uvicorn ends a failed start with its own codes (3: startup failure, after its
+        # message): failed work is exit 1, as for every command
+        if exc.code not in (None, 0, 1, 2, 130, SIGPIPE_EXIT):
+            fail(f"the service stopped at its start (uvicorn exit {exc.code})", 1)
+        raise
+
+
+def _check_address(host: str, port: int) -> None:
+    """Exit 2 naming ``--host`` when it is not an address to listen on (uvicorn exited 3)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        fail(f"--host {host!r} is not an address to listen on: {getattr(exc, 'strerror', exc)}")
