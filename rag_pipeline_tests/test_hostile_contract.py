@@ -93,6 +93,23 @@ def test_the_cli_search_embeds_its_query_before_it_opens_the_store_and_opens_it_
         assert opens == ["open"], mode
 
 
+def test_a_book_not_migrated_to_the_configured_api_is_searched_while_the_api_is_down(indexed):
+    """The query is embedded first by the configured model (here an OpenAI API that cannot
+    be reached); the book records another model this process makes (the hash model, as a
+    local model before a change of provider): its search answers, and the API's error is
+    never raised for it."""
+    cli = InProcessCli(indexed.cwd, Path(indexed.env["RAG_DATA_DIR"]))
+    cli.env = {
+        **indexed.env,
+        "RAG_EMBEDDER": "openai",
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9",  # nothing listens: connection refused
+        "RAG_OPENAI_MAX_RETRIES": "0",
+    }
+    hits = cli_json(cli, "search", "nodes", "--book", BOOK, "--mode", "dense")
+    assert hits and {h["embedding_model"] for h in hits} == {"hash-384"}
+
+
 # -- lineage --json: every documented field, from every kind of hit ----------------------
 
 LINEAGE_DOCUMENTED = {

@@ -33,6 +33,7 @@ from rag_pipeline.retrieve.params import (
 from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
+    from rag_pipeline.embed import EmbedError
     from rag_pipeline.recipes.lazy import LazyRecipe
     from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.retrieve.request import SearchRequest
@@ -137,7 +138,6 @@ def _fusion_option(multiple: bool = False) -> Callable[..., Any]:
 def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> None:
     """Search one book for QUERY."""
     from rag_pipeline.retrieve.request import results_json
-    from rag_pipeline.retrieve.search import EmbeddedQuery
 
     book = _require_book(book_id)
     settings = _settings()
@@ -154,9 +154,9 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
             if request.needs_embedder
             else None
         )
-        embedder: QueryEmbedder | None = recipe.embedder if recipe else None
-        if recipe and embedded and embedded[0].embedding_model == recipe.embedding_model:
-            embedder = EmbeddedQuery(recipe.embedder, request.query, embedded[1])
+        embedder: QueryEmbedder | None = (
+            _embedder(recipe, request.query, embedded) if recipe else None
+        )
         try:
             results = request.run(store, embedder, recipe.sparse if recipe else None)
         except ValueError as exc:  # a query or filter the search cannot answer
@@ -178,13 +178,18 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
     out.print(f"{len(results)} files in {book} ({label})")
 
 
-def _embed_first(recipes: LazyRecipe, request: SearchRequest) -> tuple[IndexRecipe, Any] | None:
+def _embed_first(
+    recipes: LazyRecipe, request: SearchRequest
+) -> tuple[IndexRecipe, Any | EmbedError] | None:
     """The query embedded before the store is opened, by the configured model: the one nearly
     every book records (a book not migrated yet to it is embedded again, under the store).
     A run of the same book never waits behind the model (or an embedding API: seconds, a
-    minute when it is down) and fails busy; and the store is opened once, as before. None
-    for a search that embeds nothing, or when the configured model cannot be built here (a
-    book's own model may still be: :meth:`LazyRecipe.for_book` says)."""
+    minute when it is down) and fails busy; and the store is opened once, as before.
+
+    (recipe, vector), or (recipe, the embedder's error): raised only if the book records that
+    model (one not migrated from a local model yet is still searched when the API is down).
+    None for a search that embeds nothing, or when the configured model cannot be built here
+    (a book's own model may still be: :meth:`LazyRecipe.for_book` says)."""
     from rag_pipeline.embed import EmbedError
 
     if not request.needs_embedder:
@@ -193,7 +198,23 @@ def _embed_first(recipes: LazyRecipe, request: SearchRequest) -> tuple[IndexReci
         recipe = recipes.get()
     except EmbedError:
         return None
-    return recipe, recipe.embedder.embed_query(request.query)
+    try:
+        return recipe, recipe.embedder.embed_query(request.query)
+    except EmbedError as exc:
+        return recipe, exc
+
+
+def _embedder(recipe: IndexRecipe, query: str, embedded: tuple[IndexRecipe, Any] | None) -> Any:
+    """The book's query embedder: the query's vector made before the store was taken when it
+    is of the book's model (or that model's error, raised), else the model itself."""
+    from rag_pipeline.embed import EmbedError
+    from rag_pipeline.retrieve.search import EmbeddedQuery
+
+    if embedded is None or embedded[0].embedding_model != recipe.embedding_model:
+        return recipe.embedder
+    if isinstance(embedded[1], EmbedError):
+        raise embedded[1]
+    return EmbeddedQuery(recipe.embedder, query, embedded[1])
 
 
 def _hint_if_not_indexed(store: VectorStore, book: str) -> None:
