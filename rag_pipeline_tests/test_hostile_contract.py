@@ -330,3 +330,25 @@ def test_serve_that_cannot_listen_is_exit_2_for_a_bad_host_and_1_for_a_busy_port
     assert done.returncode == 1, done.stderr
     assert "address already in use" in done.stderr
     assert_no_trace(done.stderr)
+
+
+def test_every_error_body_is_a_detail_text_naming_the_parameter(served):
+    """Fault: the service's errors are `{"detail": "..."}`, except a 422, whose detail was
+    FastAPI's list of objects: a client showing the reason showed a Python list. Every
+    error now gives its reason as text, naming the parameter and the value given."""
+    hit = served.get("/search", params={"q": "nodes", "book": BOOK, "limit": 1}).json()[0]
+    cases = [
+        ("/search", {"q": "nodes", "book": BOOK, "limit": 1001}, 422, "'limit'"),
+        ("/search", {"q": "nodes", "book": BOOK, "mode": "DENSE"}, 422, "'DENSE'"),
+        ("/search", {"book": BOOK}, 422, "'q'"),
+        (f"/context/{hit['id']}", {"book": BOOK, "prev": "x"}, 422, "'prev'"),
+        ("/search", {"q": "nodes", "book": BOOK, "where": "nope=1"}, 400, "nope"),
+        (f"/lineage/{hit['id']}", {"book": OTHER}, 404, OTHER),
+        ("/nothing", {}, 404, "Not Found"),
+    ]
+    for path, params, status, named in cases:
+        response = served.get(path, params=params)
+        assert response.status_code == status, (path, params, response.text)
+        detail = response.json()["detail"]
+        assert isinstance(detail, str) and named in detail, (path, params, detail)
+    assert isinstance(served.delete("/health").json()["detail"], str)

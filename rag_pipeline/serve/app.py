@@ -28,7 +28,6 @@ from urllib.parse import parse_qsl
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi import params as params_module
-from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import QueryParams
@@ -520,7 +519,7 @@ def create_app(
         tenant_path = request.url.path.strip("/").split("/")[0] in TENANT_PATHS
         if tenant_path and not request.query_params.get("book"):
             return CliJSONResponse({"detail": NO_BOOK}, status_code=400)
-        return await request_validation_exception_handler(request, exc)
+        return CliJSONResponse({"detail": invalid_parameters(exc)}, status_code=422)
 
     @app.exception_handler(EmbedError)
     async def embed_error(request: Request, exc: EmbedError) -> Response:
@@ -645,6 +644,19 @@ class HeadAsGet:
             await send(message)
 
         await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+def invalid_parameters(exc: RequestValidationError) -> str:
+    """The reason of a 422 as every other error gives one, a text (FastAPI's is a list of
+    objects): each parameter named with what is wrong and the value given."""
+    problems = []
+    for error in exc.errors():
+        where = [str(part) for part in error.get("loc", ()) if part not in ("query", "path")]
+        name = ".".join(where) or "request"
+        given = error.get("input")
+        shown = f" (given {str(given)[:80]!r})" if isinstance(given, str | int | float) else ""
+        problems.append(f"parameter {name!r}: {error.get('msg', 'invalid')}{shown}")
+    return "; ".join(problems) or "invalid request"
 
 
 def _found(body: Any, missing: str) -> Response:
