@@ -110,6 +110,19 @@ def test_a_book_not_migrated_to_the_configured_api_is_searched_while_the_api_is_
     assert hits and {h["embedding_model"] for h in hits} == {"hash-384"}
 
 
+def test_a_book_recording_another_model_than_the_configured_one_is_searched_with_its_own(
+    indexed,
+):
+    """The query embedded first by the configured model (hash-128) is not the book's
+    (hash-384, not migrated yet): the book's model embeds it again, never compared across
+    models (a 128-dimension vector searched against 384 would be an engine error)."""
+    cli = InProcessCli(indexed.cwd, Path(indexed.env["RAG_DATA_DIR"]))
+    cli.env = {**indexed.env, "RAG_HASH_DIMENSION": "128"}
+    for mode in ("dense", "hybrid"):
+        hits = cli_json(cli, "search", "nodes", "--book", BOOK, "--mode", mode)
+        assert hits and {h["embedding_model"] for h in hits} == {"hash-384"}, mode
+
+
 # -- lineage --json: every documented field, from every kind of hit ----------------------
 
 LINEAGE_DOCUMENTED = {
