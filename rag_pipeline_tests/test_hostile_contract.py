@@ -197,7 +197,9 @@ def test_head_is_answered_as_get_without_a_body(served):
         assert head.status_code == got.status_code, (path, params, head.status_code)
         assert head.content == b""
         assert head.headers["content-length"] == got.headers["content-length"]
-    assert served.request("PUT", "/health").status_code == 405
+    refused = served.request("PUT", "/health")
+    assert refused.status_code == 405
+    assert {m.strip() for m in refused.headers["allow"].split(",")} == {"GET", "HEAD"}
 
 
 @pytest.mark.parametrize(

@@ -28,9 +28,11 @@ from urllib.parse import parse_qsl
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi import params as params_module
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import QueryParams
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_pipeline import __version__
@@ -532,6 +534,17 @@ def create_app(
         else:
             status = 500
         return CliJSONResponse({"detail": str(exc)}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # as FastAPI answers it; a 405's Allow names HEAD beside GET (HeadAsGet answers it)
+        headers = dict(exc.headers or {})
+        allow = [m.strip() for m in headers.get("Allow", "").split(",") if m.strip()]
+        if "GET" in allow and "HEAD" not in allow:
+            headers["Allow"] = ", ".join([*allow, "HEAD"])
+        return await http_exception_handler(
+            request, StarletteHTTPException(exc.status_code, exc.detail, headers=headers or None)
+        )
 
     @app.exception_handler(BookViewError)
     async def book_view_error(request: Request, exc: BookViewError) -> Response:
