@@ -33,12 +33,17 @@ from rag_pipeline.retrieve.params import (
 from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from rag_pipeline.embed import EmbedError
     from rag_pipeline.recipes.lazy import LazyRecipe
     from rag_pipeline.recipes.recipe import IndexRecipe
     from rag_pipeline.retrieve.request import SearchRequest
     from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
     from rag_pipeline.store import VectorStore
+
+    #: a query embedded before the store is taken: by which recipe, its vector or its error
+    EmbeddedFirst = tuple[IndexRecipe, np.ndarray | EmbedError]
 
 
 class _OneValueCommand(click.Command):
@@ -178,9 +183,7 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
     out.print(f"{len(results)} files in {book} ({label})")
 
 
-def _embed_first(
-    recipes: LazyRecipe, request: SearchRequest
-) -> tuple[IndexRecipe, Any | EmbedError] | None:
+def _embed_first(recipes: LazyRecipe, request: SearchRequest) -> EmbeddedFirst | None:
     """The query embedded before the store is opened, by the configured model: the one nearly
     every book records (a book not migrated yet to it is embedded again, under the store).
     A run of the same book never waits behind the model (or an embedding API: seconds, a
@@ -204,7 +207,7 @@ def _embed_first(
         return recipe, exc
 
 
-def _embedder(recipe: IndexRecipe, query: str, embedded: tuple[IndexRecipe, Any] | None) -> Any:
+def _embedder(recipe: IndexRecipe, query: str, embedded: EmbeddedFirst | None) -> QueryEmbedder:
     """The book's query embedder: the query's vector made before the store was taken when it
     is of the book's model (or that model's error, raised), else the model itself."""
     from rag_pipeline.embed import EmbedError
@@ -406,4 +409,5 @@ def _check_address(host: str, port: int) -> None:
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError) as exc:
-        fail(f"--host {host!r} is not an address to listen on: {getattr(exc, 'strerror', exc)}")
+        reason = getattr(exc, "strerror", None) or exc
+        fail(f"--host {host!r} is not an address to listen on: {reason}")
