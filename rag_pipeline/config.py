@@ -59,6 +59,8 @@ DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
     r"(?:^|/)\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
     r"chapter-\d+[^/]*/(?P<lesson>\d+)-[^/]*\.mdx?$",
 )
+#: the settings that hold a secret: validated as keys, and never shown in a message
+SECRET_FIELDS = ("openai_api_key", "qdrant_api_key")
 #: a collection name is also a folder name of the embedded stores: no separators, no dots
 COLLECTION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 _PATH_GROUPS = {"module", "chapter", "lesson"}
@@ -225,8 +227,8 @@ class Settings(BaseSettings):
     # OpenAI: requests in flight at once within one embed call, and optional client-side
     # limits (none when unset) that no request goes over, in any 60-second window.
     openai_concurrency: int = Field(4, ge=1, le=64)
-    openai_requests_per_minute: int | None = Field(None, ge=1)
-    openai_tokens_per_minute: int | None = Field(None, ge=1)
+    openai_requests_per_minute: int | None = Field(None, ge=1, le=1_000_000_000)
+    openai_tokens_per_minute: int | None = Field(None, ge=1, le=1_000_000_000_000)
     # The hash test embedder's dimension: its model name is hash-<dimension>, so a change is
     # a recipe change (a change of model and dimension, built beside and switched per book).
     hash_dimension: int = Field(384, ge=8, le=4096)
@@ -378,7 +380,40 @@ class Settings(BaseSettings):
             raise ValueError(f"malformed URL {value!r}: {exc}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"malformed URL {value!r}: expected http(s)://host[:port]")
+        if not _is_host(parts.hostname) or not _is_clean_text(value):
+            raise ValueError(
+                f"malformed URL {value!r}: its host is not a host name or address, or it "
+                "holds spaces, control characters or bytes that are not UTF-8"
+            )
         return value.rstrip("/")
+
+    @field_validator(*SECRET_FIELDS, mode="before")
+    @classmethod
+    def _key_fits_a_header(cls, value: object) -> object:
+        # sent in an HTTP header: a key with a non-ASCII character failed every request with
+        # an encoding error naming the header, one with a newline (read from a file) or only
+        # spaces was refused by the server as a wrong key. Empty is unset. The key is never
+        # shown (the message says what is wrong with it).
+        if isinstance(value, str) and value:
+            if not value.strip():
+                raise ValueError("is blank: set the key, or unset it")
+            odd = next(
+                (c for c in value if not (c.isascii() and c.isprintable()) or c == " "), None
+            )
+            if odd is not None:
+                where = "a space" if odd == " " else f"character U+{ord(odd):04X}"
+                raise ValueError(
+                    f"holds {where}: a key is printable ASCII without spaces (a trailing "
+                    "newline read from a file?)"
+                )
+        return value
+
+    @field_validator("openai_model")
+    @classmethod
+    def _model_is_named(cls, value: str) -> str:
+        if not value.strip() or value != value.strip():
+            raise ValueError("must name a model, without surrounding spaces")
+        return value
 
     @field_validator("embedder")
     @classmethod
@@ -412,13 +447,56 @@ class Settings(BaseSettings):
         return self
 
 
+def _is_host(host: str) -> bool:
+    """``host`` (as :func:`urlsplit` gives it) is an IP address or a host name a resolver
+    takes: labels of letters, digits, "-" and "_" once IDNA-encoded (a space, an empty label or a
+    byte that is not UTF-8 failed the first request with an error of the HTTP client)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        name = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return False
+    return re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?", name) is not None
+
+
+def _is_clean_text(value: str) -> bool:
+    """``value`` is UTF-8 text without spaces or control characters."""
+    return value.isprintable() and " " not in value and _is_utf8(value)
+
+
+def _is_utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a byte that is not UTF-8, kept as a lone surrogate
+        return False
+    return True
+
+
 def _variable(field: str) -> str:
-    """The environment variable a settings field is read from."""
+    """The environment variable a settings field is read from (``field`` may be the alias
+    a value was read by, e.g. ``OPENAI_API_KEY``: that is the variable)."""
+    if _field_of(field) != field:
+        return field
     info = Settings.model_fields.get(field)
     alias = info.validation_alias if info is not None else None
     if isinstance(alias, AliasChoices):
         return str(alias.choices[0])
     return f"RAG_{field.upper()}"
+
+
+def _field_of(name: str) -> str:
+    """The settings field ``name`` is, or an alias of (an error's location names either)."""
+    for field, info in Settings.model_fields.items():
+        alias = info.validation_alias
+        if isinstance(alias, AliasChoices) and name in alias.choices:
+            return field
+    return name
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -431,7 +509,11 @@ def describe_validation_error(exc: ValidationError) -> str:
             lines.append(message)
             continue
         value: Any = error.get("input")
-        shown = "" if value is None or isinstance(value, dict) else f"={str(value)[:80]!r}"
+        shown = (
+            ""
+            if value is None or isinstance(value, dict) or _field_of(field) in SECRET_FIELDS
+            else f"={str(value)[:80]!r}"
+        )
         lines.append(f"{_variable(field)}{shown}: {message}")
     return "; ".join(lines)
 

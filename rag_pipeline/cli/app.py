@@ -4,7 +4,6 @@ store and the pipeline built from them, output (``--json`` and tables), and the 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ from rich.markup import escape
 
 from rag_pipeline import __version__
 from rag_pipeline.config import DagsterStateError, Settings, SettingsError, load_settings
+from rag_pipeline.json_text import json_text
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.pipeline import IngestPipeline
@@ -110,7 +110,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    click.echo(json_text(data, indent=2))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

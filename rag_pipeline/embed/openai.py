@@ -252,7 +252,8 @@ class OpenAIEmbedder(Embedder):
             raise EmbedError("RAG_EMBEDDER=openai needs OPENAI_API_KEY")
         if model not in OPENAI_MODELS:
             raise EmbedError(
-                f"unknown OpenAI embedding model {model!r}; known: {', '.join(OPENAI_MODELS)}"
+                f"unknown OpenAI embedding model {model!r} (RAG_OPENAI_MODEL); known: "
+                f"{', '.join(OPENAI_MODELS)}"
             )
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")

@@ -104,16 +104,19 @@ def describe_point(
         info["source"] = source.describe(book_id)
         commit = source.revision_info(book_id, str(revision)) or {"sha": str(revision)}
         info["commit"] = commit
-    if record.document is not None:
-        info["document_status"] = record.document.get(STATUS)
-        info["document_run_id"] = record.document.get(RUN_ID)
-    if info.get(RUN_ID):
-        info["dagster_run_url_path"] = f"/runs/{info[RUN_ID]}"
-        info["dagster_point_url_path"] = point_log_path(str(info[RUN_ID]), point_id)
-        if dagster_url:
-            base = dagster_url.rstrip("/")
-            info["dagster_run_url"] = f"{base}/runs/{info[RUN_ID]}"
-            info["dagster_point_url"] = base + info["dagster_point_url_path"]
+    # every documented field in every answer (null when unknown): a document record is its
+    # own document; a chunk whose record is gone has none
+    document = payload if payload.get(RECORD_TYPE) == DOCUMENT else record.document
+    info["document_status"] = document.get(STATUS) if document is not None else None
+    info["document_run_id"] = document.get(RUN_ID) if document is not None else None
+    run_id = info.get(RUN_ID)
+    base = dagster_url.rstrip("/") if dagster_url else None
+    info["dagster_run_url_path"] = f"/runs/{run_id}" if run_id else None
+    info["dagster_point_url_path"] = point_log_path(str(run_id), point_id) if run_id else None
+    info["dagster_run_url"] = f"{base}/runs/{run_id}" if run_id and base else None
+    info["dagster_point_url"] = (
+        base + point_log_path(str(run_id), point_id) if run_id and base else None
+    )
     return info
 
 

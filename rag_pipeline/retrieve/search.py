@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from rag_pipeline.embed.base import check_query_vector
+from rag_pipeline.embed.base import check_query_vector, embedder_source
 from rag_pipeline.retrieve.filters import SearchFilters
 from rag_pipeline.schema import (
     BOOK_ID,
@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_RRF_K",
     "FUSIONS",
     "GROUP_KEYS",
+    "EmbeddedQuery",
     "GroupBy",
     "Hit",
     "HitGroup",
@@ -82,6 +83,22 @@ class QueryEmbedder(Protocol):
     ``dimension`` when it has one; messages name its ``source`` or ``model_name``)."""
 
     def embed_query(self, text: str) -> np.ndarray: ...
+
+
+class EmbeddedQuery:
+    """A query embedder that answers one text with a vector made beforehand, with the store
+    let go of (a model, or an embedding API: seconds, a minute when it is down, during which
+    a run of the same book would wait for the store and fail busy); any other text is
+    embedded by ``embedder``. Messages name ``embedder`` (its ``source``, ``dimension``)."""
+
+    def __init__(self, embedder: QueryEmbedder, text: str, vector: np.ndarray) -> None:
+        self._embedder, self._text, self._vector = embedder, text, vector
+        self.source = embedder_source(embedder)
+        dimension = getattr(embedder, "dimension", None)
+        self.dimension = dimension if isinstance(dimension, int) else None
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._vector if text == self._text else self._embedder.embed_query(text)
 
 
 @dataclass(frozen=True, slots=True)

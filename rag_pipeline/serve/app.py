@@ -14,7 +14,6 @@ store is shared with ingestion runs through :class:`StoreHolder`.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import threading
@@ -24,14 +23,17 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import parse_qsl
 
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi import params as params_module
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import QueryParams
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_pipeline import __version__
 from rag_pipeline.config import EmbedderConfig, Settings
@@ -45,6 +47,7 @@ from rag_pipeline.embed import (
     kind_of,
 )
 from rag_pipeline.embed.base import embedder_source
+from rag_pipeline.json_text import json_text
 from rag_pipeline.models import validate_book_id
 from rag_pipeline.recipes.lazy import LazyRecipe
 from rag_pipeline.recipes.recipe import IndexRecipe
@@ -60,7 +63,7 @@ from rag_pipeline.retrieve.params import (
     single_valued,
 )
 from rag_pipeline.retrieve.request import SearchRequest, results_json
-from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
+from rag_pipeline.retrieve.search import EmbeddedQuery, Hit, HitGroup, QueryEmbedder
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
 from rag_pipeline.store import (
@@ -81,6 +84,7 @@ from rag_pipeline.store.filters import check_point_id
 __all__ = [
     "CachedQueryEmbedder",
     "CliJSONResponse",
+    "HeadAsGet",
     "Service",
     "create_app",
     "query_recipe",
@@ -94,7 +98,7 @@ class CliJSONResponse(JSONResponse):
     """JSON rendered as the CLI renders ``--json`` (``str()`` for anything else), compact."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, default=str, separators=(",", ":")).encode()
+        return json_text(content).encode()
 
 
 class CachedQueryEmbedder:
@@ -136,18 +140,6 @@ class CachedQueryEmbedder:
                 while len(self._cache) > self._size:
                     self._cache.popitem(last=False)
         return vector
-
-
-class _Embedded:
-    """A query embedder answering one text with the vector made before the store was taken
-    (:meth:`Service.embed_first`); any other text is embedded by ``embedder``."""
-
-    def __init__(self, embedder: CachedQueryEmbedder, text: str, vector: np.ndarray) -> None:
-        self._embedder, self._text, self._vector = embedder, text, vector
-        self.source, self.dimension = embedder.source, embedder.dimension
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self._vector if text == self._text else self._embedder.embed_query(text)
 
 
 def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[LazyRecipe, int]:
@@ -301,9 +293,9 @@ class Service:
             return request.run(store, None, self.recipe.sparse)
         for _ in range(VIEW_TRIES):
             recipe, signature = self.book_view(store, book_id)
-            embedder: CachedQueryEmbedder | _Embedded = self._embedder_of(recipe)
+            embedder: CachedQueryEmbedder | EmbeddedQuery = self._embedder_of(recipe)
             if embedded is not None and embedded[0] == recipe.embedding_model:
-                embedder = _Embedded(self._embedder_of(recipe), request.query, embedded[1])
+                embedder = EmbeddedQuery(self._embedder_of(recipe), request.query, embedded[1])
             try:
                 results = request.run(store, embedder, self.recipe.sparse)
             except (StoreBusyError, StoreUnavailableError, StoreResourceError):
@@ -371,14 +363,38 @@ def _point(value: str) -> str:
         raise HTTPException(400, str(exc)) from None
 
 
-def _refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: frozenset[str]) -> None:
-    """400 naming the first parameter that would give the request two meanings: one that takes
-    one value given more than once (:func:`~rag_pipeline.retrieve.params.repeated`), or a
-    path parameter repeated in the query."""
+def _refuse_ambiguous(
+    query: QueryParams,
+    raw_query: bytes,
+    known: frozenset[str],
+    single: frozenset[str],
+    in_path: frozenset[str],
+) -> None:
+    """400 naming the first parameter that would give the request another meaning than the
+    one read: a name or value whose percent-escapes are not UTF-8 text (the service would
+    read U+FFFD in its place and search for that), a name the route does not take (a
+    misspelled filter would be dropped: a wider answer than asked), one that takes one value
+    given more than once (:func:`~rag_pipeline.retrieve.params.repeated`), or a path
+    parameter repeated in the query."""
+    for name, value in parse_qsl(
+        raw_query.decode("latin-1"), keep_blank_values=True, errors="surrogateescape"
+    ):
+        for text in (name, value):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                raise HTTPException(
+                    400, f"query parameter {shown!r} is not UTF-8 text (percent-encode UTF-8)"
+                ) from None
     for name in query:  # each name once, in the request's order
         if name in in_path:
             raise HTTPException(
                 400, f"{name!r} is a path parameter: it cannot also be given in the query"
+            )
+        if name not in known:
+            raise HTTPException(
+                400, f"unknown query parameter {name!r}; this path takes {', '.join(sorted(known))}"
             )
     twice = repeated([name for name, _ in query.multi_items()], single)
     if twice is not None:
@@ -390,14 +406,17 @@ def _refuse_ambiguous(query: QueryParams, single: frozenset[str], in_path: froze
 def one_meaning(
     params: Sequence[Param], *, query: Sequence[str] = (), path: Sequence[str] = ()
 ) -> params_module.Depends:
-    """A route's dependency that refuses an ambiguous request before any parameter is read:
-    the route's declared ``params`` (and its ``query`` names) take one value each unless
-    repeatable; its ``path`` names cannot be given in the query too."""
+    """A route's dependency that refuses an ambiguous request before any parameter is read
+    (:func:`_refuse_ambiguous`): the route takes the query parameters ``params`` and
+    ``query``, each one value unless repeatable; its ``path`` names cannot be given in the
+    query too."""
+    known = frozenset(p.name for p in params) | frozenset(query)
     single = single_valued(params) | frozenset(query)
     in_path = frozenset(path)
 
     def refuse(request: Request) -> None:
-        _refuse_ambiguous(request.query_params, single, in_path)
+        raw = request.scope.get("query_string", b"")
+        _refuse_ambiguous(request.query_params, raw, known, single, in_path)
 
     depends: params_module.Depends = Depends(refuse)
     return depends
@@ -472,6 +491,7 @@ def create_app(
         default_response_class=CliJSONResponse,
     )
     app.state.service = service
+    app.add_middleware(HeadAsGet)
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> Response:
@@ -501,7 +521,7 @@ def create_app(
         tenant_path = request.url.path.strip("/").split("/")[0] in TENANT_PATHS
         if tenant_path and not request.query_params.get("book"):
             return CliJSONResponse({"detail": NO_BOOK}, status_code=400)
-        return await request_validation_exception_handler(request, exc)
+        return CliJSONResponse({"detail": invalid_parameters(exc)}, status_code=422)
 
     @app.exception_handler(EmbedError)
     async def embed_error(request: Request, exc: EmbedError) -> Response:
@@ -514,6 +534,17 @@ def create_app(
         else:
             status = 500
         return CliJSONResponse({"detail": str(exc)}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # as FastAPI answers it; a 405's Allow names HEAD beside GET (HeadAsGet answers it)
+        headers = dict(exc.headers or {})
+        allow = [m.strip() for m in headers.get("Allow", "").split(",") if m.strip()]
+        if "GET" in allow and "HEAD" not in allow:
+            headers["Allow"] = ", ".join([*allow, "HEAD"])
+        return await http_exception_handler(
+            request, StarletteHTTPException(exc.status_code, exc.detail, headers=headers or None)
+        )
 
     @app.exception_handler(BookViewError)
     async def book_view_error(request: Request, exc: BookViewError) -> Response:
@@ -603,6 +634,42 @@ def create_app(
         )
 
     return app
+
+
+class HeadAsGet:
+    """HEAD of any path answered as GET answers it, without the body (RFC 9110: a server that
+    answers GET answers HEAD; FastAPI's routes answered 405, a monitor's HEAD /health
+    included). The status and headers are GET's, Content-Length included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return  # a part of the body: only its end is passed on, empty
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+def invalid_parameters(exc: RequestValidationError) -> str:
+    """The reason of a 422 as every other error gives one, a text (FastAPI's is a list of
+    objects): each parameter named with what is wrong and the value given."""
+    problems = []
+    for error in exc.errors():
+        where = [str(part) for part in error.get("loc", ()) if part not in ("query", "path")]
+        name = ".".join(where) or "request"
+        given = error.get("input")
+        shown = f" (given {str(given)[:80]!r})" if isinstance(given, str | int | float) else ""
+        problems.append(f"parameter {name!r}: {error.get('msg', 'invalid')}{shown}")
+    return "; ".join(problems) or "invalid request"
 
 
 def _found(body: Any, missing: str) -> Response:
