@@ -120,13 +120,22 @@ def init_instance() -> None:
     prepare_home_instance()
 
 
-def hand_to_live(settings: Settings, home: Path, books: list[str] | None) -> Handed | None:
+def hand_to_live(
+    settings: Settings, home: Path, books: list[str] | None, notes: list[str] | None = None
+) -> Handed | None:
     """The report of the live process of ``home`` after it applied ``books`` (None: every
     book) for this ingest; None where none runs for these settings or it did not answer:
-    the ingest then runs them itself. Imports no Dagster."""
+    the ingest then runs them itself. A live process that accepted and then hung or fell
+    silent is said on stderr and added to ``notes`` (the report's warnings). Imports no
+    Dagster."""
     from rag_pipeline.ingest.handoff import ask_live, settings_key
 
-    return ask_live(home, books, settings_key(settings))
+    def notify(message: str) -> None:
+        err.print(f"[yellow]note[/] {shown(message)}", highlight=False)
+        if notes is not None:
+            notes.append(message)
+
+    return ask_live(home, books, settings_key(settings), notify=notify)
 
 
 def in_worker_thread(work: Callable[[], None]) -> None:

@@ -1,0 +1,142 @@
+"""Hostile probes of what a user starts first and of what a hang, a ``kill -9`` or a race
+leaves behind: the hand-off of ``rag-pipeline ingest`` to a live process that hangs, live
+mode halted on a data folder without its books, and what ``watch``'s ready line counts."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rag_pipeline.defs.partition_marker import write_partitions_marker
+from rag_pipeline.ingest import handoff
+from rag_pipeline.ingest.handoff import HANDOFF_SOCKET, ask_live
+from rag_pipeline_tests.helpers import InProcessCli, index_books
+
+ACCEPTED = b'{"accepted": true, "by": "live mode (pid 4242)"}\n'
+
+
+def _beating(home: Path, cpu_step: float, report_after: int | None = None) -> threading.Event:
+    """A live process at ``home`` that accepts a request, then sends a heartbeat every
+    20 ms naming the same book, its CPU time growing by ``cpu_step`` a beat, and after
+    ``report_after`` beats a report (None: never). Set the event returned to stop it."""
+    stop = threading.Event()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(home / HANDOFF_SOCKET))
+    sock.listen(1)
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        conn.sendall(ACCEPTED)
+        beats = 0
+        try:
+            while not stop.is_set():
+                if report_after is not None and beats >= report_after:
+                    report = {"books": {}, "rejected_folders": [], "warnings": []}
+                    line = {"report": report, "applied_by": "live mode (pid 4242)"}
+                    conn.sendall(json.dumps(line).encode() + b"\n")
+                    break
+                beat = {"waiting": ["alpha"], "cpu_s": 1.0 + beats * cpu_step}
+                conn.sendall(json.dumps(beat).encode() + b"\n")
+                beats += 1
+                time.sleep(0.02)
+        except OSError:
+            pass  # the CLI gave up and closed
+        finally:
+            conn.close()
+            sock.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return stop
+
+
+# Fault (a) of this session: a live process hung in a run while its hand-off thread went on
+# sending heartbeats kept a handed `rag-pipeline ingest` waiting forever (the heartbeats said
+# nothing of progress). Now they carry the process's CPU time: no progress for STALLED_S
+# and the CLI says so, naming the process, and runs the change itself.
+def test_heartbeats_without_progress_end_the_wait_naming_the_live_process(tmp_path):
+    stop = _beating(tmp_path, cpu_step=0.0)
+    notes: list[str] = []
+    started = time.monotonic()
+    try:
+        handed = ask_live(tmp_path, ["alpha"], "k", stalled_s=0.5, notify=notes.append)
+    finally:
+        stop.set()
+    assert handed is None
+    assert time.monotonic() - started < 5
+    assert len(notes) == 1 and "live mode (pid 4242)" in notes[0], notes
+    assert "alpha" in notes[0] and "running the change here" in notes[0]
+
+
+def test_heartbeats_of_a_process_at_work_keep_the_wait(tmp_path):
+    """A run that embeds uses CPU: its heartbeats are progress, whatever the books waited for
+    (the same one for 1.2 s here, past ``stalled_s``), and its report is taken."""
+    stop = _beating(tmp_path, cpu_step=0.5, report_after=60)
+    notes: list[str] = []
+    try:
+        handed = ask_live(tmp_path, ["alpha"], "k", stalled_s=0.5, notify=notes.append)
+    finally:
+        stop.set()
+    assert handed is not None and handed.applied_by == "live mode (pid 4242)"
+    assert notes == []
+
+
+def test_a_handed_ingest_whose_live_process_hangs_runs_itself_and_says_why(
+    tmp_path, data_dir, write_book, monkeypatch
+):
+    """The whole command: ``ingest --json`` ends, its report is its own (the book indexed
+    already: unchanged, no Dagster loaded), and its warnings say which live process hung."""
+    write_book("alpha", {"a.md": "# A\n\none two three"})
+    cli = InProcessCli(tmp_path, data_dir)
+    index_books(data_dir, cli.env["RAG_QDRANT_PATH"])
+    home = Path(cli.env["DAGSTER_HOME"])
+    home.mkdir()
+    write_partitions_marker(home, ["alpha"])
+    monkeypatch.setattr(handoff, "STALLED_S", 0.5)
+    stop = _beating(home, cpu_step=0.0)
+    try:
+        done = cli("ingest", "--json")
+    finally:
+        stop.set()
+    report = json.loads(done.stdout)
+    assert "applied_by" not in report
+    assert report["books"]["alpha"]["status"] == "unchanged"
+    assert any("live mode (pid 4242)" in w and "hung" in w for w in report["warnings"]), report
+    assert "live mode (pid 4242)" in done.stderr
+
+
+@pytest.mark.parametrize("beat", [{"waiting": ["alpha"]}, {"waiting": ["alpha"], "cpu_s": "x"}])
+def test_heartbeats_of_an_older_live_process_without_cpu_time_still_end(tmp_path, beat):
+    """A live process that reports no CPU time (another version) is judged by the books it
+    waits for alone."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(tmp_path / HANDOFF_SOCKET))
+    sock.listen(1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        conn.sendall(b'{"accepted": true}\n')
+        try:
+            while not stop.is_set():
+                conn.sendall(json.dumps(beat).encode() + b"\n")
+                time.sleep(0.02)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            sock.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    notes: list[str] = []
+    try:
+        assert ask_live(tmp_path, None, "k", stalled_s=0.3, notify=notes.append) is None
+    finally:
+        stop.set()
+    assert len(notes) == 1 and "the live process" in notes[0]
