@@ -15,7 +15,11 @@ import pytest
 from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.ingest import handoff
 from rag_pipeline.ingest.handoff import HANDOFF_SOCKET, ask_live
+from rag_pipeline.ingest.live import LiveLoop
+from rag_pipeline.sources.scan import clear_scan_cache
+from rag_pipeline.sources.watch import RESCAN_EVERY_S
 from rag_pipeline_tests.helpers import InProcessCli, index_books
+from rag_pipeline_tests.test_live import Applier, NoWatchSource
 
 ACCEPTED = b'{"accepted": true, "by": "live mode (pid 4242)"}\n'
 
@@ -140,3 +144,69 @@ def test_heartbeats_of_an_older_live_process_without_cpu_time_still_end(tmp_path
     finally:
         stop.set()
     assert len(notes) == 1 and "the live process" in notes[0]
+
+
+# Fault (b): a live process halted (its data folder holds none of the indexed books) opened
+# the store at every idle look (every 5 s) to list the indexed books. Now a halting look
+# reuses what the first one read, until the folder's books change or a minute passed.
+def test_a_halted_loop_does_not_open_the_store_at_every_look(data_dir, write_book, tmp_path):
+    clear_scan_cache()
+    write_book("stray", {"a.md": "# S\n\none"})
+    reads: list[float] = []
+
+    def indexed() -> set[str]:
+        reads.append(time.monotonic())
+        return {"alpha", "beta"}
+
+    applier = Applier()
+    notes: list[str] = []
+    live = LiveLoop(NoWatchSource(data_dir), applier, notify=notes.append, indexed=indexed)
+    now = 1000.0
+    for step in range(5):  # idle looks, 5 s apart
+        live.look(now=now + 5 * step)
+    assert applier.calls == [] and len(notes) == 1, notes  # halted, said once
+    assert len(reads) == 1, f"the store opened at {len(reads)} of 5 idle looks"
+    write_book("other", {"a.md": "# O\n\none"})  # the folder's books changed: asked again
+    live.look(now=now + 30)
+    live.look(now=now + 35)
+    assert len(reads) == 2
+    live.look(now=now + 30 + RESCAN_EVERY_S)  # and once a minute
+    assert len(reads) == 3
+    assert applier.calls == []
+
+
+def test_a_halt_ended_by_an_operators_purge_is_met_within_a_minute(data_dir, write_book):
+    """The purge of the books gone (``ingest --book``, refused by live mode and run by the
+    CLI) changes the index, not the folder: the halted loop meets it at its next reading
+    and applies the folder's books."""
+    clear_scan_cache()
+    write_book("stray", {"a.md": "# S\n\none"})
+    held = {"alpha"}
+    applier = Applier()
+    live = LiveLoop(NoWatchSource(data_dir), applier, indexed=lambda: set(held))
+    live.look(now=1000.0)
+    held.clear()
+    live.look(now=1005.0)
+    assert applier.calls == []
+    live.look(now=1000.0 + RESCAN_EVERY_S + 1)
+    assert applier.calls == [["stray"]]
+
+
+# Fault (c): `watch --json`'s ready line counted the books the index holds (seeded into the
+# loop) as "books in step", also those whose folder is gone and that a halt keeps; README:
+# books = the data folder's books in step with the index.
+def test_the_ready_line_counts_the_folders_books_in_step(data_dir, write_book, tmp_path):
+    from rag_pipeline.cli.live import ready_event
+
+    clear_scan_cache()
+    held = {"alpha", "beta", "gamma"}
+    applier = Applier()
+    live = LiveLoop(NoWatchSource(data_dir), applier, indexed=lambda: set(held))
+    live.look()  # the data folder is empty: a halt, nothing in step
+    assert ready_event(live, data_dir) == {"event": "ready", "books": 0, "data_dir": str(data_dir)}
+    write_book("alpha", {"a.md": "# A\n\none"})
+    write_book("beta", {"a.md": "# B\n\none"})
+    write_book("delta", {"a.md": "# D\n\none"})
+    applier.fail = {"delta"}
+    live.look()  # gamma purged, alpha and beta applied, delta failed
+    assert ready_event(live, data_dir)["books"] == 2

@@ -75,11 +75,11 @@ def watch(as_json: bool) -> None:
         err.print(f"{time.strftime('%H:%M:%S')} [dim]live[/] {line}", highlight=False)
 
     def ready(loop: LiveLoop) -> None:
-        books = len(loop.known)
+        event = ready_event(loop, settings.data_dir)
         if as_json:
-            emit({"event": "ready", "books": books, "data_dir": str(settings.data_dir)})
+            emit(event)
         say(
-            f"ready: {books} books in step; watching {pipeline.source.description} "
+            f"ready: {event['books']} books in step; watching {pipeline.source.description} "
             "(the books sensor defers to this process; Ctrl-C stops)"
         )
 
@@ -136,6 +136,12 @@ def hand_to_live(
             notes.append(message)
 
     return ask_live(home, books, settings_key(settings), notify=notify)
+
+
+def ready_event(loop: LiveLoop, data_dir: Path) -> dict[str, object]:
+    """``watch --json``'s ready line: ``books`` counts the data folder's books in step with
+    the index, not the books the index holds (a halt keeps those whose folder is gone)."""
+    return {"event": "ready", "books": len(loop.in_step), "data_dir": str(data_dir)}
 
 
 def in_worker_thread(work: Callable[[], None]) -> None:

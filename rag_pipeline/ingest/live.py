@@ -270,6 +270,9 @@ class LiveLoop:
     #: the index's books were read into ``known`` (at the first look that could read them)
     _seeded: bool = False
     _said_index: str = ""
+    #: while a look halts: the folder's books it found, when, and the index's books it read
+    #: then (what the next halting look reuses: see :meth:`_halted_index`)
+    _halt_index: tuple[frozenset[str], float, frozenset[str]] | None = None
     _rejected: set[str] = field(default_factory=set)
     #: books applied while something wrote them: what their run read may not be what their
     #: look saw, so the next look applies them again whatever its digests say
@@ -316,9 +319,11 @@ class LiveLoop:
         now = time.monotonic() if now is None else now
         self.looks += 1
         watcher = self.source.watcher()
+        read: Collection[str] | None = None  # the index's books, where this look read them
+        held: Collection[str] | None = None
         if not self._seeded and self.indexed is not None:
-            held = self._index_books()
-            if held is None:
+            read = self._index_books()
+            if read is None:
                 # nothing is applied before the index is known: the halt below compares the
                 # folder with it (a wrong data folder applied first, then seeded, would make
                 # the indexed books look removed and purge them)
@@ -329,7 +334,7 @@ class LiveLoop:
                 return []
             self._seeded = True  # each one's folder is looked at: gone, it is purged
             with self._lock:
-                for book_id in held:
+                for book_id in read:
                     self.known.setdefault(book_id, list(_INDEXED))
         with self._lock:
             doubtful = set(self._doubtful)
@@ -353,7 +358,13 @@ class LiveLoop:
         # the purge policy of ingest and the books sensor: a data folder holding none of the
         # books applied (emptied, unmounted, the wrong folder) purges nothing, starts nothing
         halt = decide_purges(self.source, set(states), set(cursor))
-        if halt.halt and self.indexed is not None and (held := self._index_books()) is not None:
+        if not halt.halt:
+            self._halt_index = None
+        elif self.indexed is not None:
+            if read is not None:  # read by this look already
+                self._halt_index = (frozenset(states), now, frozenset(read))
+            held = self._halted_index(states, now)
+        if halt.halt and held is not None:
             with self._lock:  # the books gone and purged by another writer: not ours to purge
                 for book_id in set(cursor) - set(held) - set(states):
                     if book_id not in self._pending and book_id not in self._in_flight:
@@ -395,6 +406,20 @@ class LiveLoop:
         if not self._pool:
             self._apply_here(now)
         return sorted(books)
+
+    def _halted_index(self, found: Collection[str], now: float) -> Collection[str] | None:
+        """The index's books for a look that halts: read by the first such look, and again
+        only when the books the folder holds changed or :data:`RESCAN_EVERY_S` passed (an
+        operator's ``ingest --book`` purge of the books gone is met within a minute): a
+        halted process does not open the store at every idle look."""
+        books = frozenset(found)
+        if self._halt_index is not None:
+            seen, at, held = self._halt_index
+            if seen == books and now - at < RESCAN_EVERY_S:
+                return held
+        read = self._index_books()
+        self._halt_index = None if read is None else (books, now, frozenset(read))
+        return read
 
     def _index_books(self) -> Collection[str] | None:
         """The books the index holds now (None: it cannot be read now, said once)."""
@@ -585,6 +610,16 @@ class LiveLoop:
         books = {b: list(v) for b, v in self.known.items()}
         books.update({b: list(APPLYING) for b in doubtful})
         self.save(books)
+
+    @property
+    def in_step(self) -> list[str]:
+        """The books of the source whose index a call of ``apply`` brought in step with a
+        look of their files: not a book whose call failed, nor one the index holds that no
+        look found (its folder gone while a halt keeps it: see :meth:`look`)."""
+        with self._lock:
+            return sorted(
+                b for b, v in self.known.items() if v != _INDEXED and b not in self._failed
+            )
 
     @property
     def in_hand(self) -> list[str]:
