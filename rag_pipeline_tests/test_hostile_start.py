@@ -4,8 +4,14 @@ mode halted on a data folder without its books, and what ``watch``'s ready line 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import select
+import shutil
+import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,7 +24,8 @@ from rag_pipeline.ingest.handoff import HANDOFF_SOCKET, ask_live
 from rag_pipeline.ingest.live import LiveLoop
 from rag_pipeline.sources.scan import clear_scan_cache
 from rag_pipeline.sources.watch import RESCAN_EVERY_S
-from rag_pipeline_tests.helpers import InProcessCli, index_books
+from rag_pipeline_tests.conftest import REPO
+from rag_pipeline_tests.helpers import InProcessCli, cli_env, index_books
 from rag_pipeline_tests.test_live import Applier, NoWatchSource
 
 ACCEPTED = b'{"accepted": true, "by": "live mode (pid 4242)"}\n'
@@ -210,3 +217,72 @@ def test_the_ready_line_counts_the_folders_books_in_step(data_dir, write_book, t
     applier.fail = {"delta"}
     live.look()  # gamma purged, alpha and beta applied, delta failed
     assert ready_event(live, data_dir)["books"] == 2
+
+
+def _make_env(**extra: str) -> dict[str, str]:
+    """The environment of a make the suite starts (without a `make test` around it)."""
+    env = {**os.environ, **extra}
+    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL"):
+        env.pop(name, None)
+    return env
+
+
+# Fault: two makes at once from a fresh clone (`make run` in two terminals, `make run` beside
+# `make ui`) ran pip into one venv at the same moment; one failed with pip's traceback
+# (TypeError in req_uninstall, measured). Now the install holds an flock and the make that
+# waited finds the venv installed.
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_an_install_waits_for_the_one_in_progress_and_then_installs_nothing(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    held = os.open(venv / ".install.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another make's install in progress
+    proc = subprocess.Popen(
+        ["make", "--no-print-directory", "install", f"VENV={venv}"],
+        cwd=REPO,
+        env=_make_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        first = proc.stdout.readline() if ready else ""
+        assert "waiting for the install that another make runs" in first, first
+        (venv / ".installed").touch()  # the other install ends
+        os.close(held)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "installing" not in out and not (venv / "bin").exists(), out
+
+
+# Fault: `make run` on a data folder without books went on after `books --first` failed and
+# searched book '' ("--book is required"): the message that named the empty folder was
+# followed by one about an option the user never gave. Now it stops there (exit 2), and the
+# message says what a book folder is.
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_on_an_empty_data_folder_stops_naming_it(tmp_path, data_dir):
+    home = tmp_path / "home"
+    env = _make_env(**{**cli_env(tmp_path, data_dir), "DAGSTER_HOME": str(home)})
+    home.mkdir()
+    write_partitions_marker(home, [])  # no book, no partition: the ingest loads no Dagster
+    done = subprocess.run(
+        ["make", "--no-print-directory", "run", f"DAGSTER_HOME={home}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert f"no book folders under {data_dir} (RAG_DATA_DIR)" in done.stderr, done.stderr
+    assert f"{data_dir}/<book_id>/*.md" in done.stderr
+    assert "Sample search" not in done.stdout and "--book is required" not in done.stderr

@@ -304,7 +304,11 @@ def books(first: bool, as_json: bool) -> None:
     scan = settings.source().list_books()
     if first:
         if not scan.book_ids:
-            fail(f"no book folders under {settings.data_dir}")
+            refused = "".join(f"; refused: {shown(str(r))}" for r in scan.rejected)
+            fail(
+                f"no book folders under {settings.data_dir} (RAG_DATA_DIR): each book is a "
+                f"folder of its own, {settings.data_dir}/<book_id>/*.md{refused}"
+            )
         click.echo(scan.book_ids[0])
         return
     if as_json:
