@@ -286,3 +286,25 @@ def test_make_run_on_an_empty_data_folder_stops_naming_it(tmp_path, data_dir):
     assert f"no book folders under {data_dir} (RAG_DATA_DIR)" in done.stderr, done.stderr
     assert f"{data_dir}/<book_id>/*.md" in done.stderr
     assert "Sample search" not in done.stdout and "--book is required" not in done.stderr
+
+
+# Fault: `watch` with RAG_QDRANT_PATH at a file (a setting to fix: `ingest` exits 2 naming
+# it) said "ready: 0 books in step" and ran on forever applying nothing: the loop took the
+# store's refusal for a store busy at the start, asked again at every look. Now a store
+# path that cannot hold the store ends the loop with that error (exit 2 from the CLI).
+def test_a_store_path_that_cannot_hold_the_store_stops_live_mode(data_dir, write_book, tmp_path):
+    from rag_pipeline.defs.live import _indexed_books
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.store.errors import StorePathError
+    from rag_pipeline_tests.conftest import make_pipeline, make_recipe, store_config
+
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none"})
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    pipeline = make_pipeline(data_dir, store_config(in_the_way), make_recipe(HashEmbedder()))
+    applier = Applier()
+    live = LiveLoop(NoWatchSource(data_dir), applier, indexed=lambda: _indexed_books(pipeline))
+    with pytest.raises(StorePathError, match=r"RAG_QDRANT_PATH=.*a-file.*is a file"):
+        live.look()
+    assert applier.calls == []

@@ -43,7 +43,7 @@ from rag_pipeline.ingest.plan import decide_purges
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.scan import BookScanState, scan_books, written_since
 from rag_pipeline.sources.watch import RESCAN_EVERY_S, BookWatcher
-from rag_pipeline.store.errors import StoreBusyError
+from rag_pipeline.store.errors import StoreBusyError, StorePathError
 from rag_pipeline.store.lock import FolderLock, describe_holder, holding_for
 
 __all__ = [
@@ -426,6 +426,8 @@ class LiveLoop:
         assert self.indexed is not None
         try:
             return self.indexed()
+        except StorePathError:
+            raise  # a setting to fix (a file where the store's folder goes): watch exits 2
         except Exception as exc:  # a store busy or unreachable: the next look asks again
             said = f"the indexed books could not be read: {type(exc).__name__}: {exc}"
             if said != self._said_index:
