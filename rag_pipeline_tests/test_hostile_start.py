@@ -21,12 +21,12 @@ import pytest
 from rag_pipeline.defs.partition_marker import write_partitions_marker
 from rag_pipeline.ingest import handoff
 from rag_pipeline.ingest.handoff import HANDOFF_SOCKET, ask_live
-from rag_pipeline.ingest.live import LiveLoop
+from rag_pipeline.ingest.live import LiveLoop, LiveTiming
 from rag_pipeline.sources.scan import clear_scan_cache
 from rag_pipeline.sources.watch import RESCAN_EVERY_S
 from rag_pipeline_tests.conftest import REPO
 from rag_pipeline_tests.helpers import InProcessCli, cli_env, index_books
-from rag_pipeline_tests.test_live import Applier, NoWatchSource
+from rag_pipeline_tests.test_live import Applier, HoldingApplier, NoWatchSource, running
 
 ACCEPTED = b'{"accepted": true, "by": "live mode (pid 4242)"}\n'
 
@@ -308,3 +308,69 @@ def test_a_store_path_that_cannot_hold_the_store_stops_live_mode(data_dir, write
     with pytest.raises(StorePathError, match=r"RAG_QDRANT_PATH=.*a-file.*is a file"):
         live.look()
     assert applier.calls == []
+
+
+def test_a_handed_ingest_ends_when_the_live_run_of_its_book_hangs(
+    data_dir, write_book, tmp_path, monkeypatch
+):
+    """Fault (a) on the live process's own path (loop, hand-off server, heartbeats): the run
+    of the handed book hangs in its worker while the looking thread goes on looking; the
+    heartbeats carry the workers' CPU time, which does not move, and the CLI gives up naming
+    the process. Before, they carried nothing of the kind and it waited forever."""
+    from rag_pipeline.defs import live as defs_live
+    from rag_pipeline.defs.live import handed_report
+    from rag_pipeline.ingest.handoff import HandOffServer
+
+    monkeypatch.setattr(defs_live, "HEARTBEAT_S", 0.05)
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none"})
+    applier = HoldingApplier(set())
+    live = LiveLoop(
+        NoWatchSource(data_dir), applier, timing=LiveTiming(idle_look_s=0.02), workers=2
+    )
+    home = tmp_path / "home"
+    home.mkdir()
+    with running(live, data_dir):
+        applier.hold = {"alpha"}  # its next run hangs
+        server = HandOffServer(
+            home,
+            "k",
+            lambda books, beat: handed_report(live, books, beat),
+            work_cpu_s=live.work_cpu_s,
+        )
+        server.start()
+        notes: list[str] = []
+        try:
+            started = time.monotonic()
+            assert ask_live(home, ["alpha"], "k", stalled_s=0.6, notify=notes.append) is None
+            assert time.monotonic() - started < 10
+        finally:
+            applier.release.set()
+            server.close()
+    assert applier.held.is_set()
+    assert len(notes) == 1 and f"live mode (pid {os.getpid()})" in notes[0], notes
+
+
+def test_the_workers_cpu_time_counts_what_their_runs_do_not_the_looks(data_dir, write_book):
+    """The heartbeats' progress measure: a call of ``apply`` that computes moves it (its
+    worker's thread clock); a loop looking every 10 ms with idle workers does not."""
+    clear_scan_cache()
+    write_book("alpha", {"a.md": "# A\n\none"})
+    busy = threading.Event()
+
+    def computing(books: list[str]) -> dict[str, bool]:
+        if busy.is_set():
+            started = time.thread_time()
+            while time.thread_time() - started < 0.3:
+                pass
+        return dict.fromkeys(books, True)
+
+    live = LiveLoop(NoWatchSource(data_dir), computing, timing=LiveTiming(idle_look_s=0.01))
+    with running(live, data_dir):
+        idle = live.work_cpu_s()
+        time.sleep(0.5)  # about 50 looks
+        assert live.work_cpu_s() - idle < 0.05
+        busy.set()
+        asked = live.request(["alpha"])
+        assert asked.done.wait(10)
+        assert live.work_cpu_s() - idle >= 0.25

@@ -64,8 +64,8 @@ SILENT_S = 30.0
 #: A run that embeds or writes uses CPU; one waiting on a store another process holds gives
 #: up after ``RAG_BUSY_WAIT_S`` (30 s)
 STALLED_S = 90.0
-#: CPU seconds a live process uses over :data:`STALLED_S` while doing nothing but its
-#: heartbeats and idle looks (measured: about 0.01 s a minute idle)
+#: CPU seconds of a live process's workers over :data:`STALLED_S` that are not yet progress
+#: (idle workers use none; its idle looks and heartbeats run in other threads)
 IDLE_CPU_S = 0.2
 #: settings that do not change what an ingest writes (a live process with other values of
 #: them applies the CLI's change as the CLI would)
@@ -260,6 +260,8 @@ class HandOffServer:
     key: str
     apply: Apply
     applied_by: str = field(default_factory=lambda: f"live mode (pid {os.getpid()})")
+    #: the CPU seconds that say its work moves (sent with each heartbeat: see _Progress)
+    work_cpu_s: Callable[[], float] = time.process_time
     _sock: socket.socket | None = None
     _thread: threading.Thread | None = None
     _closed: threading.Event = field(default_factory=threading.Event)
@@ -322,7 +324,7 @@ class HandOffServer:
 
             def beat(waiting: list[str]) -> None:
                 # its CPU time: the CLI tells a run at work from a hung one (see _Progress)
-                _send(conn, {"waiting": waiting, "cpu_s": round(time.process_time(), 3)})
+                _send(conn, {"waiting": waiting, "cpu_s": round(self.work_cpu_s(), 3)})
 
             report = self.apply(asked, beat)
             if report is None:

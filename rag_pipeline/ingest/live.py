@@ -613,6 +613,20 @@ class LiveLoop:
         books.update({b: list(APPLYING) for b in doubtful})
         self.save(books)
 
+    def work_cpu_s(self) -> float:
+        """CPU seconds the worker threads of :meth:`run` used: what their calls of ``apply``
+        do (a run embeds and writes in its worker's thread; a hung one uses none), without
+        the idle looks of the looking thread. The process's CPU seconds where a thread's
+        clock cannot be read (a platform without ``pthread_getcpuclockid``)."""
+        try:
+            return sum(
+                time.clock_gettime(time.pthread_getcpuclockid(worker.ident))
+                for worker in list(self._pool)
+                if worker.ident is not None and worker.is_alive()
+            )
+        except (AttributeError, OSError):  # no per-thread clock, or a worker just ended
+            return time.process_time()
+
     @property
     def in_step(self) -> list[str]:
         """The books of the source whose index a call of ``apply`` brought in step with a
