@@ -80,6 +80,29 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 # end: dg dev logs at warning (the daemon's INFO lines repeat every second while a run is in
 # progress), and rag_pipeline.ui_terminal drops the run workers' DEBUG and INFO lines.
 UI_ARGS ?=
+# One `make ui` per Dagster home: a second ran a second Dagster daemon on the instance (both
+# terminals then filled with "Another ... daemon is still sending heartbeats" errors) and its
+# dg dev stayed up with its webserver dead. UI_LOCK_PY holds $(DAGSTER_HOME)/.rag-ui.lock
+# (an flock the kernel drops when its holder dies) and execs the command after it, which keeps
+# the lock for its life; without a command it only checks. A home held exits 2 naming the pid.
+define UI_LOCK_PY
+import fcntl, os, sys, time
+path = sys.argv[1]
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    holder = os.read(fd, 200).decode(errors="replace").strip() or "another make ui"
+    print(f"error: make ui already runs on this Dagster home ({os.path.dirname(path)}): "
+          f"{holder}; stop it first, or set another DAGSTER_HOME", file=sys.stderr)
+    sys.exit(2)
+if len(sys.argv) > 2:
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}, since {time.strftime('%H:%M:%S')}".encode())
+    os.set_inheritable(fd, True)
+    os.execv(sys.argv[2], sys.argv[2:])
+endef
+export UI_LOCK_PY
 ABSPATH = $(CURDIR)/$(BIN)/python -c 'import os, sys; v = sys.argv[1]; print(v if v == ":memory:" else os.path.abspath(v))'
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	@export RAG_DATA_DIR="$$($(ABSPATH) "$${RAG_DATA_DIR:-data/books}")" \
@@ -88,6 +111,7 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	if [ -n "$$RAG_LOCAL_MODEL_DIR" ]; then \
 	  export RAG_LOCAL_MODEL_DIR="$$($(ABSPATH) "$$RAG_LOCAL_MODEL_DIR")"; fi; \
 	cd "$(DAGSTER_HOME)" || exit 1; \
+	"$(CURDIR)/$(BIN)/python" -c "$$UI_LOCK_PY" "$$PWD/.rag-ui.lock" || exit $$?; \
 	trap 'stop=1; kill -TERM $$dev 2>/dev/null' INT TERM; \
 	"$(CURDIR)/$(BIN)/rag-pipeline" init-instance || exit $$?; \
 	port=$$(echo " $(UI_ARGS) " | sed -nE 's/.* (-p|--port)[ =]?([0-9]+) .*/\2/p'); \
@@ -96,7 +120,8 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	  "$(CURDIR)/$(BIN)/rag-pipeline" watch & live=$$!; \
 	  trap 'kill -TERM $$live 2>/dev/null; wait $$live' EXIT; fi; \
 	[ -z "$$stop" ] || exit 143; \
-	"$(CURDIR)/$(BIN)/python" -m rag_pipeline.ui_terminal \
+	"$(CURDIR)/$(BIN)/python" -c "$$UI_LOCK_PY" "$$PWD/.rag-ui.lock" \
+	  "$(CURDIR)/$(BIN)/python" -m rag_pipeline.ui_terminal \
 	  "$(CURDIR)/$(BIN)/dg" dev --log-level warning -w "$(CURDIR)/workspace.yaml" $(UI_ARGS) & dev=$$!; \
 	while kill -0 $$dev 2>/dev/null; do wait $$dev; done; wait $$dev
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -374,3 +375,56 @@ def test_the_workers_cpu_time_counts_what_their_runs_do_not_the_looks(data_dir, 
         asked = live.request(["alpha"])
         assert asked.done.wait(10)
         assert live.work_cpu_s() - idle >= 0.25
+
+
+# Fault: a second `make ui` on the same Dagster home (two terminals, a service and a person)
+# ran a second Dagster daemon on the instance: both terminals filled with "Another ... daemon
+# is still sending heartbeats" errors, and its dg dev stayed up with its webserver dead (port
+# in use). Now the recipe holds $DAGSTER_HOME/.rag-ui.lock for dg dev's life (the process it
+# execs keeps it), and a second one exits 2 at once, naming the first, starting nothing.
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_a_second_make_ui_on_one_home_exits_2_naming_the_first(tmp_path, data_dir):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _make_env(**{**cli_env(tmp_path, data_dir), "DAGSTER_HOME": str(home)})
+    lock_py = subprocess.run(
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "--eval",
+            'lock-py: ; @echo "$$UI_LOCK_PY"',
+            "lock-py",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lock = home / ".rag-ui.lock"
+    # the holding side: the lock is kept by the command it execs (dg dev's, in the recipe)
+    holder = subprocess.Popen([sys.executable, "-c", lock_py, str(lock), "/bin/sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while "pid" not in (lock.read_text() if lock.exists() else ""):
+            assert time.monotonic() < deadline, "the lock was never taken"
+            time.sleep(0.05)
+        assert lock.read_text().startswith(f"pid {holder.pid}, since ")
+        started = time.monotonic()
+        done = subprocess.run(
+            ["make", "--no-print-directory", "ui", f"DAGSTER_HOME={home}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"make ui already runs on this Dagster home ({home}): pid {holder.pid}" in done.stderr
+    assert "Dagster UI" not in done.stdout and not (home / "history").exists()
+    assert time.monotonic() - started < 20
