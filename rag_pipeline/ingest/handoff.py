@@ -64,8 +64,8 @@ SILENT_S = 30.0
 #: A run that embeds or writes uses CPU; one waiting on a store another process holds gives
 #: up after ``RAG_BUSY_WAIT_S`` (30 s)
 STALLED_S = 90.0
-#: CPU seconds of a live process's workers over :data:`STALLED_S` that are not yet progress
-#: (idle workers use none; its idle looks and heartbeats run in other threads)
+#: CPU seconds of a live process's work over :data:`STALLED_S` that are not yet progress
+#: (idle, it uses about 0.01 s a minute besides its looks, which are not counted)
 IDLE_CPU_S = 0.2
 #: settings that do not change what an ingest writes (a live process with other values of
 #: them applies the CLI's change as the CLI would)

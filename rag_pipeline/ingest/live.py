@@ -283,6 +283,8 @@ class LiveLoop:
     _in_flight: dict[str, BookScanState | None] = field(default_factory=dict)
     #: calls of ``apply`` under way
     _busy: int = 0
+    #: the thread of :meth:`run` that looks (its CPU time is not work: see work_cpu_s)
+    _looker: int | None = None
     #: the worker threads of :meth:`run` (none: a look applies in its caller's thread)
     _pool: list[threading.Thread] = field(default_factory=list)
     #: guards everything above that the workers share with the looking thread
@@ -614,18 +616,16 @@ class LiveLoop:
         self.save(books)
 
     def work_cpu_s(self) -> float:
-        """CPU seconds the worker threads of :meth:`run` used: what their calls of ``apply``
-        do (a run embeds and writes in its worker's thread; a hung one uses none), without
-        the idle looks of the looking thread. The process's CPU seconds where a thread's
-        clock cannot be read (a platform without ``pthread_getcpuclockid``)."""
+        """CPU seconds the process used outside the looking thread of :meth:`run`: what the
+        calls of ``apply`` do (a run parses, embeds and writes in its worker's thread and
+        the threads it starts, an embedder's pool included; a hung one uses none), without
+        the idle looks, which grow with the books. The process's CPU seconds where a
+        thread's clock cannot be read (a platform without ``pthread_getcpuclockid``)."""
         try:
-            return sum(
-                time.clock_gettime(time.pthread_getcpuclockid(worker.ident))
-                for worker in list(self._pool)
-                if worker.ident is not None and worker.is_alive()
-            )
-        except (AttributeError, OSError):  # no per-thread clock, or a worker just ended
-            return time.process_time()
+            looking = time.clock_gettime(time.pthread_getcpuclockid(self._looker or 0))
+        except (AttributeError, OSError):  # no per-thread clock, or no looking thread
+            looking = 0.0
+        return time.process_time() - looking
 
     @property
     def in_step(self) -> list[str]:
@@ -648,6 +648,7 @@ class LiveLoop:
         calls of ``apply`` in hand then end (none starts after ``stop``) before it returns.
         ``on_ready`` is called once the first look's books are applied."""
         self._closing = False
+        self._looker = threading.get_ident()
         self._pool = [
             threading.Thread(target=self._work, args=(stop,), name=f"live-{n}", daemon=True)
             for n in range(max(self.workers, 1))
