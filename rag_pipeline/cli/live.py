@@ -75,11 +75,11 @@ def watch(as_json: bool) -> None:
         err.print(f"{time.strftime('%H:%M:%S')} [dim]live[/] {line}", highlight=False)
 
     def ready(loop: LiveLoop) -> None:
-        books = len(loop.known)
+        event = ready_event(loop, settings.data_dir)
         if as_json:
-            emit({"event": "ready", "books": books, "data_dir": str(settings.data_dir)})
+            emit(event)
         say(
-            f"ready: {books} books in step; watching {pipeline.source.description} "
+            f"ready: {event['books']} books in step; watching {pipeline.source.description} "
             "(the books sensor defers to this process; Ctrl-C stops)"
         )
 
@@ -120,13 +120,28 @@ def init_instance() -> None:
     prepare_home_instance()
 
 
-def hand_to_live(settings: Settings, home: Path, books: list[str] | None) -> Handed | None:
+def hand_to_live(
+    settings: Settings, home: Path, books: list[str] | None, notes: list[str] | None = None
+) -> Handed | None:
     """The report of the live process of ``home`` after it applied ``books`` (None: every
     book) for this ingest; None where none runs for these settings or it did not answer:
-    the ingest then runs them itself. Imports no Dagster."""
+    the ingest then runs them itself. A live process that accepted and then hung or fell
+    silent is said on stderr and added to ``notes`` (the report's warnings). Imports no
+    Dagster."""
     from rag_pipeline.ingest.handoff import ask_live, settings_key
 
-    return ask_live(home, books, settings_key(settings))
+    def notify(message: str) -> None:
+        err.print(f"[yellow]note[/] {shown(message)}", highlight=False)
+        if notes is not None:
+            notes.append(message)
+
+    return ask_live(home, books, settings_key(settings), notify=notify)
+
+
+def ready_event(loop: LiveLoop, data_dir: Path) -> dict[str, object]:
+    """``watch --json``'s ready line: ``books`` counts the data folder's books in step with
+    the index, not the books the index holds (a halt keeps those whose folder is gone)."""
+    return {"event": "ready", "books": len(loop.in_step), "data_dir": str(data_dir)}
 
 
 def in_worker_thread(work: Callable[[], None]) -> None:

@@ -187,7 +187,10 @@ def run_live(
         server = None
         if handoff_key is not None:
             server = HandOffServer(
-                home, handoff_key, lambda books, beat: handed_report(loop, books, beat)
+                home,
+                handoff_key,
+                lambda books, beat: handed_report(loop, books, beat),
+                work_cpu_s=loop.work_cpu_s,
             )
             try:
                 server.start()

@@ -12,12 +12,15 @@ One request a connection, JSON lines:
   and index the CLI means (:func:`settings_key`); a live process with other settings
   refuses, and the CLI runs the change itself;
 * the live process answers ``{"accepted": true}`` at once (or ``{"refused": why}``), then
-  ``{"waiting": [...]}`` every few seconds while the books are applied, then
+  ``{"waiting": [...], "cpu_s": <its CPU seconds>}`` every few seconds while the books are
+  applied, then
   ``{"report": <ingest --json>, "applied_by": ...}``, or ``{"refused": why}`` when it stops
   first.
 
-Whenever the live process is absent, refuses, dies or falls silent, :func:`ask_live` returns
-None and the CLI runs the change itself, as without live mode. This module imports neither
+Whenever the live process is absent, refuses, dies, falls silent or stalls (its heartbeats go
+on, but neither the books it waits for nor its CPU time move: a hung run), :func:`ask_live`
+returns None and the CLI runs the change itself, as without live mode (a stall is said, naming
+the live process). This module imports neither
 Dagster nor the store: the CLI's hand-off costs a connect and the wait.
 """
 
@@ -30,6 +33,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +45,7 @@ __all__ = [
     "HANDOFF_SOCKET",
     "HandOffServer",
     "Handed",
+    "LiveStalled",
     "ask_live",
     "settings_key",
 ]
@@ -54,6 +59,14 @@ ACCEPT_S = 2.0
 HEARTBEAT_S = 2.0
 #: a live process silent this long (no heartbeat) is taken to be stuck: the CLI runs itself
 SILENT_S = 30.0
+#: a live process whose heartbeats show no progress this long (the books it waits for the
+#: same, less than :data:`IDLE_CPU_S` of CPU used) is taken to be hung: the CLI runs itself.
+#: A run that embeds or writes uses CPU; one waiting on a store another process holds gives
+#: up after ``RAG_BUSY_WAIT_S`` (30 s)
+STALLED_S = 90.0
+#: CPU seconds of a live process's work over :data:`STALLED_S` that are not yet progress
+#: (idle, it uses about 0.01 s a minute besides its looks, which are not counted)
+IDLE_CPU_S = 0.2
 #: settings that do not change what an ingest writes (a live process with other values of
 #: them applies the CLI's change as the CLI would)
 _NOT_IN_KEY = (
@@ -128,6 +141,38 @@ class Handed:
     applied_by: str
 
 
+class LiveStalled(Exception):
+    """The live process went on sending heartbeats without progress: hung (its message names
+    the process and the books it was applying)."""
+
+
+@dataclass
+class _Progress:
+    """What the heartbeats of one request showed: when it last moved."""
+
+    stalled_s: float
+    waiting: list[str] | None = None
+    cpu_s: float | None = None
+    since: float = field(default_factory=time.monotonic)
+
+    def beat(self, message: Mapping[str, Any]) -> None:
+        """One heartbeat: progress when the books waited for changed or the process used
+        CPU; :class:`LiveStalled` when neither happened for ``stalled_s``."""
+        waiting = [str(b) for b in message["waiting"]]
+        cpu = message.get("cpu_s")
+        cpu_s = float(cpu) if isinstance(cpu, int | float) else None
+        now = time.monotonic()
+        moved = waiting != self.waiting or (
+            cpu_s is not None and (self.cpu_s is None or cpu_s - self.cpu_s >= IDLE_CPU_S)
+        )
+        if moved:
+            self.waiting, self.cpu_s, self.since = waiting, cpu_s, now
+        elif now - self.since >= self.stalled_s:
+            raise LiveStalled(
+                f"no progress for {now - self.since:.0f}s on {', '.join(waiting) or 'its books'}"
+            )
+
+
 def ask_live(
     home: Path,
     books: list[str] | None,
@@ -135,16 +180,22 @@ def ask_live(
     *,
     accept_s: float = ACCEPT_S,
     silent_s: float = SILENT_S,
+    stalled_s: float | None = None,
     on_wait: Callable[[list[str]], None] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> Handed | None:
     """Ask the live process of ``home`` to apply ``books`` (None: every book) now and wait
     for its report; None when no live process answers, it refuses (other settings, it is
-    stopping), dies or falls silent: the caller then runs the change itself. ``on_wait``
-    hears the books it still applies, every heartbeat."""
+    stopping), dies, falls silent or stalls (heartbeats without progress for ``stalled_s``,
+    default :data:`STALLED_S`: a hung run); the caller then runs the change itself. A live
+    process that accepted and then stalled or fell silent is said to ``notify``, named.
+    ``on_wait`` hears the books it still applies, every heartbeat."""
     path = Path(home) / HANDOFF_SOCKET
     if not path.exists():
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    who = "the live process"
+    progress: _Progress | None = None
     try:
         conn.settimeout(accept_s)
         with _address(path) as address:
@@ -156,9 +207,13 @@ def ask_live(
             if first is not None:
                 log.info("live mode refused the ingest: %s", first.get("refused"))
             return None
+        if isinstance(first.get("by"), str):
+            who = first["by"]
         conn.settimeout(silent_s)
+        progress = _Progress(STALLED_S if stalled_s is None else stalled_s)
         for message in messages:
             if "waiting" in message:
+                progress.beat(message)
                 if on_wait is not None:
                     on_wait([str(b) for b in message["waiting"]])
                 continue
@@ -167,7 +222,22 @@ def ask_live(
             log.info("live mode did not apply the ingest: %s", message.get("refused"))
             return None
         return None  # it closed the connection: it died, or stopped
-    # absent, refused, timed out, a broken answer or one this version cannot read
+    except LiveStalled as exc:
+        (notify or log.warning)(
+            f"{who} did not apply this ingest's books ({exc}): it may be hung; running the "
+            "change here (see that process's output, or stop it)"
+        )
+        return None
+    except TimeoutError:
+        if progress is None:  # not accepted in time: no live process answers
+            log.info("no answer from live mode at %s within %ss", path, accept_s)
+        else:
+            (notify or log.warning)(
+                f"{who} accepted this ingest's books, then said nothing for {silent_s:g}s: "
+                "running the change here"
+            )
+        return None
+    # absent, refused, a broken answer or one this version cannot read
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.info("no answer from live mode at %s: %r", path, exc)
         return None
@@ -190,6 +260,8 @@ class HandOffServer:
     key: str
     apply: Apply
     applied_by: str = field(default_factory=lambda: f"live mode (pid {os.getpid()})")
+    #: the CPU seconds that say its work moves (sent with each heartbeat: see _Progress)
+    work_cpu_s: Callable[[], float] = time.process_time
     _sock: socket.socket | None = None
     _thread: threading.Thread | None = None
     _closed: threading.Event = field(default_factory=threading.Event)
@@ -247,9 +319,14 @@ class HandOffServer:
                 _send(conn, {"refused": "a request names its books in a list"})
                 return
             asked = None if books is None else [str(b) for b in books]
-            _send(conn, {"accepted": True})
+            _send(conn, {"accepted": True, "by": self.applied_by})
             conn.settimeout(None)
-            report = self.apply(asked, lambda waiting: _send(conn, {"waiting": waiting}))
+
+            def beat(waiting: list[str]) -> None:
+                # its CPU time: the CLI tells a run at work from a hung one (see _Progress)
+                _send(conn, {"waiting": waiting, "cpu_s": round(self.work_cpu_s(), 3)})
+
+            report = self.apply(asked, beat)
             if report is None:
                 _send(conn, {"refused": "the live process is stopping"})
                 return

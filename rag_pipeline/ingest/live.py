@@ -43,7 +43,7 @@ from rag_pipeline.ingest.plan import decide_purges
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.scan import BookScanState, scan_books, written_since
 from rag_pipeline.sources.watch import RESCAN_EVERY_S, BookWatcher
-from rag_pipeline.store.errors import StoreBusyError
+from rag_pipeline.store.errors import StoreBusyError, StorePathError
 from rag_pipeline.store.lock import FolderLock, describe_holder, holding_for
 
 __all__ = [
@@ -270,6 +270,9 @@ class LiveLoop:
     #: the index's books were read into ``known`` (at the first look that could read them)
     _seeded: bool = False
     _said_index: str = ""
+    #: while a look halts: the folder's books it found, when, and the index's books it read
+    #: then (what the next halting look reuses: see :meth:`_halted_index`)
+    _halt_index: tuple[frozenset[str], float, frozenset[str]] | None = None
     _rejected: set[str] = field(default_factory=set)
     #: books applied while something wrote them: what their run read may not be what their
     #: look saw, so the next look applies them again whatever its digests say
@@ -280,6 +283,8 @@ class LiveLoop:
     _in_flight: dict[str, BookScanState | None] = field(default_factory=dict)
     #: calls of ``apply`` under way
     _busy: int = 0
+    #: the thread of :meth:`run` that looks (its CPU time is not work: see work_cpu_s)
+    _looker: int | None = None
     #: the worker threads of :meth:`run` (none: a look applies in its caller's thread)
     _pool: list[threading.Thread] = field(default_factory=list)
     #: guards everything above that the workers share with the looking thread
@@ -316,9 +321,11 @@ class LiveLoop:
         now = time.monotonic() if now is None else now
         self.looks += 1
         watcher = self.source.watcher()
+        read: Collection[str] | None = None  # the index's books, where this look read them
+        held: Collection[str] | None = None
         if not self._seeded and self.indexed is not None:
-            held = self._index_books()
-            if held is None:
+            read = self._index_books()
+            if read is None:
                 # nothing is applied before the index is known: the halt below compares the
                 # folder with it (a wrong data folder applied first, then seeded, would make
                 # the indexed books look removed and purge them)
@@ -329,7 +336,7 @@ class LiveLoop:
                 return []
             self._seeded = True  # each one's folder is looked at: gone, it is purged
             with self._lock:
-                for book_id in held:
+                for book_id in read:
                     self.known.setdefault(book_id, list(_INDEXED))
         with self._lock:
             doubtful = set(self._doubtful)
@@ -353,7 +360,13 @@ class LiveLoop:
         # the purge policy of ingest and the books sensor: a data folder holding none of the
         # books applied (emptied, unmounted, the wrong folder) purges nothing, starts nothing
         halt = decide_purges(self.source, set(states), set(cursor))
-        if halt.halt and self.indexed is not None and (held := self._index_books()) is not None:
+        if not halt.halt:
+            self._halt_index = None
+        elif self.indexed is not None:
+            if read is not None:  # read by this look already
+                self._halt_index = (frozenset(states), now, frozenset(read))
+            held = self._halted_index(states, now)
+        if halt.halt and held is not None:
             with self._lock:  # the books gone and purged by another writer: not ours to purge
                 for book_id in set(cursor) - set(held) - set(states):
                     if book_id not in self._pending and book_id not in self._in_flight:
@@ -396,11 +409,27 @@ class LiveLoop:
             self._apply_here(now)
         return sorted(books)
 
+    def _halted_index(self, found: Collection[str], now: float) -> Collection[str] | None:
+        """The index's books for a look that halts: read by the first such look, and again
+        only when the books the folder holds changed or :data:`RESCAN_EVERY_S` passed (an
+        operator's ``ingest --book`` purge of the books gone is met within a minute): a
+        halted process does not open the store at every idle look."""
+        books = frozenset(found)
+        if self._halt_index is not None:
+            seen, at, held = self._halt_index
+            if seen == books and now - at < RESCAN_EVERY_S:
+                return held
+        read = self._index_books()
+        self._halt_index = None if read is None else (books, now, frozenset(read))
+        return read
+
     def _index_books(self) -> Collection[str] | None:
         """The books the index holds now (None: it cannot be read now, said once)."""
         assert self.indexed is not None
         try:
             return self.indexed()
+        except StorePathError:
+            raise  # a setting to fix (a file where the store's folder goes): watch exits 2
         except Exception as exc:  # a store busy or unreachable: the next look asks again
             said = f"the indexed books could not be read: {type(exc).__name__}: {exc}"
             if said != self._said_index:
@@ -586,6 +615,28 @@ class LiveLoop:
         books.update({b: list(APPLYING) for b in doubtful})
         self.save(books)
 
+    def work_cpu_s(self) -> float:
+        """CPU seconds the process used outside the looking thread of :meth:`run`: what the
+        calls of ``apply`` do (a run parses, embeds and writes in its worker's thread and
+        the threads it starts, an embedder's pool included; a hung one uses none), without
+        the idle looks, which grow with the books. The process's CPU seconds where a
+        thread's clock cannot be read (a platform without ``pthread_getcpuclockid``)."""
+        try:
+            looking = time.clock_gettime(time.pthread_getcpuclockid(self._looker or 0))
+        except (AttributeError, OSError):  # no per-thread clock, or no looking thread
+            looking = 0.0
+        return time.process_time() - looking
+
+    @property
+    def in_step(self) -> list[str]:
+        """The books of the source whose index a call of ``apply`` brought in step with a
+        look of their files: not a book whose call failed, nor one the index holds that no
+        look found (its folder gone while a halt keeps it: see :meth:`look`)."""
+        with self._lock:
+            return sorted(
+                b for b, v in self.known.items() if v != _INDEXED and b not in self._failed
+            )
+
     @property
     def in_hand(self) -> list[str]:
         """The books queued or in a call of ``apply`` now."""
@@ -597,6 +648,7 @@ class LiveLoop:
         calls of ``apply`` in hand then end (none starts after ``stop``) before it returns.
         ``on_ready`` is called once the first look's books are applied."""
         self._closing = False
+        self._looker = threading.get_ident()
         self._pool = [
             threading.Thread(target=self._work, args=(stop,), name=f"live-{n}", daemon=True)
             for n in range(max(self.workers, 1))
