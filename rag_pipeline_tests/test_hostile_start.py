@@ -428,3 +428,21 @@ def test_a_second_make_ui_on_one_home_exits_2_naming_the_first(tmp_path, data_di
     assert f"make ui already runs on this Dagster home ({home}): pid {holder.pid}" in done.stderr
     assert "Dagster UI" not in done.stdout and not (home / "history").exists()
     assert time.monotonic() - started < 20
+
+
+@pytest.mark.integration
+def test_watch_json_writes_a_data_folder_whose_name_is_not_utf8(tmp_path):
+    """``watch --json`` printed its events with ``json.dumps`` of its own: a data folder whose
+    name holds a byte that is not UTF-8 (Python's lone surrogate) failed its ``ready`` line
+    with UnicodeEncodeError. Its events now go through the one JSON writer (json_text)."""
+    from rag_pipeline_tests.helpers import Cli, LiveProcess
+
+    data = tmp_path / "books-\udcff"
+    (data / "alpha").mkdir(parents=True)
+    (data / "alpha" / "a.md").write_text("# A\n\none alpha\n")
+    live = LiveProcess(Cli(tmp_path, data))
+    try:
+        ready = live.next_event("ready", timeout=120)
+        assert ready["data_dir"] == str(data) and ready["books"] == 1, ready
+    finally:
+        live.stop()

@@ -3,7 +3,6 @@ still a recorded Dagster run (:mod:`rag_pipeline.defs.live`)."""
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rag_pipeline.cli.app import _settings, book_pipeline, err, main, shown
+from rag_pipeline.json_text import json_text
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -63,7 +63,7 @@ def watch(as_json: bool) -> None:
     signal.signal(signal.SIGTERM, stopping)
 
     def emit(event: dict[str, object]) -> None:
-        click.echo(json.dumps(event, ensure_ascii=False, default=str))
+        click.echo(json_text(event))
         sys.stdout.flush()
 
     def say(message: str, tag: str = "") -> None:

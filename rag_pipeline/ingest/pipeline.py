@@ -52,6 +52,7 @@ from rag_pipeline.ingest.stages import (
     vectors_to_reuse,
     write_and_check,
 )
+from rag_pipeline.models import shown_name
 from rag_pipeline.recipes.choice import RecipeSource
 from rag_pipeline.recipes.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.resources.store import StoreOpener
@@ -235,9 +236,13 @@ class IngestPipeline:
 
     @property
     def description(self) -> str:
-        """What the pipeline reads and writes, for the UI's resource page."""
+        """What the pipeline reads and writes, for the UI's resource page. Its paths shown as
+        text (a byte of a folder's name that is not UTF-8 escaped): Dagster hashes a resource's
+        description as UTF-8, so such a ``RAG_DATA_DIR`` failed every run's start."""
         recipes = getattr(self.recipes, "description", "fixed recipe")
-        return f"books of the {self.source.description} into {self.store.description}; {recipes}"
+        return shown_name(
+            f"books of the {self.source.description} into {self.store.description}; {recipes}"
+        )
 
     def with_source(self, source: BookSource) -> IngestPipeline:
         """The same store and recipes over another source (an evaluation corpus)."""
