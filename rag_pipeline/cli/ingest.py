@@ -19,6 +19,7 @@ from rag_pipeline.cli.app import (
     err,
     fail,
     main,
+    opened_store,
     out,
     shown,
 )
@@ -209,7 +210,7 @@ def plan(books: tuple[str, ...], as_json: bool, force: bool) -> None:
     from rag_pipeline.ingest.pipeline import IngestPipeline
 
     pipeline = IngestPipeline.from_settings(settings, recipe)
-    with pipeline.store.open() as store:
+    with opened_store(settings) as store:  # a read: a store that holds nothing is not created
         the_plan = pipeline.plan(store, list(books) or None, force=force, detail=True)
     price = usd_per_million_tokens(settings.embedding())
     model = recipe.choose(None).embedding_model  # what a new book gets
