@@ -496,3 +496,20 @@ def test_the_service_never_creates_the_store_it_reads(tmp_path):
         for path in ("context", "document", "lineage"):
             assert client.get(f"/{path}/{ABSENT_ID}", params={"book": BOOK}).status_code == 404
     assert not store.exists()
+
+
+def test_books_first_without_books_is_exit_1_and_without_a_data_folder_exit_2(tmp_path):
+    """Fault: `books --first` over an empty data folder exited 2, the code of a bad argument
+    or setting, though the same folder is listed (`books`, exit 0), planned and ingested as
+    empty: the settings are good and what was asked does not exist, which is exit 1 (as an
+    id no book holds). A data folder that does not exist is a setting: exit 2 everywhere."""
+    empty = tmp_path / "books"
+    empty.mkdir()
+    cli = InProcessCli(tmp_path, empty)
+    assert cli("books").stdout == ""
+    done = cli("books", "--first", check=False)
+    assert done.returncode == 1 and "no book folders" in done.stderr, done.stderr
+    empty.rmdir()
+    for command in (("books",), ("books", "--first"), ("plan",)):
+        done = cli(*command, check=False)
+        assert done.returncode == 2 and "RAG_DATA_DIR" in done.stderr, (command, done.stderr)

@@ -302,8 +302,10 @@ def books(first: bool, as_json: bool) -> None:
     settings = _settings()
     scan = settings.source().list_books()
     if first:
+        # the settings are good (an empty data folder is listed, planned and ingested as
+        # empty, exit 0); what was asked does not exist: exit 1, as an id no book holds
         if not scan.book_ids:
-            fail(f"no book folders under {settings.data_dir}")
+            fail(f"no book folders under {settings.data_dir}", 1)
         click.echo(scan.book_ids[0])
         return
     if as_json:
