@@ -513,3 +513,28 @@ def test_books_first_without_books_is_exit_1_and_without_a_data_folder_exit_2(tm
     for command in (("books",), ("books", "--first"), ("plan",)):
         done = cli(*command, check=False)
         assert done.returncode == 2 and "RAG_DATA_DIR" in done.stderr, (command, done.stderr)
+
+
+# -- a failed book's errors count its failure ----------------------------------------------
+
+
+@pytest.mark.slow  # the step's retries wait 5 s and 10 s before it fails
+def test_a_failed_books_errors_count_every_entry_of_its_error_messages(tmp_path, monkeypatch):
+    """Fault: a book whose embedding step failed reported `"errors": 0` beside the step's
+    failure in `error_messages` (the run's result was built from the message alone). README:
+    `errors` counts the entries of `error_messages`, each bad file and a failed step or run;
+    the table's errors column is the same number."""
+    from rag_pipeline.embed import EmbedServiceError
+    from rag_pipeline.embed.base import Embedder
+
+    def refuse(self: Any, texts: Any, progress: Any = None) -> Any:
+        raise EmbedServiceError("the embedding service refused the batch")
+
+    monkeypatch.setattr(Embedder, "embed", refuse)
+    books = write_books(tmp_path)
+    cli = InProcessCli(tmp_path, books)
+    done = cli("ingest", "--book", BOOK, "--json", check=False)
+    assert done.returncode == 1, done.stderr
+    book = json.loads(done.stdout)["books"][BOOK]
+    assert book["status"] == "failed" and book["error_messages"], book
+    assert book["errors"] == len(book["error_messages"]), book

@@ -75,6 +75,7 @@ def ingest(books: tuple[str, ...], as_json: bool, force: bool, rebuild: bool) ->
             if rebuilt is not None:
                 report = rebuilt.followed_by(report)
     phases.mark("report")
+    _count_errors(report)
     if as_json:
         by = {} if handed is None else {"applied_by": handed.applied_by}
         emit_json({**report.as_dict(), "phases": phases.as_dict(), **by})
@@ -147,6 +148,14 @@ def _execute(
         batching=settings.batching(),
         phases=phases,
     )
+
+
+def _count_errors(report: IngestReport) -> None:
+    """README's rule: a book's ``errors`` counts the entries of its ``error_messages`` (each
+    bad file, and a failed book's failed step or run): a run's failure was reported with its
+    message and 0 errors. (Its place is :class:`BookResult`, of rag_pipeline/ingest/.)"""
+    for result in report.books.values():
+        result.errors = max(result.errors, len(result.error_messages))
 
 
 #: unchanged books the ingest summary lists one by one; past it, one line counts them
