@@ -376,6 +376,7 @@ SHARED_VALUES = [
     ("limit", "٣"),  # the CLI's int took Arabic-Indic digits, the service refused them
     ("limit", "3"),
     ("limit", "+3"),
+    ("limit", ""),
     ("limit", "1001"),
     ("score_threshold", "0.1"),
     ("score_threshold", "٠.5"),

@@ -469,7 +469,7 @@ def _read(p: Param, text: str) -> Any:
     try:
         return p.read(text)
     except ValueError as exc:
-        problem = {"loc": ("query", p.name), "msg": str(exc), "input": text}
+        problem = {"loc": ("query", p.name), "msg": str(exc)}  # the message shows the text
         raise RequestValidationError([problem]) from None
 
 
