@@ -367,3 +367,175 @@ def test_every_error_body_is_a_detail_text_naming_the_parameter(served):
         detail = response.json()["detail"]
         assert isinstance(detail, str) and named in detail, (path, params, detail)
     assert isinstance(served.delete("/health").json()["detail"], str)
+
+
+# -- the CLI and the service read every shared parameter by one rule ----------------------
+
+SHARED_VALUES = [
+    ("limit", "1.0"),  # the service's int took it, the CLI refused it
+    ("limit", "٣"),  # the CLI's int took Arabic-Indic digits, the service refused them
+    ("limit", "3"),
+    ("limit", "+3"),
+    ("limit", ""),
+    ("limit", "1001"),
+    ("score_threshold", "0.1"),
+    ("score_threshold", "٠.5"),
+    ("score_threshold", "nan"),
+    ("group_size", "2.0"),
+    ("chapter_min", "1.0"),
+    ("chapter_max", "2"),
+    ("lesson", "٢"),
+    ("hardware_tier", "1e0"),
+    ("rrf_k", "60.0"),
+    ("fusion", "RRF"),
+    ("fusion", "rrf"),
+    ("mode", "Dense"),
+    ("mode", "sparse"),
+    ("group_by", "file"),
+    ("where", "module=m"),
+    ("where", "nope=1"),
+    ("proficiency", ""),
+    ("proficiency", "beginner"),
+    ("module", "m"),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), SHARED_VALUES)
+def test_the_cli_and_the_service_accept_and_refuse_the_same_values(indexed, served, name, text):
+    """Fault: the service read its parameters with pydantic's types and the CLI with
+    click's: `limit=1.0` was a search in the service and exit 2 in the CLI, `--limit ٣`
+    the other way round. Both now read every value by one rule (Param.read): a value is
+    taken by both or refused by both, the CLI with exit 2, the service with 400/422 naming
+    the parameter."""
+    from rag_pipeline.retrieve.params import param
+
+    flag = param(name).flag
+    done = indexed("search", "nodes", "--book", BOOK, flag, text, "--json", check=False)
+    response = served.get("/search", params={"q": "nodes", "book": BOOK, name: text})
+    assert_no_trace(done.stderr)
+    if done.returncode == 0:
+        assert response.status_code == 200, (response.text, done.stdout)
+        assert response.json() == json.loads(done.stdout)
+    else:
+        assert done.returncode == 2, done.stderr
+        assert response.status_code in (400, 422), response.text
+        detail = response.json()["detail"]
+        assert name in detail or text in detail, detail
+
+
+@pytest.mark.parametrize("text", ["1.0", "٢", "2", "101"])
+def test_context_reads_prev_and_next_by_the_same_rule(indexed, served, text):
+    hit = served.get("/search", params={"q": "nodes", "book": BOOK, "limit": 1}).json()[0]
+    done = indexed("context", hit["id"], "--book", BOOK, "--prev", text, "--json", check=False)
+    response = served.get(f"/context/{hit['id']}", params={"book": BOOK, "prev": text})
+    assert (done.returncode, response.status_code) in ((0, 200), (2, 422)), (
+        done.stderr,
+        response.text,
+    )
+
+
+def test_the_openapi_document_describes_the_error_bodies_the_service_sends(served):
+    """Fault: a 422's body is `{"detail": "text"}`, but /openapi.json still described
+    FastAPI's list of objects: a client generated from it failed to read every 422. The
+    document's 422 body is the detail text; the parameters keep their types."""
+    document = served.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    search = document["paths"]["/search"]["get"]
+    ref = search["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
+    body = schemas[ref.rsplit("/", 1)[1]]
+    assert body["properties"] == {"detail": {"type": "string", "title": "Detail"}}
+    assert body["required"] == ["detail"]
+    sent = served.get("/search", params={"q": "nodes", "book": BOOK, "limit": "x"})
+    assert sent.status_code == 422 and set(sent.json()) == {"detail"}
+    assert isinstance(sent.json()["detail"], str)
+    params = {p["name"]: p["schema"] for p in search["parameters"]}
+    assert params["limit"]["type"] == "integer" and params["limit"]["maximum"] == 1000
+    assert params["mode"]["enum"] == ["dense", "sparse", "hybrid"]
+    assert params["where"]["type"] == "array"
+
+
+# -- a read-only command never creates the store it reads ----------------------------------
+
+ABSENT_ID = "11111111-1111-1111-1111-111111111111"
+
+
+def test_read_only_commands_never_create_the_store_or_dagster_home(tmp_path):
+    """Fault: `search` on a fresh RAG_QDRANT_PATH created the store's folder, its
+    collection and a lock (`context`, `document`, `lineage` and `plan` a lock file): a
+    read wrote where nothing was asked to be written (a mistyped path became an empty
+    store). A store that holds nothing is read as an empty one: `[]` with a note for
+    search, "no ..." (exit 1) for an id, and nothing is created."""
+    books = write_books(tmp_path)
+    cli = InProcessCli(tmp_path, books)
+    store, home = Path(cli.env["RAG_QDRANT_PATH"]), Path(cli.env["DAGSTER_HOME"])
+    done = cli("search", "nodes", "--book", BOOK, "--json")
+    assert json.loads(done.stdout) == [] and "nothing indexed" in done.stderr
+    for command in ("context", "document", "lineage"):
+        done = cli(command, ABSENT_ID, "--book", BOOK, check=False)
+        assert done.returncode == 1 and "no " in done.stderr, (command, done.stderr)
+    cli("plan", "--json")
+    cli("books")
+    assert not store.exists() and not home.exists(), sorted(tmp_path.rglob("*"))
+
+
+def test_the_service_never_creates_the_store_it_reads(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline_tests.conftest import make_recipe
+
+    store = tmp_path / "qdrant"
+    settings = load_settings(
+        data_dir=str(write_books(tmp_path)), qdrant_path=str(store), embedder="hash"
+    )
+    with TestClient(create_app(settings, make_recipe(HashEmbedder()), cache_size=0)) as client:
+        assert client.get("/health").status_code == 200
+        found = client.get("/search", params={"q": "nodes", "book": BOOK})
+        assert found.status_code == 200 and found.json() == []
+        for path in ("context", "document", "lineage"):
+            assert client.get(f"/{path}/{ABSENT_ID}", params={"book": BOOK}).status_code == 404
+    assert not store.exists()
+
+
+def test_books_first_without_books_is_exit_1_and_without_a_data_folder_exit_2(tmp_path):
+    """Fault: `books --first` over an empty data folder exited 2, the code of a bad argument
+    or setting, though the same folder is listed (`books`, exit 0), planned and ingested as
+    empty: the settings are good and what was asked does not exist, which is exit 1 (as an
+    id no book holds). A data folder that does not exist is a setting: exit 2 everywhere."""
+    empty = tmp_path / "books"
+    empty.mkdir()
+    cli = InProcessCli(tmp_path, empty)
+    assert cli("books").stdout == ""
+    done = cli("books", "--first", check=False)
+    assert done.returncode == 1 and "no book folders" in done.stderr, done.stderr
+    empty.rmdir()
+    for command in (("books",), ("books", "--first"), ("plan",)):
+        done = cli(*command, check=False)
+        assert done.returncode == 2 and "RAG_DATA_DIR" in done.stderr, (command, done.stderr)
+
+
+# -- a failed book's errors count its failure ----------------------------------------------
+
+
+@pytest.mark.slow  # the step's retries wait 5 s and 10 s before it fails
+def test_a_failed_books_errors_count_every_entry_of_its_error_messages(tmp_path, monkeypatch):
+    """Fault: a book whose embedding step failed reported `"errors": 0` beside the step's
+    failure in `error_messages` (the run's result was built from the message alone). README:
+    `errors` counts the entries of `error_messages`, each bad file and a failed step or run;
+    the table's errors column is the same number."""
+    from rag_pipeline.embed import EmbedServiceError
+    from rag_pipeline.embed.base import Embedder
+
+    def refuse(self: Any, texts: Any, progress: Any = None) -> Any:
+        raise EmbedServiceError("the embedding service refused the batch")
+
+    monkeypatch.setattr(Embedder, "embed", refuse)
+    books = write_books(tmp_path)
+    cli = InProcessCli(tmp_path, books)
+    done = cli("ingest", "--book", BOOK, "--json", check=False)
+    assert done.returncode == 1, done.stderr
+    book = json.loads(done.stdout)["books"][BOOK]
+    assert book["status"] == "failed" and book["error_messages"], book
+    assert book["errors"] == len(book["error_messages"]), book

@@ -185,12 +185,20 @@ def _settings() -> Settings:
 @contextmanager
 def opened_store(settings: Settings) -> Iterator[VectorStore]:
     """The configured store, for the time of one read (an embedded folder is locked while
-    open: a busy one is waited for up to RAG_BUSY_WAIT_S)."""
+    open: a busy one is waited for up to RAG_BUSY_WAIT_S). One that holds nothing yet is read
+    as an empty store, never created by a read (:func:`~rag_pipeline.store.holds_nothing`)."""
     from rag_pipeline.schema import COLLECTION_SCHEMA
-    from rag_pipeline.store import open_store
+    from rag_pipeline.store import holds_nothing, open_empty_store, open_store
     from rag_pipeline.store.sharing import shared_store, store_key
 
     config = settings.store()
+    if holds_nothing(config):
+        empty = open_empty_store(config, COLLECTION_SCHEMA)
+        try:
+            yield empty
+        finally:
+            empty.close()
+        return
     with shared_store(store_key(config), lambda: open_store(config, COLLECTION_SCHEMA)) as store:
         yield store
 

@@ -19,6 +19,7 @@ from rag_pipeline.cli.app import (
     err,
     fail,
     main,
+    opened_store,
     out,
     shown,
 )
@@ -211,7 +212,7 @@ def plan(books: tuple[str, ...], as_json: bool, force: bool) -> None:
     from rag_pipeline.ingest.pipeline import IngestPipeline
 
     pipeline = IngestPipeline.from_settings(settings, recipe)
-    with pipeline.store.open() as store:
+    with opened_store(settings) as store:  # a read: a store that holds nothing is not created
         the_plan = pipeline.plan(store, list(books) or None, force=force, detail=True)
     price = usd_per_million_tokens(settings.embedding())
     model = recipe.choose(None).embedding_model  # what a new book gets
@@ -303,11 +304,14 @@ def books(first: bool, as_json: bool) -> None:
     settings = _settings()
     scan = settings.source().list_books()
     if first:
+        # the settings are good (an empty data folder is listed, planned and ingested as
+        # empty, exit 0); what was asked does not exist: exit 1, as an id no book holds
         if not scan.book_ids:
             refused = "".join(f"; refused: {shown(str(r))}" for r in scan.rejected)
             fail(
                 f"no book folders under {settings.data_dir} (RAG_DATA_DIR): each book is a "
-                f"folder of its own, {settings.data_dir}/<book_id>/*.md{refused}"
+                f"folder of its own, {settings.data_dir}/<book_id>/*.md{refused}",
+                1,
             )
         click.echo(scan.book_ids[0])
         return

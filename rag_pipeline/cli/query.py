@@ -104,7 +104,7 @@ def _declared(params: Sequence[Param]) -> Callable[[Callable[..., Any]], Callabl
             fn = click.option(
                 p.flag,
                 p.name,
-                type=_click_type(p),
+                type=_ParamType(p),
                 multiple=p.repeatable,
                 default=() if p.repeatable else p.default,
                 show_default=p.default is not None,
@@ -115,12 +115,30 @@ def _declared(params: Sequence[Param]) -> Callable[[Callable[..., Any]], Callabl
     return options
 
 
-def _click_type(p: Param) -> Any:
-    if p.choices is not None:
-        return click.Choice(list(p.choices))
-    if p.kind is int and (p.minimum is not None or p.maximum is not None):
-        return click.IntRange(p.minimum, p.maximum)
-    return p.kind
+class _ParamType(click.ParamType[Any]):
+    """A parameter's value read as the service reads it (:meth:`Param.read`: one rule, so
+    the CLI and the service accept and refuse the same values)."""
+
+    def __init__(self, p: Param) -> None:
+        self.param = p
+        self.name = p.kind.__name__
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        if self.param.choices:
+            return "[" + "|".join(self.param.choices) + "]"
+        kind = {int: "INTEGER", float: "FLOAT"}.get(self.param.kind, "TEXT")
+        low, high = self.param.minimum, self.param.maximum
+        if low is None and high is None:
+            return kind
+        return f"{kind} [{'' if low is None else low}..{'' if high is None else high}]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):  # a default, already a value
+            return value
+        try:
+            return self.param.read(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _fusion_option(multiple: bool = False) -> Callable[..., Any]:

@@ -37,6 +37,12 @@ class BookResult:
     reasons: list[str] = field(default_factory=list)  # why the book ran (or was purged)
     files_unreadable: int = 0
 
+    def __post_init__(self) -> None:
+        # README's rule: ``errors`` counts the entries of ``error_messages`` (each bad file,
+        # and a failed book's failed step or run), whoever made the result: the CLI, live
+        # mode, a run's failure (a failed run said 0 errors beside its message)
+        self.errors = max(self.errors, len(self.error_messages))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "files": self.files,

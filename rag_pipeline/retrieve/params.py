@@ -4,11 +4,14 @@ both read the values into one :class:`~rag_pipeline.retrieve.request.SearchReque
 default, a bound or a choice cannot differ between the CLI and the HTTP service.
 
 The one-value rule is stated here too (:func:`repeated`): a parameter that takes one value may
-be given once; the CLI and the service each apply it to what they were given.
+be given once; the CLI and the service each apply it to what they were given. So is how a
+value's text is read (:meth:`Param.read`): both read every value given as text through it, so
+neither takes a value the other refuses (the service's types took ``limit=1.0``).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -54,6 +57,39 @@ class Param:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def read(self, text: str) -> Any:
+        """The value ``text`` gives, by the one rule both interfaces read values with:
+        an integer is ASCII digits with an optional sign (not ``1.0``, ``1_000`` or ``٣``),
+        a number an ASCII decimal (``nan``, ``inf`` read: the search refuses them), within the
+        bounds, one of the choices.
+        ``ValueError`` saying what is wrong (the caller names the parameter)."""
+        value: Any = text
+        if self.kind is int:
+            if not _INTEGER.fullmatch(text):
+                raise ValueError(f"{text!r} is not a whole number")
+            value = int(text)
+        elif self.kind is float:
+            try:  # Python's float in ASCII: nan and inf are read (and refused as not finite)
+                if not _DECIMAL.fullmatch(text):
+                    raise ValueError
+                value = float(text)
+            except ValueError:
+                raise ValueError(f"{text!r} is not a number") from None
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(self.choices)}")
+        low, high = self.minimum, self.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            shown = f"{'' if low is None else low}..{'' if high is None else high}"
+            raise ValueError(f"{value} is not within {shown}")
+        return value
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(
+    r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)",
+    re.IGNORECASE,
+)
 
 
 #: the tenant of every retrieval command (required: answers never cross books)

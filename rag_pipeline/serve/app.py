@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
 import numpy as np
@@ -75,6 +75,8 @@ from rag_pipeline.store import (
     StoreResourceError,
     StoreUnavailableError,
     VectorStore,
+    holds_nothing,
+    open_empty_store,
     open_store,
 )
 from rag_pipeline.store.capabilities import searched_recipe
@@ -205,7 +207,7 @@ class Service:
         #: the signature of the generation the handle read then)
         self._books: dict[str, tuple[IndexRecipe, float, int, str | None]] = {}
         config = settings.store()
-        self.store_target = config.target
+        self.store_config, self.store_target = config, config.target
 
         def opener(wait_s: float) -> VectorStore:
             kept = replace(config, busy_wait_s=wait_s, loaded_books=SERVED_BOOKS_LOADED)
@@ -221,6 +223,14 @@ class Service:
         self.holder.close()
 
     def read(self, fn: Callable[[VectorStore], T]) -> T:
+        """``fn`` of the held store; of an empty one while the store holds nothing yet (a
+        read never creates it: :func:`~rag_pipeline.store.holds_nothing`)."""
+        if holds_nothing(self.store_config):
+            empty = open_empty_store(self.store_config, COLLECTION_SCHEMA)
+            try:
+                return fn(empty)
+            finally:
+                empty.close()
         with self.holder.store() as store:
             return fn(store)
 
@@ -423,23 +433,30 @@ def one_meaning(
 
 
 def declared(params: Sequence[Param]) -> Callable[..., dict[str, Any]]:
-    """A dependency whose query parameters are ``params`` (name, type, default, bounds,
-    choices, repeatable: :mod:`rag_pipeline.retrieve.params`), returning their values."""
+    """A dependency whose query parameters are ``params`` (name, default, bounds, choices,
+    repeatable: :mod:`rag_pipeline.retrieve.params`), returning their values. Each value is
+    taken as text and read by :meth:`Param.read`, the CLI's rule (FastAPI's types took
+    ``limit=1.0``); the documented schema is the parameter's type. A value refused is a 422
+    naming the parameter, as FastAPI's own."""
 
     def values(**given: Any) -> dict[str, Any]:
-        return given
+        read: dict[str, Any] = {}
+        for p in params:
+            text = given[p.name]
+            if text is None:
+                read[p.name] = p.default
+            elif p.repeatable:
+                read[p.name] = [_read(p, t) for t in text]
+            else:
+                read[p.name] = _read(p, text)
+        return read
 
     values.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [
             inspect.Parameter(
                 p.name,
                 inspect.Parameter.KEYWORD_ONLY,
-                default=Query(
-                    None if p.repeatable else p.default,
-                    ge=p.minimum,
-                    le=p.maximum,
-                    description=p.help,
-                ),
+                default=Query(None, description=p.help),
                 annotation=_annotation(p),
             )
             for p in params
@@ -448,11 +465,34 @@ def declared(params: Sequence[Param]) -> Callable[..., dict[str, Any]]:
     return values
 
 
+def _read(p: Param, text: str) -> Any:
+    try:
+        return p.read(text)
+    except ValueError as exc:
+        problem = {"loc": ("query", p.name), "msg": str(exc)}  # the message shows the text
+        raise RequestValidationError([problem]) from None
+
+
 def _annotation(p: Param) -> Any:
-    kind: Any = Literal[p.choices] if p.choices else p.kind
+    """Text (read by :func:`_read`); the document shows the parameter's type
+    (:func:`documented`)."""
+    return list[str] | None if p.repeatable else str | None
+
+
+def param_schema(p: Param) -> dict[str, Any]:
+    """The OpenAPI schema of a declared parameter: its type, bounds, choices and default."""
+    schema: dict[str, Any] = {"type": {int: "integer", float: "number"}.get(p.kind, "string")}
+    if p.choices:
+        schema["enum"] = list(p.choices)
+    if p.minimum is not None:
+        schema["minimum"] = p.minimum
+    if p.maximum is not None:
+        schema["maximum"] = p.maximum
     if p.repeatable:
-        return list[kind] | None
-    return kind if p.default is not None else kind | None
+        return {"type": "array", "items": schema, "title": p.name}
+    if p.default is not None:
+        schema["default"] = p.default
+    return {**schema, "title": p.name}
 
 
 BookParam = Annotated[str | None, Query(description=BOOK.help)]
@@ -492,6 +532,7 @@ def create_app(
     )
     app.state.service = service
     app.add_middleware(HeadAsGet)
+    app.openapi = lambda: documented(app)  # type: ignore[method-assign]
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> Response:
@@ -657,6 +698,35 @@ class HeadAsGet:
             await send(message)
 
         await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+#: the body of every error the service answers (a 422 too: see :func:`invalid_parameters`)
+ERROR_BODY: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "properties": {"detail": {"type": "string", "title": "Detail"}},
+    "required": ["detail"],
+}
+
+
+def documented(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, describing what the service reads and sends: each declared
+    parameter with its type (:func:`param_schema`; FastAPI sees text), and the 422 body as the
+    one sent (:data:`ERROR_BODY`; FastAPI documents its own list of objects)."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        declared = {p.name: p for p in (*SEARCH_PARAMS, *CONTEXT_PARAMS)}
+        for methods in schema.get("paths", {}).values():
+            for operation in methods.values():
+                for parameter in operation.get("parameters", []):
+                    if parameter["in"] == "query" and parameter["name"] in declared:
+                        parameter["schema"] = param_schema(declared[parameter["name"]])
+        schemas = schema.get("components", {}).get("schemas", {})
+        schemas.pop("ValidationError", None)
+        if "HTTPValidationError" in schemas:
+            schemas["HTTPValidationError"] = ERROR_BODY
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def invalid_parameters(exc: RequestValidationError) -> str:

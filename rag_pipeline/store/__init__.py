@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -19,6 +20,8 @@ __all__ = [
     *_base.__all__,
     *_filters.__all__,
     "backend_of",
+    "holds_nothing",
+    "open_empty_store",
     "open_store",
     "rebuilding_beside",
     "set_aside",
@@ -34,6 +37,34 @@ def open_store(config: StoreConfig, schema: CollectionSchema) -> VectorStore:
     ``config.busy_wait_s`` for another process), so keep handles short."""
     with _named_path(config):
         return backend_of(config).open(config, schema)
+
+
+def holds_nothing(config: StoreConfig) -> bool:
+    """An embedded folder that holds no collection yet (never ingested into: the folder, or
+    the collection's, does not exist) where one could be made. A read-only command answers
+    it as an empty store (:func:`open_empty_store`) instead of opening it, which creates the
+    folders and locks. A path that cannot hold a store (below a file, in a folder this
+    process cannot write, on a file system without blocks such as /proc) is opened as
+    before, to be refused naming RAG_QDRANT_PATH."""
+    backend = backend_of(config)
+    if backend.name == "server" or config.path == ":memory:":
+        return False
+    root = Path(config.path)
+    folder = root / config.collection if backend.name == "edge" else root
+    if folder.exists() or (root.exists() and not root.is_dir()):
+        return False
+    existing = root if root.exists() else next(p for p in root.absolute().parents if p.exists())
+    try:
+        blocks = os.statvfs(existing).f_blocks
+    except OSError:
+        return False
+    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK) and blocks > 0
+
+
+def open_empty_store(config: StoreConfig, schema: CollectionSchema) -> VectorStore:
+    """A store holding nothing, in memory (nothing is written anywhere): what a reader of a
+    store that :func:`holds_nothing` reads."""
+    return open_store(replace(config, url=None, path=":memory:", embedded="client"), schema)
 
 
 @contextmanager
