@@ -98,3 +98,40 @@ def test_a_summary_is_encoded_once_and_written_as_json_dumps_writes_it(tmp_path,
     assert raw == json.dumps(json.loads(raw), sort_keys=True).encode()
     sound = edge._sound_summary(folder, "g1")
     assert sound is not None and sound[1] == data and sound[0]["points"] == 7
+
+
+def test_a_run_lets_go_of_its_parsed_documents_once_they_are_chunked(
+    sample_books, tmp_path, monkeypatch
+):
+    """The run's memory (its IO manager) no longer holds the book's parsed text after the
+    chunks step read it (it held every step's output until the run ended); the outputs the
+    retried steps read stay."""
+    from dagster import DagsterInstance, materialize
+
+    from rag_pipeline.defs.assets import ingestion_assets
+    from rag_pipeline.defs.io import RunMemory
+    from rag_pipeline.defs.location import fixed_resources
+    from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline_tests.conftest import hash_settings
+
+    memories: list[RunMemory] = []
+    real = RunMemory.load_input
+
+    def seen(self, context):  # type: ignore[no-untyped-def]
+        memories.append(self)
+        return real(self, context)
+
+    monkeypatch.setattr(RunMemory, "load_input", seen)
+    settings = hash_settings(sample_books, tmp_path)
+    book = sorted(p.name for p in sample_books.iterdir() if p.is_dir())[0]
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(BOOKS_PARTITIONS_NAME, [book])
+    resources = fixed_resources(IngestPipeline.from_settings(settings))
+    result = materialize(
+        ingestion_assets, partition_key=book, instance=instance, resources=resources
+    )
+    assert result.success and memories
+    held = {key[1] for key in memories[-1].values}
+    assert "documents" not in held
+    assert {"chunks", "chunk_embeddings"} <= held
