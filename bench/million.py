@@ -2,7 +2,7 @@
 
     python bench/million.py [--points 1000000] [--work DIR] [--queries 300] [--json]
                             [--corpus ../shared/corpora/powershell-docs/books] [--reuse]
-                            [--purged-points N]
+                            [--purged-points N] [--first-ingest-only]
 
 Builds, from copies of the powershell-docs corpus (each copy ending with its own line, so no
 two files are identical, as ``bench/scale.py`` does): one big book of half the points, one
@@ -17,6 +17,8 @@ book with a section appended, then ``ingest``; (c') the same in the big book; (d
 tenth's folder removed, then ``ingest`` (its purge); (e) ``serve`` answering ``--queries``
 hybrid searches one after another, in the big book, then over 16 small books in turn (the
 books ``serve`` keeps loaded): p50, p99 and the service's RSS.
+
+``--first-ingest-only`` stops after (a): what a first ingest's peak memory is, at a size.
 
 Prints process CPU seconds (user + sys), wall, peak RSS and the store's size after each step.
 ``--reuse`` keeps the books and store a previous run left in ``--work`` (their first ingest is
@@ -112,6 +114,8 @@ def measure(args: argparse.Namespace, pool: list[Path]) -> dict[str, Any]:
             "points": sum(b["points"] for b in report["books"].values()),
             "store_mb": store_mb(),
         }
+    if args.first_ingest_only:
+        return {"points_asked": args.points, "books": len(plan), "files": plan, "steps": steps}
     figures, out = run_cli(["ingest", "--json"], env, here)
     report = json.loads(out)
     steps["no_change_ingest"] = {**figures, "books_run": books_run(report)}
@@ -164,6 +168,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--reuse", action="store_true", help="keep the books and store built")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--first-ingest-only", action="store_true", help="measure the first ingest alone"
+    )
     args = parser.parse_args()
     corpus = args.corpus if args.corpus.is_dir() else FIXTURE_CORPUS
     pool = source_files(corpus)

@@ -26,9 +26,9 @@ from __future__ import annotations
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, overload
 
 import snowballstemmer
 
@@ -40,6 +40,7 @@ __all__ = [
     "FALLBACK_TERMS_PER_TARGET_TOKEN",
     "Analyzer",
     "Bm25Encoder",
+    "EncodedWhenRead",
     "avg_len_of",
     "fallback_avg_len",
     "measure_avg_len",
@@ -199,6 +200,33 @@ class Bm25Encoder:
             weights[index] = weights.get(index, 0.0) + tf * (self.k1 + 1) / (tf + norm)
         ids = sorted(weights)
         return SparseVector(tuple(ids), tuple(round(weights[i], 5) for i in ids))
+
+
+@dataclass(frozen=True)
+class EncodedWhenRead(Sequence[SparseVector]):
+    """The BM25 vectors of ``items`` (``text_of`` each), encoded by ``encoder`` each time one
+    is read and never held: a book's write reads them one batch of points at a time, so a run
+    holds a batch's vectors, not its book's (about 13 KB a chunk as Python tuples; issue
+    40.4's first ingest of a 250k-point book held 10 GB). ``items`` are the chunks themselves:
+    their texts are composed as they are read, too."""
+
+    encoder: Bm25Encoder
+    items: Sequence[Any]
+    text_of: Callable[[Any], str]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @overload
+    def __getitem__(self, index: int) -> SparseVector: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SparseVector]: ...
+
+    def __getitem__(self, index: int | slice) -> SparseVector | list[SparseVector]:
+        if isinstance(index, slice):
+            return self.encoder.encode_documents([self.text_of(i) for i in self.items[index]])
+        return self.encoder.encode_documents([self.text_of(self.items[index])])[0]
 
 
 def fallback_avg_len(target_tokens: int) -> float:

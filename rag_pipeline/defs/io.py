@@ -22,13 +22,20 @@ from dagster import (
     io_manager,
 )
 
-__all__ = ["RunMemory", "run_memory_io_manager"]
+__all__ = ["READ_ONCE", "RunMemory", "run_memory_io_manager"]
+
+
+#: outputs whose one reader has no retry policy (the chunks step reads the parsed documents):
+#: let go once read, so a run does not hold its book's text until it ends (issue 40.4: a
+#: first ingest's peak memory); the outputs the retried steps read stay for their retries
+READ_ONCE = frozenset({"documents"})
 
 
 class RunMemory(InMemoryIOManager):
     """Dagster's in-memory IO manager (``mem_io_manager``'s), one per run, whose miss says
     what happened: an input asked of a run that did not produce it (a step re-executed from
-    failure, an asset materialized without the ones upstream of it)."""
+    failure, an asset materialized without the ones upstream of it). The outputs of
+    :data:`READ_ONCE` are let go once read."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Dagster's is not annotated
@@ -39,7 +46,10 @@ class RunMemory(InMemoryIOManager):
             raise DagsterInvariantViolationError(f"input {context.name!r} has no upstream step")
         if tuple(context.get_identifier()) not in self.values:
             raise DagsterInvariantViolationError(_not_in_this_run(context, upstream))
-        return super().load_input(context)
+        value = super().load_input(context)
+        if upstream.has_asset_key and upstream.asset_key.path[-1] in READ_ONCE:
+            del self.values[tuple(context.get_identifier())]
+        return value
 
 
 def _not_in_this_run(context: InputContext, upstream: OutputContext) -> str:

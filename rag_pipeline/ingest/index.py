@@ -55,6 +55,7 @@ from rag_pipeline.store import (
 )
 
 __all__ = [
+    "WRITE_BATCH",
     "DocumentOutcome",
     "IndexState",
     "WriteReport",
@@ -193,6 +194,10 @@ def _sound(vector: np.ndarray | None, dimension: int) -> bool:
     return abs(float(np.linalg.norm(vector)) - 1.0) <= 1e-3
 
 
+#: chunk points built and upserted at once: a write holds one batch's payloads and sparse
+#: vectors, never its book's (a first ingest's peak memory does not grow with the book)
+WRITE_BATCH = 512
+
 #: content hashes looked up per store read (a filter's list of values)
 _HASHES_PER_READ = 512
 
@@ -274,11 +279,15 @@ def write_book_changes(
     version failed keep their last good chunks (nothing indexed is lost); their record carries
     the error until the file is fixed.
     """
-    points = [
-        PointRecord(c.id, dict(chunk_payload(c, lineage)), dense[i], sparse[i])
-        for i, c in enumerate(chunks)
-    ]
-    upserted = store.upsert(points)
+    upserted = 0
+    for start in range(0, len(chunks), WRITE_BATCH):
+        end = start + WRITE_BATCH
+        vectors = sparse[start:end]  # encoded now (EncodedWhenRead): a batch's, not a book's
+        points = [
+            PointRecord(c.id, dict(chunk_payload(c, lineage)), dense[start + i], vectors[i])
+            for i, c in enumerate(chunks[start:end])
+        ]
+        upserted += store.upsert(points)
     new_ids = {c.id for c in chunks}
     failed = {o.source_file for o in outcomes if o.status == STATUS_ERROR}
     # What to replace is read now, not taken from the inventory: if another run of this book

@@ -42,6 +42,7 @@ from rag_pipeline.ingest.report import BookResult
 from rag_pipeline.models import Chunk, FileError, ParsedDocument, shown_name
 from rag_pipeline.recipes.recipe import IndexRecipe, LineageInfo
 from rag_pipeline.sources.base import BookSource, ParseOptions, SourceReadError
+from rag_pipeline.sparse import EncodedWhenRead
 from rag_pipeline.store import BookDamagedError, CollectionSpec, SparseVector, VectorStore
 from rag_pipeline.store.capabilities import catalog_of
 
@@ -365,7 +366,9 @@ class EmbeddedBook:
     book_id: str
     model: str
     dense: np.ndarray
-    sparse: tuple[SparseVector, ...]
+    #: encoded when read (:class:`~rag_pipeline.sparse.EncodedWhenRead`): the write reads
+    #: them a batch of points at a time
+    sparse: Sequence[SparseVector]
     embedded: int
     reused: int
     tokens: int
@@ -439,14 +442,14 @@ def embed_books(
             dense[todo] = vectors[offset : offset + len(todo)]
             offset += len(todo)
         inventory = chunked.inventory
-        # each text analysed once, for the book's BM25 average (when it is measured) and its
-        # vectors: the encoder sparse_for returns analyses as recipe.sparse does
-        analysed = [recipe.sparse.terms(c.embed_text) for c in chunks]
+        # the book's BM25 average (when it is measured) keeps each text's analysed length
+        # alone; its vectors are encoded as the write reads them, a batch at a time: neither
+        # the analysed terms nor the vectors of a whole book are held (issue 40.4)
         encoder = recipe.sparse_for(
             None if inventory.reembed else inventory.state.sparse_model,
-            lambda: (len(terms) for terms in analysed),  # noqa: B023 - called in this iteration
+            lambda: (len(recipe.sparse.terms(c.embed_text)) for c in chunks),  # noqa: B023
         )
-        sparse = tuple(encoder.encode_analysed(analysed))
+        sparse = EncodedWhenRead(encoder, chunks, _embed_text)
         tokens = sum(chunks[i].token_count for i in todo)
         share = len(todo) / len(texts) if texts else 0.0  # the book's share of the pass
         out.append(
@@ -468,6 +471,10 @@ def embed_books(
             )
         )
     return out
+
+
+def _embed_text(chunk: Chunk) -> str:
+    return chunk.embed_text
 
 
 def source_lineage(lineage: LineageInfo, inventory: BookInventory) -> LineageInfo:

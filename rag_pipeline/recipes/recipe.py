@@ -112,7 +112,9 @@ class IndexRecipe:
             if encoder is not None and encoder.family == self.sparse.family:
                 return encoder
         average = avg_len_of(lengths(), fallback=self.sparse.avg_len)
-        return replace(self.sparse, avg_len=average)
+        # the recipe's stem cache shared: the book's texts are analysed again as its vectors
+        # are written (only their lengths are kept from this pass), mostly from the cache
+        return replace(self.sparse, avg_len=average, _stems=self.sparse._stems)
 
     def lineage(self, run_id: str | None, sparse_model: str | None = None) -> LineageInfo:
         return LineageInfo(

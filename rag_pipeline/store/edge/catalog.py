@@ -28,7 +28,7 @@ from rag_pipeline.store.edge.files import (
     _Pointer,
     _read_pointer,
     _readable,
-    _write_json,
+    _write_bytes,
 )
 from rag_pipeline.store.edge.handle import Handle, RoutedBook
 from rag_pipeline.store.errors import limit_error
@@ -118,12 +118,18 @@ _SUMMARY_HEAD = b'{"data": '
 _SUMMARY_STAMP = b', "store": '
 
 
-def _sealed(stamp: dict[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+def _sealed(stamp: dict[str, Any], data: Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
     """``stamp`` with the SHA-256 of ``data`` as the summary file holds it and a checksum over
-    both: an edit by other hands (a record's hash changed, a count) makes the file unread."""
-    body = json.dumps(data, sort_keys=True).encode()  # as _write_json writes it
+    both (an edit by other hands, a record's hash changed, a count, makes the file unread),
+    and the summary file's bytes: ``data`` encoded once, for its hash and the file alike (a
+    250k-point book's summary was encoded twice, the second time by ``json.dump`` in Python:
+    1.0 s of a one-file edit, docs/benchmarks.md section 40)."""
+    body = json.dumps(data, sort_keys=True).encode()
     sealed = {**stamp, "data_sha256": hashlib.sha256(body).hexdigest()}
-    return {**sealed, "checksum": _stamp_checksum(sealed)}
+    sealed["checksum"] = _stamp_checksum(sealed)
+    # what json.dumps({"store": sealed, "data": data}, sort_keys=True) gives, in pieces
+    raw = _SUMMARY_HEAD + body + _SUMMARY_STAMP + json.dumps(sealed, sort_keys=True).encode()
+    return sealed, raw + b"}"
 
 
 def _stamp_checksum(stamp: Mapping[str, Any]) -> str:
@@ -161,9 +167,9 @@ def _write_summary(folder: Path, generation: str, data: Mapping[str, Any], point
         }
     except FileNotFoundError:
         return  # the generation went (purged, emptied): nothing to describe
-    stamp = _sealed(stamp, data)
+    stamp, raw = _sealed(stamp, data)
     for _ in range(_RACY_TRIES):
-        _write_json(path, {"store": stamp, "data": dict(data)})
+        _write_bytes(path, raw)
         if path.stat().st_mtime_ns > stamp["newest_ns"]:
             return
         time.sleep(_RACY_PAUSE_S)

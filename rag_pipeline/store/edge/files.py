@@ -138,10 +138,16 @@ def _read_pointer(path: Path) -> _Pointer | None:
 def _write_json(path: Path, data: Any) -> None:
     """Replace ``path`` atomically and durably (tmp + fsync + rename + folder fsync): a kill
     leaves the old file or the new one, and a leftover tmp file is never read."""
+    # json.dumps, not json.dump: dump encodes in Python, 3x slower on a big book's summary
+    _write_bytes(path, json.dumps(data, sort_keys=True).encode())
+
+
+def _write_bytes(path: Path, raw: bytes) -> None:
+    """:func:`_write_json` of bytes already encoded."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, sort_keys=True)
+    with open(tmp, "wb") as fh:
+        fh.write(raw)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
