@@ -539,3 +539,14 @@ def test_a_failed_books_errors_count_every_entry_of_its_error_messages(tmp_path,
     book = json.loads(done.stdout)["books"][BOOK]
     assert book["status"] == "failed" and book["error_messages"], book
     assert book["errors"] == len(book["error_messages"]), book
+
+
+def test_a_results_errors_count_its_error_messages_whoever_made_it():
+    """The rule of `errors` lives in BookResult: a failed run's result made by live mode or
+    the runner (one message, no count) says 1 error in `watch --json` as in `ingest --json`."""
+    from rag_pipeline.ingest.report import BookResult
+
+    failed = BookResult("alpha", "failed", error_messages=["step embeddings failed: boom"])
+    assert failed.as_dict()["errors"] == 1
+    counted = BookResult("alpha", "ingested", errors=3, error_messages=["a", "b", "c"])
+    assert counted.as_dict()["errors"] == 3
