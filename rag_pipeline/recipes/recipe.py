@@ -15,6 +15,7 @@ from rag_pipeline import __version__
 from rag_pipeline.chunking import DEFAULT_CHUNKER, ChunkBudget, Chunker
 from rag_pipeline.config import ChunkingConfig
 from rag_pipeline.embed.base import Embedder
+from rag_pipeline.ingest.parse import PARSE_RULES_VERSION
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE
 from rag_pipeline.sparse import Bm25Encoder, avg_len_of, fallback_avg_len
 
@@ -35,6 +36,8 @@ class LineageInfo:
     source_revision: str | None = None
     #: source_file -> what its source calls the version read (a git blob id, an S3 ETag)
     source_versions: Mapping[str, str] = field(default_factory=dict)
+    #: the parse rules the run reads files with (recorded on every document record)
+    parse_version: str = PARSE_RULES_VERSION
 
     def source_version(self, source_file: str) -> str | None:
         return self.source_versions.get(source_file)
@@ -51,6 +54,9 @@ class IndexRecipe:
     #: corpus); otherwise each book's average is its own, fixed when it is first indexed
     sparse_fixed: bool = False
     chunker: Chunker = DEFAULT_CHUNKER
+    #: the parse rules files are read with: not part of the signature (a change re-reads only
+    #: the files whose records are errors written under other rules, see ``classify_files``)
+    parse_version: str = PARSE_RULES_VERSION
 
     @classmethod
     def build(
@@ -122,4 +128,5 @@ class IndexRecipe:
             self.signature,
             __version__,
             run_id,
+            parse_version=self.parse_version,
         )
