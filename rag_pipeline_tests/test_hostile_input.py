@@ -369,7 +369,7 @@ def test_a_file_refused_by_older_parse_rules_is_read_again_after_an_upgrade(
         return current_rules(book_id, source_file, *args, **kwargs)
 
     monkeypatch.setattr(parse, "parse_document", older_rules)
-    older = dataclasses.replace(recipe, parse_version="1")
+    older = dataclasses.replace(recipe, parse_rules="1")
     old_pipeline = make_pipeline(folder.parent, pipeline.store, older)
     assert old_pipeline.run(["b"])["b"].outcome.result.errors == 2
     monkeypatch.setattr(parse, "parse_document", current_rules)
@@ -412,3 +412,37 @@ def test_an_error_record_written_before_parse_rules_had_a_version_is_read_again(
     assert changes.reasons == {
         "old.md": "parse rules changed (no version, now 2): its recorded error is read again"
     }
+
+
+def test_a_file_of_more_markdown_blocks_than_the_limit_is_refused_alone(book, recipe):
+    """Fault: a file of tiny blocks (1 MB of "a\\n\\n": 333k paragraphs) was parsed whole,
+    markdown-it holding every token (about 1.3 kB and 40 us a block): 10 MB of them, minutes
+    and gigabytes, could take the whole run down. A file that starts more blocks than
+    RAG_MAX_FILE_BLOCKS is refused once past it, naming the setting; the rest of the book is
+    ingested; with the limit raised again, the file is read again."""
+    import dataclasses
+
+    from rag_pipeline.chunking import TooManyBlocks
+    from rag_pipeline.chunking.structure import _blocks
+
+    folder, pipeline, equals_clean_build = book
+    (folder / "tiny.md").write_text("a\n\n" * 200)
+    (folder / "fine.md").write_text("# Fine\n\n" + "| a | b |\n| - | - |\n" + "| 1 | 2 |\n" * 300)
+    settle_files()
+    lowered = dataclasses.replace(recipe, budget=dataclasses.replace(recipe.budget, max_blocks=50))
+    limited = make_pipeline(folder.parent, pipeline.store, lowered)
+    done = limited.run(["b"])["b"].outcome.result
+    assert done.error_messages == [
+        "b/tiny.md: too many Markdown blocks: more than 50 (headings, paragraphs, list items; "
+        "RAG_MAX_FILE_BLOCKS)"
+    ]
+    files = {v[1] for v in point_ids(folder.parent.parent / "q", "b").values() if v[0] == "chunk"}
+    assert files == {"a.md", "other.md", "fine.md"}
+    assert not limited.run(["b"])["b"].inventory.changes.has_work  # refused, not retried
+    # a 300-row table and a paragraph of 300 lines are one block each; lines count apart
+    assert len(_blocks("| a |\n| - |\n" + "| 1 |\n" * 300 + "\n" + "word\n" * 300, 100)) == 2
+    with pytest.raises(TooManyBlocks, match=r"too many lines: 1,001, more than 1,000 \(10 per"):
+        _blocks("word\n" * 1000, 100)
+    again = pipeline.run(["b"])["b"]  # the default limit: the refusal is read again
+    assert again.inventory.changes.modified == ("tiny.md",)
+    equals_clean_build()

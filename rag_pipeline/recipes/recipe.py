@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from rag_pipeline import __version__
 from rag_pipeline.chunking import DEFAULT_CHUNKER, ChunkBudget, Chunker
-from rag_pipeline.config import ChunkingConfig
+from rag_pipeline.config import DEFAULT_MAX_FILE_BLOCKS, ChunkingConfig
 from rag_pipeline.embed.base import Embedder
 from rag_pipeline.ingest.parse import PARSE_RULES_VERSION
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE
@@ -54,9 +54,8 @@ class IndexRecipe:
     #: corpus); otherwise each book's average is its own, fixed when it is first indexed
     sparse_fixed: bool = False
     chunker: Chunker = DEFAULT_CHUNKER
-    #: the parse rules files are read with: not part of the signature (a change re-reads only
-    #: the files whose records are errors written under other rules, see ``classify_files``)
-    parse_version: str = PARSE_RULES_VERSION
+    #: the parse rules files are read with (see :attr:`parse_version`)
+    parse_rules: str = PARSE_RULES_VERSION
 
     @classmethod
     def build(
@@ -81,6 +80,15 @@ class IndexRecipe:
     @property
     def dimension(self) -> int:
         return self.embedder.dimension
+
+    @property
+    def parse_version(self) -> str:
+        """The parse rules, and the block limit when it is not the default: what decides
+        whether a file is refused. Not part of the signature: a change of it reads again only
+        the files whose records are errors written under another (see ``classify_files``)."""
+        if self.budget.max_blocks == DEFAULT_MAX_FILE_BLOCKS:
+            return self.parse_rules
+        return f"{self.parse_rules}, at most {self.budget.max_blocks} blocks"
 
     @property
     def signature(self) -> str:
