@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COLLECTION_PATTERN",
+    "DEFAULT_MAX_FILE_BLOCKS",
     "DEFAULT_PATH_PATTERNS",
     "DEFAULT_SENSOR_INTERVAL_S",
     "BatchConfig",
@@ -91,6 +92,10 @@ class BatchConfig:
     max_files: int = 500
 
 
+#: Markdown blocks a file may hold unless RAG_MAX_FILE_BLOCKS says otherwise
+DEFAULT_MAX_FILE_BLOCKS = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkingConfig:
     """Token budget of the chunker (counted with the embedder's own tokenizer)."""
@@ -99,6 +104,10 @@ class ChunkingConfig:
     max_tokens: int = 512
     min_tokens: int = 100
     overlap: float = 0.15
+    #: Markdown blocks (every heading, paragraph, list item, fence, table... nested ones too)
+    #: a file may hold: markdown-it holds about 1.3 kB and 40 us per block, so a file of tiny
+    #: blocks (1 MB of "a\n\n" is 333k) is refused once past it, not parsed whole
+    max_blocks: int = DEFAULT_MAX_FILE_BLOCKS
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +214,7 @@ class Settings(BaseSettings):
     chunk_max_tokens: int = Field(_CHUNKING.max_tokens, ge=16, le=100_000)
     chunk_min_tokens: int = Field(_CHUNKING.min_tokens, ge=0, le=100_000)
     chunk_overlap: float = Field(_CHUNKING.overlap, ge=0.0, lt=0.5)
+    max_file_blocks: int = Field(_CHUNKING.max_blocks, ge=1, le=100_000_000)
     sensor_interval_s: int = Field(DEFAULT_SENSOR_INTERVAL_S, ge=1, le=86400)
     # Books that change together share a run (a partition range): at most this many books,
     # and this many files to read (a kill mid-run costs at most that much work to redo).
@@ -273,6 +283,7 @@ class Settings(BaseSettings):
             self.chunk_max_tokens,
             self.chunk_min_tokens,
             self.chunk_overlap,
+            self.max_file_blocks,
         )
 
     def embedding(self) -> EmbedderConfig:

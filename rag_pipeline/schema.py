@@ -114,6 +114,9 @@ STATUS: Final = "status"
 SERVING_PREVIOUS_VERSION: Final = "serving_previous_version"
 ERROR: Final = "error"
 ERROR_STAGE: Final = "error_stage"
+#: the version of the parse rules the record was written under (read back for error records:
+#: one written under other rules is read again, see ``ingest.parse.PARSE_RULES_VERSION``)
+PARSE_VERSION: Final = "parse_version"
 WARNINGS: Final = "warnings"
 DESCRIPTION: Final = "description"
 FRONTMATTER: Final = "frontmatter"
@@ -166,6 +169,7 @@ class DocumentRecordPayload(TypedDict):
     serving_previous_version: bool
     error: str | None
     error_stage: str | None
+    parse_version: str
     warnings: list[str]
     embedding_model: str
     embedding_dim: int
@@ -289,6 +293,8 @@ class Lineage(Protocol):
     @property
     def pipeline_version(self) -> str: ...
     @property
+    def parse_version(self) -> str: ...
+    @property
     def run_id(self) -> str | None: ...
     @property
     def source_revision(self) -> str | None: ...
@@ -364,6 +370,7 @@ def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -
         serving_previous_version=outcome.status == STATUS_ERROR and outcome.total_chunks > 0,
         error=error.reason if error else None,
         error_stage=error.stage if error else None,
+        parse_version=lineage.parse_version,
         warnings=list(outcome.warnings),
         embedding_model=lineage.embedding_model,
         embedding_dim=lineage.embedding_dim,

@@ -86,6 +86,7 @@ BAD_SETTINGS = [
     ("RAG_QDRANT_EMBEDDED", "nope"),
     ("RAG_BUSY_WAIT_S", "-1"),
     ("RAG_MAX_FILE_BYTES", "0"),
+    ("RAG_MAX_FILE_BLOCKS", "0"),
     ("RAG_EMBED_BATCH_SIZE", "0"),
     ("RAG_QDRANT_PATH", ""),
     ("RAG_DATA_DIR", ""),

@@ -342,3 +342,107 @@ def test_a_frontmatter_integer_of_thousands_of_digits_never_refuses_the_file(fro
     parsed = parse_document("b", "f.md", f"{frontmatter}\n# T\n\nx\n".encode(), "h")
     assert isinstance(parsed, ParsedDocument) and parsed.meta.title == "T"
     assert isinstance(parsed.frontmatter["x"], str)
+
+
+def test_a_file_refused_by_older_parse_rules_is_read_again_after_an_upgrade(
+    book, recipe, monkeypatch
+):
+    """Fault: a file refused by the parse rules of an older version kept its error record
+    after an upgrade whose rules accept it (until the file changed or ``--force``): the index
+    was not what a clean build gives. An error record written under other parse rules (or
+    none: records from before they were named) is read again once, said so by ``plan``; an
+    error still standing under the current rules starts no run."""
+    import dataclasses
+
+    from rag_pipeline.ingest import parse
+    from rag_pipeline.models import FileError
+
+    folder, pipeline, equals_clean_build = book
+    (folder / "slides.md").write_bytes(b"---\n\n# Slides\n\nOne.\n\n---\n\nTwo.\n")
+    (folder / "list.md").write_bytes(b"---\n- a\n---\nx\n")  # refused by every version
+    settle_files()
+    current_rules = parse.parse_document
+
+    def older_rules(book_id: str, source_file: str, *args: Any, **kwargs: Any) -> Any:
+        if source_file == "slides.md":  # what version 1 said of a leading rule with prose
+            return FileError(book_id, source_file, "parse", "frontmatter is not a mapping")
+        return current_rules(book_id, source_file, *args, **kwargs)
+
+    monkeypatch.setattr(parse, "parse_document", older_rules)
+    older = dataclasses.replace(recipe, parse_rules="1")
+    old_pipeline = make_pipeline(folder.parent, pipeline.store, older)
+    assert old_pipeline.run(["b"])["b"].outcome.result.errors == 2
+    monkeypatch.setattr(parse, "parse_document", current_rules)
+
+    with pipeline.store.open() as reader:
+        planned = pipeline.plan(reader, ["b"]).books["b"]
+    assert planned.action == "run"
+    assert planned.reasons == [
+        "parse rules changed (version 1, now 2): its recorded error is read again: "
+        "list.md, slides.md"
+    ]
+    upgraded = pipeline.run(["b"])["b"]
+    assert upgraded.inventory.changes.modified == ("list.md", "slides.md")
+    assert upgraded.outcome.result.error_messages == [
+        "b/list.md: frontmatter is not a key/value mapping"
+    ]
+    equals_clean_build()
+    with pipeline.store.open() as reader:  # decided from the saved summary, as ingest does
+        assert pipeline.plan(reader, ["b"]).books["b"].action == "unchanged"
+    assert not pipeline.run(["b"])["b"].inventory.changes.has_work
+
+
+def test_an_error_record_written_before_parse_rules_had_a_version_is_read_again():
+    """Records written before the parse rules were named carry none: their errors are checked
+    again once; an ok record of no version, or an error of these rules, is left alone."""
+    from rag_pipeline.ingest.changes import IndexedDocument, classify_files
+
+    def record(name: str, status: str, version: str | None) -> IndexedDocument:
+        return IndexedDocument(name, "h", status, "sig", 0, "bad", "parse", version)
+
+    indexed = {
+        "old.md": record("old.md", "error", None),
+        "now.md": record("now.md", "error", "2"),
+        "ok.md": record("ok.md", "ok", None),
+    }
+    changes = classify_files(
+        dict.fromkeys(indexed, "h"), indexed, "sig", is_gone=lambda _: False, parse_version="2"
+    )
+    assert changes.modified == ("old.md",) and changes.unchanged == ("now.md", "ok.md")
+    assert changes.reasons == {
+        "old.md": "parse rules changed (no version, now 2): its recorded error is read again"
+    }
+
+
+def test_a_file_of_more_markdown_blocks_than_the_limit_is_refused_alone(book, recipe):
+    """Fault: a file of tiny blocks (1 MB of "a\\n\\n": 333k paragraphs) was parsed whole,
+    markdown-it holding every token (about 1.3 kB and 40 us a block): 10 MB of them, minutes
+    and gigabytes, could take the whole run down. A file that starts more blocks than
+    RAG_MAX_FILE_BLOCKS is refused once past it, naming the setting; the rest of the book is
+    ingested; with the limit raised again, the file is read again."""
+    import dataclasses
+
+    from rag_pipeline.chunking import TooManyBlocks
+    from rag_pipeline.chunking.structure import _blocks
+
+    folder, pipeline, equals_clean_build = book
+    (folder / "tiny.md").write_text("a\n\n" * 200)
+    (folder / "fine.md").write_text("# Fine\n\n" + "| a | b |\n| - | - |\n" + "| 1 | 2 |\n" * 300)
+    settle_files()
+    lowered = dataclasses.replace(recipe, budget=dataclasses.replace(recipe.budget, max_blocks=50))
+    limited = make_pipeline(folder.parent, pipeline.store, lowered)
+    done = limited.run(["b"])["b"].outcome.result
+    assert done.error_messages == [
+        "b/tiny.md: too many Markdown blocks: more than 50 (headings, paragraphs, list items; "
+        "RAG_MAX_FILE_BLOCKS)"
+    ]
+    files = {v[1] for v in point_ids(folder.parent.parent / "q", "b").values() if v[0] == "chunk"}
+    assert files == {"a.md", "other.md", "fine.md"}
+    assert not limited.run(["b"])["b"].inventory.changes.has_work  # refused, not retried
+    # a 300-row table and a paragraph of 300 lines are one block each; lines count apart
+    assert len(_blocks("| a |\n| - |\n" + "| 1 |\n" * 300 + "\n" + "word\n" * 300, 100)) == 2
+    with pytest.raises(TooManyBlocks, match=r"too many lines: 1,001, more than 1,000 \(10 per"):
+        _blocks("word\n" * 1000, 100)
+    again = pipeline.run(["b"])["b"]  # the default limit: the refusal is read again
+    assert again.inventory.changes.modified == ("tiny.md",)
+    equals_clean_build()

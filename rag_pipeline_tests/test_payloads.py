@@ -75,6 +75,7 @@ PINNED_DOCUMENT_KEYS = [
     "serving_previous_version",
     "error",
     "error_stage",
+    "parse_version",
     "warnings",
     "embedding_model",
     "embedding_dim",

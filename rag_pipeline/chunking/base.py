@@ -7,13 +7,13 @@ from __future__ import annotations
 import hashlib
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rag_pipeline.config import ChunkingConfig
+from rag_pipeline.config import DEFAULT_MAX_FILE_BLOCKS, ChunkingConfig
 from rag_pipeline.embed.base import TokenCounter
 from rag_pipeline.models import POINT_NAMESPACE, Chunk, ParsedDocument
 
-__all__ = ["ChunkBudget", "Chunker", "chunk_id", "content_hash"]
+__all__ = ["ChunkBudget", "Chunker", "TooManyBlocks", "chunk_id", "content_hash"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,13 +25,38 @@ class ChunkBudget:
     minimum: int
     overlap: int
     split_level: int = 2
+    #: Markdown blocks a document may hold (RAG_MAX_FILE_BLOCKS; see ChunkingConfig): not how
+    #: chunks are cut, so not in the budget's text (the recipe's signature); a change of it
+    #: reads again the files refused under another (the recipe's ``parse_version``)
+    max_blocks: int = field(default=DEFAULT_MAX_FILE_BLOCKS, repr=False, compare=False)
 
     @classmethod
     def for_tokenizer(cls, config: ChunkingConfig, tokenizer: TokenCounter) -> ChunkBudget:
         limit = min(config.max_tokens, tokenizer.max_input_tokens)
         target = min(config.target_tokens, limit)
         minimum = min(config.min_tokens, target)
-        return cls(target, limit, minimum, round(target * config.overlap))
+        overlap = round(target * config.overlap)
+        return cls(target, limit, minimum, overlap, max_blocks=config.max_blocks)
+
+
+#: lines a document may hold per block of its limit: markdown-it holds a few numbers a line
+#: (about 140 bytes) before it starts a block, so the lines are bounded too
+LINES_PER_BLOCK = 10
+
+
+class TooManyBlocks(ValueError):
+    """A document holds more Markdown blocks than ``budget.max_blocks`` (or more lines than
+    ``LINES_PER_BLOCK`` times as many): refused, an error of that file alone, before the rest
+    is parsed."""
+
+    def __init__(self, limit: int, lines: int | None = None) -> None:
+        what = (
+            f"too many Markdown blocks: more than {limit:,} (headings, paragraphs, list items"
+            if lines is None
+            else f"too many lines: {lines:,}, more than {LINES_PER_BLOCK * limit:,} "
+            f"({LINES_PER_BLOCK} per block of the limit"
+        )
+        super().__init__(f"{what}; RAG_MAX_FILE_BLOCKS)")
 
 
 def content_hash(text: str) -> str:

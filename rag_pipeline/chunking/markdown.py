@@ -88,7 +88,7 @@ def chunk_document(
         return []
     tokenizer = _BoundedCalls(tokenizer)
     body, title = _valid_text(doc.body), _valid_text(doc.meta.title)
-    blocks = _count(_blocks(body), tokenizer)
+    blocks = _count(_blocks(body, budget.max_blocks), tokenizer)
     if not blocks:
         return []
     header = _Header(title, tokenizer, budget)

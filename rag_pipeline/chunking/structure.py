@@ -14,7 +14,8 @@ from markdown_it.rules_block import StateBlock
 from markdown_it.rules_block import table as markdown_table
 from markdown_it.token import Token
 
-from rag_pipeline.chunking.base import ChunkBudget
+from rag_pipeline.chunking.base import LINES_PER_BLOCK, ChunkBudget, TooManyBlocks
+from rag_pipeline.config import DEFAULT_MAX_FILE_BLOCKS
 from rag_pipeline.embed.base import TokenCounter
 from rag_pipeline.models import compose_embed_text
 
@@ -147,9 +148,32 @@ def _table_outline(state: StateBlock, start: int, end: int, silent: bool) -> boo
 _md.block.ruler.at("table", _table_outline, {"alt": ["paragraph", "reference"]})
 
 
-def _blocks(body: str) -> list[_Block]:
+#: the parse's env keys: how many more blocks the document may start, and its limit
+_BLOCKS_LEFT, _MAX_BLOCKS = "blocks_left", "max_blocks"
+
+
+def _block_limit(state: StateBlock, start: int, end: int, silent: bool) -> bool:
+    """Tried first wherever markdown-it starts a block (nested ones too), it makes none: it
+    counts them, and stops the parse once a document starts more than it may. markdown-it
+    holds every token of a document (about 1.3 kB and 40 us a block): 10 MB of one-line
+    paragraphs would be minutes and gigabytes; a 10 MB table or paragraph is one block."""
+    left = state.env.get(_BLOCKS_LEFT)
+    if not silent and left is not None:  # None: a parse without a limit
+        if left <= 0:
+            raise TooManyBlocks(state.env[_MAX_BLOCKS])
+        state.env[_BLOCKS_LEFT] = left - 1
+    return False
+
+
+_md.block.ruler.before("table", "block_limit", _block_limit)
+
+
+def _blocks(body: str, max_blocks: int = DEFAULT_MAX_FILE_BLOCKS) -> list[_Block]:
+    count = body.count("\n") + 1
+    if count > LINES_PER_BLOCK * max_blocks:  # counted before markdown-it holds each line
+        raise TooManyBlocks(max_blocks, count)
+    tokens = _md.parse(body, {_BLOCKS_LEFT: max_blocks, _MAX_BLOCKS: max_blocks})
     lines = body.split("\n")
-    tokens = _md.parse(body)
     blocks: list[_Block] = []
     for i, tok in enumerate(tokens):
         if tok.level != 0 or tok.map is None or tok.nesting == -1:

@@ -225,6 +225,7 @@ def assess(
         orphan_files=set(index.chunk_points) - set(index.state.documents),
         force=reembed,
         why_unreadable=lambda name: found_wrong.get(name) or source.why_unreadable(book_id, name),
+        parse_version=recipe.parse_version,
     )
     if index.damaged:
         changes = changes.with_reason(DAMAGED_VECTORS)

@@ -50,7 +50,8 @@ def book_summary(
 
     Compact whatever the book's size (no chunk ids): per file ``[sha256, total_chunks,
     signature]`` with the signature as an index into ``signatures`` (one per recipe), and
-    ``status, error, error_stage`` after them only for a file that is not plainly ok; the
+    ``status, error, error_stage`` after them only for a file that is not plainly ok (and an
+    error record's parse rules version after those, when it names one); the
     chunk points per file only for a book whose total is not what its records promise.
     ``state``: the book's document records already known (a run's: those it found and
     those it wrote), else read."""
@@ -81,6 +82,8 @@ def _record(document: IndexedDocument, signature: int) -> list[Any]:
     record: list[Any] = [document.source_file_hash, document.total_chunks, signature]
     if (document.status, document.error, document.error_stage) != (STATUS_OK, None, None):
         record += [document.status, document.error, document.error_stage]
+    if document.parse_version is not None:  # an error record's parse rules
+        record.append(document.parse_version)
     return record
 
 
@@ -96,6 +99,7 @@ def index_from_summary(
     state = IndexState(book_id)
     for name, record in dict(summary["records"]).items():
         status, error, stage = record[3:6] if len(record) >= 6 else (STATUS_OK, None, None)
+        version = record[6] if len(record) >= 7 else None  # a summary before versions: none
         state.documents[name] = IndexedDocument(
             name,
             str(record[0]),
@@ -104,6 +108,7 @@ def index_from_summary(
             int(record[1]),
             error,
             stage,
+            None if version is None else str(version),
         )
     if "points_by_file" in summary:
         points = {str(k): int(v) for k, v in dict(summary["points_by_file"]).items()}

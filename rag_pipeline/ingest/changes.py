@@ -48,6 +48,9 @@ class IndexedDocument:
     #: the stage the recorded error came from; one of ``UNREAD_STAGES`` means the file gave
     #: no bytes, and the record keeps the hash of the last good version it serves
     error_stage: str | None = None
+    #: the parse rules an error record was written under (None: an ok record, or one written
+    #: before records named them): an error of other rules is read again
+    parse_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ def classify_files(
     orphan_files: Iterable[str] = (),
     force: bool = False,
     why_unreadable: Callable[[str], str] | None = None,
+    parse_version: str | None = None,
 ) -> FileChanges:
     """Compare ``{source_file: sha256}`` of the files read on disk with the index.
 
@@ -117,6 +121,8 @@ def classify_files(
     keeps its chunks. ``orphan_files`` have chunk points but no record (a run that died
     mid-write). ``force`` rebuilds every file whatever the records say. ``why_unreadable``
     says why a file that exists gave no bytes (a directory, a FIFO, a permission).
+    ``parse_version`` (the parse rules of this run): a file whose record is an error written
+    under other rules is read again (rules that refused it may now accept it).
     """
     new: list[str] = []
     modified: list[str] = []
@@ -125,6 +131,8 @@ def classify_files(
     for name in sorted(current):
         record = indexed.get(name)
         reason = _reason(current[name], record, signature, chunk_points, name, force)
+        if not reason and record is not None and parse_version is not None:
+            reason = _rules_changed(record, parse_version)
         if record is None:
             new.append(name)
         elif reason:
@@ -183,3 +191,11 @@ def _reason(
         if held != record.total_chunks:
             return f"index holds {held} chunk points, its record promises {record.total_chunks}"
     return ""
+
+
+def _rules_changed(record: IndexedDocument, parse_version: str) -> str:
+    """Why a file whose record is an error is read again by rules it was not written under."""
+    if record.status != "error" or record.parse_version == parse_version:
+        return ""
+    written = f"version {record.parse_version}" if record.parse_version else "no version"
+    return f"parse rules changed ({written}, now {parse_version}): its recorded error is read again"

@@ -27,6 +27,7 @@ from rag_pipeline.schema import (
     ERROR,
     ERROR_STAGE,
     INDEXED_AT,
+    PARSE_VERSION,
     RECORD_TYPE,
     SIGNATURE,
     SOURCE_FILE,
@@ -78,6 +79,7 @@ _STATE_FIELDS = [
     SIGNATURE,
     TOTAL_CHUNKS,
     ERROR_STAGE,
+    PARSE_VERSION,
     CONTENT_HASH,
     EMBEDDING_MODEL,
     SPARSE_MODEL,
@@ -166,14 +168,17 @@ def _read_into(
         if not isinstance(source_file, str):
             continue
         if p.get(RECORD_TYPE) == DOCUMENT:
+            status = str(p.get(STATUS, STATUS_OK))
+            version = p.get(PARSE_VERSION) if status == STATUS_ERROR else None
             state.documents[source_file] = IndexedDocument(
                 source_file,
                 str(p.get(SOURCE_FILE_HASH, "")),
-                str(p.get(STATUS, STATUS_OK)),
+                status,
                 str(p.get(SIGNATURE, "")),
                 int_field(p, TOTAL_CHUNKS),
                 p.get(ERROR),
                 p.get(ERROR_STAGE),
+                version if isinstance(version, str) else None,
             )
             revision, at = p.get(SOURCE_REVISION), str(p.get(INDEXED_AT) or "")
             if isinstance(revision, str) and revision and at >= state.revision_at:

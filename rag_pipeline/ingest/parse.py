@@ -38,8 +38,17 @@ from rag_pipeline.store.filters import INT64_MAX, INT64_MIN
 __all__ = [
     "FRONTMATTER_LIMITS",
     "HARDWARE_TIER_KEYWORDS",
+    "PARSE_RULES_VERSION",
     "parse_document",
 ]
+
+#: the version of the parse rules: bump it whenever what a file parses to can change (a file
+#: refused before is accepted, a field read otherwise). The recipe writes it on every document
+#: record (``parse_version``), and a file whose record is an error written under another one
+#: (or none: records from before versions) is read again by the next run, so an upgrade
+#: converges on a clean build (:func:`rag_pipeline.ingest.changes.classify_files`). "2": the
+#: hostile-input rules (frontmatter typos kept as text, huge integers, a leading rule of prose)
+PARSE_RULES_VERSION = "2"
 
 _PROFICIENCY_KEYS = (
     "proficiency_level",

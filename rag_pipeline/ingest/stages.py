@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from rag_pipeline.chunking import TooManyBlocks
 from rag_pipeline.embed.base import ProgressCallback
 from rag_pipeline.ingest.assess import BookAssessment, assess_book
 from rag_pipeline.ingest.catalog import run_summary
@@ -274,11 +275,13 @@ def chunk_book(parsed: ParsedBook, recipe: IndexRecipe) -> ChunkedBook:
             if problems:
                 raise ValueError("; ".join(problems[:3]))
         except Exception as exc:  # a chunker bug on one file must not sink the book
+            # a file refused by a limit says so in its own words, not as a bug's
+            why = str(exc) if isinstance(exc, TooManyBlocks) else None
             error = FileError(
                 doc.book_id,
                 doc.source_file,
                 "chunk",
-                f"chunking failed: {type(exc).__name__}: {exc}",
+                why or f"chunking failed: {type(exc).__name__}: {exc}",
                 doc.source_file_hash,
             )
             errors.append(error)

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 
 from rag_pipeline import __version__
 from rag_pipeline.chunking import DEFAULT_CHUNKER, ChunkBudget, Chunker
-from rag_pipeline.config import ChunkingConfig
+from rag_pipeline.config import DEFAULT_MAX_FILE_BLOCKS, ChunkingConfig
 from rag_pipeline.embed.base import Embedder
+from rag_pipeline.ingest.parse import PARSE_RULES_VERSION
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE
 from rag_pipeline.sparse import Bm25Encoder, avg_len_of, fallback_avg_len
 
@@ -35,6 +36,8 @@ class LineageInfo:
     source_revision: str | None = None
     #: source_file -> what its source calls the version read (a git blob id, an S3 ETag)
     source_versions: Mapping[str, str] = field(default_factory=dict)
+    #: the parse rules the run reads files with (recorded on every document record)
+    parse_version: str = PARSE_RULES_VERSION
 
     def source_version(self, source_file: str) -> str | None:
         return self.source_versions.get(source_file)
@@ -51,6 +54,8 @@ class IndexRecipe:
     #: corpus); otherwise each book's average is its own, fixed when it is first indexed
     sparse_fixed: bool = False
     chunker: Chunker = DEFAULT_CHUNKER
+    #: the parse rules files are read with (see :attr:`parse_version`)
+    parse_rules: str = PARSE_RULES_VERSION
 
     @classmethod
     def build(
@@ -75,6 +80,15 @@ class IndexRecipe:
     @property
     def dimension(self) -> int:
         return self.embedder.dimension
+
+    @property
+    def parse_version(self) -> str:
+        """The parse rules, and the block limit when it is not the default: what decides
+        whether a file is refused. Not part of the signature: a change of it reads again only
+        the files whose records are errors written under another (see ``classify_files``)."""
+        if self.budget.max_blocks == DEFAULT_MAX_FILE_BLOCKS:
+            return self.parse_rules
+        return f"{self.parse_rules}, at most {self.budget.max_blocks} blocks"
 
     @property
     def signature(self) -> str:
@@ -124,4 +138,5 @@ class IndexRecipe:
             self.signature,
             __version__,
             run_id,
+            parse_version=self.parse_version,
         )
