@@ -45,59 +45,13 @@ def cli_json(cli: InProcessCli, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-# -- the CLI's search embeds its query with the store let go of ---------------------------
-
-
-def test_the_cli_search_embeds_its_query_before_it_opens_the_store_and_opens_it_once(
-    indexed, monkeypatch
-):
-    """Fault: `rag-pipeline search` embedded its query while it held the store, so a run of
-    the same book that needed the store meanwhile (a model's second, an embedding API's
-    minute) waited behind it and failed busy. Now the query is embedded before the store
-    is opened, and the store is still opened once per search."""
-    from dataclasses import replace
-
-    import rag_pipeline.store as store_module
-    from rag_pipeline.config import load_settings
-    from rag_pipeline.embed.hashing import HashEmbedder
-    from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
-
-    config = replace(
-        load_settings(qdrant_path=indexed.env["RAG_QDRANT_PATH"]).store(), busy_wait_s=0
-    )
-    real_open, embed = store_module.open_store, HashEmbedder.embed_query
-    opens: list[str] = []
-    counted: list[int] = []
-
-    def counting_open(*args: Any, **kwargs: Any) -> Any:
-        opens.append("open")
-        return real_open(*args, **kwargs)
-
-    def embed_while_another_reads(self: HashEmbedder, text: str) -> Any:
-        # another handle of the store reads the book: busy at once if the search held it
-        other = real_open(config, COLLECTION_SCHEMA)
-        try:
-            counted.append(other.count(chunks_of(BOOK)))
-        finally:
-            other.close()
-        return embed(self, text)
-
-    monkeypatch.setattr(store_module, "open_store", counting_open)
-    monkeypatch.setattr(HashEmbedder, "embed_query", embed_while_another_reads)
-    for mode in ("dense", "hybrid"):
-        opens.clear()
-        counted.clear()
-        hits = cli_json(indexed, "search", "nodes", "--book", BOOK, "--mode", mode)
-        assert hits and {h["book_id"] for h in hits} == {BOOK}
-        assert counted and counted[0] > 0, mode
-        assert opens == ["open"], mode
+# -- the CLI's search embeds with the model the book records -----------------------------
 
 
 def test_a_book_not_migrated_to_the_configured_api_is_searched_while_the_api_is_down(indexed):
-    """The query is embedded first by the configured model (here an OpenAI API that cannot
-    be reached); the book records another model this process makes (the hash model, as a
-    local model before a change of provider): its search answers, and the API's error is
-    never raised for it."""
+    """The configured model is an OpenAI API that cannot be reached; the book records another
+    model this process makes (the hash model, as a local model before a change of provider):
+    its search answers, and the API's error is never raised for it (nor the API called)."""
     cli = InProcessCli(indexed.cwd, Path(indexed.env["RAG_DATA_DIR"]))
     cli.env = {
         **indexed.env,
@@ -113,9 +67,9 @@ def test_a_book_not_migrated_to_the_configured_api_is_searched_while_the_api_is_
 def test_a_book_recording_another_model_than_the_configured_one_is_searched_with_its_own(
     indexed,
 ):
-    """The query embedded first by the configured model (hash-128) is not the book's
-    (hash-384, not migrated yet): the book's model embeds it again, never compared across
-    models (a 128-dimension vector searched against 384 would be an engine error)."""
+    """The configured model (hash-128) is not the book's (hash-384, not migrated yet): the
+    book's model embeds the query, never compared across models (a 128-dimension vector
+    searched against 384 would be an engine error)."""
     cli = InProcessCli(indexed.cwd, Path(indexed.env["RAG_DATA_DIR"]))
     cli.env = {**indexed.env, "RAG_HASH_DIMENSION": "128"}
     for mode in ("dense", "hybrid"):

@@ -167,6 +167,8 @@ NOT_PAYLOAD_KEYS = {
     ("rag_pipeline/ingest/parse.py", "tags"),
     # the OpenAI API's error body
     ("rag_pipeline/embed/openai.py", "error"),
+    # JSON Schema's "title" in the query service's OpenAPI document (OpenAPI's format)
+    ("rag_pipeline/serve/app.py", "title"),
     # the ingest report's --json fields (a CLI contract; a book's status, not a payload's)
     ("rag_pipeline/ingest/report.py", "status"),
     ("rag_pipeline/ingest/report.py", "run_id"),

@@ -33,17 +33,8 @@ from rag_pipeline.retrieve.params import (
 from rag_pipeline.schema import CHUNK_INDEX, SECTION_TITLE, SOURCE_FILE, TEXT
 
 if TYPE_CHECKING:
-    import numpy as np
-
-    from rag_pipeline.embed import EmbedError
-    from rag_pipeline.recipes.lazy import LazyRecipe
-    from rag_pipeline.recipes.recipe import IndexRecipe
-    from rag_pipeline.retrieve.request import SearchRequest
-    from rag_pipeline.retrieve.search import Hit, HitGroup, QueryEmbedder
+    from rag_pipeline.retrieve.search import Hit, HitGroup
     from rag_pipeline.store import VectorStore
-
-    #: a query embedded before the store is taken: by which recipe, its vector or its error
-    EmbeddedFirst = tuple[IndexRecipe, np.ndarray | EmbedError]
 
 
 class _OneValueCommand(click.Command):
@@ -168,20 +159,22 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
         request = search_request(query, book, values)
     except ValueError as exc:
         fail(str(exc))
-    recipes = book_recipes(settings)
-    embedded = _embed_first(recipes, request)
     with opened_store(settings) as store:
-        # the query is embedded by the model the book records, never compared across models
+        # the query is embedded by the model the book records, never compared across models.
+        # Under the store: only the store says which model that is (embedding first with the
+        # configured model loaded, or called the API of, a model a book not migrated yet does
+        # not use); the query service embeds first, with what it learnt of the book
         recipe = (
-            recipes.for_book(store, book, purpose="search").recipe
+            book_recipes(settings).for_book(store, book, purpose="search").recipe
             if request.needs_embedder
             else None
         )
-        embedder: QueryEmbedder | None = (
-            _embedder(recipe, request.query, embedded) if recipe else None
-        )
         try:
-            results = request.run(store, embedder, recipe.sparse if recipe else None)
+            results = request.run(
+                store,
+                recipe.embedder if recipe else None,
+                recipe.sparse if recipe else None,
+            )
         except ValueError as exc:  # a query or filter the search cannot answer
             fail(str(exc))
         if not results:
@@ -199,43 +192,6 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
             f"{shown(group.source_file)} (best {group.score:.4f}, {len(group.hits)} hits)",
         )
     out.print(f"{len(results)} files in {book} ({label})")
-
-
-def _embed_first(recipes: LazyRecipe, request: SearchRequest) -> EmbeddedFirst | None:
-    """The query embedded before the store is opened, by the configured model: the one nearly
-    every book records (a book not migrated yet to it is embedded again, under the store).
-    A run of the same book never waits behind the model (or an embedding API: seconds, a
-    minute when it is down) and fails busy; and the store is opened once, as before.
-
-    (recipe, vector), or (recipe, the embedder's error): raised only if the book records that
-    model (one not migrated from a local model yet is still searched when the API is down).
-    None for a search that embeds nothing, or when the configured model cannot be built here
-    (a book's own model may still be: :meth:`LazyRecipe.for_book` says)."""
-    from rag_pipeline.embed import EmbedError
-
-    if not request.needs_embedder:
-        return None
-    try:
-        recipe = recipes.get()
-    except EmbedError:
-        return None
-    try:
-        return recipe, recipe.embedder.embed_query(request.query)
-    except EmbedError as exc:
-        return recipe, exc
-
-
-def _embedder(recipe: IndexRecipe, query: str, embedded: EmbeddedFirst | None) -> QueryEmbedder:
-    """The book's query embedder: the query's vector made before the store was taken when it
-    is of the book's model (or that model's error, raised), else the model itself."""
-    from rag_pipeline.embed import EmbedError
-    from rag_pipeline.retrieve.search import EmbeddedQuery
-
-    if embedded is None or embedded[0].embedding_model != recipe.embedding_model:
-        return recipe.embedder
-    if isinstance(embedded[1], EmbedError):
-        raise embedded[1]
-    return EmbeddedQuery(recipe.embedder, query, embedded[1])
 
 
 def _hint_if_not_indexed(store: VectorStore, book: str) -> None:
