@@ -14,7 +14,7 @@ failed (:class:`FailedBooks`). Then:
   flight or since the previous tick -> run again: that run may have read a version in
   between (so a ``touch`` just after a run costs one run that embeds nothing);
 * a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
-  its points (the sensor never opens the store: runs hold its lock);
+  its points (the sensor opens the store for no purge: runs hold its lock);
 * a book whose latest ingest runs all failed -> a new run once its back-off has passed;
 * a book holding an error record written under other parse rules (an upgrade changed them:
   :attr:`~rag_pipeline.recipes.choice.RecipeSource.parse_version`) -> a run, decided once
