@@ -14,8 +14,12 @@ failed (:class:`FailedBooks`). Then:
   flight or since the previous tick -> run again: that run may have read a version in
   between (so a ``touch`` just after a run costs one run that embeds nothing);
 * a removed book folder  -> delete its partition and request a ``purge_book`` run that deletes
-  its points (the sensor never opens the store: runs hold its lock);
+  its points (the sensor opens the store for no purge: runs hold its lock);
 * a book whose latest ingest runs all failed -> a new run once its back-off has passed;
+* a book holding an error record written under other parse rules (an upgrade changed them:
+  :attr:`~rag_pipeline.recipes.choice.RecipeSource.parse_version`) -> a run, decided once
+  per parse-rules version from each book's saved summary (the cursor records the version
+  its books were checked against, and the books the store was too busy to show);
 * a changed or removed book in a batch run in flight -> nothing until that run ends (no tag
   limit of the run queue covers a range of partitions, and two runs of one book never run at
   once); a changed book with a run of its own in flight -> a run of it alone, which the run
@@ -23,7 +27,9 @@ failed (:class:`FailedBooks`). Then:
 
 A tick asks the instance a constant number of questions, whatever the number of books: the
 known partitions, the ingest runs finished since the previous tick, and, only when a book is
-due for a retry or a removed book's partition waits, the runs in flight.
+due for a retry or a removed book's partition waits, the runs in flight. It opens the store
+only for the parse-rules check, once after the parse rules changed (a run holding the store
+makes it wait for a later tick).
 
 The purge policy is the one ``rag-pipeline plan`` and ``ingest`` apply
 (:func:`rag_pipeline.ingest.plan.decide_purges`): a missing data folder, or one holding none
@@ -76,10 +82,12 @@ from rag_pipeline.defs.runs import (
 from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.live import LiveMark
 from rag_pipeline.ingest.pipeline import IngestPipeline
-from rag_pipeline.ingest.plan import decide_purges
+from rag_pipeline.ingest.plan import RulesCheck, books_of_other_parse_rules, decide_purges
 from rag_pipeline.models import book_id_problem, is_book_id
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.scan import PURGING, BookScanState, scan_books
+from rag_pipeline.store.errors import StoreError
+from rag_pipeline.store.lock import holding_for
 
 __all__ = [
     "FailedBooks",
@@ -88,6 +96,7 @@ __all__ = [
     "read_cursor",
     "read_failed_books",
     "read_live_generation",
+    "read_parse_check",
     "write_cursor",
 ]
 
@@ -103,6 +112,8 @@ RUNS_PER_TICK = 500
 #: whose end was committed late, with an earlier timestamp, is not missed (a run read twice
 #: changes nothing)
 RUNS_OVERLAP_S = 60.0
+#: how long the parse-rules check waits for a store a run holds (else: the next tick)
+PARSE_CHECK_STORE_WAIT_S = 1.0
 _FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 
 
@@ -249,14 +260,19 @@ def write_cursor(
     failed: FailedBooks | None = None,
     *,
     live: str | None = None,
+    parse: tuple[str, Sequence[str]] | None = None,
 ) -> str:
     """``live``: the generation of the stopped live process whose state the cursor took
-    over (:class:`~rag_pipeline.ingest.live.LiveMark`), so it is taken over once."""
+    over (:class:`~rag_pipeline.ingest.live.LiveMark`), so it is taken over once.
+    ``parse``: the parse-rules version the books were checked against, and the books not
+    checked yet (see :func:`read_parse_check`)."""
     data: dict[str, Any] = {"books": books, "seq": seq}
     if failed is not None:
         data["runs"] = failed.to_json()
     if live:
         data["live"] = live
+    if parse is not None:
+        data["parse"] = {"version": parse[0], "unchecked": sorted(parse[1])}
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -264,6 +280,35 @@ def read_live_generation(cursor: str | None) -> str | None:
     """The generation of the live process whose state the cursor took over, if any."""
     live = _cursor_data(cursor).get("live")
     return live if isinstance(live, str) else None
+
+
+def read_parse_check(cursor: str | None) -> tuple[str | None, set[str]]:
+    """The parse-rules version a cursor's books were checked against (None: never, an older
+    cursor: every book is checked once) and the books still to check against it."""
+    parse = _cursor_data(cursor).get("parse")
+    if not isinstance(parse, dict) or not isinstance(parse.get("version"), str):
+        return None, set()
+    unchecked = parse.get("unchecked")
+    books = {b for b in unchecked if isinstance(b, str)} if isinstance(unchecked, list) else set()
+    return parse["version"], books
+
+
+def _check_parse_rules(
+    context: SensorEvaluationContext, pipeline: IngestPipeline, book_ids: Sequence[str]
+) -> RulesCheck:
+    """Which of ``book_ids`` hold an error record of other parse rules (the store busy:
+    every one left for a later tick)."""
+    if not book_ids:
+        return RulesCheck()
+    try:
+        with (
+            holding_for("books_sensor, checking the books' parse rules"),
+            pipeline.store.open(busy_wait_s=PARSE_CHECK_STORE_WAIT_S) as store,
+        ):
+            return books_of_other_parse_rules(store, book_ids, pipeline.recipes.parse_version)
+    except StoreError as exc:
+        context.log.info(f"parse-rules check of {len(book_ids)} books waits: {exc}")
+        return RulesCheck(busy=tuple(book_ids))
 
 
 def live_mark(instance: DagsterInstance, source: BookSource) -> LiveMark:
@@ -369,6 +414,24 @@ def build_books_sensor(
             # a book with a run queued or running is not retried: that run may succeed
             elif book_id in due and book_id not in runs_in_flight().books:
                 retried.append(book_id)
+        # After the parse rules changed (an upgrade), a book whose error records were written
+        # under other rules runs once, as a plan says it must: checked once per version, not
+        # per tick (the books that run anyway are not checked)
+        parse_version = pipeline.recipes.parse_version
+        checked, unchecked = read_parse_check(context.cursor)
+        rules = _check_parse_rules(
+            context,
+            pipeline,
+            [
+                b
+                for b in sorted(states)
+                if b not in changed
+                and b not in retried
+                and (checked != parse_version or b in unchecked)
+            ],
+        )
+        for book_id in rules.stale:
+            changed[book_id] = max(states[book_id].files, 1)
         # Runs of different books run side by side; two runs of one book never do. The run
         # queue's per-book tag limits hold a run of one book behind another run of it, but no
         # tag limit covers a batch (a range of partitions): a book in a batch in flight is not
@@ -430,6 +493,8 @@ def build_books_sensor(
             seq,
             failed,
             live=taken_over or read_live_generation(context.cursor),
+            # a book the store did not show, or one held behind a batch, is checked again
+            parse=(parse_version, [*rules.busy, *(b for b in rules.stale if b in held)]),
         )
         hashed = sum(s.hashed for s in states.values())
         context.log.info(

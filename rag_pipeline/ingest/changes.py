@@ -20,6 +20,7 @@ __all__ = [
     "FileStatus",
     "IndexedDocument",
     "classify_files",
+    "errors_of_other_rules",
 ]
 
 #: error stage of a record whose file could not be read (crawl-time: not even hashed)
@@ -191,6 +192,13 @@ def _reason(
         if held != record.total_chunks:
             return f"index holds {held} chunk points, its record promises {record.total_chunks}"
     return ""
+
+
+def errors_of_other_rules(indexed: Mapping[str, IndexedDocument], parse_version: str) -> list[str]:
+    """The files whose records are errors written under parse rules other than
+    ``parse_version`` (or none): those :func:`classify_files` reads again. What the books
+    sensor asks of a book's summary once after an upgrade, without looking at its files."""
+    return sorted(n for n, record in indexed.items() if _rules_changed(record, parse_version))
 
 
 def _rules_changed(record: IndexedDocument, parse_version: str) -> str:

@@ -24,8 +24,9 @@ from rag_pipeline.ingest.assess import (
     read_book_index,
     saved_book_index,
 )
-from rag_pipeline.ingest.catalog import file_stats_from_summary
-from rag_pipeline.ingest.changes import FileChanges
+from rag_pipeline.ingest.catalog import file_stats_from_summary, index_from_summary
+from rag_pipeline.ingest.changes import FileChanges, errors_of_other_rules
+from rag_pipeline.ingest.index import read_index_state
 from rag_pipeline.ingest.migration import migration_label
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.ingest.stages import WritePreview, rebuilt_reason
@@ -35,6 +36,7 @@ from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, book_filter
 from rag_pipeline.sources.base import BookSource, BookUnavailableError
 from rag_pipeline.store import BookDamagedError, VectorStore
 from rag_pipeline.store.capabilities import saved_summary
+from rag_pipeline.store.errors import StoreBusyError
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.pipeline import IngestPipeline
@@ -44,6 +46,8 @@ __all__ = [
     "BookPlan",
     "IngestPlan",
     "PurgeDecision",
+    "RulesCheck",
+    "books_of_other_parse_rules",
     "decide_purges",
     "plan_book",
     "plan_ingest",
@@ -264,6 +268,41 @@ def decide_purges(
         else:
             missing.append(book_id)
     return PurgeDecision(tuple(purge), tuple(missing), tuple(kept), tuple(warnings))
+
+
+@dataclass(frozen=True)
+class RulesCheck:
+    """Which books hold an error record written under other parse rules, and which could
+    not be looked at now (busy: looked at again later)."""
+
+    stale: tuple[str, ...] = ()
+    busy: tuple[str, ...] = ()
+
+
+def books_of_other_parse_rules(
+    store: VectorStore, book_ids: Sequence[str], parse_version: str
+) -> RulesCheck:
+    """The books a run under ``parse_version`` has work for because of their error records
+    alone (the rule of :func:`~rag_pipeline.ingest.changes.classify_files`, applied to what
+    the records say, no file read): what the books sensor and a plan agree on after an
+    upgrade of the parse rules. Each book's saved summary is read where the store vouches for
+    it, else its document records (no chunk payloads)."""
+    stale: list[str] = []
+    busy: list[str] = []
+    for book_id in book_ids:
+        try:
+            saved = index_from_summary(saved_summary(store, book_id), book_id)
+            state = saved[0] if saved is not None else None
+            if state is None:
+                state = read_index_state(store, book_id, documents_only=True)
+        except StoreBusyError:
+            busy.append(book_id)
+            continue
+        except BookDamagedError:  # not a parse-rules matter: its plan says what it needs
+            continue
+        if errors_of_other_rules(state.documents, parse_version):
+            stale.append(book_id)
+    return RulesCheck(tuple(stale), tuple(busy))
 
 
 def plan_ingest(

@@ -215,6 +215,12 @@ class RecipeSource(Protocol):
 
     def for_model(self, embedding_model: str) -> IndexRecipe: ...
 
+    @property
+    def parse_version(self) -> str:
+        """The parse rules every book's files are read with (``IndexRecipe.parse_version``),
+        known without loading a model."""
+        ...
+
 
 @dataclass(frozen=True)
 class FixedRecipe:
@@ -237,6 +243,10 @@ class FixedRecipe:
             )
         reason = "nothing indexed yet" if recorded is None else "the fixed recipe"
         return BookRecipe(self.recipe, ModelChoice(model, None, recorded_model, reason), recorded)
+
+    @property
+    def parse_version(self) -> str:
+        return self.recipe.parse_version
 
     def for_model(self, embedding_model: str) -> IndexRecipe:
         """The recipe, for a book built with it ("": a record older than the model names)."""

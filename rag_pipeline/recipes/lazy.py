@@ -13,6 +13,7 @@ from collections.abc import Callable
 from rag_pipeline import embed
 from rag_pipeline.config import ChunkingConfig, EmbedderConfig
 from rag_pipeline.embed import Embedder, EmbedError, config_for_model, model_names
+from rag_pipeline.ingest.parse import PARSE_RULES_VERSION
 from rag_pipeline.recipes.choice import (
     BookRecipe,
     FixedRecipe,
@@ -21,7 +22,7 @@ from rag_pipeline.recipes.choice import (
     choose_book_model,
     record_for,
 )
-from rag_pipeline.recipes.recipe import IndexRecipe
+from rag_pipeline.recipes.recipe import IndexRecipe, parse_version_of
 from rag_pipeline.store import VectorStore
 
 __all__ = ["LazyRecipe"]
@@ -62,6 +63,12 @@ class LazyRecipe:
     @property
     def provider(self) -> str:
         return self.embedding.provider
+
+    @property
+    def parse_version(self) -> str:
+        if self._fixed is not None:
+            return self._fixed.parse_version
+        return parse_version_of(PARSE_RULES_VERSION, self.chunking.max_blocks)
 
     @property
     def description(self) -> str:

@@ -19,7 +19,16 @@ from rag_pipeline.ingest.parse import PARSE_RULES_VERSION
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE
 from rag_pipeline.sparse import Bm25Encoder, avg_len_of, fallback_avg_len
 
-__all__ = ["IndexRecipe", "LineageInfo"]
+__all__ = ["IndexRecipe", "LineageInfo", "parse_version_of"]
+
+
+def parse_version_of(parse_rules: str, max_blocks: int) -> str:
+    """The parse rules, and the block limit when it is not the default: what decides whether
+    a file is refused (:attr:`IndexRecipe.parse_version`; known without building a recipe,
+    so the books sensor compares it without loading a model)."""
+    if max_blocks == DEFAULT_MAX_FILE_BLOCKS:
+        return parse_rules
+    return f"{parse_rules}, at most {max_blocks} blocks"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +95,7 @@ class IndexRecipe:
         """The parse rules, and the block limit when it is not the default: what decides
         whether a file is refused. Not part of the signature: a change of it reads again only
         the files whose records are errors written under another (see ``classify_files``)."""
-        if self.budget.max_blocks == DEFAULT_MAX_FILE_BLOCKS:
-            return self.parse_rules
-        return f"{self.parse_rules}, at most {self.budget.max_blocks} blocks"
+        return parse_version_of(self.parse_rules, self.budget.max_blocks)
 
     @property
     def signature(self) -> str:
