@@ -63,12 +63,9 @@ _NOTICE_EVERY_S = 10.0
 
 def describe_holder(info: dict[str, Any] | None) -> str:
     """'pid 123 on host (rag-pipeline ingest), since 12:00:01', with what the process was
-    doing when it took the lock ('for Dagster run 1a2b3c4d ...'), or 'an unknown process';
-    this process itself is 'another run in this process (for ...)'."""
+    doing when it took the lock ('for Dagster run 1a2b3c4d ...'), or 'an unknown process'."""
     if not info:
         return "an unknown process"
-    if info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
-        return "another run in this process" + (f" ({info['for']})" if info.get("for") else "")
     since = info.get("since")
     when = time.strftime("%H:%M:%S", time.localtime(since)) if isinstance(since, float) else "?"
     doing = f" for {info['for']}" if info.get("for") else ""
@@ -216,20 +213,25 @@ class FolderLock:
             while True:
                 now = time.monotonic()
                 if now - started >= noticed and wait_s > 0:
-                    notify(
-                        f"waiting up to {wait_s:g}s for {self.what}: held by "
-                        f"{describe_holder(self.holder())}"
-                    )
+                    notify(f"waiting up to {wait_s:g}s for {self.what}: held by {self._holder()}")
                     noticed += _NOTICE_EVERY_S
                 if now >= deadline:
                     raise self.busy(
-                        f"{self.what} is in use by {describe_holder(self.holder())}; waited "
+                        f"{self.what} is in use by {self._holder()}; waited "
                         f"{wait_s:g}s (RAG_BUSY_WAIT_S). Wait for it to finish, or use a "
                         "Qdrant server (RAG_QDRANT_URL) for concurrent access."
                     )
                 time.sleep(_QUICK_POLL_S if now - started < _QUICK_FOR_S else _POLL_S)
                 if _try_lock(fd) or (_ask_here(self.path) and _try_lock(fd)):
                     return
+
+    def _holder(self) -> str:
+        """Who holds the lock, for a waiter: a thread of this process waits for another run
+        of it (a handle in a call, or not shared), never for its own pid."""
+        info = self.holder()
+        if info and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+            return "another run in this process" + (f" ({info['for']})" if info.get("for") else "")
+        return describe_holder(info)
 
     @contextlib.contextmanager
     def _waiting(self) -> Iterator[None]:
