@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -97,17 +98,26 @@ def test_a_handle_in_a_call_keeps_its_book_and_the_wait_names_the_run_not_the_pi
     opener, recipe = live_store
     other = OtherWorker(opener, recipe, in_a_call=True)
     try:
-        with opener.open(busy_wait_s=0.3) as reader, pytest.raises(BookBusyError) as busy:
+        # (the reader handle is kept open: its wait is the one of both reads; a wait for a
+        # handle of this process is noticed after 1 s)
+        with opener.open(busy_wait_s=1.5) as reader, pytest.raises(BookBusyError) as busy:
             reader.count(book_filter("x"))
         said = str(busy.value)
         assert "another run in this process (the run of book x)" in said, said
         assert f"pid {os.getpid()}" not in said and f"pid {os.getpid()}" not in " ".join(waits())
         assert len(waits()) == 1 and "another run in this process" in waits()[0]
-        released = threading.Timer(0.3, other.ended.set)  # the call ends during the wait
-        released.start()
-        with opener.open(busy_wait_s=10) as reader:
-            assert reader.count(book_filter("x")) == 3
-        released.join()
+        counted: list[int] = []
+        assert other.store is not None and other.store.folder_lock is not None
+        with opener.open() as reader:
+            read = threading.Thread(target=lambda: counted.append(reader.count(book_filter("x"))))
+            read.start()
+            deadline = time.monotonic() + 5
+            while not other.store.folder_lock.others_waiting():  # it waits: the call ends
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            other.ended.set()
+            read.join(5)
+        assert counted == [3]
     finally:
         other.end()
 
@@ -134,3 +144,70 @@ def test_a_lock_names_the_run_of_the_thread_that_took_it(tmp_path):
         assert (lock.holder() or {}).get("for") == "the run of book y"
     finally:
         lock.release()
+
+
+class StoreRuns:
+    """``apply`` using the store as live mode's does: each call plans its books on the reader
+    handle, then runs them on the builder (a call of a book in ``hold`` is held after its
+    writes, its builder in use, as a long embedding holds it)."""
+
+    def __init__(self, opener: StoreOpener, recipe) -> None:  # type: ignore[no-untyped-def]
+        self.opener, self.recipe = opener, recipe
+        self.hold: set[str] = set()
+        self.held, self.release = threading.Event(), threading.Event()
+        self.calls: list[list[str]] = []
+        self.errors: list[str] = []
+
+    def __call__(self, books: list[str]) -> dict[str, bool]:
+        try:
+            with kept_open():
+                with self.opener.open(busy_wait_s=3) as reader:  # the plan
+                    for book in books:
+                        reader.count(book_filter(book))
+                with self.opener.open(recipe=self.recipe) as builder:  # the run
+                    for book in books:
+                        builder.upsert(points_of(book, 2, self.recipe.dimension, "r"))
+                    if set(books) & self.hold:
+                        self.held.set()
+                        assert self.release.wait(10)
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            return dict.fromkeys(books, False)
+        self.calls.append(list(books))
+        return dict.fromkeys(books, True)
+
+
+def test_live_workers_apply_a_books_edit_while_another_books_run_holds_the_builder(
+    tmp_path, hash_embedder, waits
+):
+    """The report, through the live loop with two workers: book ``small``'s edit is planned
+    and applied while book ``big``'s run is held with the builder in use (the builder still
+    holding ``small``, which it wrote before): no wait, no busy error."""
+    from rag_pipeline.ingest.live import LiveLoop, LiveTiming
+    from rag_pipeline.sources.folder import FolderSource
+    from rag_pipeline.sources.scan import clear_scan_cache
+    from rag_pipeline_tests.test_live import _until, running
+
+    data = tmp_path / "books"
+    (data / "small").mkdir(parents=True)
+    (data / "small" / "a.md").write_text("# S\n\none")
+    recipe = make_recipe(hash_embedder)
+    opener = StoreOpener(store_config(tmp_path / "edge"))
+    runs = StoreRuns(opener, recipe)
+    with kept_open(), opener.open(recipe=recipe):
+        pass  # the collection, as the first run makes it
+    clear_scan_cache()
+    live = LiveLoop(FolderSource(data), runs, timing=LiveTiming(debounce_s=0.05), workers=2)
+    with running(live, data):
+        _until(lambda: ["small"] in runs.calls)
+        runs.hold = {"big"}
+        (data / "big").mkdir()
+        (data / "big" / "a.md").write_text("# B\n\nbig")
+        assert runs.held.wait(5)
+        (data / "small" / "a.md").write_text("# S\n\nan edit")
+        try:
+            _until(lambda: runs.calls.count(["small"]) == 2 or bool(runs.errors), timeout=10)
+        finally:
+            runs.release.set()
+        _until(lambda: ["big"] in runs.calls)
+    assert runs.errors == [] and waits() == []

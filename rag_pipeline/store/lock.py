@@ -59,6 +59,9 @@ _POLL_S = 0.05
 _QUICK_POLL_S = 0.005
 _QUICK_FOR_S = 2.0
 _NOTICE_EVERY_S = 10.0
+#: a wait for a handle of this process is first noticed after this long: it hands the book
+#: over as soon as its call (or its close by the store keeper) ends, a short critical section
+_NOTICE_HERE_AFTER_S = 1.0
 
 
 def describe_holder(info: dict[str, Any] | None) -> str:
@@ -208,7 +211,8 @@ class FolderLock:
     def _wait(self, fd: int, wait_s: float, notify: Callable[[str], None]) -> None:
         started = time.monotonic()
         deadline = started + wait_s
-        noticed = 0.0
+        with _here_guard:
+            noticed = _NOTICE_HERE_AFTER_S if self.path in _held_here else 0.0
         with self._waiting():
             while True:
                 now = time.monotonic()
