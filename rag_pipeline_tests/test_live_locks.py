@@ -211,3 +211,37 @@ def test_live_workers_apply_a_books_edit_while_another_books_run_holds_the_build
             runs.release.set()
         _until(lambda: ["big"] in runs.calls)
     assert runs.errors == [] and waits() == []
+
+
+@pytest.mark.integration
+def test_a_book_another_process_holds_is_still_waited_for_and_named(live_store):
+    """The hand-over is between handles of one process: a book another process holds (a
+    second run of it) is waited for as ever, and the wait names that process."""
+    import subprocess
+    import sys
+
+    opener, _ = live_store
+    lock_path = opener.config.path + "/rag_chunks/locks/x.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path;"
+            "from rag_pipeline.store.lock import FolderLock;"
+            "FolderLock(Path(sys.argv[1]), 'x').acquire(10); print('held', flush=True);"
+            "time.sleep(30)",
+            lock_path,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with (
+            opener.open(busy_wait_s=0.5) as reader,
+            pytest.raises(BookBusyError, match=f"pid {holder.pid} "),
+        ):
+            reader.count(book_filter("x"))
+    finally:
+        holder.kill()
+        holder.communicate()
