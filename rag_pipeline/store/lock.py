@@ -335,10 +335,10 @@ class LockGroup:
       no other process writes a book between a run's writes and their check.
 
     - **One process hands over** (a shared handle: :meth:`share_in_process`). Another shared
-      handle of this process that wants a member gets it
-      as soon as this handle is between calls (``hand_over``, even a book it wrote: the runs
-      of one book in one process never overlap, the live loop and the runner see to that),
-      never after the busy timeout (see the module's docstring).
+      handle of this process that wants a member gets it as soon as this handle is between
+      calls (``hand_over``, even a book it wrote: the runs of one book in one process never
+      overlap, the live loop and the runner see to that), never after the busy timeout (see
+      the module's docstring).
 
     ``may_let_go(lock)`` is the handle's say: it drops what it keeps of the lock's book and
     returns True, or returns False for a book it wrote. ``hand_over(lock)`` is its say for a
