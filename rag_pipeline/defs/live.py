@@ -28,6 +28,7 @@ from rag_pipeline.ingest.live import LiveLoop, LiveMark, LiveTiming
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.models import validate_book_id
+from rag_pipeline.store.lock import holding_for
 
 __all__ = ["LIVE_LAUNCHER", "LIVE_TRIGGER", "Applied", "LiveRuns", "handed_report", "run_live"]
 
@@ -56,6 +57,13 @@ class LiveRuns:
     _reporting: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, books: list[str]) -> dict[str, bool]:
+        # the store locks its plan takes name its books (a worker beside it that waits for
+        # one says "another run in this process (live mode, book 'x')")
+        said = ", ".join(repr(b) for b in books)
+        with holding_for(f"live mode, book{'s' if len(books) > 1 else ''} {said}"):
+            return self._apply(books)
+
+    def _apply(self, books: list[str]) -> dict[str, bool]:
         try:
             with self.pipeline.store.open() as store:
                 plan = self.pipeline.plan(store, books)

@@ -535,6 +535,11 @@ class VectorStore(ABC):
         server or memory): a long-lived holder watches them for waiting processes."""
         return None
 
+    def share_in_process(self) -> None:  # noqa: B027 - optional hook
+        """This handle is one of the process's shared handles (:mod:`.sharing`): what it
+        locks is handed over to another such handle of the process between its calls, not
+        held against it as against another process (an embedded store's locks)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the client, its files and locks."""
 

@@ -7,6 +7,13 @@ takes this lock first. It is an ``flock`` on ``<name>.lock``, so the kernel rele
 holder dies, ``kill -9`` included. The holder writes its pid, command and start time into the
 file, so a waiter can name it. Waiters also hold a shared lock on ``<name>.wait``, which lets a
 long-lived holder (the query service) notice them and step aside.
+
+An ``flock`` belongs to an open file, not to a process: two handles of one store in one
+process (live mode's workers: a run's builder handle, the next plan's reader handle) lock each
+other out like two processes. So a lock a :class:`LockGroup` of this process holds is asked for
+first (:meth:`LockGroup.hand_over`): a thread never waits out the busy timeout for a book its
+own process holds only because another handle touched it, and a waiter never names its own
+process as the holder.
 """
 
 from __future__ import annotations
@@ -52,6 +59,9 @@ _POLL_S = 0.05
 _QUICK_POLL_S = 0.005
 _QUICK_FOR_S = 2.0
 _NOTICE_EVERY_S = 10.0
+#: a wait for a handle of this process is first noticed after this long: it hands the book
+#: over as soon as its call (or its close by the store keeper) ends, a short critical section
+_NOTICE_HERE_AFTER_S = 1.0
 
 
 def describe_holder(info: dict[str, Any] | None) -> str:
@@ -67,20 +77,28 @@ def describe_holder(info: dict[str, Any] | None) -> str:
     )
 
 
-#: what this process is doing, innermost last (see :func:`holding_for`)
-_doing: list[str] = []
+#: what this process is doing, innermost last, by thread (see :func:`holding_for`)
+_doing: list[tuple[int, str]] = []
 
 
 @contextlib.contextmanager
 def holding_for(what: str) -> Iterator[None]:
     """Name ``what`` this process does (a Dagster run: its id and job) in every lock it takes
     meanwhile, so that a waiter (the query service, a CLI) says which run holds a book rather
-    than a worker's command line."""
-    _doing.append(what)
+    than a worker's command line. Per thread: live mode's workers run side by side, and a
+    lock names the run of the thread that took it (else the process's innermost)."""
+    entry = (threading.get_ident(), what)
+    _doing.append(entry)
     try:
         yield
     finally:
-        _doing.remove(what)
+        _doing.remove(entry)
+
+
+def _doing_now() -> str | None:
+    doing = list(_doing)
+    mine = [what for thread, what in doing if thread == threading.get_ident()]
+    return mine[-1] if mine else doing[-1][1] if doing else None
 
 
 class WatchedLock(Protocol):
@@ -172,7 +190,7 @@ class FolderLock:
                 raise StoreResourceError(f"cannot open {self.path}: {limit}") from None
             raise StorePathError(f"cannot create {self.path}: {_reason(exc, self.path)}") from None
         try:
-            if not _try_lock(fd):
+            if not _try_lock(fd) and not (_ask_here(self.path) and _try_lock(fd)):
                 if wait is None:
                     os.close(fd)
                     return
@@ -193,25 +211,31 @@ class FolderLock:
     def _wait(self, fd: int, wait_s: float, notify: Callable[[str], None]) -> None:
         started = time.monotonic()
         deadline = started + wait_s
-        noticed = 0.0
+        with _here_guard:
+            noticed = _NOTICE_HERE_AFTER_S if self.path in _held_here else 0.0
         with self._waiting():
             while True:
                 now = time.monotonic()
                 if now - started >= noticed and wait_s > 0:
-                    notify(
-                        f"waiting up to {wait_s:g}s for {self.what}: held by "
-                        f"{describe_holder(self.holder())}"
-                    )
+                    notify(f"waiting up to {wait_s:g}s for {self.what}: held by {self._holder()}")
                     noticed += _NOTICE_EVERY_S
                 if now >= deadline:
                     raise self.busy(
-                        f"{self.what} is in use by {describe_holder(self.holder())}; waited "
+                        f"{self.what} is in use by {self._holder()}; waited "
                         f"{wait_s:g}s (RAG_BUSY_WAIT_S). Wait for it to finish, or use a "
                         "Qdrant server (RAG_QDRANT_URL) for concurrent access."
                     )
                 time.sleep(_QUICK_POLL_S if now - started < _QUICK_FOR_S else _POLL_S)
-                if _try_lock(fd):
+                if _try_lock(fd) or (_ask_here(self.path) and _try_lock(fd)):
                     return
+
+    def _holder(self) -> str:
+        """Who holds the lock, for a waiter: a thread of this process waits for another run
+        of it (a handle in a call, or not shared), never for its own pid."""
+        info = self.holder()
+        if info and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+            return "another run in this process" + (f" ({info['for']})" if info.get("for") else "")
+        return describe_holder(info)
 
     @contextlib.contextmanager
     def _waiting(self) -> Iterator[None]:
@@ -292,7 +316,7 @@ def _me() -> dict[str, Any]:
         "host": socket.gethostname(),
         "command": command or "python",
         "since": time.time(),
-        "for": _doing[-1] if _doing else None,
+        "for": _doing_now(),
     }
 
 
@@ -310,9 +334,18 @@ class LockGroup:
     - **Writers keep what they wrote** until the handle closes (a run's handle is short), so
       no other process writes a book between a run's writes and their check.
 
+    - **One process hands over** (a shared handle: :meth:`share_in_process`). Another shared
+      handle of this process that wants a member gets it as soon as this handle is between
+      calls (``hand_over``, even a book it wrote: the runs of one book in one process never
+      overlap, the live loop and the runner see to that), never after the busy timeout (see
+      the module's docstring).
+
     ``may_let_go(lock)`` is the handle's say: it drops what it keeps of the lock's book and
-    returns True, or returns False for a book it wrote. Long-lived holders watch the group as
-    one (:meth:`others_waiting`): the query service steps aside when any member is waited for.
+    returns True, or returns False for a book it wrote. ``hand_over(lock)`` is its say for a
+    handle of this process: it drops what it keeps of the book and returns True, or False
+    while a call of the handle is under way (it is asked again). Long-lived holders watch the
+    group as one (:meth:`others_waiting`): the query service steps aside when any member is
+    waited for.
     """
 
     def __init__(
@@ -325,9 +358,12 @@ class LockGroup:
         self._locks: OrderedDict[Path, FolderLock] = OrderedDict((lk.path, lk) for lk in locks)
         self._cap = cap
         self._may_let_go = may_let_go
+        self._hand_over: Callable[[FolderLock], bool] | None = None
         self._guard = threading.Lock()
         #: books let go of, by the bound and by backing off (for tests and benchmarks)
         self.let_go = 0
+        #: books handed over to another handle of this process (for tests)
+        self.handed_over = 0
 
     def add(self, lock: FolderLock) -> None:
         """Count a lock taken by its owner as the group's (a whole-store lock-up)."""
@@ -349,12 +385,37 @@ class LockGroup:
             lock.acquire(wait_s)
         with self._guard:
             self._locks[lock.path] = lock
+        if self._hand_over is not None:
+            with _here_guard:
+                _held_here[lock.path] = self
         return lock
+
+    def share_in_process(self, hand_over: Callable[[FolderLock], bool]) -> None:
+        """Hand members over to other handles of this process with ``hand_over`` (see the
+        class docstring): for the process's shared handles (:mod:`~rag_pipeline.store.sharing`).
+        A group without it locks other handles out as another process would."""
+        with self._guard:
+            self._hand_over = hand_over
+            held = list(self._locks)
+        with _here_guard:
+            _held_here.update(dict.fromkeys(held, self))
+
+    def hand_over(self, path: Path) -> bool:
+        """Let go of the member at ``path`` for another handle of this process, if the
+        handle says it may now (see the class docstring)."""
+        with self._guard:
+            lock = self._locks.get(path)
+        if lock is None or self._hand_over is None or not self._hand_over(lock):
+            return False
+        self.drop(lock)
+        self.handed_over += 1
+        return True
 
     def drop(self, lock: FolderLock) -> None:
         """Release one member (a lock that no longer names its file)."""
         with self._guard:
             self._locks.pop(lock.path, None)
+        _forget_here(self, [lock])
         lock.release()
 
     def _shrink(self, keep: int) -> None:
@@ -393,5 +454,25 @@ class LockGroup:
     def release(self) -> None:
         with self._guard:
             locks, self._locks = list(self._locks.values()), OrderedDict()
+        _forget_here(self, locks)
         for lock in locks:
             lock.release()
+
+
+#: the group of this process that holds each book lock it may hand over (see LockGroup)
+_held_here: dict[Path, LockGroup] = {}
+_here_guard = threading.Lock()
+
+
+def _forget_here(group: LockGroup, locks: Iterable[FolderLock]) -> None:
+    with _here_guard:
+        for lock in locks:
+            if _held_here.get(lock.path) is group:
+                del _held_here[lock.path]
+
+
+def _ask_here(path: Path) -> bool:
+    """Ask the group of this process that holds ``path`` to hand it over; True if it did."""
+    with _here_guard:
+        group = _held_here.get(path)
+    return group is not None and group.hand_over(path)

@@ -10,7 +10,9 @@ embedding in between), a handle whose last user is out stays open for the next o
 loads a book's shard once instead of once per step; it is closed as soon as another process
 waits for what it holds (checked every 50 ms by a watcher thread), before this process opens
 another handle of the same store (one process never waits for its own lock), and when the
-block ends.
+block ends. Handles in use by two threads at once (live mode's workers: one run's builder,
+another's plan) hand each other a book's lock between their calls
+(:meth:`~rag_pipeline.store.lock.LockGroup.share_in_process`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def shared_store(
     with slot.lock:  # opening may wait for another process: only this key waits
         if slot.store is None:
             slot.store = factory()
+            slot.store.share_in_process()  # its locks: handed to the process's other handles
         slot.users += 1
         store = slot.store
     try:

@@ -188,6 +188,27 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
         self._forget(book)
         return True
 
+    def share_in_process(self) -> None:
+        self._locks.share_in_process(self._hand_over)
+
+    def _hand_over(self, lock: FolderLock) -> bool:
+        """Close what this handle keeps of the lock's book, written or not, as :meth:`close`
+        would, for another handle of this process (see :class:`LockGroup`); False while a
+        call of this handle is under way: never waits for it (its thread may wait for us)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            book = lock.path.name.removesuffix(".lock")
+            state = self._books.get(book)
+            if state is not None:
+                self._unload(book)
+                if state.emptied and not (state.folder / _PENDING).exists():
+                    _remove_folder(state.folder)  # tenants() lists folders: none left empty
+                self._books.pop(book, None)
+            return True
+        finally:
+            self._lock.release()
+
     def _route(self, book: str) -> RoutedBook:
         """Where this handle reads and writes ``book`` (taking its lock the first time)."""
         state = self._books.get(book)
