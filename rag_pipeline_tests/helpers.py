@@ -463,3 +463,24 @@ def fill_disk(disk: Path, leave: int) -> Path:
     with open(filler, "wb") as f:
         os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(disk).free - leave)
     return filler
+
+
+@contextmanager
+def parse_rules_of_version_1() -> Iterator[None]:
+    """Files parsed as version 1 of the parse rules parsed them: ``slides.md`` (a leading
+    ``---`` rule followed by prose, accepted since version 2) refused as bad frontmatter."""
+    from rag_pipeline.ingest import parse
+    from rag_pipeline.models import FileError
+
+    current_rules = parse.parse_document
+
+    def older_rules(book_id: str, source_file: str, *args: Any, **kwargs: Any) -> Any:
+        if source_file == "slides.md":
+            return FileError(book_id, source_file, "parse", "frontmatter is not a mapping")
+        return current_rules(book_id, source_file, *args, **kwargs)
+
+    parse.parse_document = older_rules  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        parse.parse_document = current_rules

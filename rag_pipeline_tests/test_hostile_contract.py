@@ -473,8 +473,10 @@ def test_books_first_without_books_is_exit_1_and_without_a_data_folder_exit_2(tm
 # -- a failed book's errors count its failure ----------------------------------------------
 
 
-@pytest.mark.slow  # the step's retries wait 5 s and 10 s before it fails
-def test_a_failed_books_errors_count_every_entry_of_its_error_messages(tmp_path, monkeypatch):
+@pytest.mark.slow  # a run whose step fails at every retry (the waits shortened)
+def test_a_failed_books_errors_count_every_entry_of_its_error_messages(
+    tmp_path, monkeypatch, quick_step_retries
+):
     """Fault: a book whose embedding step failed reported `"errors": 0` beside the step's
     failure in `error_messages` (the run's result was built from the message alone). README:
     `errors` counts the entries of `error_messages`, each bad file and a failed step or run;
@@ -493,6 +495,7 @@ def test_a_failed_books_errors_count_every_entry_of_its_error_messages(tmp_path,
     book = json.loads(done.stdout)["books"][BOOK]
     assert book["status"] == "failed" and book["error_messages"], book
     assert book["errors"] == len(book["error_messages"]), book
+    assert quick_step_retries, "the step's retries were not in this path"
 
 
 def test_a_results_errors_count_its_error_messages_whoever_made_it():

@@ -354,25 +354,16 @@ def test_a_file_refused_by_older_parse_rules_is_read_again_after_an_upgrade(
     error still standing under the current rules starts no run."""
     import dataclasses
 
-    from rag_pipeline.ingest import parse
-    from rag_pipeline.models import FileError
+    from rag_pipeline_tests.helpers import parse_rules_of_version_1
 
     folder, pipeline, equals_clean_build = book
     (folder / "slides.md").write_bytes(b"---\n\n# Slides\n\nOne.\n\n---\n\nTwo.\n")
     (folder / "list.md").write_bytes(b"---\n- a\n---\nx\n")  # refused by every version
     settle_files()
-    current_rules = parse.parse_document
-
-    def older_rules(book_id: str, source_file: str, *args: Any, **kwargs: Any) -> Any:
-        if source_file == "slides.md":  # what version 1 said of a leading rule with prose
-            return FileError(book_id, source_file, "parse", "frontmatter is not a mapping")
-        return current_rules(book_id, source_file, *args, **kwargs)
-
-    monkeypatch.setattr(parse, "parse_document", older_rules)
     older = dataclasses.replace(recipe, parse_rules="1")
     old_pipeline = make_pipeline(folder.parent, pipeline.store, older)
-    assert old_pipeline.run(["b"])["b"].outcome.result.errors == 2
-    monkeypatch.setattr(parse, "parse_document", current_rules)
+    with parse_rules_of_version_1():
+        assert old_pipeline.run(["b"])["b"].outcome.result.errors == 2
 
     with pipeline.store.open() as reader:
         planned = pipeline.plan(reader, ["b"]).books["b"]

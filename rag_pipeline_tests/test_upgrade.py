@@ -14,6 +14,7 @@ from dagster import DagsterInstance, SkipReason
 
 from rag_pipeline.sources.scan import clear_scan_cache
 from rag_pipeline_tests.conftest import hash_settings, settle_files
+from rag_pipeline_tests.helpers import parse_rules_of_version_1
 from rag_pipeline_tests.test_live import NoWatchSource
 from rag_pipeline_tests.test_sensors import Harness, requested_books
 
@@ -25,9 +26,7 @@ def upgraded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     written under today's rules), ``clean`` no error. (data folder, the older pipeline, the
     upgraded one.)"""
     from rag_pipeline.embed import create_embedder
-    from rag_pipeline.ingest import parse
     from rag_pipeline.ingest.pipeline import IngestPipeline
-    from rag_pipeline.models import FileError
     from rag_pipeline.recipes.recipe import IndexRecipe
 
     data_dir = tmp_path / "books"
@@ -44,16 +43,8 @@ def upgraded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     recipe = IndexRecipe.build(create_embedder(settings.embedding()), settings.chunking())
     pipeline = IngestPipeline.from_settings(settings, recipe)
     older = IngestPipeline.from_settings(settings, dataclasses.replace(recipe, parse_rules="1"))
-    current_rules = parse.parse_document
-
-    def older_rules(book_id: str, source_file: str, *args: Any, **kwargs: Any) -> Any:
-        if source_file == "slides.md":  # what version 1 said of a leading rule with prose
-            return FileError(book_id, source_file, "parse", "frontmatter is not a mapping")
-        return current_rules(book_id, source_file, *args, **kwargs)
-
-    monkeypatch.setattr(parse, "parse_document", older_rules)
-    assert older.run(["old", "clean"])["old"].outcome.result.errors == 1
-    monkeypatch.setattr(parse, "parse_document", current_rules)
+    with parse_rules_of_version_1():
+        assert older.run(["old", "clean"])["old"].outcome.result.errors == 1
     assert pipeline.run(["current"])["current"].outcome.result.errors == 1
     clear_scan_cache()
     return data_dir, older, pipeline
