@@ -10,10 +10,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import qdrant_edge as qe
+
+if TYPE_CHECKING:
+    from rag_pipeline_tests.s3server import S3Server
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
@@ -358,3 +361,22 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """One S3-compatible server (moto, over HTTP) per test process, shared by every
+    object-store test (each takes a bucket of its own)."""
+    from rag_pipeline_tests.s3server import S3Server
+
+    server = S3Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test credentials of :mod:`rag_pipeline_tests.s3server` in the environment."""
+    from rag_pipeline_tests.s3server import use_test_credentials
+
+    use_test_credentials(monkeypatch)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rag_pipeline_tests.gitbooks import NEEDS_GIT, GitRepo
-from rag_pipeline_tests.s3server import AWS, FOREIGN_AWS, S3Server, use_test_credentials
+from rag_pipeline_tests.s3server import AWS, FOREIGN_AWS, S3Server
 
 LFS_POINTER = (
     "version https://git-lfs.github.com/spec/v1\n"
@@ -167,18 +167,6 @@ def test_an_lfs_pointer_is_a_per_file_error_not_indexed_as_text():
 
 
 # -- object-store books ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_test_credentials(monkeypatch)
 
 
 def bucket_with(s3: S3Server, keys: dict[str, bytes]) -> str:

@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +22,8 @@ from rag_pipeline_tests.s3server import (
     FOREIGN_AWS,
     S3Server,
     closed_port,
-    use_test_credentials,
 )
 from rag_pipeline_tests.warm import warm_server
-
-
-@pytest.fixture(scope="session")
-def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_test_credentials(monkeypatch)
 
 
 def new_bucket(s3: S3Server) -> str:
