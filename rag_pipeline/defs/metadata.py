@@ -111,7 +111,7 @@ def breakable(text: str) -> str:
 _MARKDOWN_INLINE = re.compile(r"([\\`*_\[\]<>&|~!])")
 #: what makes the start of a line a block (a heading, a quote, a list, a rule, a numbered
 #: item): the punctuation is escaped (a backslash before a digit is no escape: it would show)
-_MARKDOWN_LINE_START = re.compile(r"^(\s*(?:\d{1,9})?)([#>+=.)-])")
+_MARKDOWN_LINE_START = re.compile(r"^(\s*)([#>+=-])|^(\s*\d{1,9})([.)])")
 
 
 class Markdown(str):
@@ -127,7 +127,13 @@ def escape_markdown(text: object) -> str:
     if isinstance(text, Markdown):
         return text
     escaped = _MARKDOWN_INLINE.sub(r"\\\1", printable(str(text), limit=10_000))
-    return _MARKDOWN_LINE_START.sub(lambda m: f"{m[1]}\\{m[2]}", escaped)
+    return _MARKDOWN_LINE_START.sub(_escape_line_start, escaped)
+
+
+def _escape_line_start(match: re.Match[str]) -> str:
+    """The block marker of :data:`_MARKDOWN_LINE_START` backslash-escaped."""
+    lead, mark = (match[1], match[2]) if match[2] else (match[3], match[4])
+    return f"{lead}\\{mark}"
 
 
 def _unescape_markdown(text: str) -> str:
