@@ -339,17 +339,16 @@ def quick_step_retries(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     where those 20 s of sleep prove nothing. The retries still happen. Returned: the delays
     asked of a policy, in order (Dagster asks on every failed attempt of a step that has one,
     the last included), so a test can check that the shortening was in its path. (The test of
-    the policy riding out an outage keeps the real waits.)"""
+    the policy riding out an outage keeps the real waits; ``quickretry.py`` shortens them in a
+    CLI process.)"""
     from dagster import RetryPolicy
 
-    real = RetryPolicy.calculate_delay
+    from rag_pipeline_tests.quickretry import shortened
+
     asked: list[float] = []
-
-    def shortened(policy: RetryPolicy, attempt_num: int) -> float:
-        asked.append(float(real(policy, attempt_num)))
-        return asked[-1] / 100
-
-    monkeypatch.setattr(RetryPolicy, "calculate_delay", shortened)
+    monkeypatch.setattr(
+        RetryPolicy, "calculate_delay", shortened(RetryPolicy.calculate_delay, asked.append)
+    )
     return asked
 
 
