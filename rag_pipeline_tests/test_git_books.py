@@ -275,7 +275,7 @@ def test_live_mode_applies_a_new_commit_of_a_git_book(tmp_path, repo, folder_boo
     asks the remote at every idle look) and applies that book alone."""
     from rag_pipeline_tests.helpers import LiveProcess
 
-    cli = Cli(tmp_path, folder_book, fresh=True)
+    cli = Cli(tmp_path, folder_book)
     cli.env["RAG_SOURCES"] = str(declared(tmp_path, repo))
     live = LiveProcess(cli)
     try:

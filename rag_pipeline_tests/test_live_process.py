@@ -109,7 +109,7 @@ def test_each_kind_of_change_is_found_through_serve_with_its_live_run(tmp_path):
     from rag_pipeline.defs.runs import TRIGGER_TAG
 
     data = _books(tmp_path)
-    cli = Cli(tmp_path, data, fresh=True)
+    cli = Cli(tmp_path, data)
     live = LiveProcess(cli)
     server = None
     try:
@@ -221,7 +221,7 @@ def test_kill_9_between_a_live_runs_write_and_its_record_leaves_every_point_a_li
     from rag_pipeline_tests.crashpoint import MARKER
 
     data = _books(tmp_path)
-    cli = Cli(tmp_path, data, fresh=True)
+    cli = Cli(tmp_path, data)
     live = LiveProcess(cli, crash_at=point)
     live.next_event("ready", timeout=180)
     with open(data / BOOK / FILE, "a", encoding="utf-8") as fh:
@@ -267,7 +267,7 @@ def test_kill_9_mid_change_is_caught_up_by_the_next_start_and_by_the_sensor(tmp_
     from rag_pipeline.ingest.pipeline import IngestPipeline
 
     data = _books(tmp_path)
-    cli = Cli(tmp_path, data, fresh=True)
+    cli = Cli(tmp_path, data)
     rng = random.Random(7)
     live = LiveProcess(cli)
     live.next_event("ready", timeout=180)
@@ -339,7 +339,7 @@ def test_a_stop_signal_during_a_run_stops_after_that_change_and_the_run_succeeds
     from rag_pipeline_tests.signalpoint import MARKER
 
     data = _books(tmp_path)
-    cli = Cli(tmp_path, data, fresh=True)
+    cli = Cli(tmp_path, data)
     live = LiveProcess(cli, signal_in_run=signal_name)
     try:
         live.next_event("ready", timeout=180)
@@ -366,7 +366,7 @@ def test_a_burst_of_100_edits_across_5_books_is_all_indexed_in_few_runs(tmp_path
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"# {path.stem}\n\nfirst words")
-    cli = Cli(tmp_path, data, fresh=True)
+    cli = Cli(tmp_path, data)
     live = LiveProcess(cli)
     try:
         live.next_event("ready", timeout=180)
@@ -413,7 +413,7 @@ def test_an_edit_saved_as_a_live_run_starts_and_reverted_after_it_read_is_applie
     from rag_pipeline_tests.phasepoint import Phases
 
     data = _small_books(tmp_path)
-    cli = Cli(tmp_path, data, fresh=True)
+    cli = Cli(tmp_path, data)
     phases = Phases(tmp_path / "phases")
     live = LiveProcess(cli, phases=phases.folder)
     path = data / "book-0" / "f1.md"
@@ -445,7 +445,7 @@ def test_a_data_folder_replaced_under_live_mode_is_watched_again(tmp_path):
     restore): the inotify watch stayed on the old folder and every later edit waited for the
     once-a-minute look. The new folder is watched: an edit is applied within seconds."""
     data = _small_books(tmp_path)
-    cli = Cli(tmp_path, data, fresh=True)
+    cli = Cli(tmp_path, data)
     live = LiveProcess(cli)
     try:
         live.next_event("ready", timeout=120)
@@ -472,7 +472,7 @@ def test_a_stop_during_the_first_catch_up_stops_after_the_batch_in_hand(tmp_path
     from rag_pipeline_tests.phasepoint import Phases
 
     data = _small_books(tmp_path, books=8, files=1)
-    cli = Cli(tmp_path, data, fresh=True)
+    cli = Cli(tmp_path, data)
     cli.env["RAG_BATCH_BOOKS"] = "2"
     phases = Phases(tmp_path / "phases")
     phases.arm("write")  # the first batch's run holds after its write
