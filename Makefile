@@ -136,9 +136,9 @@ TEST_WORKERS ?= auto
 PYTEST = $(if $(TEST_TMPDIR),TMPDIR=$(TEST_TMPDIR) )$(BIN)/python -m pytest \
 	$(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
-# The suite starts hundreds of Python processes that import this package (the CLI, live mode,
+# The suite starts many Python processes that import this package (the CLI, live mode,
 # `serve`, `dg dev`'s code servers and run workers): its bytecode is written once here, so
-# that none of them compiles it again (about 0.3 CPU s a process) where
+# that none of them compiles it again (0.2-0.4 CPU s a process) where
 # PYTHONDONTWRITEBYTECODE is set, which stops Python writing it. __pycache__ is ignored by git.
 COMPILE = $(BIN)/python -m compileall -q rag_pipeline rag_pipeline_tests bench >/dev/null
 
