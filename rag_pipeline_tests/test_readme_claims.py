@@ -1,16 +1,19 @@
 """Claims of the README that a user checks by trying them, each where it once did not hold:
-``watch --json``'s first line once the books are in step, and the ways the README tells a
-user to run a command."""
+``watch --json``'s first line once the books are in step, the ways the README tells a user to
+run a command, and bad model settings named with exit 2 by every command that loads the model."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from rag_pipeline.cli import main
 from rag_pipeline_tests.conftest import REPO
-from rag_pipeline_tests.helpers import Cli, LiveProcess
+from rag_pipeline_tests.helpers import Cli, LiveProcess, assert_no_trace
 
 README = (REPO / "README.md").read_text()
 
@@ -53,3 +56,52 @@ def test_the_dg_commands_the_readme_gives_name_an_absolute_dagster_home():
     assert given, "the README says which DAGSTER_HOME the dg commands take"
     for value in given:
         assert value.startswith(("/", "$PWD", "$(pwd)", "$HOME")), value
+
+
+@pytest.fixture
+def local_env(tmp_path, data_dir, monkeypatch):
+    """The local model configured, an empty store, a data folder with no book."""
+    for name in list(os.environ):
+        if name.startswith(("RAG_", "OPENAI_")):
+            monkeypatch.delenv(name)
+    for name, value in {
+        "RAG_EMBEDDER": "local",
+        "RAG_DATA_DIR": str(data_dir),
+        "RAG_QDRANT_PATH": str(tmp_path / "qdrant"),
+        "RAG_CACHE_DIR": str(tmp_path / "cache"),
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    return monkeypatch
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    text = result.output + (getattr(result, "stderr", "") or "")
+    assert_no_trace(text)
+    assert result.exception is None or isinstance(result.exception, SystemExit), text
+    return result.exit_code, text
+
+
+def test_a_cache_folder_the_model_cannot_be_written_to_is_exit_2_naming_it(local_env, tmp_path):
+    """README: bad settings exit 2 with a message naming them. A ``RAG_CACHE_DIR`` with a file
+    in the way was ``unexpected NotADirectoryError`` (exit 1) from ``search``, and uvicorn's
+    traceback from ``serve``."""
+    import rag_pipeline.serve
+
+    def never(*args: object, **kwargs: object) -> None:  # the check fails, never hangs
+        raise AssertionError("the service started with a model it could not load")
+
+    local_env.setattr(rag_pipeline.serve, "serve", never)
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    local_env.setenv("RAG_CACHE_DIR", str(in_the_way))
+    for command in (("search", "robots", "--book", "any"), ("serve", "--port", "1")):
+        code, text = _run(*command)
+        assert code == 2 and "RAG_CACHE_DIR" in text and str(in_the_way) in text, (command, text)
+
+
+def test_a_model_folder_that_is_not_one_is_exit_2_naming_the_variable(local_env, tmp_path):
+    local_env.setenv("RAG_LOCAL_MODEL_DIR", str(tmp_path))
+    code, text = _run("search", "robots", "--book", "any")
+    assert code == 2 and "RAG_LOCAL_MODEL_DIR" in text, text

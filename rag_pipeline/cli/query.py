@@ -354,6 +354,9 @@ def serve(
     settings = _settings()
     _check_address(host, port)
     recipe, parallel = query_recipe(settings, model_threads)
+    # the model loaded here, not in uvicorn's start-up: a model or cache folder that cannot be
+    # used is a message and exit 2, not uvicorn's traceback (the app's warm-up then finds it)
+    recipe.get().embedder.embed_query("warm up")
     app = create_app(settings, recipe, cache_size=cache_size, parallel=parallel)
     err.print(
         f"serving {shown(settings.store().target)} on http://{host}:{port} (docs: /docs)",
