@@ -105,3 +105,38 @@ def test_a_model_folder_that_is_not_one_is_exit_2_naming_the_variable(local_env,
     local_env.setenv("RAG_LOCAL_MODEL_DIR", str(tmp_path))
     code, text = _run("search", "robots", "--book", "any")
     assert code == 2 and "RAG_LOCAL_MODEL_DIR" in text, text
+
+
+def test_the_service_starts_while_the_embedding_api_is_down_and_answers_503(
+    tmp_path, write_book, data_dir
+):
+    """README: an embedding API that cannot be used is 503 naming it, and a book indexed with
+    a model this process makes is searched as ever. The service's start-up embedded a query
+    with the configured model: with the API down it never started (uvicorn's traceback)."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve import create_app, query_recipe
+    from rag_pipeline_tests.conftest import make_recipe, section
+
+    write_book("b", {"a.md": "# b\n\n" + section("Nodes", seed="b")})
+    store = str(tmp_path / "q")
+    hashed = load_settings(data_dir=data_dir, qdrant_path=store, embedder="hash")
+    IngestPipeline.from_settings(hashed, make_recipe(HashEmbedder())).run(["b"], run_id="r")
+    settings = load_settings(
+        data_dir=data_dir,
+        qdrant_path=store,
+        embedder="openai",
+        openai_api_key="sk-test",
+        openai_base_url="http://127.0.0.1:9/v1",  # nothing listens: connection refused
+        openai_max_retries=0,
+        cache_dir=tmp_path / "cache",
+    )
+    with TestClient(create_app(settings, query_recipe(settings)[0], cache_size=0)) as client:
+        assert client.get("/health").status_code == 200
+        indexed = client.get("/search", params={"q": "nodes", "book": "b"})
+        assert indexed.status_code == 200 and indexed.json(), indexed.text
+        new = client.get("/search", params={"q": "nodes", "book": "not-indexed"})
+        assert new.status_code == 503 and "OpenAI API" in new.json()["detail"], new.text
