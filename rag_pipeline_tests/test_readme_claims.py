@@ -140,3 +140,18 @@ def test_the_service_starts_while_the_embedding_api_is_down_and_answers_503(
         assert indexed.status_code == 200 and indexed.json(), indexed.text
         new = client.get("/search", params={"q": "nodes", "book": "not-indexed"})
         assert new.status_code == 503 and "OpenAI API" in new.json()["detail"], new.text
+
+
+def test_the_cache_folder_error_is_the_whole_story_for_an_ingests_report(tmp_path):
+    """An ingest's failed book reports the deepest cause of its step's error
+    (``defs/runner.py``): the error names the setting and chains no ``NotADirectoryError``
+    that would be reported instead of it."""
+    from rag_pipeline.embed import EmbedError
+    from rag_pipeline.embed.local import LocalEmbedder
+
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    embedder = LocalEmbedder(cache_dir=in_the_way / "models")
+    with pytest.raises(EmbedError, match="RAG_CACHE_DIR") as raised:
+        embedder.embed(["some words"])
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__

@@ -374,7 +374,7 @@ def _writing_cache(folder: Path) -> Iterator[None]:
         raise EmbedError(
             f"RAG_CACHE_DIR: cannot write the model's ONNX graph into {folder}: "
             f"{exc.strerror or exc}"
-        ) from exc
+        ) from None  # the whole story: a run's failure reports its error's deepest cause
 
 
 def _read_json(path: Path) -> dict[str, Any]:
