@@ -155,3 +155,16 @@ def test_the_cache_folder_error_is_the_whole_story_for_an_ingests_report(tmp_pat
     with pytest.raises(EmbedError, match="RAG_CACHE_DIR") as raised:
         embedder.embed(["some words"])
     assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_an_embedding_api_that_cannot_be_reached_is_named_in_an_ingests_report():
+    """The README's failed work names the embedder: an ingest's failed book reports the
+    deepest cause of its step's error, which was the HTTP library's ``ConnectError:
+    [Errno 111] Connection refused`` alone while the API's error chained it."""
+    from rag_pipeline.embed.base import EmbedderUnavailableError
+    from rag_pipeline.embed.openai import OpenAIEmbedder
+
+    embedder = OpenAIEmbedder("sk-test", base_url="http://127.0.0.1:9/v1", max_retries=0)
+    with pytest.raises(EmbedderUnavailableError, match=r"OpenAI API at http://127\.0\.0\.1:9") as e:
+        embedder.embed(["some words"])
+    assert e.value.__cause__ is None and e.value.__suppress_context__
