@@ -84,7 +84,7 @@ def watch(as_json: bool) -> None:
         )
 
     def applied(report: IngestReport) -> None:
-        if as_json:
+        if as_json and applies_something(report):
             emit({"event": "applied", "report": report.as_dict()})
         for line in report_lines(report):
             say_markup(line)
@@ -142,6 +142,13 @@ def ready_event(loop: LiveLoop, data_dir: Path) -> dict[str, object]:
     """``watch --json``'s ready line: ``books`` counts the data folder's books in step with
     the index, not the books the index holds (a halt keeps those whose folder is gone)."""
     return {"event": "ready", "books": len(loop.in_step), "data_dir": str(data_dir)}
+
+
+def applies_something(report: IngestReport) -> bool:
+    """Whether ``report`` is news for ``watch --json``: a book ran, was purged, failed or was
+    deferred, or a warning. A look that found its books unchanged (the first look at books
+    already in step, a handed-over ingest's) applied nothing: no event, as no line."""
+    return bool(report.warnings) or any(r.status != "unchanged" for r in report.books.values())
 
 
 def in_worker_thread(work: Callable[[], None]) -> None:

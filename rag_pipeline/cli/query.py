@@ -348,12 +348,15 @@ def serve(
     embedded store is held open between requests and released whenever an ingest (or any
     other process) waits for it, then reopened: answers follow finished runs without a
     restart."""
-    from rag_pipeline.serve import create_app, query_recipe
+    from rag_pipeline.serve import create_app, query_recipe, warm_up
     from rag_pipeline.serve import serve as run_server
 
     settings = _settings()
     _check_address(host, port)
     recipe, parallel = query_recipe(settings, model_threads)
+    # the model loaded here, not in uvicorn's start-up: a model or cache folder that cannot be
+    # used is a message and exit 2, not uvicorn's traceback (the app's warm-up then finds it)
+    warm_up(recipe.get(), settings.embedding())
     app = create_app(settings, recipe, cache_size=cache_size, parallel=parallel)
     err.print(
         f"serving {shown(settings.store().target)} on http://{host}:{port} (docs: /docs)",

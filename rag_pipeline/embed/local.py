@@ -15,6 +15,7 @@ Runtime's u8s8 kernels may saturate, so fp32 stays.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -25,6 +26,7 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,7 +102,8 @@ def find_model_dir(explicit: Path | str | None = None) -> Path:
         path = Path(explicit)
         if not (path / "tokenizer.json").is_file():
             raise EmbedError(
-                f"{path} is not a sentence-transformers model folder (no tokenizer.json)"
+                f"RAG_LOCAL_MODEL_DIR={str(path)!r}: not a sentence-transformers model folder "
+                "(no tokenizer.json)"
             )
         return path
     # find_spec does not run the package's __init__ (which would import sentence-transformers).
@@ -276,13 +279,17 @@ class LocalEmbedder(Embedder):
             cached = self._cache_dir / f"{self.model_dir.name}-{key}.onnx"
             if cached.is_file():
                 return str(cached)
+            with _writing_cache(self._cache_dir):  # before the build: a folder unusable is said
+                self._cache_dir.mkdir(parents=True, exist_ok=True)
         model: bytes = self._build_graph(weights_file).SerializeToString()
         if self._cache_dir is None:
             return model
-        self._cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=self._cache_dir, delete=False, suffix=".tmp") as fh:
-            fh.write(model)
-        os.replace(fh.name, cached)
+        with _writing_cache(self._cache_dir):
+            with tempfile.NamedTemporaryFile(
+                dir=self._cache_dir, delete=False, suffix=".tmp"
+            ) as fh:
+                fh.write(model)
+            os.replace(fh.name, cached)
         return str(cached)
 
     def _int8_model(self, fp32: str | bytes) -> str | bytes:
@@ -302,7 +309,8 @@ class LocalEmbedder(Embedder):
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         folder = self._cache_dir or Path(tempfile.mkdtemp(prefix="rag-int8-"))
-        folder.mkdir(parents=True, exist_ok=True)
+        with _writing_cache(folder):
+            folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
         quiet = _DropPreprocessAdvice()
         logging.getLogger().addFilter(quiet)
@@ -340,6 +348,33 @@ class _DropPreprocessAdvice(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "pre-processing before quantization" not in record.getMessage()
+
+
+#: what makes a cache folder unusable as set (a file in the way, no permission, read-only), as
+#: against a limit of the machine (a full disk), which is failed work, not a setting's fault
+_UNUSABLE_FOLDER = {
+    errno.ENOTDIR,
+    errno.EEXIST,
+    errno.EISDIR,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+}
+
+
+@contextmanager
+def _writing_cache(folder: Path) -> Iterator[None]:
+    """Writes into the model cache: a folder that cannot hold them is the setting's fault,
+    named (exit 2), not an unexpected error."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _UNUSABLE_FOLDER:
+            raise
+        raise EmbedError(
+            f"RAG_CACHE_DIR: cannot write the model's ONNX graph into {folder}: "
+            f"{exc.strerror or exc}"
+        ) from None  # the whole story: a run's failure reports its error's deepest cause
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -397,8 +397,9 @@ class OpenAIEmbedder(Embedder):
             retryable = status is None or status in _RETRYABLE_STATUS or status >= 500
             if not retryable or attempt >= self.max_retries or (stop and stop.is_set()):
                 error = self._error(failure, retried=attempt if retryable else None)
-                # an answer's error says all there is; an API error's cause is the client's
-                raise error from (None if isinstance(failure, EmbeddingAnswerError) else failure)
+                # the message says all there is (the client's reason included): chained, a
+                # run's failure would report the deepest cause, the HTTP library's words alone
+                raise error from None
             delay = _retry_delay(failure, attempt)
             if status == 429:  # the account is over its limit: every request waits
                 self._limiter.pause_for(delay)

@@ -6,10 +6,18 @@ model and the store are loaded once, query embeddings are cached (LRU).
 
 from __future__ import annotations
 
-from rag_pipeline.serve.app import CachedQueryEmbedder, Service, create_app, query_recipe
+from rag_pipeline.serve.app import CachedQueryEmbedder, Service, create_app, query_recipe, warm_up
 from rag_pipeline.serve.holder import StoreHolder
 
-__all__ = ["CachedQueryEmbedder", "Service", "StoreHolder", "create_app", "query_recipe", "serve"]
+__all__ = [
+    "CachedQueryEmbedder",
+    "Service",
+    "StoreHolder",
+    "create_app",
+    "query_recipe",
+    "serve",
+    "warm_up",
+]
 
 
 def serve(

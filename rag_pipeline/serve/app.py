@@ -144,6 +144,14 @@ class CachedQueryEmbedder:
         return vector
 
 
+def warm_up(recipe: IndexRecipe, config: EmbedderConfig) -> None:
+    """Load the configured model before the first request when it runs here (a local model).
+    An API is not called: one down at the start leaves the service up, answering 503 for the
+    queries it must embed and every book indexed with a model made here."""
+    if kind_of(config).runs_here:
+        recipe.embedder.embed_query("warm up")
+
+
 def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[LazyRecipe, int]:
     """The recipes the service embeds queries with (each book's recorded model, each loaded
     once), and how many inferences may run at once: one per ``model_threads`` cores (default:
@@ -216,7 +224,7 @@ class Service:
         self.holder = StoreHolder(opener, busy_wait_s=config.busy_wait_s)
 
     def start(self) -> None:
-        self.recipe.embedder.embed_query("warm up")  # loads the model before the first request
+        warm_up(self.recipe, self.settings.embedding())
         self.holder.start()
 
     def close(self) -> None:
