@@ -639,7 +639,29 @@ def test_an_ingest_given_bad_vectors_fails_naming_the_check_and_writes_nothing(
     assert len(report["error_messages"]) == 1, report
     error = report["error_messages"][0]
     assert "step chunk_embeddings failed" in error and message in error, error
+    # the error's class named as every message names one, not with its module's path
+    assert "rag_pipeline." not in error and "Error: " in error, error
     assert f"the API at {openai_server.base_url}/" in error and "vector_dimension" not in error
     assert quick_step_retries  # its waits were shortened: the step failed under its policy
     with open_store(load_settings().store(), COLLECTION_SCHEMA) as store:
         assert store.count(tenant_filter(book)) == 0
+
+
+@pytest.mark.parametrize(
+    ("recorded", "cls_name", "shown"),
+    [
+        (
+            "rag_pipeline.sources.base.BookUnavailableError: git: no such repository",
+            "BookUnavailableError",
+            "BookUnavailableError: git: no such repository",
+        ),
+        ("ValueError: bad vector", "ValueError", "ValueError: bad vector"),
+        # a message that only looks like one keeps every word
+        ("see a.b.ValueError: x", "ValueError", "see a.b.ValueError: x"),
+        ("other.Error: x", "ValueError", "other.Error: x"),
+    ],
+)
+def test_a_failed_steps_error_names_its_class_without_its_module(recorded, cls_name, shown):
+    from rag_pipeline.defs.runner import _without_module
+
+    assert _without_module(recorded, cls_name) == shown

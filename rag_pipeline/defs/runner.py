@@ -532,12 +532,23 @@ def _failure(outcome: ExecuteInProcessResult) -> _Failure:
                 while cause.cause is not None:
                     cause = cause.cause
                     classes.append(cause.cls_name)
-                message = f"step {event.step_key} failed: {cause.message.strip()}"
+                said = _without_module(cause.message.strip(), cause.cls_name)
+                message = f"step {event.step_key} failed: {said}"
                 return _Failure(message, tuple(c for c in classes if c))
     for event in outcome.all_events:
         if event.is_run_failure and event.message:
             return _Failure(event.message)
     return _Failure("run failed")
+
+
+def _without_module(message: str, cls_name: str) -> str:
+    """An error's message as Dagster records it (``traceback``'s words: a class outside the
+    builtins named with its module, ``rag_pipeline.sources.base.BookUnavailableError: ...``)
+    with the class named as every other message names one: ``BookUnavailableError: ...``."""
+    head, sep, rest = message.partition(": ")
+    if sep and cls_name and head.endswith(f".{cls_name}") and " " not in head:
+        return f"{cls_name}: {rest}"
+    return message
 
 
 def _failure_message(outcome: ExecuteInProcessResult) -> str:
