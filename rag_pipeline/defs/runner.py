@@ -532,7 +532,7 @@ def _failure(outcome: ExecuteInProcessResult) -> _Failure:
                 while cause.cause is not None:
                     cause = cause.cause
                     classes.append(cause.cls_name)
-                said = _without_module(cause.message.strip(), cause.cls_name)
+                said = _without_module(cause.message.strip(), cause.cls_name or "")
                 message = f"step {event.step_key} failed: {said}"
                 return _Failure(message, tuple(c for c in classes if c))
     for event in outcome.all_events:
