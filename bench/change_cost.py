@@ -3,13 +3,14 @@ a one-file edit and a one-file deletion against the no-change run, interleaved.
 
     python bench/change_cost.py [--corpus ../shared/corpora/powershell-docs/books]
                                 [--books Microsoft.PowerShell.Core,learn] [--rounds 5]
-                                [--baseline DIR]
+                                [--baseline DIR] [--seed DIR]
 
 The books (253 powershell-docs files by default, about the 251 of issue 29's comparison) are
 copied into a temp folder with its own store, cache of Dagster runs and ``DAGSTER_HOME`` (the
 model's ONNX cache is the repository's ``.rag/cache``, as ``make run`` leaves it) and ingested
-once. Then ``--rounds`` rounds, each: a no-change ``ingest``; a paragraph appended to one file,
-``plan`` then ``ingest``; that file deleted, ``ingest``; the file put back, ``ingest``. Every
+once (or, with ``--seed``, a saved first ingest copied). Then ``--rounds`` rounds, each: a
+no-change ``ingest``; a paragraph appended to one file, ``plan`` then ``ingest``; that file
+deleted, ``ingest``; the file put back, ``ingest``. Every
 command is a fresh process (what a user's command costs: imports, model load, Dagster's run),
 measured under ``/usr/bin/time -v`` (CPU s = user + sys). Prints medians and every sample as
 JSON (also bench/results/change_cost.json).
@@ -59,6 +60,8 @@ DEFAULT_CORPUS = next(
     REPO.parent / "shared" / "corpora" / "powershell-docs" / "books",
 )
 STEPS = ("no_change", "plan_edit", "edit", "delete", "add_back")
+#: what ``--seed`` keeps of a first ingest: the books, the store and the Dagster instance
+SEEDED = ("books", "qdrant", "dagster_home")
 
 
 class Setup(NamedTuple):
@@ -79,6 +82,13 @@ def main() -> None:
         "--baseline", type=Path, help="another checkout whose code runs every step too"
     )
     parser.add_argument(
+        "--seed",
+        type=Path,
+        help="a folder holding a first ingest of the same books (books/, qdrant/, "
+        "dagster_home/): copied for every version instead of ingesting each one (minutes with "
+        "the local model); made from the first version's ingest where it does not exist yet",
+    )
+    parser.add_argument(
         "--live",
         action="store_true",
         help="also a copy where `rag-pipeline watch` runs (each ingest handed to it)",
@@ -93,18 +103,28 @@ def main() -> None:
     live_pids: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="change-cost-") as tmp, contextlib.ExitStack() as stack:
         setups = []
+        seeded = args.seed is not None and args.seed.is_dir()
         for label, code in versions:
             work = Path(tmp) / label
             data = work / "books"
-            for book in books:
-                shutil.copytree(args.corpus / book, data / book)
+            if seeded:  # mtimes kept (copytree's copy2): the plan finds every file unchanged
+                for part in SEEDED:
+                    shutil.copytree(args.seed / part, work / part)
+            else:
+                for book in books:
+                    shutil.copytree(args.corpus / book, data / book)
             env = scenario_env(data, work, RAG_EMBEDDER=args.embedder, PYTHONPATH=str(code))
             env["RAG_CACHE_DIR"] = str(REPO / ".rag" / "cache")  # the model's graph, built once
             setups.append(Setup(label, data, env))
         base = setups[0].data
         files = sorted(p.relative_to(base) for p in base.rglob("*.md") if p.stat().st_size > 2000)
         file_count = sum(1 for _ in base.rglob("*.md"))
-        first = {s.label: run_cli(["ingest", "--json"], s.env, s.data.parent)[0] for s in setups}
+        first = {}
+        for setup in setups:
+            first[setup.label] = run_cli(["ingest", "--json"], setup.env, setup.data.parent)[0]
+            if args.seed is not None and not args.seed.exists():
+                for part in SEEDED:
+                    shutil.copytree(setup.data.parent / part, args.seed / part)
         for setup in setups:
             if setup.label == "live":
                 live_pids["live"] = stack.enter_context(watching(setup))

@@ -2,8 +2,13 @@
 opened once, the run's events, the SQLite connections they open (kept per database file while
 the instance is open, not one per statement), and the phases the command reports."""
 
+import json
+import random
 import shutil
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 from dagster import DagsterInstance
 from sqlalchemy import event
@@ -12,6 +17,8 @@ from sqlalchemy.pool import Pool
 from rag_pipeline.defs import _dagster_private
 from rag_pipeline.defs.instance import open_home_instance
 from rag_pipeline.defs.runner import execute_plan
+from rag_pipeline.embed.local import LocalEmbedder
+from rag_pipeline.ingest.stages import percentile_95
 from rag_pipeline_tests.conftest import REPO, hash_settings, section
 from rag_pipeline_tests.helpers import Cli
 from rag_pipeline_tests.test_runner import pipeline_of, plan_of
@@ -49,6 +56,14 @@ def test_a_one_book_change_opens_the_instance_once_and_few_sqlite_connections(
     opens = []
     real_get = DagsterInstance.get
     monkeypatch.setattr(DagsterInstance, "get", lambda: opens.append(1) or real_get())
+    started: list[str] = []
+
+    class Started(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, args, *more, **options):  # type: ignore[no-untyped-def]
+            started.append(str(args))
+            super().__init__(args, *more, **options)
+
+    monkeypatch.setattr(subprocess, "Popen", Started)
     connections = []
     record = lambda *_: connections.append(1)  # noqa: E731 - a listener, removed below
     event.listen(Pool, "connect", record)
@@ -60,6 +75,8 @@ def test_a_one_book_change_opens_the_instance_once_and_few_sqlite_connections(
     ran = {b: r for b, r in report.books.items() if r.status != "unchanged"}
     assert list(ran) == ["alpha"] and ran["alpha"].status == "ingested"
     assert len(opens) == 1  # the CLI opens the instance once, whatever it runs
+    # its runs capture no output (as live mode's): Dagster started two `tail` processes a run
+    assert not [a for a in started if "tail" in a], started
     assert len(connections) <= ONE_BOOK_RUN_CONNECTIONS, len(connections)
     with open_home_instance() as instance:
         logs = instance.all_logs(ran["alpha"].run_id or "")
@@ -69,6 +86,17 @@ def test_a_one_book_change_opens_the_instance_once_and_few_sqlite_connections(
         assert kinds.count("ASSET_MATERIALIZATION") == 5
         assert kinds.count("ASSET_CHECK_EVALUATION") == 4
         assert kinds[-1] == "PIPELINE_SUCCESS"
+        # every kept connection writes ahead without an fsync per commit: the run's shard,
+        # the runs and the schedules databases
+        events = instance.event_log_storage
+        for connect in (
+            lambda: events._connect(ran["alpha"].run_id),
+            instance.run_storage.connect,
+            instance.schedule_storage.connect,
+        ):
+            with connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+                assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
 
 
 def test_kept_engines_are_bounded_and_disposed():
@@ -148,3 +176,86 @@ def test_the_process_ends_without_the_interpreters_teardown(tmp_path, sample_boo
         assert proc.stdout.strip() == "humanoid-robotics-ros2"
     else:
         assert "--book" in proc.stderr
+
+
+#: modules a one-file change's `ingest` has no use for (the UI's server, PostgreSQL, gRPC,
+#: the cloud and git sources, the model's runtime on a deletion, numpy's masked arrays)
+NOT_ON_A_CHANGES_PATH = (
+    "dagster_webserver",
+    "dagster_graphql",
+    "dagster_postgres",
+    "grpc",
+    "pandas",
+    "boto3",
+    "git",
+    "onnxruntime",
+    "numpy.ma",
+)
+
+INGEST = ("ingest", "--json")
+CHANGE_PROBE = """
+import atexit, json, sys
+from alembic.script.base import ScriptDirectory
+
+reads = []
+real = ScriptDirectory._load_revisions
+ScriptDirectory._load_revisions = lambda self: reads.append(1) or real(self)
+
+def said():
+    names = [m for m in json.loads(sys.argv[1]) if m in sys.modules]
+    print(json.dumps({"imported": names, "revision_reads": len(reads)}), file=sys.stderr)
+
+atexit.register(said)
+from rag_pipeline.cli import main
+main(sys.argv[2:], prog_name="rag-pipeline")
+"""
+
+
+@pytest.mark.integration
+def test_a_one_file_change_imports_only_what_it_needs(tmp_path, sample_books):
+    """A fresh `ingest` of a one-file edit, then of a deletion: none of the modules a change
+    has no use for is imported, and alembic's migration scripts are read once (the
+    instance's storages and the run's new shard check their schema against the same
+    scripts: three reads before)."""
+    cli = Cli(tmp_path, sample_books, fresh=True)
+    cli("ingest")
+    book = next(p for p in sorted(sample_books.iterdir()) if p.is_dir())
+    edited = sorted(book.rglob("*.md"))[-1]
+
+    def probed() -> dict[str, object]:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHANGE_PROBE, json.dumps(NOT_ON_A_CHANGES_PATH), *INGEST],
+            env=cli.env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        ran = json.loads(proc.stdout)["books"][book.name]
+        assert ran["status"] == "ingested", ran
+        figures: dict[str, object] = json.loads(proc.stderr.strip().splitlines()[-1])
+        return figures
+
+    edited.write_text(edited.read_text() + "\n\n## Added\n\nA new paragraph.\n")
+    assert probed() == {"imported": [], "revision_reads": 1}
+    edited.unlink()
+    assert probed() == {"imported": [], "revision_reads": 1}
+
+
+def test_p95_is_numpys_percentile():
+    """The chunks' p95 token count, computed without ``np.percentile`` (which imports
+    ``numpy.ma``), is numpy's own figure."""
+    draw = random.Random(7)
+    for size in [1, 2, 3, 19, 20, 21, 100, 257]:
+        for _ in range(30):
+            counts = np.array([draw.randint(1, 512) for _ in range(size)])
+            assert int(percentile_95(counts)) == int(np.percentile(counts, 95))
+
+
+def test_the_models_input_tokenizer_waits_for_the_first_embedding(tmp_path):
+    """A plan or a deletion counts tokens but embeds nothing: the model's second tokenizer
+    (its inputs, truncated) is loaded at the first embedding, not with the embedder."""
+    embedder = LocalEmbedder(cache_dir=tmp_path, batch_size=8)
+    assert embedder.tokenizer.count(["one two three"])[0] > 0
+    assert "_encoder" not in vars(embedder)

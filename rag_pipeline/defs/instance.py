@@ -34,6 +34,7 @@ from dagster import DagsterInstance, DagsterInvalidConfigError
 
 from rag_pipeline.config import DagsterStateError, SettingsError
 from rag_pipeline.defs._dagster_private import dagster_instance_config, kept_sqlite_engines
+from rag_pipeline.defs.migration_scripts import keep_migration_scripts
 from rag_pipeline.defs.partition_marker import PARTITIONS_MARKER
 
 __all__ = ["DagsterHomeFullError", "home_full", "open_home_instance", "prepare_home_instance"]
@@ -75,6 +76,9 @@ def open_home_instance() -> Iterator[DagsterInstance]:
     the block) :class:`DagsterStateError`, both naming the file and what to do."""
     home = Path(os.environ["DAGSTER_HOME"])
     _check_config(home)
+    # its storages check their schema revisions, and a run's first event its new shard's:
+    # alembic's migration scripts read once for all of them
+    keep_migration_scripts()
     try:
         with _opening_turn(home):
             try:

@@ -38,6 +38,7 @@ from rag_pipeline.defs._dagster_private import (
     create_location_run,
     execute_created_run,
     location_job_origin,
+    without_output_capture,
 )
 from rag_pipeline.defs.assets import EMBEDDING_POOL, STORE_POOL, qdrant_points
 from rag_pipeline.defs.collection import report_collection
@@ -126,6 +127,9 @@ def execute_plan(
     if instance is None:
         try:
             with open_home_instance() as home_instance:
+                # this process's steps log through Dagster's logger, not print: capturing
+                # its output would start two `tail` processes a run, as live mode's runs
+                without_output_capture(home_instance)
                 return execute_plan(
                     plan,
                     pipeline,

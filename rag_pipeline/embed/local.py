@@ -16,6 +16,7 @@ Runtime's u8s8 kernels may saturate, so fp32 stays.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import importlib.util
 import json
@@ -195,9 +196,6 @@ class LocalEmbedder(Embedder):
         self._cache_dir = Path(cache_dir) if cache_dir else None
         self._threads = threads or os.cpu_count() or 1
         self._tokens = HFTokenCounter(self.model_dir / "tokenizer.json", self.max_seq_length)
-        self._encoder = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
-        self._encoder.enable_truncation(self.max_seq_length)
-        self._encoder.no_padding()  # batches are padded in _embed_batch, to their longest
         self._pad_id = int(config.get("pad_token_id", 0))
         self._session = None
         self._lock = threading.Lock()
@@ -205,6 +203,16 @@ class LocalEmbedder(Embedder):
     @property
     def tokenizer(self) -> TokenCounter:
         return self._tokens
+
+    @functools.cached_property
+    def _encoder(self) -> Tokenizer:
+        """The model's input tokenizer, loaded at the first embedding (35 ms): a plan, a
+        deletion and a search of a book never embed with it (two threads may both build
+        it once; either is kept)."""
+        encoder = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
+        encoder.enable_truncation(self.max_seq_length)
+        encoder.no_padding()  # batches are padded in _embed_batch, to their longest
+        return encoder
 
     def _prepare(self, texts: Sequence[str]) -> tuple[list[int], list[np.ndarray]]:
         """Tokenize every text once (special tokens added, truncated to the model's limit);

@@ -247,10 +247,22 @@ class ChunkedBook:
         return {
             "min": int(counts.min()),
             "mean": round(float(counts.mean()), 1),
-            "p95": int(np.percentile(counts, 95)),
+            "p95": int(percentile_95(counts)),
             "max": int(counts.max()),
             "total": int(counts.sum()),
         }
+
+
+def percentile_95(values: np.ndarray) -> float:
+    """``np.percentile(values, 95)`` (its default, linear method, the same arithmetic):
+    numpy's own imports ``numpy.ma`` on its first call, 0.1-0.2 s of a CLI's one-file edit."""
+    ordered = np.sort(values)
+    virtual = 0.95 * (len(ordered) - 1)
+    below = int(np.floor(virtual))
+    above = min(below + 1, len(ordered) - 1)
+    t = virtual - below
+    a, b = float(ordered[below]), float(ordered[above])
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
 
 
 #: the warning of a document with text but no chunk
