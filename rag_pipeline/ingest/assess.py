@@ -86,7 +86,10 @@ def read_book_index(
         state.chunk_points = sum(points.values())  # the book's total, as the full read has it
     probe = store.scroll(chunks_of(book_id), fields=[], page_size=DAMAGE_SAMPLE)
     sample = [record.id for record in islice(probe, DAMAGE_SAMPLE)]
-    damaged = damaged_vectors(store, book_id, sample, recipe.dimension) > 0
+    # probed against the dimension of the index read (a book's generation has its own):
+    # vectors of a recorded recipe of another dimension are a recipe change, not damage
+    dimension = store.dimension_of(book_id) or recipe.dimension
+    damaged = damaged_vectors(store, book_id, sample, dimension) > 0
     catalog = catalog_of(store)
     if not chunk_payloads and not damaged and catalog is not None:
         # read once, then kept: the next plan of the unchanged book opens no shard
