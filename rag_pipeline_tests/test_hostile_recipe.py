@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.ingest.assess import DAMAGED_VECTORS
-from rag_pipeline_tests.helpers import InProcessCli, index_sample_books
+from rag_pipeline_tests.helpers import InProcessCli, index_books, index_sample_books
 
 
 def test_a_plan_of_a_change_of_dimension_says_recipe_change_not_damaged_vectors(
@@ -25,3 +27,42 @@ def test_a_plan_of_a_change_of_dimension_says_recipe_change_not_damaged_vectors(
         assert DAMAGED_VECTORS not in entry["reasons"], (book, entry["reasons"])
         assert any("model changed" in r for r in entry["reasons"]), (book, entry["reasons"])
         assert entry["recipe_change"]["from"] == "hash-256", entry
+
+
+def _pending(qdrant: str, book: str) -> dict[str, str] | None:
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.schema import COLLECTION_SCHEMA
+    from rag_pipeline.store import open_store
+
+    with open_store(load_settings(qdrant_path=qdrant).store(), COLLECTION_SCHEMA) as store:
+        return store.pending_recipe(book)
+
+
+@pytest.mark.slow
+def test_a_recipe_changed_back_drops_the_build_left_pending_for_the_other_one(
+    tmp_path: Path,
+) -> None:
+    """hash-384 indexed; hash-256 built beside and held back (a file the old index serves
+    was broken); the setting changed back and the file fixed: the book matches hash-384 again,
+    but its abandoned hash-256 build was pending forever (on disk, shown "pending" on the
+    collection page) since a book whose files match starts no run. The plan now runs it,
+    saying why, and its run drops the build."""
+    books = index_sample_books(tmp_path, HashEmbedder(384))
+    cli = InProcessCli(tmp_path, books)
+    qdrant = cli.env["RAG_QDRANT_PATH"]
+    book = sorted(p.name for p in books.iterdir() if p.is_dir())[0]
+    victim = sorted((books / book).rglob("*.md"))[0]
+    original = victim.read_bytes()
+    victim.write_bytes(b"# broken \x80\x81 not utf-8\n")
+    index_books(books, qdrant, HashEmbedder(256))
+    assert (_pending(qdrant, book) or {}).get("embedding_model") == "hash-256"
+    victim.write_bytes(original)
+    plan = cli.json("plan")["books"][book]
+    assert plan["action"] == "run", plan
+    assert any("hash-256" in r and "pending" in r for r in plan["reasons"]), plan
+    report = cli.json("ingest")["books"][book]
+    assert report["status"] == "ingested" and report["run_id"], report
+    assert _pending(qdrant, book) is None
+    generations = [p.name for p in (Path(qdrant) / "rag_chunks" / "books" / book).iterdir()]
+    assert len([g for g in generations if g.startswith("g")]) == 1, generations
+    assert cli.json("plan")["books"][book]["action"] == "unchanged"

@@ -35,7 +35,7 @@ from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SIGNATURE, book_filter
 from rag_pipeline.sources.base import BookSource, BookUnavailableError
 from rag_pipeline.store import BookDamagedError, VectorStore
-from rag_pipeline.store.capabilities import saved_summary
+from rag_pipeline.store.capabilities import generations_of, saved_summary
 from rag_pipeline.store.errors import StoreBusyError
 
 if TYPE_CHECKING:
@@ -405,6 +405,10 @@ def plan_book(
         assessment = assess(found, index, recipe, source, force=force)
     book = plan_of(assessment)
     book.source = source.describe(book_id)
+    abandoned = abandoned_build(store, book_id, recipe)
+    if book.action == "unchanged" and abandoned is not None:
+        book.action = "run"  # its run drops the build (finish_build): nothing else will
+        book.reasons.append(abandoned)
     if found.revision:
         indexed = summary.get("revision") if isinstance(summary, dict) else None
         indexed = indexed if isinstance(indexed, str) else assessment.state.revision
@@ -423,6 +427,19 @@ def plan_book(
         book.errors = [str(e) for e in (*assessment.crawl_errors, *run)]
         book.errors += [str(e) for e in chunked.inventory.recorded_errors]
     return book
+
+
+def abandoned_build(store: VectorStore, book_id: str, recipe: IndexRecipe) -> str | None:
+    """Why a book whose index matches ``recipe`` still runs: a build beside of another recipe
+    (a setting changed, then changed back before that build switched) is pending in its
+    folder, shown as pending and kept on disk until a run of the book drops it; None when
+    there is none."""
+    generations = generations_of(store)
+    pending = None if generations is None else generations.pending_recipe(book_id)
+    if pending is None or pending.get(SIGNATURE) == recipe.signature:
+        return None
+    model = pending.get(EMBEDDING_MODEL) or f"recipe {pending.get(SIGNATURE, '?')}"
+    return f"an unfinished build of another recipe ({model}) is pending: the run drops it"
 
 
 def plan_of(assessment: BookAssessment) -> BookPlan:
