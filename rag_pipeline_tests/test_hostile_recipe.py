@@ -4,6 +4,8 @@ what a clean build of the final recipe leaves, and say why each book runs in tru
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,4 +67,41 @@ def test_a_recipe_changed_back_drops_the_build_left_pending_for_the_other_one(
     assert _pending(qdrant, book) is None
     generations = [p.name for p in (Path(qdrant) / "rag_chunks" / "books" / book).iterdir()]
     assert len([g for g in generations if g.startswith("g")]) == 1, generations
+    assert cli.json("plan")["books"][book]["action"] == "unchanged"
+
+
+@pytest.mark.slow
+def test_a_switch_killed_after_its_replace_leaves_nothing_behind_after_the_next_ingest(
+    tmp_path: Path,
+) -> None:
+    """kill -9 inside a switch, after ``current.json`` was replaced and before the pending
+    pointer and the old generation were removed: the book is searched on its new recipe and
+    its files match it, so no run came, and the old generation (a whole shard) and the stale
+    pointer stayed on disk for good. The plan now runs the book and its run tidies them."""
+    books = index_sample_books(tmp_path, HashEmbedder(384))
+    cli = InProcessCli(tmp_path, books)
+    qdrant = cli.env["RAG_QDRANT_PATH"]
+    book = sorted(p.name for p in books.iterdir() if p.is_dir())[0]
+    victim = sorted((books / book).rglob("*.md"))[0]
+    original = victim.read_bytes()
+    victim.write_bytes(b"# broken \x80\x81 not utf-8\n")
+    index_books(books, qdrant, HashEmbedder(256))  # hash-256 built beside, held back
+    victim.write_bytes(original)
+    index_books(books, qdrant, HashEmbedder(256))  # switched: keep the state before it
+    folder = Path(qdrant) / "rag_chunks" / "books" / book
+    # as a switch killed after its replace leaves it: current.json names the new generation,
+    # pending.json still names it too, the old generation is still there
+    new = json.loads((folder / "current.json").read_text())
+    old = folder / "g20000101000000-abcdef"
+    shutil.copytree(folder / new["generation"], old)
+    (folder / "pending.json").write_text(json.dumps(new))
+    cli.env["RAG_HASH_DIMENSION"] = "256"
+    hits = cli.json("search", "nodes and topics", "--book", book)
+    assert hits and {h["embedding_model"] for h in hits} == {"hash-256"}
+    plan = cli.json("plan")["books"][book]
+    assert plan["action"] == "run" and any("cut short" in r for r in plan["reasons"]), plan
+    assert cli.json("ingest")["books"][book]["status"] == "ingested"
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(("g", "pending"))) == [
+        new["generation"]
+    ]
     assert cli.json("plan")["books"][book]["action"] == "unchanged"

@@ -143,7 +143,11 @@ def finish_build(
     this run wrote the book's searched index in place."""
     generations = generations_of(store)
     pending = None if generations is None else generations.pending_recipe(book_id)
-    if generations is None or pending is None:
+    if generations is None:
+        return SwitchOutcome(pending=False)
+    if pending is None:
+        if generations.leftovers(book_id):  # a switch killed after its replace: tidied
+            generations.drop_pending(book_id)
         return SwitchOutcome(pending=False)
     if pending.get(SIGNATURE) != recipe[SIGNATURE]:
         generations.drop_pending(book_id)

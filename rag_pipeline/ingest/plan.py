@@ -432,11 +432,19 @@ def plan_book(
 def abandoned_build(store: VectorStore, book_id: str, recipe: IndexRecipe) -> str | None:
     """Why a book whose index matches ``recipe`` still runs: a build beside of another recipe
     (a setting changed, then changed back before that build switched) is pending in its
-    folder, shown as pending and kept on disk until a run of the book drops it; None when
-    there is none."""
+    folder, or a switch killed half way left its old generation: kept on disk (the first
+    shown as pending) until a run of the book drops it (``finish_build``); None when there
+    is neither."""
     generations = generations_of(store)
-    pending = None if generations is None else generations.pending_recipe(book_id)
-    if pending is None or pending.get(SIGNATURE) == recipe.signature:
+    if generations is None:
+        return None
+    pending = generations.pending_recipe(book_id)
+    if pending is None:
+        left = generations.leftovers(book_id)
+        if not left:
+            return None
+        return f"a switch of its recipe was cut short: {', '.join(left)} left; the run removes it"
+    if pending.get(SIGNATURE) == recipe.signature:
         return None
     model = pending.get(EMBEDDING_MODEL) or f"recipe {pending.get(SIGNATURE, '?')}"
     return f"an unfinished build of another recipe ({model}) is pending: the run drops it"

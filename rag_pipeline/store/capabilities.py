@@ -89,7 +89,13 @@ class Generations(ABC):
     @abstractmethod
     def drop_pending(self, tenant: str) -> bool:
         """Remove the tenant's pending generation (an unfinished build of a recipe no longer
-        wanted); the searched one stays. False when none was pending."""
+        wanted), and what :meth:`leftovers` names; the searched one stays. False when none
+        was pending."""
+
+    def leftovers(self, tenant: str) -> list[str]:
+        """What a switch or a drop killed half way left in the tenant's folder, nothing reads
+        and only :meth:`drop_pending` (or the tenant's next write) removes ([]: nothing)."""
+        return []
 
 
 def catalog_of(store: VectorStore) -> BookCatalog | None:

@@ -4,6 +4,7 @@ pointer (:class:`~rag_pipeline.store.capabilities.Generations`)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from rag_pipeline.store.edge.catalog import checked_pointer
 from rag_pipeline.store.edge.common import log
 from rag_pipeline.store.edge.files import (
     _CURRENT,
+    _GENERATION,
     _PENDING,
     _SUMMARY,
     _check_book_name,
@@ -23,6 +25,7 @@ from rag_pipeline.store.edge.files import (
     _readable,
     _remove_folder,
     _signature,
+    _sweep_unnamed_generations,
     _unlink,
     _write_json,
     _write_layout,
@@ -100,10 +103,29 @@ class EdgeGenerations(Generations):
             pending = None
         return folder, pending, current
 
+    def leftovers(self: Handle, tenant: str) -> list[str]:
+        """A pending pointer naming the current generation and generation folders neither
+        pointer names: a switch (or drop) killed after its replace (read without the lock:
+        only a hint that the book's run should tidy it, under the lock)."""
+        if not _readable(tenant):
+            return []
+        folder = self.books_folder / tenant
+        pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
+        named = {p[0] for p in (pending, current) if p is not None}
+        out = [_PENDING] if pending and current and pending[0] == current[0] else []
+        with contextlib.suppress(OSError):
+            out += sorted(
+                child.name
+                for child in folder.iterdir()
+                if _GENERATION.fullmatch(child.name) and child.name not in named
+            )
+        return out
+
     def drop_pending(self: Handle, tenant: str) -> bool:
         with self._lock:
             folder, pending, _ = self._pointers(tenant)
             _unlink(folder / _PENDING)  # first: a kill from here on leaves no pending named
+            _sweep_unnamed_generations(folder)  # what a killed switch or drop left
             if pending is None:
                 return False
             _remove_folder(folder / pending[0])
