@@ -105,3 +105,21 @@ def test_a_switch_killed_after_its_replace_leaves_nothing_behind_after_the_next_
         new["generation"]
     ]
     assert cli.json("plan")["books"][book]["action"] == "unchanged"
+
+
+def test_a_search_of_an_openai_book_without_the_api_key_names_the_missing_key(
+    tmp_path: Path,
+) -> None:
+    """A book built with OpenAI, the key removed, the process now on another embedder: the
+    search is refused (exit 1) naming the book, the model and the reason, the missing
+    OPENAI_API_KEY (it used to say only that this process cannot embed with it)."""
+    openai_like = HashEmbedder(1536)
+    openai_like.model_name = "text-embedding-3-small"
+    books = index_sample_books(tmp_path, openai_like)
+    book = sorted(p.name for p in books.iterdir() if p.is_dir())[0]
+    cli = InProcessCli(tmp_path, books)
+    cli.env.pop("OPENAI_API_KEY", None)
+    done = cli("search", "topics", "--book", book, check=False)
+    assert done.returncode == 1, done
+    assert book in done.stderr and "text-embedding-3-small" in done.stderr
+    assert "OPENAI_API_KEY is not set" in done.stderr, done.stderr

@@ -26,6 +26,7 @@ __all__ = [
     "config_for_model",
     "create_embedder",
     "kind_of",
+    "missing_for_model",
     "model_names",
     "usd_per_million_tokens",
 ]
@@ -206,6 +207,17 @@ def config_for_model(config: EmbedderConfig, embedding_model: str) -> EmbedderCo
         claimed = kind.claims(config, embedding_model)
         if claimed is not None:
             return claimed
+    return None
+
+
+def missing_for_model(config: EmbedderConfig, embedding_model: str) -> str | None:
+    """What this process lacks to embed with ``embedding_model`` when it is a model a
+    provider knows (an OpenAI model without an API key), for the message that refuses it;
+    None when nothing known is missing."""
+    from rag_pipeline.embed.openai import OPENAI_MODELS
+
+    if embedding_model in OPENAI_MODELS and not config.openai_api_key:
+        return f"{embedding_model!r} is an OpenAI model and OPENAI_API_KEY is not set"
     return None
 
 

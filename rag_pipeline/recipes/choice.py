@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from rag_pipeline.config import EmbedderConfig
-from rag_pipeline.embed import EmbedderUnavailableError, config_for_model, kind_of, model_names
+from rag_pipeline.embed import (
+    EmbedderUnavailableError,
+    config_for_model,
+    kind_of,
+    missing_for_model,
+    model_names,
+)
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import EMBEDDING_MODEL, SUMMARY_POINTS_BY_MODEL, chunks_of
 from rag_pipeline.store import VectorStore
@@ -173,12 +179,18 @@ def choose_book_model(
                 recorded_model,
                 "queries are embedded by the model the book records",
             )
+        missing = missing_for_model(config, recorded_model)
         raise RecordedModelUnavailableError(
             f"book {book_id!r} is indexed with {recorded_model!r}, which this process cannot "
             f"embed queries with (RAG_EMBEDDER={config.provider} embeds with "
-            f"{' or '.join(map(repr, names))}): set RAG_EMBEDDER (and RAG_OPENAI_MODEL or "
-            "RAG_LOCAL_MODEL_DIR) to the book's model, or index the book again with "
-            f"`rag-pipeline ingest --book {book_id}`"
+            f"{' or '.join(map(repr, names))}"
+            + (
+                f"; {missing}): set it"
+                if missing
+                else "): set RAG_EMBEDDER (and RAG_OPENAI_MODEL or RAG_LOCAL_MODEL_DIR) to "
+                "the book's model"
+            )
+            + f", or index the book again with `rag-pipeline ingest --book {book_id}`"
         )
     auto = bool(kind_of(config).precisions) and config.local_precision == "auto"
     if auto and recorded_model in names:
