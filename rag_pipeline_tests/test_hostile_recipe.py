@@ -123,3 +123,25 @@ def test_a_search_of_an_openai_book_without_the_api_key_names_the_missing_key(
     assert done.returncode == 1, done
     assert book in done.stderr and "text-embedding-3-small" in done.stderr
     assert "OPENAI_API_KEY is not set" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_change_of_dimension_refused_by_a_store_without_generations_names_the_reason(
+    sample_books: Path, tmp_path: Path
+) -> None:
+    """qdrant-client's folder has no generations: a change of dimension is refused by the
+    blocking ``vector_dimension`` check (README: use another RAG_COLLECTION). The book's
+    error used to name only the check ("1 blocking asset check failed ...
+    vector_dimension"), not why: it now carries the check's reason."""
+    cli = InProcessCli(tmp_path, sample_books)
+    cli.env["RAG_QDRANT_EMBEDDED"] = "client"
+    book = sorted(p.name for p in sample_books.iterdir() if p.is_dir())[0]
+    cli("ingest", "--book", book)
+    cli.env["RAG_HASH_DIMENSION"] = "256"
+    done = cli("ingest", "--json", "--book", book, check=False)
+    assert done.returncode == 1, done
+    result = json.loads(done.stdout)["books"][book]
+    assert result["status"] == "failed" and result["run_id"], result
+    (message,) = result["error_messages"]
+    assert "384-dimensional" in message and "makes 256" in message, message
+    assert "RAG_COLLECTION" in message and book in message, message

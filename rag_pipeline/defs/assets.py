@@ -403,6 +403,9 @@ def chunk_embeddings(
                 "collection_dimension": held if held is not None else -1,
                 **details(list(embedded.problems)),
             },
+            # the reason the run's failure names (a blocking check's own error says only
+            # which check failed)
+            description="; ".join(embedded.problems) or None,
         )
     yield Output(embedded_books)
     yield from check_books(context, "vector_dimension", checks)

@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
+from dagster import (
+    AssetCheckEvaluation,
+    DagsterEventType,
+    DagsterInstance,
+    ExecuteInProcessResult,
+    JobDefinition,
+)
 
 from rag_pipeline.config import BatchConfig
 from rag_pipeline.defs._dagster_private import (
@@ -538,11 +544,29 @@ def _failure(outcome: ExecuteInProcessResult) -> _Failure:
                     classes.append(cause.cls_name)
                 said = _without_module(cause.message.strip(), cause.cls_name or "")
                 message = f"step {event.step_key} failed: {said}"
+                reasons = _failed_check_reasons(outcome)
+                if reasons:
+                    message += f" ({'; '.join(reasons)})"
                 return _Failure(message, tuple(c for c in classes if c))
     for event in outcome.all_events:
         if event.is_run_failure and event.message:
             return _Failure(event.message)
     return _Failure("run failed")
+
+
+def _failed_check_reasons(outcome: ExecuteInProcessResult) -> list[str]:
+    """Each failed check's reason in words (its description), with its book: what a
+    blocking check's failure of a step means (Dagster's error names only the check)."""
+    reasons = []
+    for event in outcome.all_events:
+        if event.event_type != DagsterEventType.ASSET_CHECK_EVALUATION:
+            continue
+        data = event.asset_check_evaluation_data
+        failed = isinstance(data, AssetCheckEvaluation) and data.blocking and not data.passed
+        if failed and data.description:
+            book = data.partition or ""
+            reasons.append(f"{book}: {data.description}" if book else data.description)
+    return reasons
 
 
 def _without_module(message: str, cls_name: str) -> str:
