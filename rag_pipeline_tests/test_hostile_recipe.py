@@ -132,12 +132,15 @@ def test_a_change_of_dimension_refused_by_a_store_without_generations_names_the_
     """qdrant-client's folder has no generations: a change of dimension is refused by the
     blocking ``vector_dimension`` check (README: use another RAG_COLLECTION). The book's
     error used to name only the check ("1 blocking asset check failed ...
-    vector_dimension"), not why: it now carries the check's reason."""
+    vector_dimension"), not why: it now carries the check's reason, and the plan names it
+    before anything is embedded."""
     cli = InProcessCli(tmp_path, sample_books)
     cli.env["RAG_QDRANT_EMBEDDED"] = "client"
     book = sorted(p.name for p in sample_books.iterdir() if p.is_dir())[0]
     cli("ingest", "--book", book)
     cli.env["RAG_HASH_DIMENSION"] = "256"
+    planned = cli.json("plan", "--book", book)["books"][book]  # the plan says so first
+    assert any("384-dimensional" in e and "RAG_COLLECTION" in e for e in planned["errors"])
     done = cli("ingest", "--json", "--book", book, check=False)
     assert done.returncode == 1, done
     result = json.loads(done.stdout)["books"][book]

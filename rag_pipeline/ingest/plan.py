@@ -18,6 +18,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from rag_pipeline.ingest.assess import (
     BookAssessment,
     assess,
@@ -26,6 +28,7 @@ from rag_pipeline.ingest.assess import (
 )
 from rag_pipeline.ingest.catalog import file_stats_from_summary, index_from_summary
 from rag_pipeline.ingest.changes import FileChanges, errors_of_other_rules
+from rag_pipeline.ingest.consistency import check_vectors
 from rag_pipeline.ingest.index import read_index_state
 from rag_pipeline.ingest.migration import migration_label
 from rag_pipeline.ingest.report import BookResult, IngestReport
@@ -426,6 +429,9 @@ def plan_book(
         run = [e for e in chunked.errors if (e.source_file, e.reason) not in crawl]
         book.errors = [str(e) for e in (*assessment.crawl_errors, *run)]
         book.errors += [str(e) for e in chunked.inventory.recorded_errors]
+    if book.action == "run" and generations_of(store) is None:
+        # one dimension per collection: the run's blocking check will refuse this model's
+        book.errors += [f"{book_id}: {p}" for p in dimension_refusals(store, recipe)]
     return book
 
 
@@ -448,6 +454,14 @@ def abandoned_build(store: VectorStore, book_id: str, recipe: IndexRecipe) -> st
         return None
     model = pending.get(EMBEDDING_MODEL) or f"recipe {pending.get(SIGNATURE, '?')}"
     return f"an unfinished build of another recipe ({model}) is pending: the run drops it"
+
+
+def dimension_refusals(store: VectorStore, recipe: IndexRecipe) -> list[str]:
+    """Why a run of ``recipe`` will be refused by a store whose collection has one dimension
+    (the ``vector_dimension`` check's words; [] when it will not)."""
+    held = store.dense_dimension()
+    empty = np.empty((0, recipe.dimension), dtype=np.float32)
+    return check_vectors(empty, recipe.dimension, held) if held is not None else []
 
 
 def plan_of(assessment: BookAssessment) -> BookPlan:
