@@ -395,6 +395,25 @@ def test_unreachable_qdrant_server_fails_cleanly_after_retries():
     assert time.monotonic() - started >= 0.5  # it backed off between attempts
 
 
+@pytest.mark.slow
+def test_an_unreachable_server_is_said_once_by_the_store_not_by_the_clients_version_check():
+    """qdrant-client's start-up check warned "Failed to obtain server version ... Set
+    check_compatibility=False" before the store's own error: in a process that uses the store
+    that one is filtered, the incompatible-version warning is not (a process of its own: the
+    suite's warning filters would hide the difference)."""
+    script = (
+        "import rag_pipeline.store.qdrant\n"
+        "from qdrant_client.common.client_warnings import show_warning\n"
+        "show_warning('Failed to obtain server version. Unable to check compatibility.')\n"
+        "show_warning('Qdrant client version 1.20.0 is incompatible with server version 0.1.0.')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "incompatible with server version 0.1.0" in done.stderr, done.stderr
+    assert "Failed to obtain server version" not in done.stderr, done.stderr
+
+
 def test_cluster_collection_gets_shards_replication_and_tenant_index():
     with FakeQdrant() as server:
         store = QdrantStore(

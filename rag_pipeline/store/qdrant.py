@@ -9,6 +9,7 @@ Edge's. The embedded default is Qdrant Edge (``store/edge.py``); use this mode w
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +26,12 @@ from rag_pipeline.store.lock import FolderLock, prepare_folder
 __all__ = ["CLIENT", "QdrantStore"]
 
 T = TypeVar("T")
+#: qdrant-client's version check at a client's start, when it cannot reach the server: the
+#: store's own error names the server and the attempts (a second, vaguer line said first, from
+#: a background thread, told the user to turn the check off). An incompatible version is
+#: still warned of.
+UNREACHABLE_VERSION_WARNING = "Failed to obtain server version"
+warnings.filterwarnings("ignore", message=UNREACHABLE_VERSION_WARNING, category=UserWarning)
 _RETRYABLE = (ResponseHandlingException, ConnectionError, TimeoutError)
 CLIENT = native.Dialect(
     models=qm,
