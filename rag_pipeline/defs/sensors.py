@@ -20,6 +20,11 @@ failed (:class:`FailedBooks`). Then:
   :attr:`~rag_pipeline.recipes.choice.RecipeSource.parse_version`) -> a run, decided once
   per parse-rules version from each book's saved summary (the cursor records the version
   its books were checked against, and the books the store was too busy to show);
+* a book whose searched index was built with another recipe than the configured one (a
+  settings change: model, precision, dimension, chunk budget) -> a run, decided once per
+  configured recipe (:func:`configured_recipe_key`, read from the settings without loading
+  a model) from each book's recorded recipe
+  (:func:`~rag_pipeline.ingest.plan.books_of_other_recipes`), as for the parse rules;
 * a changed or removed book in a batch run in flight -> nothing until that run ends (no tag
   limit of the run queue covers a range of partitions, and two runs of one book never run at
   once); a changed book with a run of its own in flight -> a run of it alone, which the run
@@ -28,8 +33,8 @@ failed (:class:`FailedBooks`). Then:
 A tick asks the instance a constant number of questions, whatever the number of books: the
 known partitions, the ingest runs finished since the previous tick, and, only when a book is
 due for a retry or a removed book's partition waits, the runs in flight. It opens the store
-only for the parse-rules check, once after the parse rules changed (a run holding the store
-makes it wait for a later tick).
+only for the parse-rules and recipe checks, once after the parse rules or the configured recipe
+changed (a run holding the store makes it wait for a later tick).
 
 The purge policy is the one ``rag-pipeline plan`` and ``ingest`` apply
 (:func:`rag_pipeline.ingest.plan.decide_purges`): a missing data folder, or one holding none
@@ -79,11 +84,19 @@ from rag_pipeline.defs.runs import (
     books_of_run,
     one_book_tags,
 )
+from rag_pipeline.embed.base import EmbedError
 from rag_pipeline.ingest.batches import batch_books, split_after
 from rag_pipeline.ingest.live import LiveMark
 from rag_pipeline.ingest.pipeline import IngestPipeline
-from rag_pipeline.ingest.plan import RulesCheck, books_of_other_parse_rules, decide_purges
+from rag_pipeline.ingest.plan import (
+    RulesCheck,
+    books_of_other_parse_rules,
+    books_of_other_recipes,
+    decide_purges,
+)
 from rag_pipeline.models import book_id_problem, is_book_id
+from rag_pipeline.recipes.choice import FixedRecipe, RecipeSource
+from rag_pipeline.recipes.lazy import LazyRecipe
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.scan import PURGING, BookScanState, scan_books
 from rag_pipeline.store.errors import StoreError
@@ -92,11 +105,13 @@ from rag_pipeline.store.lock import holding_for
 __all__ = [
     "FailedBooks",
     "build_books_sensor",
+    "configured_recipe_key",
     "live_mark",
     "read_cursor",
     "read_failed_books",
     "read_live_generation",
     "read_parse_check",
+    "read_recipe_check",
     "write_cursor",
 ]
 
@@ -261,11 +276,13 @@ def write_cursor(
     *,
     live: str | None = None,
     parse: tuple[str, Sequence[str]] | None = None,
+    recipe: tuple[str, Sequence[str]] | None = None,
 ) -> str:
     """``live``: the generation of the stopped live process whose state the cursor took
     over (:class:`~rag_pipeline.ingest.live.LiveMark`), so it is taken over once.
     ``parse``: the parse-rules version the books were checked against, and the books not
-    checked yet (see :func:`read_parse_check`)."""
+    checked yet (see :func:`read_parse_check`); ``recipe``: the same for the configured
+    recipe (see :func:`read_recipe_check`)."""
     data: dict[str, Any] = {"books": books, "seq": seq}
     if failed is not None:
         data["runs"] = failed.to_json()
@@ -273,6 +290,8 @@ def write_cursor(
         data["live"] = live
     if parse is not None:
         data["parse"] = {"version": parse[0], "unchecked": sorted(parse[1])}
+    if recipe is not None:
+        data["recipe"] = {"key": recipe[0], "unchecked": sorted(recipe[1])}
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -285,12 +304,53 @@ def read_live_generation(cursor: str | None) -> str | None:
 def read_parse_check(cursor: str | None) -> tuple[str | None, set[str]]:
     """The parse-rules version a cursor's books were checked against (None: never, an older
     cursor: every book is checked once) and the books still to check against it."""
-    parse = _cursor_data(cursor).get("parse")
-    if not isinstance(parse, dict) or not isinstance(parse.get("version"), str):
+    return _read_check(cursor, "parse", "version")
+
+
+def read_recipe_check(cursor: str | None) -> tuple[str | None, set[str]]:
+    """The configured recipe (:func:`configured_recipe_key`) a cursor's books were checked
+    against (None: never, an older cursor: every book is checked once) and the books still
+    to check against it."""
+    return _read_check(cursor, "recipe", "key")
+
+
+def _read_check(cursor: str | None, entry: str, field: str) -> tuple[str | None, set[str]]:
+    check = _cursor_data(cursor).get(entry)
+    if not isinstance(check, dict) or not isinstance(check.get(field), str):
         return None, set()
-    unchecked = parse.get("unchecked")
+    unchecked = check.get("unchecked")
     books = {b for b in unchecked if isinstance(b, str)} if isinstance(unchecked, list) else set()
-    return parse["version"], books
+    return check[field], books
+
+
+def configured_recipe_key(recipes: RecipeSource) -> str:
+    """What identifies the configured recipe, known without loading a model: the signature
+    of a recipe handed to the process, else a digest of the settings a recipe is built from
+    (embedder, model, precision, dimension, chunk budget; whether an API key is set, so that
+    setting one checks again the books a missing key left; never the key itself). A model
+    folder whose files are replaced under the same path is not seen (its runs see it)."""
+    fixed = recipes.recipe if isinstance(recipes, FixedRecipe) else None
+    if isinstance(recipes, LazyRecipe):
+        fixed = recipes.fixed
+        if fixed is None:
+            e, c = recipes.embedding, recipes.chunking
+            settings = (
+                e.provider,
+                str(e.local_model_dir),
+                e.openai_model,
+                e.openai_api_key is not None,
+                e.local_precision,
+                e.hash_dimension,
+                c.target_tokens,
+                c.max_tokens,
+                c.min_tokens,
+                c.overlap,
+                c.max_blocks,
+            )
+            return "settings:" + hashlib.sha256(repr(settings).encode()).hexdigest()[:16]
+    if fixed is not None:
+        return fixed.signature
+    return f"source:{type(recipes).__qualname__}"  # another source: checked once
 
 
 def _check_parse_rules(
@@ -309,6 +369,31 @@ def _check_parse_rules(
     except StoreError as exc:
         context.log.info(f"parse-rules check of {len(book_ids)} books waits: {exc}")
         return RulesCheck(busy=tuple(book_ids))
+
+
+def _check_recipes(
+    context: SensorEvaluationContext,
+    pipeline: IngestPipeline,
+    book_ids: Sequence[str],
+    building: Sequence[str],
+) -> RulesCheck:
+    """Which of ``book_ids`` are searched with another recipe than they are built with now
+    (the store busy: every one left for a later tick; a recipe that cannot be built: none,
+    with a warning, as their runs would fail)."""
+    if not book_ids:
+        return RulesCheck()
+    try:
+        with (
+            holding_for("books_sensor, checking the books' recipes"),
+            pipeline.store.open(busy_wait_s=PARSE_CHECK_STORE_WAIT_S) as store,
+        ):
+            return books_of_other_recipes(store, book_ids, pipeline.recipes, set(building))
+    except StoreError as exc:
+        context.log.info(f"recipe check of {len(book_ids)} books waits: {exc}")
+        return RulesCheck(busy=tuple(book_ids))
+    except EmbedError as exc:
+        context.log.warning(f"recipe check of {len(book_ids)} books skipped: {exc}")
+        return RulesCheck()
 
 
 def live_mark(instance: DagsterInstance, source: BookSource) -> LiveMark:
@@ -432,6 +517,23 @@ def build_books_sensor(
         )
         for book_id in rules.stale:
             changed[book_id] = max(states[book_id].files, 1)
+        # After the configured recipe changed (a settings change and a restart), a book whose
+        # searched index is of another recipe runs once (built beside, switched): checked
+        # once per configured recipe, not per tick (the books that run anyway are not checked)
+        recipe_key = configured_recipe_key(pipeline.recipes)
+        recipe_checked, recipe_unchecked = read_recipe_check(context.cursor)
+        to_check = [
+            b
+            for b in sorted(states)
+            if b not in changed
+            and b not in retried
+            and (recipe_checked != recipe_key or b in recipe_unchecked)
+        ]
+        recipes = _check_recipes(
+            context, pipeline, to_check, sorted(runs_in_flight().books) if to_check else []
+        )
+        for book_id in recipes.stale:
+            changed[book_id] = max(states[book_id].files, 1)
         # Runs of different books run side by side; two runs of one book never do. The run
         # queue's per-book tag limits hold a run of one book behind another run of it, but no
         # tag limit covers a batch (a range of partitions): a book in a batch in flight is not
@@ -495,6 +597,7 @@ def build_books_sensor(
             live=taken_over or read_live_generation(context.cursor),
             # a book the store did not show, or one held behind a batch, is checked again
             parse=(parse_version, [*rules.busy, *(b for b in rules.stale if b in held)]),
+            recipe=(recipe_key, [*recipes.busy, *(b for b in recipes.stale if b in held)]),
         )
         hashed = sum(s.hashed for s in states.values())
         context.log.info(

@@ -43,6 +43,7 @@ from rag_pipeline.store.errors import StoreBusyError
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.recipes.choice import RecipeSource
 
 __all__ = [
     "Action",
@@ -51,6 +52,7 @@ __all__ = [
     "PurgeDecision",
     "RulesCheck",
     "books_of_other_parse_rules",
+    "books_of_other_recipes",
     "decide_purges",
     "plan_book",
     "plan_ingest",
@@ -304,6 +306,51 @@ def books_of_other_parse_rules(
         except BookDamagedError:  # not a parse-rules matter: its plan says what it needs
             continue
         if errors_of_other_rules(state.documents, parse_version):
+            stale.append(book_id)
+    return RulesCheck(tuple(stale), tuple(busy))
+
+
+def books_of_other_recipes(
+    store: VectorStore,
+    book_ids: Sequence[str],
+    recipes: RecipeSource,
+    building: Collection[str] = (),
+) -> RulesCheck:
+    """The books a run has work for because of their recipe alone (no file read): the
+    searched index was built with another recipe than the one the book is built with now
+    (``recipes.for_book``: the configured one, save ``auto``'s recorded precision), or a
+    build of another recipe is pending beside it (the run drops it, as a plan says). A book
+    in ``building`` (a run of it in flight) whose pending build is of its recipe is left to
+    that run. The searched recipe is the generation's tag where the store keeps one, else
+    the signature of most of the book's document records (saved summary, else the records);
+    a book with nothing indexed is no matter of recipe (its files say when it runs)."""
+    stale: list[str] = []
+    busy: list[str] = []
+    generations = generations_of(store)
+    for book_id in book_ids:
+        try:
+            wanted = recipes.for_book(store, book_id).recipe.signature
+            current, pending = (
+                generations.recipes(book_id) if generations is not None else (None, None)
+            )
+            searched = (current or {}).get(SIGNATURE)
+            if searched is None:
+                saved = index_from_summary(saved_summary(store, book_id), book_id)
+                state = saved[0] if saved is not None else None
+                if state is None:
+                    state = read_index_state(store, book_id, documents_only=True)
+                searched = state.recorded_signature
+        except StoreBusyError:
+            busy.append(book_id)
+            continue
+        except BookDamagedError:  # not a recipe matter: its plan says what it needs
+            continue
+        pending_signature = (pending or {}).get(SIGNATURE)
+        if pending_signature is not None and pending_signature != wanted:
+            stale.append(book_id)  # an unfinished build of a recipe no longer wanted
+        elif searched is not None and searched != wanted:
+            if pending_signature == wanted and book_id in building:
+                continue  # its build is under way
             stale.append(book_id)
     return RulesCheck(tuple(stale), tuple(busy))
 

@@ -61,6 +61,11 @@ class LazyRecipe:
         self._lock = threading.Lock()
 
     @property
+    def fixed(self) -> IndexRecipe | None:
+        """The one recipe of every book, when the process was handed one (else None)."""
+        return self._fixed.recipe if self._fixed is not None else None
+
+    @property
     def provider(self) -> str:
         return self.embedding.provider
 
