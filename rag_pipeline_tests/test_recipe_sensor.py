@@ -120,3 +120,24 @@ def test_a_tick_under_an_unchanged_recipe_opens_no_store(changed_recipe, monkeyp
     assert (len(opens), checks) == (1, [["a", "b", "c"]])
     assert isinstance(harness.tick(), SkipReason)
     assert (len(opens), len(checks)) == (1, 1)
+
+
+def test_a_pending_build_is_left_to_its_run_and_one_of_another_recipe_runs(changed_recipe):
+    """``a``'s build of the configured recipe is pending: while a run of it is in flight it
+    is that run's work (no second run), else the book runs to resume it. ``b`` is searched
+    with the configured recipe but holds a pending build of the old one (the setting changed
+    back before it switched): it runs, and the run drops that build."""
+    from rag_pipeline.ingest.plan import books_of_other_recipes
+    from rag_pipeline_tests.test_store_shards import points_of
+
+    _, before, after = changed_recipe
+    for pipeline, book in ((after, "a"), (before, "b")):
+        recipe = pipeline.recipes.get()
+        with pipeline.store.open(recipe=recipe) as builder:  # a build killed half way
+            builder.upsert(points_of(book, 1, recipe.dimension, "partial"))
+    with after.store.open() as reader:
+        assert reader.pending_recipe("a") is not None and reader.pending_recipe("b") is not None
+        check = books_of_other_recipes(reader, ["a", "b", "c"], after.recipes, {"a"})
+        assert (check.stale, check.busy) == (("b", "c"), ())
+        check = books_of_other_recipes(reader, ["a", "b", "c"], after.recipes)
+        assert check.stale == ("a", "b", "c")
