@@ -124,6 +124,32 @@ def test_escaping_keeps_a_plain_name_readable():
     assert escape_markdown("line\nbreak") == "line\\\\x0abreak"  # one line, control shown
 
 
+#: run ids (uuid4: 8-4-4-4-12 hex digits) of the forms that chance gives a few times in a
+#: hundred and a text rule may take for something else: digits first (a numbered item, a
+#: number), a leading zero, a float's exponent, no digit at all
+ODD_RUN_IDS = [
+    "34661958-a4eb-445f-9bfa-b33a76fa6051",
+    "01234567-8901-4234-8567-890123456789",
+    "1e234567-1e34-4e67-8e90-123456789012",
+    "0e000000-0000-4000-8000-000000000000",
+    "abcdefab-cdef-4abc-adef-abcdefabcdef",
+    "12345678-1234-4123-9123-123456789012",
+]
+
+
+@pytest.mark.parametrize("run_id", ODD_RUN_IDS)
+def test_a_run_id_of_any_form_links_to_its_run_in_the_collection_table(run_id):
+    """The collection table's last run is the run's id linking to its page, read back as the
+    id, whatever hex digits chance gave it (an id of 8 digits first once showed escaped)."""
+    from rag_pipeline.defs.collection import _linked
+
+    row = _linked({"book": "b", "last_run": run_id})
+    value = markdown_table([row], ("book", "last_run"))
+    assert f"[{run_id}](/runs/{run_id})" in value.value
+    assert f'<a href="/runs/{run_id}">{run_id}</a>' in _RENDER.render(value.value)
+    assert markdown_rows(value) == [{"book": "b", "last_run": run_id}]
+
+
 @pytest.fixture
 def hostile_book(data_dir: Path, tmp_path: Path) -> tuple[Any, DagsterInstance]:
     book = data_dir / "hostile"

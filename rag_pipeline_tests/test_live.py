@@ -374,35 +374,52 @@ def _concurrent_loop(data_dir: Path, applier: Applier, workers: int) -> LiveLoop
     )
 
 
+@pytest.mark.parametrize("racy_window_ns", [None, 300_000_000])
 def test_an_edit_of_another_book_is_applied_while_a_long_apply_is_in_flight(
-    data_dir, write_book, tmp_path
+    data_dir, write_book, tmp_path, monkeypatch, racy_window_ns
 ):
     """Issue 40.2: with two workers, a small book's edit is applied while the big book's
-    call is still held; with one, it waits behind it (what live mode did before)."""
+    call is still held; with one, it waits behind it (what live mode did before). Also with
+    the looks in the racy window of the writes, as on a busy machine (CI's): a racy look is
+    applied again once settled, which the test once took for a wrong call."""
+    if racy_window_ns is not None:
+        from rag_pipeline.sources import filekeys
+
+        monkeypatch.setattr(filekeys, "FINE_RACY_NS", racy_window_ns)
     write_book("small", {"a.md": "# S\n\none"})
     for workers, applied_meanwhile in ((2, True), (1, False)):
         home = tmp_path / f"home-{workers}"
         home.mkdir()
         mark = LiveMark(home, FolderSource(data_dir))
         applier = HoldingApplier(hold={"big"})
+        applier.data_dir = data_dir
         live = _concurrent_loop(data_dir, applier, workers)
         live.save = mark.save
+        edit = ("small", f"# S\n\nedit with {workers}")
         with running(live, data_dir):
             write_book("big", {f"f{i}.md": f"# F{i}\n\nbig book" for i in range(20)})
             assert applier.held.wait(5)
             left = mark.left()
             assert left is not None and left.books["big"] == APPLYING
-            (data_dir / "small" / "a.md").write_text(f"# S\n\nedit with {workers}")
-            time.sleep(1.0)
-            assert (["small"] in applier.calls[1:]) is applied_meanwhile, applier.calls
+            (data_dir / "small" / "a.md").write_text(edit[1])
+            if applied_meanwhile:  # within a bound, not after a fixed sleep: CI's cores are busy
+                _until(lambda: edit in applier.read)  # noqa: B023 (called within the iteration)
+            else:
+                time.sleep(1.0)
+            assert (edit in applier.read) is applied_meanwhile, applier.read
             applier.release.set()
-            _until(lambda: not live.in_hand)  # noqa: B023 (called within the iteration)
-        # (a call is recorded as it ends: big's after its release)
-        assert applier.calls[1:] == ([["small"], ["big"]] if workers == 2 else [["big"], ["small"]])
+            # all in step (a book in doubt, see below, is saved as applying until it is)
+            _until(lambda: not live.in_hand and in_step(mark))  # noqa: B023
+        # when the edit was read is checked above; the calls are not counted: a look in the
+        # racy window of a write (a busy machine's) is applied again once settled, by design
         assert applier.most == workers
-        left = mark.left()
-        assert left is not None and APPLYING not in left.books.values()  # all in step
         (data_dir / "big").rename(tmp_path / f"big-{workers}")
+
+
+def in_step(mark: LiveMark) -> bool:
+    """Whether the map a live process saved has every book applied (none applying)."""
+    left = mark.left()
+    return left is not None and APPLYING not in left.books.values()
 
 
 def test_a_book_changed_during_its_apply_is_applied_again_after_it_never_beside_it(

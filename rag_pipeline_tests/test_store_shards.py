@@ -778,8 +778,8 @@ def test_a_handle_held_for_an_edits_stages_steps_aside_only_after_the_hold(fille
             assert store.count(tenant_filter("a")) > 0
             return store  # type: ignore[return-value]
 
+    started = time.monotonic()  # before the hold starts: it is counted from the block's start
     with sharing.kept_open(hold_s=1.5):
-        started = time.monotonic()
         first = use()
         waiter = os.open(filled / COLLECTION / "locks" / "a.wait", os.O_RDWR | os.O_CREAT)
         try:
