@@ -110,6 +110,11 @@ class EdgeGenerations(Generations):
         if not _readable(tenant):
             return []
         folder = self.books_folder / tenant
+        if not (folder / _PENDING).exists():
+            # one stat a book a plan: a switch removes its pending pointer last, so a switch
+            # killed part way always leaves it (a drop killed part way leaves an unnamed
+            # folder the book's next write sweeps)
+            return []
         pending, current = _read_pointer(folder / _PENDING), _read_pointer(folder / _CURRENT)
         named = {p[0] for p in (pending, current) if p is not None}
         out = [_PENDING] if pending and current and pending[0] == current[0] else []
@@ -140,7 +145,6 @@ class EdgeGenerations(Generations):
                 return False
             _unlink(folder / _SUMMARY)  # it described the old generation
             _write_json(folder / _CURRENT, pending[1])  # the switch: one atomic replace
-            _unlink(folder / _PENDING)
             self._follow_dimension(pending[1].get("dense_dim"))
             if current is not None:
                 old = folder / current[0]
@@ -148,6 +152,9 @@ class EdgeGenerations(Generations):
                     old.rename(folder / f"old-{current[0]}")
                 else:
                     _remove_folder(old)
+            # last: until the old generation is gone, the pending pointer (naming the current
+            # generation now) is what tells a plan that a kill left something (leftovers)
+            _unlink(folder / _PENDING)
             log.info("book %s now searches generation %s", tenant, pending[0])
             return True
 
