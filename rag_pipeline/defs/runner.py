@@ -242,8 +242,12 @@ def _run_plan(
     for book_id, book in plan.books.items():
         if book.action in ("unchanged", "missing"):
             results[book_id] = book.result()
-            if book.action == "missing" and pipeline.source.is_gone(book_id):
-                _drop_idle_partition(instance, book_id)  # left by a purge that had to wait
+    # a book with no folder and no points (its runs all failed, or a purge that had to wait
+    # for a run of it left its partition): nothing to purge, its partition goes
+    for book_id in plan.partitions_to_drop(
+        pipeline.source, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+    ):
+        _drop_idle_partition(instance, book_id)
     order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
     files = {b: len(plan.books[b].changes.changed) for b in to_run}
 
