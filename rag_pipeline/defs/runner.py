@@ -63,7 +63,7 @@ from rag_pipeline.defs.location import (
     build_defs,
     fixed_resources,
 )
-from rag_pipeline.defs.partition_marker import write_partitions_marker
+from rag_pipeline.defs.partition_marker import forget_partitions_marker, write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.reaper import free_slots, process_tags, reap_dead_runs, run_worker
 from rag_pipeline.defs.runs import (
@@ -160,6 +160,8 @@ def execute_plan(
     results: dict[str, BookResult] = {}
     vanished: list[str] = []
     full: DagsterHomeFullError | None = None
+    if dagster_home is not None:  # written again at the end
+        forget_partitions_marker(dagster_home)
     try:
         how = _How(trigger, launcher, say, batching, stopping, work_first)
         _run_plan(plan, pipeline, instance, results, vanished, report, how)
