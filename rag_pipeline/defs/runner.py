@@ -481,8 +481,7 @@ def _purge_book(
     if not _drop_idle_partition(instance, book_id):
         warnings.append(
             f"partition {book_id!r} kept while another run of the book is in flight; "
-            f"the sensor removes it after that run, as does `rag-pipeline ingest --book "
-            f"{book_id}`"
+            "the sensor removes it after that run, as does the next `rag-pipeline ingest`"
         )
     return BookResult(
         book_id,
