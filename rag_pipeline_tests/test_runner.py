@@ -602,3 +602,38 @@ def test_the_cli_records_its_runs_under_the_code_location_the_workspace_loads():
         LOCATION_NAME,
         LOCATION_MODULE,
     )
+
+
+def test_a_removed_book_whose_only_run_failed_loses_its_partition(
+    settings, instance, data_dir, monkeypatch
+):
+    """A book that never had a successful run holds no points, so no plan purges it: once
+    its folder is gone, the next ingest (of every book or of others) drops its partition, as
+    the books sensor does; a book still indexed keeps its partition until it is purged."""
+    import shutil
+
+    from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
+    from rag_pipeline.ingest import pipeline as pipeline_module
+
+    real = pipeline_module.chunk_book
+
+    def broken_for_beta(parsed, recipe):
+        if parsed.book_id == "beta":
+            raise RuntimeError("chunker bug on beta (injected)")
+        return real(parsed, recipe)
+
+    monkeypatch.setattr(pipeline_module, "chunk_book", broken_for_beta)
+    first = ingest_books(settings, instance)
+    assert first.books["beta"].status == "failed" and chunk_points(settings, "beta") == 0
+    monkeypatch.setattr(pipeline_module, "chunk_book", real)
+    shutil.rmtree(data_dir / "beta")
+    ingest_books(settings, instance, ["alpha"])  # named books: the orphan goes all the same
+    assert instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME) == ["alpha"]
+    # an indexed book removed while other books are named keeps its partition (and points)
+    shutil.rmtree(data_dir / "alpha")
+    (data_dir / "beta").mkdir()
+    (data_dir / "beta" / "b.md").write_text("# Beta\n\n" + section("Three", seed="b"))
+    report = ingest_books(settings, instance, ["beta"])
+    assert report.books["beta"].status == "ingested"
+    assert set(instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)) == {"alpha", "beta"}
+    assert chunk_points(settings, "alpha") > 0

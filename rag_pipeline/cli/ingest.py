@@ -100,7 +100,12 @@ def _ingest(
     phases.mark("plan")
     known = read_partitions_marker(home)
     on_disk = [b for b, p in plan.books.items() if p.action in ("run", "unchanged")]
-    if not plan.needs_runs and known is not None and set(on_disk) <= known:
+    if (
+        not plan.needs_runs
+        and known is not None
+        and set(on_disk) <= known
+        and not plan.partitions_to_drop(pipeline.source, known)  # a partition to delete
+    ):
         return plan.report()  # nothing to run: answered without loading Dagster
     return _execute(plan, settings, pipeline, home, phases)
 

@@ -17,7 +17,12 @@ import tempfile
 from collections.abc import Collection
 from pathlib import Path
 
-__all__ = ["PARTITIONS_MARKER", "read_partitions_marker", "write_partitions_marker"]
+__all__ = [
+    "PARTITIONS_MARKER",
+    "forget_partitions_marker",
+    "read_partitions_marker",
+    "write_partitions_marker",
+]
 
 PARTITIONS_MARKER = "rag_book_partitions.json"
 
@@ -30,6 +35,14 @@ def read_partitions_marker(dagster_home: Path) -> frozenset[str] | None:
     if not isinstance(data, list) or not all(isinstance(b, str) for b in data):
         return None
     return frozenset(data)
+
+
+def forget_partitions_marker(dagster_home: Path) -> None:
+    """Remove the marker before an ingest changes the partitions: one killed before it writes
+    the marker again must not leave a marker that misses a partition it added (a book whose
+    run it was, removed since, would keep its partition past no-change ingests)."""
+    with contextlib.suppress(OSError):
+        (dagster_home / PARTITIONS_MARKER).unlink()
 
 
 def write_partitions_marker(dagster_home: Path, partitions: Collection[str]) -> str | None:

@@ -63,7 +63,7 @@ from rag_pipeline.defs.location import (
     build_defs,
     fixed_resources,
 )
-from rag_pipeline.defs.partition_marker import write_partitions_marker
+from rag_pipeline.defs.partition_marker import forget_partitions_marker, write_partitions_marker
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
 from rag_pipeline.defs.reaper import free_slots, process_tags, reap_dead_runs, run_worker
 from rag_pipeline.defs.runs import (
@@ -160,6 +160,8 @@ def execute_plan(
     results: dict[str, BookResult] = {}
     vanished: list[str] = []
     full: DagsterHomeFullError | None = None
+    if dagster_home is not None:  # written again at the end
+        forget_partitions_marker(dagster_home)
     try:
         how = _How(trigger, launcher, say, batching, stopping, work_first)
         _run_plan(plan, pipeline, instance, results, vanished, report, how)
@@ -242,8 +244,12 @@ def _run_plan(
     for book_id, book in plan.books.items():
         if book.action in ("unchanged", "missing"):
             results[book_id] = book.result()
-            if book.action == "missing" and pipeline.source.is_gone(book_id):
-                _drop_idle_partition(instance, book_id)  # left by a purge that had to wait
+    # a book with no folder and no points (its runs all failed, or a purge that had to wait
+    # for a run of it left its partition): nothing to purge, its partition goes
+    for book_id in plan.partitions_to_drop(
+        pipeline.source, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+    ):
+        _drop_idle_partition(instance, book_id)
     order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
     files = {b: len(plan.books[b].changes.changed) for b in to_run}
 
@@ -475,8 +481,7 @@ def _purge_book(
     if not _drop_idle_partition(instance, book_id):
         warnings.append(
             f"partition {book_id!r} kept while another run of the book is in flight; "
-            f"the sensor removes it after that run, as does `rag-pipeline ingest --book "
-            f"{book_id}`"
+            "the sensor removes it after that run, as does the next `rag-pipeline ingest`"
         )
     return BookResult(
         book_id,

@@ -176,6 +176,10 @@ class IngestPlan:
     warnings: list[str] = field(default_factory=list)
     force: bool = False
     seconds: float = 0.0
+    #: the books the store holds points of, as the plan read them
+    indexed: frozenset[str] = frozenset()
+    #: the plan refused to purge or ingest (:attr:`PurgeDecision.halt`)
+    halted: bool = False
 
     def with_action(self, action: Action) -> list[str]:
         return [b for b, p in self.books.items() if p.action == action]
@@ -183,6 +187,22 @@ class IngestPlan:
     @property
     def needs_runs(self) -> bool:
         return any(p.action in ("run", "purge") for p in self.books.values())
+
+    def partitions_to_drop(self, source: BookSource, partitions: Collection[str]) -> list[str]:
+        """The book partitions that go with no purge run: a book with no folder (or entry)
+        and no points, whether or not a run of it ever succeeded (one whose runs all failed,
+        then removed). A book still indexed keeps its partition until its purge; a halted plan
+        (a wrong or empty data folder) drops none. The rule every path that removes books
+        follows (the books sensor purges such a book, its purge deleting nothing)."""
+        if self.halted:
+            return []
+        return [
+            b
+            for b in partitions
+            if b not in self.indexed
+            and (b not in self.books or self.books[b].action == "missing")
+            and source.is_gone(b)
+        ]
 
     def recipe_change(self, usd_per_million_tokens: float) -> dict[str, Any]:
         """What the recipe changes of the plan cost in total: the books whose index was
@@ -377,6 +397,7 @@ def plan_ingest(
     indexed = set(store.tenants())
     decision = decide_purges(source, on_disk, indexed, targets)
     plan = IngestPlan({}, [str(e) for e in scan.rejected], list(decision.warnings), force)
+    plan.indexed, plan.halted = frozenset(indexed), decision.halt
     if decision.halt:
         plan.seconds = time.perf_counter() - started
         return plan
