@@ -308,6 +308,21 @@ def make_recipe(embedder, **chunking):  # type: ignore[no-untyped-def]
     return IndexRecipe.build(embedder, ChunkingConfig(**chunking))
 
 
+def break_chunking_of(patcher: Any, book_id: str) -> None:
+    """Make the chunker fail for ``book_id`` alone (``patcher``: a monkeypatch or its
+    context): a run of that book fails at its chunks step, the others' are untouched."""
+    from rag_pipeline.ingest import pipeline as pipeline_module
+
+    real = pipeline_module.chunk_book
+
+    def broken(parsed: Any, recipe: Any) -> Any:
+        if parsed.book_id == book_id:
+            raise RuntimeError(f"chunker bug on {book_id} (injected)")
+        return real(parsed, recipe)
+
+    patcher.setattr(pipeline_module, "chunk_book", broken)
+
+
 def section(title: str, paragraphs: int = 3, words: int = 40, seed: str = "") -> str:
     """A ``##`` section of plain prose whose size is easy to reason about."""
     body = []

@@ -31,6 +31,21 @@ def test_a_plan_of_a_change_of_dimension_says_recipe_change_not_damaged_vectors(
         assert entry["recipe_change"]["from"] == "hash-256", entry
 
 
+def _held_back_build(tmp_path: Path) -> tuple[Path, InProcessCli, str, str]:
+    """Books indexed with hash-384, then hash-256 built beside and held back (a file the old
+    index serves was broken while it ran), the file then fixed: (books, cli, store, book)."""
+    books = index_sample_books(tmp_path, HashEmbedder(384))
+    cli = InProcessCli(tmp_path, books)
+    qdrant = cli.env["RAG_QDRANT_PATH"]
+    book = sorted(p.name for p in books.iterdir() if p.is_dir())[0]
+    victim = sorted((books / book).rglob("*.md"))[0]
+    original = victim.read_bytes()
+    victim.write_bytes(b"# broken \x80\x81 not utf-8\n")
+    index_books(books, qdrant, HashEmbedder(256))
+    victim.write_bytes(original)
+    return books, cli, qdrant, book
+
+
 def _pending(qdrant: str, book: str) -> dict[str, str] | None:
     from rag_pipeline.config import load_settings
     from rag_pipeline.schema import COLLECTION_SCHEMA
@@ -49,16 +64,8 @@ def test_a_recipe_changed_back_drops_the_build_left_pending_for_the_other_one(
     but its abandoned hash-256 build was pending forever (on disk, shown "pending" on the
     collection page) since a book whose files match starts no run. The plan now runs it,
     saying why, and its run drops the build."""
-    books = index_sample_books(tmp_path, HashEmbedder(384))
-    cli = InProcessCli(tmp_path, books)
-    qdrant = cli.env["RAG_QDRANT_PATH"]
-    book = sorted(p.name for p in books.iterdir() if p.is_dir())[0]
-    victim = sorted((books / book).rglob("*.md"))[0]
-    original = victim.read_bytes()
-    victim.write_bytes(b"# broken \x80\x81 not utf-8\n")
-    index_books(books, qdrant, HashEmbedder(256))
+    _books, cli, qdrant, book = _held_back_build(tmp_path)
     assert (_pending(qdrant, book) or {}).get("embedding_model") == "hash-256"
-    victim.write_bytes(original)
     plan = cli.json("plan")["books"][book]
     assert plan["action"] == "run", plan
     assert any("hash-256" in r and "pending" in r for r in plan["reasons"]), plan
@@ -78,15 +85,7 @@ def test_a_switch_killed_after_its_replace_leaves_nothing_behind_after_the_next_
     pointer and the old generation were removed: the book is searched on its new recipe and
     its files match it, so no run came, and the old generation (a whole shard) and the stale
     pointer stayed on disk for good. The plan now runs the book and its run tidies them."""
-    books = index_sample_books(tmp_path, HashEmbedder(384))
-    cli = InProcessCli(tmp_path, books)
-    qdrant = cli.env["RAG_QDRANT_PATH"]
-    book = sorted(p.name for p in books.iterdir() if p.is_dir())[0]
-    victim = sorted((books / book).rglob("*.md"))[0]
-    original = victim.read_bytes()
-    victim.write_bytes(b"# broken \x80\x81 not utf-8\n")
-    index_books(books, qdrant, HashEmbedder(256))  # hash-256 built beside, held back
-    victim.write_bytes(original)
+    books, cli, qdrant, book = _held_back_build(tmp_path)
     index_books(books, qdrant, HashEmbedder(256))  # switched: keep the state before it
     folder = Path(qdrant) / "rag_chunks" / "books" / book
     # as a switch killed after its replace leaves it: current.json names the new generation,

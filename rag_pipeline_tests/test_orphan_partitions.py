@@ -12,8 +12,7 @@ from dagster import DagsterInstance
 
 from rag_pipeline.defs import runner
 from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-from rag_pipeline.ingest import pipeline as pipeline_module
-from rag_pipeline_tests.conftest import section
+from rag_pipeline_tests.conftest import break_chunking_of, section
 from rag_pipeline_tests.helpers import InProcessCli
 
 
@@ -35,14 +34,7 @@ def test_a_removed_book_that_never_ran_to_the_end_loses_its_partition(
     write_book("beta", {"b.md": "# Beta\n\n" + section("Two", seed="b")})
     with monkeypatch.context() as patched:
         if how == "failed":
-            real = pipeline_module.chunk_book
-
-            def broken_for_beta(parsed, recipe):
-                if parsed.book_id == "beta":
-                    raise RuntimeError("chunker bug on beta (injected)")
-                return real(parsed, recipe)
-
-            patched.setattr(pipeline_module, "chunk_book", broken_for_beta)
+            break_chunking_of(patched, "beta")
             assert cli("ingest", check=False).returncode == 1
         else:
 

@@ -14,7 +14,7 @@ from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import COLLECTION_SCHEMA, chunks_of
 from rag_pipeline.sources.crawl import DataDirError
 from rag_pipeline.store import PointRecord, open_store
-from rag_pipeline_tests.conftest import hash_settings, section
+from rag_pipeline_tests.conftest import break_chunking_of, hash_settings, section
 
 
 def pipeline_of(settings, recipe=None):
@@ -393,17 +393,8 @@ def test_a_batch_that_fails_for_one_book_is_run_again_book_by_book(
 ):
     """A step fails for a whole batch; its books are then run alone, so one broken book
     fails alone and the others are ingested."""
-    from rag_pipeline.ingest import pipeline as pipeline_module
-
     add_books(write_book, ["gamma"])
-    real = pipeline_module.chunk_book
-
-    def broken_for_beta(parsed, recipe):
-        if parsed.book_id == "beta":
-            raise RuntimeError("chunker bug on beta (injected)")
-        return real(parsed, recipe)
-
-    monkeypatch.setattr(pipeline_module, "chunk_book", broken_for_beta)
+    break_chunking_of(monkeypatch, "beta")
     notes = []
     pipeline = pipeline_of(settings)
     plan = plan_of(settings, pipeline=pipeline)
@@ -613,19 +604,11 @@ def test_a_removed_book_whose_only_run_failed_loses_its_partition(
     import shutil
 
     from rag_pipeline.defs.partitions import BOOKS_PARTITIONS_NAME
-    from rag_pipeline.ingest import pipeline as pipeline_module
 
-    real = pipeline_module.chunk_book
-
-    def broken_for_beta(parsed, recipe):
-        if parsed.book_id == "beta":
-            raise RuntimeError("chunker bug on beta (injected)")
-        return real(parsed, recipe)
-
-    monkeypatch.setattr(pipeline_module, "chunk_book", broken_for_beta)
-    first = ingest_books(settings, instance)
+    with monkeypatch.context() as patched:
+        break_chunking_of(patched, "beta")
+        first = ingest_books(settings, instance)
     assert first.books["beta"].status == "failed" and chunk_points(settings, "beta") == 0
-    monkeypatch.setattr(pipeline_module, "chunk_book", real)
     shutil.rmtree(data_dir / "beta")
     ingest_books(settings, instance, ["alpha"])  # named books: the orphan goes all the same
     assert instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME) == ["alpha"]
