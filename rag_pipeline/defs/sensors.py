@@ -48,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,7 @@ from rag_pipeline.recipes.choice import FixedRecipe, RecipeSource
 from rag_pipeline.recipes.lazy import LazyRecipe
 from rag_pipeline.sources.base import BookSource, SourceUnavailableError
 from rag_pipeline.sources.scan import PURGING, BookScanState, scan_books
+from rag_pipeline.store import VectorStore
 from rag_pipeline.store.errors import StoreError
 from rag_pipeline.store.lock import holding_for
 
@@ -356,19 +357,15 @@ def configured_recipe_key(recipes: RecipeSource) -> str:
 def _check_parse_rules(
     context: SensorEvaluationContext, pipeline: IngestPipeline, book_ids: Sequence[str]
 ) -> RulesCheck:
-    """Which of ``book_ids`` hold an error record of other parse rules (the store busy:
-    every one left for a later tick)."""
-    if not book_ids:
-        return RulesCheck()
-    try:
-        with (
-            holding_for("books_sensor, checking the books' parse rules"),
-            pipeline.store.open(busy_wait_s=PARSE_CHECK_STORE_WAIT_S) as store,
-        ):
-            return books_of_other_parse_rules(store, book_ids, pipeline.recipes.parse_version)
-    except StoreError as exc:
-        context.log.info(f"parse-rules check of {len(book_ids)} books waits: {exc}")
-        return RulesCheck(busy=tuple(book_ids))
+    """Which of ``book_ids`` hold an error record of other parse rules."""
+    version = pipeline.recipes.parse_version
+    return _check_books(
+        context,
+        pipeline,
+        book_ids,
+        "parse rules",
+        lambda store: books_of_other_parse_rules(store, book_ids, version),
+    )
 
 
 def _check_recipes(
@@ -378,22 +375,40 @@ def _check_recipes(
     building: Sequence[str],
 ) -> RulesCheck:
     """Which of ``book_ids`` are searched with another recipe than they are built with now
-    (the store busy: every one left for a later tick; a recipe that cannot be built: none,
-    with a warning, as their runs would fail)."""
+    (a recipe that cannot be built: none, with a warning, as their runs would fail)."""
+    try:
+        return _check_books(
+            context,
+            pipeline,
+            book_ids,
+            "recipes",
+            lambda store: books_of_other_recipes(store, book_ids, pipeline.recipes, set(building)),
+        )
+    except EmbedError as exc:
+        context.log.warning(f"recipe check of {len(book_ids)} books skipped: {exc}")
+        return RulesCheck()
+
+
+def _check_books(
+    context: SensorEvaluationContext,
+    pipeline: IngestPipeline,
+    book_ids: Sequence[str],
+    what: str,
+    check: Callable[[VectorStore], RulesCheck],
+) -> RulesCheck:
+    """``check`` of ``book_ids`` (their ``what``) on the store, opened for it; the store
+    busy: every one left for a later tick."""
     if not book_ids:
         return RulesCheck()
     try:
         with (
-            holding_for("books_sensor, checking the books' recipes"),
+            holding_for(f"books_sensor, checking the books' {what}"),
             pipeline.store.open(busy_wait_s=PARSE_CHECK_STORE_WAIT_S) as store,
         ):
-            return books_of_other_recipes(store, book_ids, pipeline.recipes, set(building))
+            return check(store)
     except StoreError as exc:
-        context.log.info(f"recipe check of {len(book_ids)} books waits: {exc}")
+        context.log.info(f"{what} check of {len(book_ids)} books waits: {exc}")
         return RulesCheck(busy=tuple(book_ids))
-    except EmbedError as exc:
-        context.log.warning(f"recipe check of {len(book_ids)} books skipped: {exc}")
-        return RulesCheck()
 
 
 def live_mark(instance: DagsterInstance, source: BookSource) -> LiveMark:
