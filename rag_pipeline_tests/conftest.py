@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -306,6 +306,18 @@ def make_recipe(embedder, **chunking):  # type: ignore[no-untyped-def]
     from rag_pipeline.recipes.recipe import IndexRecipe
 
     return IndexRecipe.build(embedder, ChunkingConfig(**chunking))
+
+
+def write_two_file_books(root: Path, books: Sequence[str]) -> Path:
+    """``root/books/<book>/a.md`` and ``b.md`` for each of ``books`` (a section each, the
+    words seeded by the book): the data folder."""
+    data_dir = root / "books"
+    for book in books:
+        folder = data_dir / book
+        folder.mkdir(parents=True)
+        (folder / "a.md").write_text(f"# {book}\n\n" + section("Nodes", seed=book))
+        (folder / "b.md").write_text(f"# {book} b\n\n" + section("Topics", seed=book + "b"))
+    return data_dir
 
 
 def break_chunking_of(patcher: Any, book_id: str) -> None:

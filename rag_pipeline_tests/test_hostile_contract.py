@@ -13,20 +13,14 @@ from typing import Any
 
 import pytest
 
-from rag_pipeline_tests.conftest import section
+from rag_pipeline_tests.conftest import section, write_two_file_books
 from rag_pipeline_tests.helpers import InProcessCli, assert_no_trace, index_books
 
 BOOK, OTHER = "alpha", "beta"
 
 
 def write_books(root: Path) -> Path:
-    books = root / "books"
-    for book in (BOOK, OTHER):
-        folder = books / book
-        folder.mkdir(parents=True)
-        (folder / "a.md").write_text(f"# {book}\n\n" + section("Nodes", seed=book))
-        (folder / "b.md").write_text(f"# {book} b\n\n" + section("Topics", seed=book + "b"))
-    return books
+    return write_two_file_books(root, (BOOK, OTHER))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rag_pipeline_tests.conftest import make_recipe, section
+from rag_pipeline_tests.conftest import make_recipe, section, write_two_file_books
 
 BOOK, OTHER = "alpha", "beta"
 
@@ -29,12 +29,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path
     from rag_pipeline.serve.app import create_app
 
     root = tmp_path_factory.mktemp("served")
-    data_dir = root / "books"
-    for book in (BOOK, OTHER):
-        folder = data_dir / book
-        folder.mkdir(parents=True)
-        (folder / "a.md").write_text(f"# {book}\n\n" + section("Nodes", seed=book))
-        (folder / "b.md").write_text(f"# {book} b\n\n" + section("Topics", seed=book + "b"))
+    data_dir = write_two_file_books(root, (BOOK, OTHER))
     settings = load_settings(
         data_dir=data_dir, qdrant_path=str(root / "q"), embedder="hash", cache_dir=root
     )

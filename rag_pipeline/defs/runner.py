@@ -246,11 +246,13 @@ def _run_plan(
             results[book_id] = book.result()
     # a book with no folder and no points (its runs all failed, or a purge that had to wait
     # for a run of it left its partition): nothing to purge, its partition goes
-    for book_id in plan.partitions_to_drop(
-        pipeline.source, instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
-    ):
-        _drop_idle_partition(instance, book_id)
     order = instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME)
+    dropped = [
+        b
+        for b in plan.partitions_to_drop(pipeline.source, order)
+        if _drop_idle_partition(instance, b)
+    ]
+    order = [b for b in order if b not in dropped]  # read once: what was deleted, left out
     files = {b: len(plan.books[b].changes.changed) for b in to_run}
 
     def run(books: list[str]) -> _Ran:
