@@ -117,6 +117,30 @@ def test_unchanged_books_skip(harness, write_book):
     assert isinstance(harness.tick(), SkipReason)
 
 
+@pytest.mark.parametrize("racy_at_first", [False, True])
+def test_a_tick_that_starts_no_run_is_a_skip_whatever_its_cursor_took_in(
+    harness, write_book, data_dir, racy_at_first
+):
+    """A file whose stat is racy at the first tick (written in the tick of the look: here its
+    mtime a moment ahead) settles by the second: the cursor takes the settled stat, and the
+    tick is still a skip, not a result with no runs (the UI's "skipped" and its reason)."""
+    write_book("alpha", {"a.md": "# A"})
+    path = data_dir / "alpha" / "a.md"
+    if racy_at_first:
+        ahead = time.time_ns() + 300_000_000
+        os.utime(path, ns=(ahead, ahead))
+    harness.tick()
+    first_digest = read_cursor(harness.cursor)[0]["alpha"][0]
+    assert (first_digest == "") is racy_at_first
+    time.sleep(0.45 if racy_at_first else 0)
+    result = harness.tick()
+    assert isinstance(result, SkipReason), result
+    settled_digest = read_cursor(harness.cursor)[0]["alpha"][0]
+    assert settled_digest  # kept: the next tick compares stats and hashes nothing
+    states, _ = scan_books(harness.pipeline.source, read_cursor(harness.cursor)[0])
+    assert states["alpha"].hashed == 0
+
+
 def test_editing_a_file_requests_a_run_for_that_book_only(harness, write_book, data_dir):
     write_book("alpha", {"a.md": "# A"})
     write_book("beta", {"b.md": "# B"})
@@ -133,10 +157,11 @@ def test_editing_a_file_requests_a_run_for_that_book_only(harness, write_book, d
 def test_touch_without_changing_bytes_starts_no_run(harness, write_book, data_dir):
     write_book("alpha", {"a.md": "# A"})
     harness.tick()
+    before = read_cursor(harness.cursor)[0]["alpha"]
     bump_mtime(data_dir / "alpha" / "a.md")
-    result = harness.tick()
-    assert isinstance(result, SensorResult)  # the stat digest moved: cursor is updated...
-    assert result.run_requests == []  # ...but the content did not, so nothing runs
+    assert isinstance(harness.tick(), SkipReason)  # the content did not move: nothing runs
+    after = read_cursor(harness.cursor)[0]["alpha"]
+    assert after[0] != before[0] and after[1] == before[1]  # the cursor took the new stat
     assert isinstance(harness.tick(), SkipReason)
 
 

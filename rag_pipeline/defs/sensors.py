@@ -621,11 +621,11 @@ def build_books_sensor(
             f"{len(run_requests)} run requests"
         )
         if not run_requests and not partition_requests:
-            if cursor == context.cursor:
-                return SkipReason(f"no change in {len(states)} books")
-            if read_cursor(cursor) == (previous, seq):  # only finished runs were taken in
-                context.update_cursor(cursor)  # a skipped tick still keeps its cursor
-                return SkipReason(f"no change in {len(states)} books")
+            # Nothing to start: a skip, whatever the cursor took in (finished runs, a file's
+            # stat settling after a racy look): the daemon keeps an updated cursor.
+            if cursor != context.cursor:
+                context.update_cursor(cursor)
+            return SkipReason(f"no change in {len(states)} books")
         return SensorResult(
             run_requests=run_requests, dynamic_partitions_requests=partition_requests, cursor=cursor
         )
