@@ -81,6 +81,7 @@ EARLIER_VERSIONS = frozenset(
         "e8211a0ec2a69674af8fd894367dccb8b6da0ba914c1a699c252ee74d7c33a2c",
         "fbffaeb7567193b56928c9e6853393cc7a1703efa9748eca440e64a25efa1d1c",
         "fa52681e735d44118bdd3a4e0599229772ae7a4f766e1694c4ba7fa5c62a206d",
+        "07a5f5a0b3bd7f166d0e0b9e65b20dc2be9a3adb33d2b449024b4f9b453c4e90",
         hashlib.sha256(b"telemetry:\n  enabled: false\n").hexdigest(),
     }
 )
