@@ -27,7 +27,7 @@ import re
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, overload
 
 import snowballstemmer
@@ -146,6 +146,11 @@ class Bm25Encoder:
             language=match["lang"],
             analyzer="v2" if match["v"] == "bm25v2" else "v1",
         )
+
+    def with_avg_len(self, avg_len: float) -> Bm25Encoder:
+        """This encoding with another average, sharing this encoder's stem cache (a book's
+        texts are analysed again as its vectors are written: mostly from the cache)."""
+        return replace(self, avg_len=avg_len, _stems=self._stems)
 
     @property
     def name(self) -> str:

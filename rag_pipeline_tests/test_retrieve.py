@@ -219,6 +219,14 @@ def test_bm25_average_length_is_a_parameter_and_part_of_the_name():
     assert measure_avg_len([], fallback=42.0) == 42.0
     with pytest.raises(ValueError, match="avg_len"):
         Bm25Encoder(avg_len=0)
+    with pytest.raises(ValueError, match="avg_len"):
+        short.with_avg_len(-1.0)
+    # another average, the same analysis: its stems are learned once for both
+    other = short.with_avg_len(1000)
+    assert other == long and other.name == long.name
+    other.terms("walking robots")
+    assert short.terms("walking robots") == ["walk", "robot"] == other.terms("walking robots")
+    assert "walking" in short._stems  # the cache one analysis filled serves the other
 
 
 # -- fusion ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from rag_pipeline import __version__
 from rag_pipeline.chunking import DEFAULT_CHUNKER, ChunkBudget, Chunker
@@ -133,9 +133,8 @@ class IndexRecipe:
             if encoder is not None and encoder.family == self.sparse.family:
                 return encoder
         average = avg_len_of(lengths(), fallback=self.sparse.avg_len)
-        # the recipe's stem cache shared: the book's texts are analysed again as its vectors
-        # are written (only their lengths are kept from this pass), mostly from the cache
-        return replace(self.sparse, avg_len=average, _stems=self.sparse._stems)
+        # the recipe's stem cache shared: only the texts' lengths are kept from this pass
+        return self.sparse.with_avg_len(average)
 
     def lineage(self, run_id: str | None, sparse_model: str | None = None) -> LineageInfo:
         return LineageInfo(
