@@ -41,6 +41,7 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
     too_large,
+    without_credentials,
 )
 from rag_pipeline.sources.crawl import is_book_path
 
@@ -53,10 +54,47 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _SHORT_HEX = re.compile(r"^[0-9a-f]{4,39}$")
 #: what ``git check-ref-format`` refuses anywhere in a ref, and what would be an option
 _BAD_REF = re.compile(r"(\.\.|@\{|[\x00-\x20\x7f~^:?*\[\\]|^-|^/|/$|\.lock$|//)")
-#: git never asks for a password on a terminal; ssh never prompts either
-_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": ""}
+#: git never asks for a password on a terminal; ssh never prompts either; a book's ``path``
+#: is a folder's name, never a pattern (``docs*`` or ``:(top)`` would name other folders)
+_GIT_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_ASKPASS": "",
+    "SSH_ASKPASS": "",
+    "GIT_LITERAL_PATHSPECS": "1",
+}
+#: what git takes from the environment to find a repository's parts (``git rev-parse
+#: --local-env-vars``, and a push's quarantine): set around a process started from a git
+#: hook or a work tree, they would send the cache repository's reads and writes elsewhere
+_REPOSITORY_ENV = frozenset(
+    {
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_COMMON_DIR",
+        "GIT_DIR",
+        "GIT_GRAFT_FILE",
+        "GIT_IMPLICIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_INTERNAL_SUPER_PREFIX",
+        "GIT_NAMESPACE",
+        "GIT_NO_REPLACE_OBJECTS",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_PREFIX",
+        "GIT_QUARANTINE_PATH",
+        "GIT_REPLACE_REF_BASE",
+        "GIT_SHALLOW_FILE",
+        "GIT_WORK_TREE",
+    }
+)
 #: a mode of ``git ls-tree``: a regular file (executable or not)
 _FILE_MODES = {"100644", "100755"}
+#: the other modes of a tree's entries, in words
+_OTHER_MODES = {"120000": "a symbolic link", "160000": "a submodule (gitlink)"}
+
+
+def _git_env() -> dict[str, str]:
+    """The environment of every git process: this one's, without what would point git at
+    another repository, and never prompting."""
+    env = {k: v for k, v in os.environ.items() if k not in _REPOSITORY_ENV}
+    return {**env, **_GIT_ENV}
 
 
 class GitError(Exception):
@@ -76,7 +114,7 @@ class GitBookSpec(BaseModel):
     @classmethod
     def _fetchable(cls, value: str) -> str:
         if value.startswith("-") or any(ord(c) < 32 for c in value):
-            raise ValueError(f"not a repository path or URL: {value!r}")
+            raise ValueError(f"not a repository path or URL: {without_credentials(repr(value))}")
         return value
 
     @field_validator("ref")
@@ -98,8 +136,13 @@ class GitBookSpec(BaseModel):
 
     @property
     def where(self) -> str:
-        """The book's origin in words: ``repo@ref:path``."""
-        return f"{self.git}@{self.ref}" + (f":{self.path}" if self.path else "")
+        """The book's origin in words: ``repo@ref:path`` (a URL's credentials never shown)."""
+        return f"{self.shown_git}@{self.ref}" + (f":{self.path}" if self.path else "")
+
+    @property
+    def shown_git(self) -> str:
+        """The repository as messages, plans and metadata show it: without credentials."""
+        return without_credentials(self.git)
 
 
 def git_available() -> bool:
@@ -119,7 +162,7 @@ def _git(repo: Path, *args: str, timeout: float = 120.0, stdin: bytes | None = N
             input=stdin,
             capture_output=True,
             timeout=timeout,
-            env={**os.environ, **_GIT_ENV},
+            env=_git_env(),
             check=False,
         )
     except FileNotFoundError:
@@ -132,6 +175,7 @@ def _git(repo: Path, *args: str, timeout: float = 120.0, stdin: bytes | None = N
         lines = [ln for ln in done.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
         fatal = [ln for ln in lines if ln.startswith(("fatal: ", "error: "))]
         reason = (fatal or lines or [f"git {args[0]} exited {done.returncode}"])[0].strip()
+        reason = without_credentials(reason)  # (git shows a remote's URL as it was given)
         raise GitError(reason.removeprefix("fatal: ").removeprefix("error: "))
     return done.stdout
 
@@ -160,7 +204,7 @@ class _Blobs:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                env={**os.environ, **_GIT_ENV},
+                env=_git_env(),
             )
             self.pid = os.getpid()
             weakref.finalize(self, _end, self.proc)  # ended with its reader
@@ -322,11 +366,11 @@ class GitSource(BookSource):
     def locate(self, book_id: str, source_file: str) -> str:
         spec = self.books[book_id]
         inside = "/".join(p for p in (spec.path, source_file) if p)
-        return f"{spec.git}@{spec.ref}:{inside}"
+        return f"{spec.shown_git}@{spec.ref}:{inside}"
 
     def describe(self, book_id: str) -> dict[str, str]:
         spec = self.books[book_id]
-        return {"kind": "git", "location": spec.git, "ref": spec.ref, "path": spec.path}
+        return {"kind": "git", "location": spec.shown_git, "ref": spec.ref, "path": spec.path}
 
     def revision_info(self, book_id: str, revision: str) -> dict[str, str] | None:
         if not _HEX40.match(revision) or book_id not in self.books:
@@ -342,8 +386,8 @@ class GitSource(BookSource):
         return {"sha": sha, "author": author, "date": date, "subject": subject}
 
     def revision_range(self, book_id: str, old: str, new: str) -> str | None:
-        if not new or book_id not in self.books:
-            return None
+        if not _HEX40.match(new) or (old and not _HEX40.match(old)) or book_id not in self.books:
+            return None  # (what an index records is a commit; anything else is no argument)
         if not old:
             return f"commit {new[:12]} (first ingest)"
         if old == new:
@@ -401,7 +445,8 @@ class GitSource(BookSource):
             book = self._state.get(book_id)
             if book is None:
                 spec = self.books[book_id]
-                name = hashlib.sha256(spec.git.encode()).hexdigest()[:12]
+                # the repository without credentials: a rotated token keeps the cache
+                name = hashlib.sha256(spec.shown_git.encode()).hexdigest()[:12]
                 book = _Book(spec, self.cache_dir / "git" / f"{book_id}-{name}.git")
                 self._state[book_id] = book
             return book
@@ -517,8 +562,12 @@ class GitSource(BookSource):
                 errors.append(FileError(book_id, shown, "crawl", why))
                 continue
             if kind != "blob" or mode not in _FILE_MODES:
-                what = "a symbolic link" if mode == "120000" else f"not a regular file ({mode})"
-                errors.append(FileError(book_id, rel, "crawl", f"{what} in git; refused"))
+                # never followed: a link's target is a path of the host or the work tree, a
+                # submodule's files are another repository's
+                what = _OTHER_MODES.get(mode, f"not a regular file (mode {mode})")
+                errors.append(
+                    FileError(book_id, rel, "crawl", f"{what} in git; refused, never followed")
+                )
                 continue
             sizes[blob] = int(size)
             files.append(FileVersion(rel, blob, f"{commit}:{prefix}{rel}", version=blob))

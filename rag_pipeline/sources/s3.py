@@ -37,6 +37,7 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
     too_large,
+    without_credentials,
 )
 from rag_pipeline.sources.crawl import MARKDOWN_SUFFIXES, is_book_path
 from rag_pipeline.sources.folder import DEFAULT_MAX_FILE_BYTES
@@ -73,7 +74,8 @@ class S3BookSpec(pydantic.BaseModel):
     @classmethod
     def _valid_url(cls, value: str) -> str:
         if not value.startswith("s3://"):
-            raise ValueError(f"{value!r} is not an s3:// URL (write s3://bucket/prefix/)")
+            shown = without_credentials(repr(value))
+            raise ValueError(f"{shown} is not an s3:// URL (write s3://bucket/prefix/)")
         bucket, _, prefix = value[len("s3://") :].partition("/")
         if not _BUCKET.fullmatch(bucket) or ".." in bucket:
             raise ValueError(
@@ -92,8 +94,18 @@ class S3BookSpec(pydantic.BaseModel):
     @pydantic.field_validator("endpoint_url")
     @classmethod
     def _valid_endpoint(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"https?://[^/\s]+/?", value):
-            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL")
+        if value is None:
+            return value
+        if not re.fullmatch(r"https?://[^/\s]+/?", value):
+            raise ValueError(
+                f"{without_credentials(repr(value))} is not an http(s)://host[:port] URL"
+            )
+        if "@" in value:
+            # a key in the URL would be shown wherever the endpoint is (messages, plans, logs)
+            raise ValueError(
+                f"{without_credentials(repr(value))} holds credentials: give them as "
+                "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or a profile), not in the URL"
+            )
         return value
 
     @property
@@ -125,12 +137,12 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         code = _error_code(exc)
         message = str(exc.response.get("Error", {}).get("Message") or "").strip()
-        return f"{code}: {message}" if message else code
+        return without_credentials(f"{code}: {message}" if message else code)
     if isinstance(exc, EndpointConnectionError):
         return "cannot connect to the endpoint"  # (the message names it)
     if isinstance(exc, NoCredentialsError):
         return "no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile)"
-    return str(exc) or type(exc).__name__
+    return without_credentials(str(exc) or type(exc).__name__)
 
 
 def _error_code(exc: BaseException) -> str:
