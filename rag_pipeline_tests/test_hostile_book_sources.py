@@ -542,3 +542,88 @@ def test_aws_secrets_are_never_shown_when_the_store_refuses_them(s3, tmp_path, d
     assert "InvalidAccessKeyId" in report["refused"]["error_messages"][0]
     assert dead in report["offline"]["error_messages"][0]
     assert "cannot connect" in report["offline"]["error_messages"][0]
+
+
+@NEEDS_GIT
+@pytest.mark.integration  # git processes
+def test_an_indexed_file_turned_into_a_link_out_keeps_its_points_and_is_never_followed(tmp_path):
+    """A committed page replaced by a symlink to a file of the host: an error naming it, its
+    indexed points kept, the host file never read (search, lineage); lineage says why the
+    file is not there. The page put back: the index equals a clean build."""
+    from rag_pipeline.retrieve.lineage import describe_point, read_point
+    from rag_pipeline.schema import book_filter
+
+    outside = tmp_path / "host-secret.md"
+    outside.write_text("# Host\n\nhostsecretword\n")
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("pages", {"a.md": page("a"), "b.md": page("b")})
+    source = git_source(tmp_path, str(repo.path))
+    pipeline = pipeline_of(source, tmp_path / "q")
+    pipeline.run(["gb"], run_id="first")
+    before = points(pipeline, "gb")
+    (repo.path / "a.md").unlink()
+    os.symlink(str(outside), repo.path / "a.md")
+    repo.commit("a.md now a link to the host")
+    run = pipeline.run(["gb"], run_id="linked")["gb"]
+    assert "symbolic link" in errors_of(run)["a.md"]
+    assert points(pipeline, "gb") == before
+    with pipeline.store.open() as store:
+        records = list(store.scroll(book_filter("gb")))
+        assert not any("hostsecretword" in str(r.payload.get("text", "")) for r in records)
+        kept = next(r for r in records if r.payload.get("source_file") == "a.md")
+        record = read_point(store, "gb", str(kept.id))
+    assert record is not None
+    info = describe_point(record, source, "gb")
+    assert info["file_exists"] is False and "symbolic link" in str(info["file_problem"])
+    assert "hostsecretword" not in json.dumps(info, default=str)
+    (repo.path / "a.md").unlink()
+    repo.commit("a.md back", {"a.md": page("a")})
+    pipeline.run(["gb"], run_id="back")
+    assert points(pipeline, "gb") == before == clean_build(source, tmp_path / "clean", "gb")
+    source.close()
+
+
+@NEEDS_GIT
+@pytest.mark.integration  # git processes
+@pytest.mark.parametrize("fault", ["ref deleted", "remote gone", "path now a file"])
+def test_a_git_book_that_cannot_be_read_fails_alone_and_loses_nothing(tmp_path, fault):
+    """After a first ingest: the branch deleted, the repository moved away, the book's folder
+    replaced by a file. The run fails the book naming the repository and the reason, every
+    indexed point stays; once repaired, a re-run changes nothing."""
+    from rag_pipeline.sources.base import BookUnavailableError
+
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("pages", {"docs/a.md": page("a"), "docs/b.md": page("b")})
+    repo.git("branch", "release")
+    source = git_source(tmp_path, str(repo.path), ref="release", path="docs")
+    pipeline = pipeline_of(source, tmp_path / "q")
+    pipeline.run(["gb"], run_id="first")
+    before = points(pipeline, "gb")
+    if fault == "ref deleted":
+        repo.git("branch", "-D", "release")
+        said = "release"
+    elif fault == "remote gone":
+        repo.path.rename(tmp_path / "away")
+        said = "not appear to be a git repository"
+    else:
+        repo.git("checkout", "--quiet", "release")
+        repo.git("rm", "-r", "--quiet", "docs")
+        repo.commit("docs a file", {"docs": "not a folder\n"})
+        said = "no folder 'docs'"
+    with pytest.raises(BookUnavailableError) as failed:  # (a Dagster run fails the book)
+        pipeline.run(["gb"], run_id="failed")
+    assert said in str(failed.value) and str(repo.path) in str(failed.value)
+    assert points(pipeline, "gb") == before
+    if fault == "ref deleted":
+        repo.git("branch", "release", "main")
+    elif fault == "remote gone":
+        (tmp_path / "away").rename(repo.path)
+    else:
+        repo.git("reset", "--quiet", "--hard", "HEAD~1")
+    again = pipeline.run(["gb"], run_id="again")["gb"].outcome.result
+    assert (again.status, again.embedded, again.deleted) in {
+        ("unchanged", 0, 0),
+        ("ingested", 0, 0),
+    }
+    assert points(pipeline, "gb") == before
+    source.close()

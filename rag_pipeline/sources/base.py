@@ -293,6 +293,9 @@ class BookSource(ABC):
                 except (OSError, SourceReadError) as exc:
                     gone = self.is_gone(book_id, source_file)
                     return FileNow(not gone, None, None if gone else _read_failure(exc))
+        for error in versions.errors:  # there, but refused (a link in a git tree): said why
+            if error.source_file == source_file:
+                return FileNow(False, None, error.reason)
         return FileNow(False, None)
 
     def hash(self, book_id: str, file: FileVersion, boundary: str) -> str:

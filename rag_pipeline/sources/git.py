@@ -348,7 +348,11 @@ class GitSource(BookSource):
             except BookUnavailableError:
                 return False  # the tree cannot be looked at: nothing is taken for deleted
         assert book.listed is not None
-        return all(v.source_file != source_file for v in book.listed.files)
+        # an entry the listing refused (a file turned into a link or a submodule) is there:
+        # its indexed chunks stay, as a folder's file turned into a link out does
+        listed = {v.source_file for v in book.listed.files}
+        listed.update(e.source_file for e in book.listed.errors)
+        return source_file not in listed
 
     def exists(self) -> bool:
         return True
