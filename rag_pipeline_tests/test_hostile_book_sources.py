@@ -399,10 +399,11 @@ ODD_KEYS = {
 def test_odd_object_keys_ingest_the_rest_and_equal_a_clean_build(s3, aws, tmp_path):
     """Keys with ``..``, ``//``, ``./``: each an error naming the key; folder markers (even
     one named ``trailing.md/``) are no files; NFC beside NFD, a key that is also a folder
-    prefix, a newline: files of their own. A re-run does nothing; a clean build is the same
-    index; a key outside the prefix is never this book's."""
+    prefix (``x.md`` and ``x.md/inside.md``): files of their own. A re-run does nothing; a
+    clean build is the same index; a key outside the prefix is never this book's."""
     keys = {f"docs/{n}": page(n).encode() for n in KEY_NAMES}
     keys.update({k: b"# odd\n\nodd key\n" for k in ODD_KEYS})
+    keys["docs/x.md"] = page("x.md").encode()  # a file, and the folder of x.md/inside.md
     keys["docs-old/other.md"] = b"# other tenant\n\nothertenantword\n"
     bucket = new_bucket(s3, keys)
     source = s3_source(s3, {"sb": f"s3://{bucket}/docs"})
@@ -414,7 +415,7 @@ def test_odd_object_keys_ingest_the_rest_and_equal_a_clean_build(s3, aws, tmp_pa
     for name, why in expected.items():
         assert why in errors[name] and f"docs/{name}" in errors[name]
     indexed = points(pipeline, "sb")
-    assert set(indexed) == set(KEY_NAMES)
+    assert set(indexed) == {*KEY_NAMES, "x.md"}
     assert indexed[NFC].isdisjoint(indexed[NFD])
     again = pipeline.run(["sb"], run_id="again")["sb"]
     assert (again.outcome.result.embedded, again.outcome.result.deleted) == (0, 0)
@@ -627,3 +628,29 @@ def test_a_git_book_that_cannot_be_read_fails_alone_and_loses_nothing(tmp_path, 
     }
     assert points(pipeline, "gb") == before
     source.close()
+
+
+@NEEDS_GIT
+@pytest.mark.integration  # git processes
+def test_first_looks_at_a_git_book_at_once_share_its_cache_repository(tmp_path):
+    """A sensor tick, an ``ingest`` and live mode looking at a new git book at once (here
+    six sources in threads, each as a process of its own would): every look lists the book.
+    They collided on git's lock files ("could not lock config file", "cannot copy ...
+    hooks: File exists") and the loser's book failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("pages", {f"p{i}.md": page(str(i)) * 20 for i in range(200)})
+
+    def look(n: int) -> str:
+        source = git_source(tmp_path / f"round{n // 6}", str(repo.path))
+        try:
+            return f"{len(source.versions('gb').files)} files"
+        except Exception as exc:
+            return f"failed: {exc}"
+        finally:
+            source.close()
+
+    with ThreadPoolExecutor(6) as pool:
+        looks = list(pool.map(look, range(36)))  # six rounds of six on a new cache
+    assert looks == ["200 files"] * 36, [s for s in looks if "failed" in s][:3]

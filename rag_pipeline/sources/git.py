@@ -20,13 +20,15 @@ taken for deleted, every other book goes on, and the next look tries again.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import subprocess
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,6 +236,24 @@ class _Blobs:
         if self.proc is not None and self.pid == os.getpid():
             _end(self.proc)
         self.proc = None
+
+
+@contextmanager
+def _exclusive(repo: Path) -> Iterator[None]:
+    """Held by one process (and thread) at a time for the cache repository ``repo``: its
+    creation and its fetches. Two at once (a sensor tick and an ``ingest``, live mode's look)
+    collide on git's own lock files (``config.lock``, a ref's ``.lock``) and one fails the
+    book; the second waits, then finds the work done."""
+    try:
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(repo.parent / f"{repo.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise GitError(f"cannot create the cache folder {repo.parent}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (let go when the file is closed, or the process ends)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:
@@ -463,13 +483,8 @@ class GitSource(BookSource):
         if all((book.repo / part).exists() for part in ("HEAD", "config", "objects", "refs")):
             book.ready = True  # made whole by an earlier process
             return
-        try:
-            book.repo.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise GitError(
-                f"cannot create the cache folder {book.repo.parent}: {exc.strerror}"
-            ) from None
-        _git(book.repo, "init", "--bare", "--quiet", str(book.repo))
+        with _exclusive(book.repo):
+            _git(book.repo, "init", "--bare", "--quiet", str(book.repo))
         book.ready = True
 
     def _has_commit(self, book: _Book, sha: str) -> bool:
@@ -518,6 +533,10 @@ class GitSource(BookSource):
         raise GitError(f"no branch, tag or commit {spec.ref!r} in the repository")
 
     def _fetch(self, book: _Book, remote_ref: str, local_ref: str) -> None:
+        with _exclusive(book.repo):
+            self._fetch_now(book, remote_ref, local_ref)
+
+    def _fetch_now(self, book: _Book, remote_ref: str, local_ref: str) -> None:
         _git(
             book.repo,
             "fetch",
