@@ -654,3 +654,31 @@ def test_first_looks_at_a_git_book_at_once_share_its_cache_repository(tmp_path):
     with ThreadPoolExecutor(6) as pool:
         looks = list(pool.map(look, range(36)))  # six rounds of six on a new cache
     assert looks == ["200 files"] * 36, [s for s in looks if "failed" in s][:3]
+
+
+@pytest.mark.integration  # git processes
+def test_the_books_sensor_never_shows_a_repository_urls_credentials(tmp_path, data_dir, caplog):
+    """The sensor's tick over a git book whose URL holds a token and cannot be reached: its
+    run requests, its cursor and its log name the book without the token."""
+    import logging
+
+    from rag_pipeline.sources.declared import DeclaredSources
+    from rag_pipeline.sources.scan import clear_scan_cache
+    from rag_pipeline_tests.conftest import make_source
+    from rag_pipeline_tests.test_sensors import Harness
+
+    (data_dir / "notes").mkdir()
+    (data_dir / "notes" / "n.md").write_text(page("n"))
+    url = CREDENTIAL_ENTRIES["git-unreachable"]["git"]
+    sources = write_sources(tmp_path / "sources.yaml", {"gb": {"git": url}})
+    clear_scan_cache()
+    harness = Harness(data_dir)
+    source = DeclaredSources(make_source(data_dir), sources, cache_dir=tmp_path / "cache")
+    harness.pipeline = harness.pipeline.with_source(source)
+    caplog.set_level(logging.DEBUG)
+    shown = []
+    for _ in range(2):
+        result = harness.tick()
+        shown += [repr(result), str(harness.cursor)]
+    assert harness.partitions == ["gb", "notes"]
+    assert not any(SECRET in s for s in [*shown, caplog.text])
