@@ -682,3 +682,51 @@ def test_the_books_sensor_never_shows_a_repository_urls_credentials(tmp_path, da
         shown += [repr(result), str(harness.cursor)]
     assert harness.partitions == ["gb", "notes"]
     assert not any(SECRET in s for s in [*shown, caplog.text])
+
+
+LFS_POINTER = (
+    b"version https://git-lfs.github.com/spec/v1\n"
+    b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+    b"size 12345\n"
+)
+
+
+@NEEDS_GIT
+@pytest.mark.integration  # git processes
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (LFS_POINTER, "Git LFS pointer"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, "binary"),
+        (b"# Huge\n\n" + b"word " * 220_000, "too large"),
+    ],
+    ids=["lfs-pointer", "binary", "huge"],
+)
+def test_a_git_page_turned_into_a_pointer_binary_or_huge_blob_keeps_its_points(
+    tmp_path, content, said
+):
+    """A committed page replaced by an LFS pointer, binary bytes or a blob over the size
+    limit: an error naming the file and why, its last good points kept, the other pages
+    ingested; the page fixed, the index equals a clean build."""
+    from rag_pipeline.sources.git import GitBookSpec, GitSource
+
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("pages", {"a.md": page("a"), "b.md": page("b")})
+    source = GitSource(
+        {"gb": GitBookSpec(git=str(repo.path))},
+        cache_dir=tmp_path / "cache",
+        max_file_bytes=1_000_000,
+    )
+    pipeline = pipeline_of(source, tmp_path / "q")
+    pipeline.run(["gb"], run_id="first")
+    before = points(pipeline, "gb")
+    (repo.path / "a.md").write_bytes(content)
+    repo.commit("a.md broken", {"b.md": page("b v2"), "c.md": page("c")})
+    run = pipeline.run(["gb"], run_id="broken")["gb"]
+    assert said in errors_of(run)["a.md"], errors_of(run)
+    after = points(pipeline, "gb")
+    assert after["a.md"] == before["a.md"] and set(after) == {"a.md", "b.md", "c.md"}
+    repo.commit("a.md fixed", {"a.md": page("a v2")})
+    pipeline.run(["gb"], run_id="fixed")
+    assert points(pipeline, "gb") == clean_build(source, tmp_path / "clean", "gb")
+    source.close()
