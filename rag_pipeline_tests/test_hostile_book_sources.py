@@ -165,23 +165,50 @@ def test_odd_names_and_entries_that_are_not_files_ingest_the_rest_and_equal_a_cl
     source.close()
 
 
+#: a ref as a sources file may name it -> the commit it names (of the repository below)
+REFS = {
+    "main": "second",
+    "refs/heads/main": "second",
+    "heads/main": "second",  # git's short names of a ref
+    "tags/v1-light": "first",
+    "v1-light": "first",
+    "v1-annotated": "first",
+    "released": "side",  # a tag of a tag, on no branch
+    "SHA": "first",
+    "UPPER-SHA": "first",  # git takes a sha in either case
+    "SHORT-SHA-ON-A-TAG-ONLY": "side",
+}
+
+
 @NEEDS_GIT
 @pytest.mark.integration  # git processes
-@pytest.mark.parametrize(
-    "ref", ["main", "refs/heads/main", "v1-light", "v1-annotated", "SHA", "SHORT"]
-)
+@pytest.mark.parametrize("ref", sorted(REFS))
 def test_a_git_ref_may_be_a_branch_a_tag_or_a_sha(tmp_path, ref):
+    """Every name git gives a commit: branches, tags (lightweight, annotated, a tag of a tag),
+    their short names (``heads/main``, ``tags/v1``), a sha in either case, a short sha of a
+    commit only a tag reaches. (An upper-case sha and the last two were refused: "no
+    branch, tag or commit".)"""
     repo = GitRepo(tmp_path / "repo")
-    first = repo.commit("first", {"a.md": page("a")})
+    commits = {"first": repo.commit("first", {"a.md": page("a")})}
     repo.git("tag", "v1-light")
     repo.git("tag", "-a", "-m", "release", "v1-annotated")
-    repo.commit("later", {"b.md": page("b")})
-    ref = {"SHA": first, "SHORT": first[:10]}.get(ref, ref)
-    source = git_source(tmp_path, str(repo.path), ref=ref)
+    repo.git("checkout", "--quiet", "-b", "side")
+    commits["side"] = repo.commit("side", {"s.md": page("s")})
+    repo.git("tag", "-a", "-m", "inner", "inner")
+    repo.git("tag", "-a", "-m", "released", "released", "inner")
+    repo.git("checkout", "--quiet", "main")
+    repo.git("branch", "-D", "side")
+    commits["second"] = repo.commit("later", {"b.md": page("b")})
+    named = {
+        "SHA": commits["first"],
+        "UPPER-SHA": commits["first"].upper(),
+        "SHORT-SHA-ON-A-TAG-ONLY": commits["side"][:10],
+    }.get(ref, ref)
+    source = git_source(tmp_path, str(repo.path), ref=named)
     versions = source.versions("gb")
-    expected = ["a.md", "b.md"] if "main" in ref else ["a.md"]
-    assert [f.source_file for f in versions.files] == expected
-    assert versions.revision == (repo.head() if "main" in ref else first)
+    assert versions.revision == commits[REFS[ref]]
+    expected = {"first": ["a.md"], "side": ["a.md", "s.md"], "second": ["a.md", "b.md"]}
+    assert [f.source_file for f in versions.files] == expected[REFS[ref]]
     source.close()
 
 

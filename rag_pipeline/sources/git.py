@@ -124,6 +124,8 @@ class GitBookSpec(BaseModel):
     def _valid_ref(cls, value: str) -> str:
         if _BAD_REF.search(value):
             raise ValueError(f"not a branch, tag or commit name git accepts: {value!r}")
+        if _HEX40.match(value.lower()):
+            return value.lower()  # a commit's sha, as git accepts it in either case
         return value
 
     @field_validator("path")
@@ -512,7 +514,14 @@ class GitSource(BookSource):
         for line in listed.decode("utf-8", "replace").splitlines():
             sha, _, name = line.partition("\t")
             refs[name] = sha
-        for name in (spec.ref, f"refs/heads/{spec.ref}", f"refs/tags/{spec.ref}"):
+        # a branch before a tag of the same name (what ``ref: main`` means), then git's
+        # other names of a ref (``tags/v1``, ``heads/main``)
+        for name in (
+            spec.ref,
+            f"refs/heads/{spec.ref}",
+            f"refs/tags/{spec.ref}",
+            f"refs/{spec.ref}",
+        ):
             found = refs.get(f"{name}^{{}}") or refs.get(name)  # a tag: the commit it names
             if found is None:
                 continue
@@ -524,7 +533,7 @@ class GitSource(BookSource):
                     book.commits.add(found)
             return found
         if _SHORT_HEX.match(spec.ref):  # an abbreviated commit: fetch the branches and tags
-            self._fetch(book, "refs/heads/*", "refs/rag/heads/*")
+            self._fetch(book, "refs/heads/*", "refs/rag/heads/*", "+refs/tags/*:refs/rag/tags/*")
             try:
                 out = _git(book.repo, "rev-parse", "--verify", f"{spec.ref}^{{commit}}")
             except GitError:
@@ -532,22 +541,21 @@ class GitSource(BookSource):
             return out.decode().strip()
         raise GitError(f"no branch, tag or commit {spec.ref!r} in the repository")
 
-    def _fetch(self, book: _Book, remote_ref: str, local_ref: str) -> None:
+    def _fetch(self, book: _Book, remote_ref: str, local_ref: str, *more: str) -> None:
+        """Fetch ``remote_ref`` into ``local_ref`` (and the refspecs ``more``)."""
         with _exclusive(book.repo):
-            self._fetch_now(book, remote_ref, local_ref)
-
-    def _fetch_now(self, book: _Book, remote_ref: str, local_ref: str) -> None:
-        _git(
-            book.repo,
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--",
-            book.spec.git,
-            f"+{remote_ref}:{local_ref}",
-            timeout=FETCH_TIMEOUT_S,
-        )
+            _git(
+                book.repo,
+                "fetch",
+                "--quiet",
+                "--no-tags",
+                "--no-write-fetch-head",
+                "--",
+                book.spec.git,
+                f"+{remote_ref}:{local_ref}",
+                *more,
+                timeout=FETCH_TIMEOUT_S,
+            )
 
     def _list(self, book_id: str, book: _Book, commit: str) -> BookVersions:
         """The Markdown files of the commit's tree under the book's path, each with its blob id
