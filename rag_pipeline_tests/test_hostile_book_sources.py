@@ -757,3 +757,26 @@ def test_a_git_page_turned_into_a_pointer_binary_or_huge_blob_keeps_its_points(
     pipeline.run(["gb"], run_id="fixed")
     assert points(pipeline, "gb") == clean_build(source, tmp_path / "clean", "gb")
     source.close()
+
+
+def test_a_prefix_with_spaces_and_unicode_and_a_whole_bucket_book(s3, aws):
+    """A prefix with a space and an accent is a book like any; a book of the whole bucket
+    names a key with a leading ``/`` (an empty first part) as an error, never as a file."""
+    bucket = new_bucket(
+        s3,
+        {
+            "my docs/caf\u00e9/a.md": page("a").encode(),
+            "/lead.md": page("lead").encode(),
+            "top.md": page("top").encode(),
+        },
+    )
+    source = s3_source(
+        s3, {"spaced": f"s3://{bucket}/my docs/caf\u00e9", "whole": f"s3://{bucket}"}
+    )
+    spaced = source.versions("spaced")
+    assert [f.source_file for f in spaced.files] == ["a.md"] and not spaced.errors
+    assert source.read("spaced", spaced.files[0], spaced.boundary) == page("a").encode()
+    whole = source.versions("whole")
+    assert [f.source_file for f in whole.files] == ["my docs/caf\u00e9/a.md", "top.md"]
+    assert [e.source_file for e in whole.errors] == ["/lead.md"]
+    assert "'/lead.md'" in whole.errors[0].reason
