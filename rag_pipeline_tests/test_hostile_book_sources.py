@@ -780,3 +780,45 @@ def test_a_prefix_with_spaces_and_unicode_and_a_whole_bucket_book(s3, aws):
     assert [f.source_file for f in whole.files] == ["my docs/caf\u00e9/a.md", "top.md"]
     assert [e.source_file for e in whole.errors] == ["/lead.md"]
     assert "'/lead.md'" in whole.errors[0].reason
+
+
+@pytest.mark.parametrize("region", ["us-east-1\n", "not a region!", "-east"])
+def test_a_bad_region_is_exit_2_naming_the_field(tmp_path, data_dir, region):
+    """A region botocore refuses was a failure of every run; one with a newline went into a
+    request header and botocore's error quoted the signed header (the access key id and the
+    signature) in the book's failure. Both are refused when settings are read."""
+    cli = InProcessCli(tmp_path, data_dir)
+    entry = {"s3": "s3://team-docs/x/", "endpoint_url": "http://127.0.0.1:9", "region": region}
+    cli.env["RAG_SOURCES"] = str(write_sources(tmp_path / "sources.yaml", {"sb": entry}))
+    done = cli("plan", check=False)
+    assert done.returncode == 2 and "field 'region'" in done.stderr, done.stderr
+
+
+def test_an_http_clients_error_never_shows_the_request_signature(s3, aws):
+    """An HTTP client's error quoting the signed Authorization header: the book's failure
+    names the book and the reason with the credential and signature masked."""
+    from botocore.exceptions import HTTPClientError
+
+    from rag_pipeline.sources.base import BookUnavailableError
+
+    bucket = new_bucket(s3, {"docs/a.md": b"# A\n"})
+    source = s3_source(s3, {"sb": f"s3://{bucket}/docs/"})
+    real = source.client(source.books["sb"])
+    header = (
+        f"AWS4-HMAC-SHA256 Credential=AKIAEXAMPLEKEY/20260101/us-east-1/s3/aws4_request, "
+        f"SignedHeaders=host, Signature={SECRET}"
+    )
+
+    class Client:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def get_paginator(self, name: str) -> Any:
+            raise HTTPClientError(error=f"Invalid header value b'{header}'")
+
+    source._clients[(s3.url, None)] = Client()
+    with pytest.raises(BookUnavailableError) as caught:
+        source.versions("sb")
+    said = str(caught.value)
+    assert "'sb'" in said and "Invalid header value" in said
+    assert SECRET not in said and "AKIAEXAMPLEKEY" not in said

@@ -49,6 +49,10 @@ __all__ = ["S3BookSpec", "S3Source", "object_key_version"]
 
 # bucket names as S3 accepts them (3-63 lowercase letters, digits, '.', '-')
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+#: a region name as botocore accepts one
+_REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
+#: what a request's signature header holds, which an HTTP client's error may quote
+_SIGNED = re.compile(r"\b(Credential|Signature)=[^,\s'\"]+")
 #: errors that say the object is not there (a file deleted since the look)
 _GONE_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 #: seconds to reach an endpoint and to wait for an answer; attempts per request (a dead
@@ -108,6 +112,17 @@ class S3BookSpec(pydantic.BaseModel):
             )
         return value
 
+    @pydantic.field_validator("region")
+    @classmethod
+    def _valid_region(cls, value: str | None) -> str | None:
+        # botocore's own rule, at once: a region it refuses (or one with a newline, which it
+        # took and put in a request header, then quoted the signed header in its error)
+        if not value:
+            return None  # (boto3's default)
+        if not _REGION.fullmatch(value):
+            raise ValueError(f"{value!r} is not a region name (letters, digits and '-')")
+        return value
+
     @property
     def bucket(self) -> str:
         return self.s3[len("s3://") :].partition("/")[0]
@@ -142,7 +157,7 @@ def _reason(exc: BaseException) -> str:
         return "cannot connect to the endpoint"  # (the message names it)
     if isinstance(exc, NoCredentialsError):
         return "no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile)"
-    return without_credentials(str(exc) or type(exc).__name__)
+    return _SIGNED.sub(r"\1=***", without_credentials(str(exc) or type(exc).__name__))
 
 
 def _error_code(exc: BaseException) -> str:
