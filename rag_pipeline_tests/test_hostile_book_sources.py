@@ -43,6 +43,10 @@ ODD_NAMES = [
     "x.md/inside.md",  # a folder named like a Markdown file
     "back\\slash.md",
     "colon:and@at.md",
+    "a+b.md",  # what a URL's encoding changes (an object key travels in one)
+    "100%.md",
+    "a%20b.md",
+    "q?x#y&z=.md",
 ]
 #: the names a bucket of the test server takes (its HTTP path cannot hold a control character)
 KEY_NAMES = [n for n in ODD_NAMES if n.isprintable()]
@@ -232,23 +236,32 @@ def test_a_tag_of_a_tree_fails_the_book_naming_the_ref(tmp_path):
 @pytest.mark.integration  # git processes
 def test_git_books_whose_paths_share_a_start_or_look_like_patterns_stay_apart(tmp_path):
     """``docs`` never takes ``docs-old``'s files; a ``path`` is a folder's name, never a
-    pattern (``d*``, ``:(top)``): no such folder is the book's failure, nothing else is read."""
+    pattern (``d*``, ``:(top)``) nor a link of the tree (never followed): no such folder is the
+    book's failure, nothing else is read."""
     from rag_pipeline.sources.base import BookUnavailableError
     from rag_pipeline.sources.git import GitBookSpec, GitSource
 
     repo = GitRepo(tmp_path / "repo")
+    os.symlink("docs", repo.path / "alias")  # a link in the tree where the book's folder is
     first = repo.commit("two books", {"docs/a.md": page("a"), "docs-old/b.md": page("b")})
     repo.git("mv", "docs-old/b.md", "docs-old/c.md")
     second = repo.commit("rename in the other book")
     specs = {
         name: GitBookSpec(git=str(repo.path), path=path)
-        for name, path in [("docs", "docs"), ("old", "docs-old"), ("glob", "d*"), ("top", ":(top)")]
+        for name, path in [
+            ("docs", "docs"),
+            ("old", "docs-old"),
+            ("glob", "d*"),
+            ("top", ":(top)"),
+            ("alias", "alias"),
+            ("through", "alias/sub"),
+        ]
     }
     source = GitSource(specs, cache_dir=tmp_path / "cache")
     assert [f.source_file for f in source.versions("docs").files] == ["a.md"]
     assert [f.source_file for f in source.versions("old").files] == ["c.md"]
     assert "renamed" not in (source.revision_range("docs", first, second) or "")
-    for book, path in (("glob", "d*"), ("top", ":(top)")):
+    for book, path in (("glob", "d*"), ("top", ":(top)"), ("alias", "alias"), ("through", "alias")):
         with pytest.raises(BookUnavailableError, match="no folder"):
             source.versions(book)
         assert path in source.why_unreadable(book, "a.md")
