@@ -835,3 +835,37 @@ def test_an_http_clients_error_never_shows_the_request_signature(s3, aws):
     said = str(caught.value)
     assert "'sb'" in said and "Invalid header value" in said
     assert SECRET not in said and "AKIAEXAMPLEKEY" not in said
+
+
+@NEEDS_GIT
+@pytest.mark.integration  # git processes
+def test_the_cli_over_a_git_book_of_odd_names_and_links(tmp_path, data_dir):
+    """``ingest``, ``plan``, ``search`` and ``lineage`` as a user runs them over a git book of
+    odd names and a link to a file of the host: the link is an error naming it, every odd
+    name is found and traced to its commit and blob, a second ``plan`` says unchanged, and
+    the host file's text is never found."""
+    repo = GitRepo(tmp_path / "repo")
+    (tmp_path / "host.md").write_text("# Host\n\nhostsecretword\n")
+    repo.write({n: page(n) for n in ODD_NAMES})
+    os.symlink(str(tmp_path / "host.md"), repo.path / "host.md")
+    commit = repo.commit("odd names")
+    cli = InProcessCli(tmp_path, data_dir)
+    cli.env["RAG_SOURCES"] = str(
+        write_sources(tmp_path / "sources.yaml", {"gb": {"git": str(repo.path)}})
+    )
+    done = cli("ingest", "--json", check=False)
+    assert_no_trace(done.stderr)
+    report = json.loads(done.stdout)["books"]["gb"]
+    assert report["files_new"] == len(ODD_NAMES), report
+    (error,) = report["error_messages"]
+    assert "host.md" in error and "symbolic link" in error
+    assert json.loads(cli("plan", "--json").stdout)["books"]["gb"]["action"] == "unchanged"
+    assert cli.json("search", "hostsecretword", "--book", "gb", "--mode", "sparse") == []
+    for name in ("new\nline.md", NFD, "-leading-dash.md"):
+        word = str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+        hits = cli.json("search", word, "--book", "gb", "--mode", "sparse")
+        assert hits and hits[0]["source_file"] == name, (name, hits[:1])
+        traced = cli.json("lineage", hits[0]["id"], "--book", "gb")
+        assert traced["source_revision"] == commit and traced["source_file"] == name
+        assert traced["source_version"] == repo.git("rev-parse", f"HEAD:{name}")
+        assert traced["file_changed_since_indexed"] is False
