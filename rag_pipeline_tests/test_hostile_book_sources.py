@@ -869,3 +869,28 @@ def test_the_cli_over_a_git_book_of_odd_names_and_links(tmp_path, data_dir):
         assert traced["source_revision"] == commit and traced["source_file"] == name
         assert traced["source_version"] == repo.git("rev-parse", f"HEAD:{name}")
         assert traced["file_changed_since_indexed"] is False
+
+
+@NEEDS_GIT
+@pytest.mark.integration  # git processes
+@pytest.mark.parametrize("left", ["a ref's lock (a fetch killed)", "config.lock (an init killed)"])
+def test_a_lock_file_left_by_a_killed_git_in_the_cache_never_blocks_the_book(tmp_path, left):
+    """An ingest killed while its git fetched (or made the cache repository) leaves git's
+    lock file behind: every later look at the new commit failed the book ("cannot lock ref
+    ...: File exists") until someone removed it by hand. The next look removes it."""
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("first", {"a.md": page("a")})
+    source = git_source(tmp_path, str(repo.path), ref="main")
+    source.versions("gb")
+    source.close()
+    new = repo.commit("second", {"b.md": page("b")})
+    (cache,) = (tmp_path / "cache" / "git").glob("*.git")
+    if left.startswith("a ref's"):
+        (cache / "refs" / "rag" / "tips" / f"{new}.lock").write_text("")
+    else:
+        (cache / "config").rename(cache / "config.lock")
+    again = git_source(tmp_path, str(repo.path), ref="main")
+    versions = again.versions("gb")
+    assert versions.revision == new and [f.source_file for f in versions.files] == ["a.md", "b.md"]
+    assert not list(cache.rglob("*.lock"))
+    again.close()

@@ -240,6 +240,42 @@ class _Blobs:
         self.proc = None
 
 
+#: git's refusal to take a lock another git holds (or a killed one left)
+#: (its ``.lock``, or the file whose ``.lock`` it is)
+_STALE_LOCK = re.compile(
+    r"Unable to create '([^']+\.lock)': File exists|could not lock config file (.+): File exists"
+)
+
+
+def _git_alone(repo: Path, *args: str, timeout: float = 120.0) -> bytes:
+    """:func:`_git` by the holder of :func:`_exclusive`: a lock file of git's in the cache
+    repository then was left by a git killed mid-way (an ingest killed during a fetch or
+    the cache's creation), and is removed (it failed the book at every look until removed
+    by hand)."""
+    try:
+        return _git(repo, *args, timeout=timeout)
+    except GitError as exc:
+        stale = _STALE_LOCK.search(str(exc))
+        lock = stale and (stale.group(1) or f"{stale.group(2)}.lock")
+        if not lock or not _remove_stale_lock(repo, lock):
+            raise
+    return _git(repo, *args, timeout=timeout)
+
+
+def _remove_stale_lock(repo: Path, lock: str) -> bool:
+    """Remove ``lock`` if it is a lock file inside the cache repository ``repo`` (only
+    :func:`_exclusive`'s holder calls this: no git of this product holds it); whether it
+    was."""
+    path = Path(lock)
+    try:
+        if not path.resolve().is_relative_to(repo.resolve()):
+            return False
+        path.unlink()
+    except OSError:
+        return False
+    return True
+
+
 @contextmanager
 def _exclusive(repo: Path) -> Iterator[None]:
     """Held by one process (and thread) at a time for the cache repository ``repo``: its
@@ -486,7 +522,7 @@ class GitSource(BookSource):
             book.ready = True  # made whole by an earlier process
             return
         with _exclusive(book.repo):
-            _git(book.repo, "init", "--bare", "--quiet", str(book.repo))
+            _git_alone(book.repo, "init", "--bare", "--quiet", str(book.repo))
         book.ready = True
 
     def _has_commit(self, book: _Book, sha: str) -> bool:
@@ -543,19 +579,10 @@ class GitSource(BookSource):
 
     def _fetch(self, book: _Book, remote_ref: str, local_ref: str, *more: str) -> None:
         """Fetch ``remote_ref`` into ``local_ref`` (and the refspecs ``more``)."""
+        args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", book.spec.git]
+        args += [f"+{remote_ref}:{local_ref}", *more]
         with _exclusive(book.repo):
-            _git(
-                book.repo,
-                "fetch",
-                "--quiet",
-                "--no-tags",
-                "--no-write-fetch-head",
-                "--",
-                book.spec.git,
-                f"+{remote_ref}:{local_ref}",
-                *more,
-                timeout=FETCH_TIMEOUT_S,
-            )
+            _git_alone(book.repo, *args, timeout=FETCH_TIMEOUT_S)
 
     def _list(self, book_id: str, book: _Book, commit: str) -> BookVersions:
         """The Markdown files of the commit's tree under the book's path, each with its blob id
