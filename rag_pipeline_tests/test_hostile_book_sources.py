@@ -25,7 +25,7 @@ import pytest
 
 from rag_pipeline_tests.gitbooks import NEEDS_GIT, GitRepo, write_sources
 from rag_pipeline_tests.helpers import InProcessCli, assert_no_trace
-from rag_pipeline_tests.s3server import S3Server
+from rag_pipeline_tests.s3server import AWS, S3Server
 
 SECRET = "s3cr3t-T0KEN-9f8e7d"
 NFC = unicodedata.normalize("NFC", "caf\u00e9.md")
@@ -560,7 +560,7 @@ def test_an_object_changed_between_the_listing_and_the_read(s3, racing_book, tmp
 def test_aws_secrets_are_never_shown_when_the_store_refuses_them(s3, tmp_path, data_dir):
     """Refused credentials and an unreachable endpoint: the failure names the book, the URL
     and the reason, never the secret key."""
-    from rag_pipeline_tests.s3server import AWS, FOREIGN_AWS, closed_port
+    from rag_pipeline_tests.s3server import FOREIGN_AWS, closed_port
 
     bucket = new_bucket(s3, {"docs/a.md": page("a").encode()})
     dead = f"http://127.0.0.1:{closed_port()}"
@@ -894,3 +894,15 @@ def test_a_lock_file_left_by_a_killed_git_in_the_cache_never_blocks_the_book(tmp
     assert versions.revision == new and [f.source_file for f in versions.files] == ["a.md", "b.md"]
     assert not list(cache.rglob("*.lock"))
     again.close()
+
+
+def test_an_s3_books_source_is_described_as_one(s3, aws, tmp_path, data_dir):
+    """What ``plan`` and the Dagster UI say an object-store book is: kind ``s3``, its URL and
+    its endpoint (the kind said "book")."""
+    bucket = new_bucket(s3, {"docs/a.md": page("a").encode()})
+    cli = InProcessCli(tmp_path, data_dir)
+    cli.env.update(AWS)
+    books = {"sb": {"s3": f"s3://{bucket}/docs", "endpoint_url": s3.url}}
+    cli.env["RAG_SOURCES"] = str(write_sources(tmp_path / "sources.yaml", books))
+    plan = json.loads(cli("plan", "--json").stdout)["books"]["sb"]
+    assert plan["source"] == {"kind": "s3", "location": f"s3://{bucket}/docs/", "endpoint": s3.url}
