@@ -5,7 +5,8 @@ Every request it answers is logged (method, path, query), so a test counts the G
 made whatever process made them. Two faults a real server shows are switched on per test, in
 front of moto (which accepts any credentials and any read): an access key refused as AWS
 refuses an unknown one (403 InvalidAccessKeyId), and a bucket whose objects may be listed but
-not read (403 AccessDenied on GET and HEAD of an object).
+not read (403 AccessDenied on GET and HEAD of an object). A listing's pages may be made
+small (``page_size``), as a server may answer fewer keys than asked.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class S3Server:
         self.requests: list[Request] = []
         self.refused_keys: set[str] = set()
         self.unreadable_buckets: set[str] = set()
+        #: at most this many keys a listing's page (None: the server's 1,000), as a server
+        #: may answer fewer than asked
+        self.page_size: int | None = None
         self._moto = create_backend_app("s3")
         self._server = make_server("127.0.0.1", 0, self._app, threaded=True)
         self.url = f"http://127.0.0.1:{self._server.server_port}"
@@ -102,6 +106,12 @@ class S3Server:
             and request.bucket in self.unreadable_buckets
         ):
             return _error(start_response, "AccessDenied", "Access Denied")
+        if self.page_size is not None and request.is_listing:
+            from urllib.parse import parse_qsl, urlencode
+
+            query = dict(parse_qsl(request.query, keep_blank_values=True))
+            query["max-keys"] = str(self.page_size)
+            environ = {**environ, "QUERY_STRING": urlencode(query)}
         result: Iterable[bytes] = self._moto(environ, start_response)
         return result
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,7 +51,19 @@ __all__ = [
     "SourceReadError",
     "SourceUnavailableError",
     "too_large",
+    "without_credentials",
 ]
+
+#: the user-information part of a URL (``https://user:token@host``): what a repository or
+#: endpoint URL may carry as credentials
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s'\"@]+(?:@[^/\s'\"@]+)*@")
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``
+    (``https://***@host/repo.git``): what every message, plan, metadata field and log line
+    of a source says of a URL it was given, and all it says (one rule for every source)."""
+    return _URL_CREDENTIALS.sub(r"\1***@", text)
 
 
 class SourceUnavailableError(ValueError):
@@ -280,6 +293,9 @@ class BookSource(ABC):
                 except (OSError, SourceReadError) as exc:
                     gone = self.is_gone(book_id, source_file)
                     return FileNow(not gone, None, None if gone else _read_failure(exc))
+        for error in versions.errors:  # there, but refused (a link in a git tree): said why
+            if error.source_file == source_file:
+                return FileNow(False, None, error.reason)
         return FileNow(False, None)
 
     def hash(self, book_id: str, file: FileVersion, boundary: str) -> str:

@@ -35,6 +35,7 @@ from rag_pipeline.sources.base import (
     FileNow,
     FileVersion,
     SourceUnavailableError,
+    without_credentials,
 )
 from rag_pipeline.sources.folder import FolderSource
 from rag_pipeline.sources.git import GitBookSpec, GitSource
@@ -51,6 +52,8 @@ class SourcesFileError(ValueError):
     ``problem`` the entry and the field only."""
 
     def __init__(self, path: Path, problem: str) -> None:
+        # (a problem may quote the file, a URL's credentials with it: never shown)
+        problem = without_credentials(problem)
         super().__init__(f"sources file {path} (RAG_SOURCES): {problem}")
         self.problem = problem
 

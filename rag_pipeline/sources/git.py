@@ -20,13 +20,15 @@ taken for deleted, every other book goes on, and the next look tries again.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import subprocess
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +43,7 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
     too_large,
+    without_credentials,
 )
 from rag_pipeline.sources.crawl import is_book_path
 
@@ -53,10 +56,47 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _SHORT_HEX = re.compile(r"^[0-9a-f]{4,39}$")
 #: what ``git check-ref-format`` refuses anywhere in a ref, and what would be an option
 _BAD_REF = re.compile(r"(\.\.|@\{|[\x00-\x20\x7f~^:?*\[\\]|^-|^/|/$|\.lock$|//)")
-#: git never asks for a password on a terminal; ssh never prompts either
-_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": ""}
+#: git never asks for a password on a terminal; ssh never prompts either; a book's ``path``
+#: is a folder's name, never a pattern (``docs*`` or ``:(top)`` would name other folders)
+_GIT_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_ASKPASS": "",
+    "SSH_ASKPASS": "",
+    "GIT_LITERAL_PATHSPECS": "1",
+}
+#: what git takes from the environment to find a repository's parts (``git rev-parse
+#: --local-env-vars``, and a push's quarantine): set around a process started from a git
+#: hook or a work tree, they would send the cache repository's reads and writes elsewhere
+_REPOSITORY_ENV = frozenset(
+    {
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_COMMON_DIR",
+        "GIT_DIR",
+        "GIT_GRAFT_FILE",
+        "GIT_IMPLICIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_INTERNAL_SUPER_PREFIX",
+        "GIT_NAMESPACE",
+        "GIT_NO_REPLACE_OBJECTS",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_PREFIX",
+        "GIT_QUARANTINE_PATH",
+        "GIT_REPLACE_REF_BASE",
+        "GIT_SHALLOW_FILE",
+        "GIT_WORK_TREE",
+    }
+)
 #: a mode of ``git ls-tree``: a regular file (executable or not)
 _FILE_MODES = {"100644", "100755"}
+#: the other modes of a tree's entries, in words
+_OTHER_MODES = {"120000": "a symbolic link", "160000": "a submodule (gitlink)"}
+
+
+def _git_env() -> dict[str, str]:
+    """The environment of every git process: this one's, without what would point git at
+    another repository, and never prompting."""
+    env = {k: v for k, v in os.environ.items() if k not in _REPOSITORY_ENV}
+    return {**env, **_GIT_ENV}
 
 
 class GitError(Exception):
@@ -76,7 +116,7 @@ class GitBookSpec(BaseModel):
     @classmethod
     def _fetchable(cls, value: str) -> str:
         if value.startswith("-") or any(ord(c) < 32 for c in value):
-            raise ValueError(f"not a repository path or URL: {value!r}")
+            raise ValueError(f"not a repository path or URL: {without_credentials(repr(value))}")
         return value
 
     @field_validator("ref")
@@ -84,6 +124,8 @@ class GitBookSpec(BaseModel):
     def _valid_ref(cls, value: str) -> str:
         if _BAD_REF.search(value):
             raise ValueError(f"not a branch, tag or commit name git accepts: {value!r}")
+        if _HEX40.match(value.lower()):
+            return value.lower()  # a commit's sha, as git accepts it in either case
         return value
 
     @field_validator("path")
@@ -98,8 +140,13 @@ class GitBookSpec(BaseModel):
 
     @property
     def where(self) -> str:
-        """The book's origin in words: ``repo@ref:path``."""
-        return f"{self.git}@{self.ref}" + (f":{self.path}" if self.path else "")
+        """The book's origin in words: ``repo@ref:path`` (a URL's credentials never shown)."""
+        return f"{self.shown_git}@{self.ref}" + (f":{self.path}" if self.path else "")
+
+    @property
+    def shown_git(self) -> str:
+        """The repository as messages, plans and metadata show it: without credentials."""
+        return without_credentials(self.git)
 
 
 def git_available() -> bool:
@@ -119,7 +166,7 @@ def _git(repo: Path, *args: str, timeout: float = 120.0, stdin: bytes | None = N
             input=stdin,
             capture_output=True,
             timeout=timeout,
-            env={**os.environ, **_GIT_ENV},
+            env=_git_env(),
             check=False,
         )
     except FileNotFoundError:
@@ -132,6 +179,7 @@ def _git(repo: Path, *args: str, timeout: float = 120.0, stdin: bytes | None = N
         lines = [ln for ln in done.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
         fatal = [ln for ln in lines if ln.startswith(("fatal: ", "error: "))]
         reason = (fatal or lines or [f"git {args[0]} exited {done.returncode}"])[0].strip()
+        reason = without_credentials(reason)  # (git shows a remote's URL as it was given)
         raise GitError(reason.removeprefix("fatal: ").removeprefix("error: "))
     return done.stdout
 
@@ -160,7 +208,7 @@ class _Blobs:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                env={**os.environ, **_GIT_ENV},
+                env=_git_env(),
             )
             self.pid = os.getpid()
             weakref.finalize(self, _end, self.proc)  # ended with its reader
@@ -190,6 +238,60 @@ class _Blobs:
         if self.proc is not None and self.pid == os.getpid():
             _end(self.proc)
         self.proc = None
+
+
+#: git's refusal to take a lock another git holds (or a killed one left)
+#: (its ``.lock``, or the file whose ``.lock`` it is)
+_STALE_LOCK = re.compile(
+    r"Unable to create '([^']+\.lock)': File exists|could not lock config file (.+): File exists"
+)
+
+
+def _git_alone(repo: Path, *args: str, timeout: float = 120.0) -> bytes:
+    """:func:`_git` by the holder of :func:`_exclusive`: a lock file of git's in the cache
+    repository then was left by a git killed mid-way (an ingest killed during a fetch or
+    the cache's creation), and is removed (it failed the book at every look until removed
+    by hand)."""
+    try:
+        return _git(repo, *args, timeout=timeout)
+    except GitError as exc:
+        stale = _STALE_LOCK.search(str(exc))
+        lock = stale and (stale.group(1) or f"{stale.group(2)}.lock")
+        if not lock or not _remove_stale_lock(repo, lock):
+            raise
+    return _git(repo, *args, timeout=timeout)
+
+
+def _remove_stale_lock(repo: Path, lock: str) -> bool:
+    """Remove ``lock`` if it is a lock file inside the cache repository ``repo`` (only
+    :func:`_exclusive`'s holder calls this: no git of this product holds it); whether it
+    was."""
+    path = Path(lock)
+    try:
+        if not path.resolve().is_relative_to(repo.resolve()):
+            return False
+        path.unlink()
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def _exclusive(repo: Path) -> Iterator[None]:
+    """Held by one process (and thread) at a time for the cache repository ``repo``: its
+    creation and its fetches. Two at once (a sensor tick and an ``ingest``, live mode's look)
+    collide on git's own lock files (``config.lock``, a ref's ``.lock``) and one fails the
+    book; the second waits, then finds the work done."""
+    try:
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(repo.parent / f"{repo.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise GitError(f"cannot create the cache folder {repo.parent}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (let go when the file is closed, or the process ends)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:
@@ -304,7 +406,11 @@ class GitSource(BookSource):
             except BookUnavailableError:
                 return False  # the tree cannot be looked at: nothing is taken for deleted
         assert book.listed is not None
-        return all(v.source_file != source_file for v in book.listed.files)
+        # an entry the listing refused (a file turned into a link or a submodule) is there:
+        # its indexed chunks stay, as a folder's file turned into a link out does
+        listed = {v.source_file for v in book.listed.files}
+        listed.update(e.source_file for e in book.listed.errors)
+        return source_file not in listed
 
     def exists(self) -> bool:
         return True
@@ -322,11 +428,11 @@ class GitSource(BookSource):
     def locate(self, book_id: str, source_file: str) -> str:
         spec = self.books[book_id]
         inside = "/".join(p for p in (spec.path, source_file) if p)
-        return f"{spec.git}@{spec.ref}:{inside}"
+        return f"{spec.shown_git}@{spec.ref}:{inside}"
 
     def describe(self, book_id: str) -> dict[str, str]:
         spec = self.books[book_id]
-        return {"kind": "git", "location": spec.git, "ref": spec.ref, "path": spec.path}
+        return {"kind": "git", "location": spec.shown_git, "ref": spec.ref, "path": spec.path}
 
     def revision_info(self, book_id: str, revision: str) -> dict[str, str] | None:
         if not _HEX40.match(revision) or book_id not in self.books:
@@ -342,8 +448,8 @@ class GitSource(BookSource):
         return {"sha": sha, "author": author, "date": date, "subject": subject}
 
     def revision_range(self, book_id: str, old: str, new: str) -> str | None:
-        if not new or book_id not in self.books:
-            return None
+        if not _HEX40.match(new) or (old and not _HEX40.match(old)) or book_id not in self.books:
+            return None  # (what an index records is a commit; anything else is no argument)
         if not old:
             return f"commit {new[:12]} (first ingest)"
         if old == new:
@@ -401,7 +507,8 @@ class GitSource(BookSource):
             book = self._state.get(book_id)
             if book is None:
                 spec = self.books[book_id]
-                name = hashlib.sha256(spec.git.encode()).hexdigest()[:12]
+                # the repository without credentials: a rotated token keeps the cache
+                name = hashlib.sha256(spec.shown_git.encode()).hexdigest()[:12]
                 book = _Book(spec, self.cache_dir / "git" / f"{book_id}-{name}.git")
                 self._state[book_id] = book
             return book
@@ -414,13 +521,8 @@ class GitSource(BookSource):
         if all((book.repo / part).exists() for part in ("HEAD", "config", "objects", "refs")):
             book.ready = True  # made whole by an earlier process
             return
-        try:
-            book.repo.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise GitError(
-                f"cannot create the cache folder {book.repo.parent}: {exc.strerror}"
-            ) from None
-        _git(book.repo, "init", "--bare", "--quiet", str(book.repo))
+        with _exclusive(book.repo):
+            _git_alone(book.repo, "init", "--bare", "--quiet", str(book.repo))
         book.ready = True
 
     def _has_commit(self, book: _Book, sha: str) -> bool:
@@ -448,7 +550,14 @@ class GitSource(BookSource):
         for line in listed.decode("utf-8", "replace").splitlines():
             sha, _, name = line.partition("\t")
             refs[name] = sha
-        for name in (spec.ref, f"refs/heads/{spec.ref}", f"refs/tags/{spec.ref}"):
+        # a branch before a tag of the same name (what ``ref: main`` means), then git's
+        # other names of a ref (``tags/v1``, ``heads/main``)
+        for name in (
+            spec.ref,
+            f"refs/heads/{spec.ref}",
+            f"refs/tags/{spec.ref}",
+            f"refs/{spec.ref}",
+        ):
             found = refs.get(f"{name}^{{}}") or refs.get(name)  # a tag: the commit it names
             if found is None:
                 continue
@@ -460,7 +569,7 @@ class GitSource(BookSource):
                     book.commits.add(found)
             return found
         if _SHORT_HEX.match(spec.ref):  # an abbreviated commit: fetch the branches and tags
-            self._fetch(book, "refs/heads/*", "refs/rag/heads/*")
+            self._fetch(book, "refs/heads/*", "refs/rag/heads/*", "+refs/tags/*:refs/rag/tags/*")
             try:
                 out = _git(book.repo, "rev-parse", "--verify", f"{spec.ref}^{{commit}}")
             except GitError:
@@ -468,18 +577,12 @@ class GitSource(BookSource):
             return out.decode().strip()
         raise GitError(f"no branch, tag or commit {spec.ref!r} in the repository")
 
-    def _fetch(self, book: _Book, remote_ref: str, local_ref: str) -> None:
-        _git(
-            book.repo,
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--",
-            book.spec.git,
-            f"+{remote_ref}:{local_ref}",
-            timeout=FETCH_TIMEOUT_S,
-        )
+    def _fetch(self, book: _Book, remote_ref: str, local_ref: str, *more: str) -> None:
+        """Fetch ``remote_ref`` into ``local_ref`` (and the refspecs ``more``)."""
+        args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", book.spec.git]
+        args += [f"+{remote_ref}:{local_ref}", *more]
+        with _exclusive(book.repo):
+            _git_alone(book.repo, *args, timeout=FETCH_TIMEOUT_S)
 
     def _list(self, book_id: str, book: _Book, commit: str) -> BookVersions:
         """The Markdown files of the commit's tree under the book's path, each with its blob id
@@ -517,8 +620,12 @@ class GitSource(BookSource):
                 errors.append(FileError(book_id, shown, "crawl", why))
                 continue
             if kind != "blob" or mode not in _FILE_MODES:
-                what = "a symbolic link" if mode == "120000" else f"not a regular file ({mode})"
-                errors.append(FileError(book_id, rel, "crawl", f"{what} in git; refused"))
+                # never followed: a link's target is a path of the host or the work tree, a
+                # submodule's files are another repository's
+                what = _OTHER_MODES.get(mode, f"not a regular file (mode {mode})")
+                errors.append(
+                    FileError(book_id, rel, "crawl", f"{what} in git; refused, never followed")
+                )
                 continue
             sizes[blob] = int(size)
             files.append(FileVersion(rel, blob, f"{commit}:{prefix}{rel}", version=blob))

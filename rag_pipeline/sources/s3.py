@@ -37,6 +37,7 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
     too_large,
+    without_credentials,
 )
 from rag_pipeline.sources.crawl import MARKDOWN_SUFFIXES, is_book_path
 from rag_pipeline.sources.folder import DEFAULT_MAX_FILE_BYTES
@@ -48,6 +49,10 @@ __all__ = ["S3BookSpec", "S3Source", "object_key_version"]
 
 # bucket names as S3 accepts them (3-63 lowercase letters, digits, '.', '-')
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+#: a region name as botocore accepts one
+_REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
+#: what a request's signature header holds, which an HTTP client's error may quote
+_SIGNED = re.compile(r"\b(Credential|Signature)=[^,\s'\"]+")
 #: errors that say the object is not there (a file deleted since the look)
 _GONE_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 #: seconds to reach an endpoint and to wait for an answer; attempts per request (a dead
@@ -73,7 +78,8 @@ class S3BookSpec(pydantic.BaseModel):
     @classmethod
     def _valid_url(cls, value: str) -> str:
         if not value.startswith("s3://"):
-            raise ValueError(f"{value!r} is not an s3:// URL (write s3://bucket/prefix/)")
+            shown = without_credentials(repr(value))
+            raise ValueError(f"{shown} is not an s3:// URL (write s3://bucket/prefix/)")
         bucket, _, prefix = value[len("s3://") :].partition("/")
         if not _BUCKET.fullmatch(bucket) or ".." in bucket:
             raise ValueError(
@@ -92,8 +98,29 @@ class S3BookSpec(pydantic.BaseModel):
     @pydantic.field_validator("endpoint_url")
     @classmethod
     def _valid_endpoint(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"https?://[^/\s]+/?", value):
-            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL")
+        if value is None:
+            return value
+        if not re.fullmatch(r"https?://[^/\s]+/?", value):
+            raise ValueError(
+                f"{without_credentials(repr(value))} is not an http(s)://host[:port] URL"
+            )
+        if "@" in value:
+            # a key in the URL would be shown wherever the endpoint is (messages, plans, logs)
+            raise ValueError(
+                f"{without_credentials(repr(value))} holds credentials: give them as "
+                "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or a profile), not in the URL"
+            )
+        return value
+
+    @pydantic.field_validator("region")
+    @classmethod
+    def _valid_region(cls, value: str | None) -> str | None:
+        # botocore's own rule, at once: a region it refuses (or one with a newline, which it
+        # took and put in a request header, then quoted the signed header in its error)
+        if not value:
+            return None  # (boto3's default)
+        if not _REGION.fullmatch(value):
+            raise ValueError(f"{value!r} is not a region name (letters, digits and '-')")
         return value
 
     @property
@@ -125,12 +152,12 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         code = _error_code(exc)
         message = str(exc.response.get("Error", {}).get("Message") or "").strip()
-        return f"{code}: {message}" if message else code
+        return without_credentials(f"{code}: {message}" if message else code)
     if isinstance(exc, EndpointConnectionError):
         return "cannot connect to the endpoint"  # (the message names it)
     if isinstance(exc, NoCredentialsError):
         return "no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile)"
-    return str(exc) or type(exc).__name__
+    return _SIGNED.sub(r"\1=***", without_credentials(str(exc) or type(exc).__name__))
 
 
 def _error_code(exc: BaseException) -> str:
@@ -320,6 +347,13 @@ class S3Source(BookSource):
     def locate(self, book_id: str, source_file: str) -> str:
         spec = self.books.get(book_id)
         return f"{spec.s3}{source_file}" if spec else f"{book_id}/{source_file}"
+
+    def describe(self, book_id: str) -> dict[str, str]:
+        # (the base's said kind "book": the Dagster UI's source_kind of an S3 book)
+        spec = self.books.get(book_id)
+        if spec is None:
+            return super().describe(book_id)
+        return {"kind": "s3", "location": spec.s3, "endpoint": spec.endpoint_url or ""}
 
     def why_unreadable(self, book_id: str, source_file: str) -> str:
         return f"the object {self.locate(book_id, source_file)} exists but could not be read"
