@@ -27,6 +27,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
 
+from rag_pipeline.sources.base import DEFAULT_HARDWARE_TIER, DEFAULT_PATH_PATTERNS
+
 if TYPE_CHECKING:
     from rag_pipeline.ingest.live import LiveTiming
     from rag_pipeline.sources.base import BookSource, ParseOptions
@@ -48,18 +50,6 @@ __all__ = [
     "load_settings",
 ]
 
-# Regexes with named groups ``module``, ``chapter``, ``lesson`` matched against a file's path
-# relative to its book folder. Every pattern is tried; the first match wins per field.
-DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
-    r"(?:^|/)(?P<module>module-\d+[^/]*)/",
-    r"(?:^|/)chapter-(?P<chapter>\d+)[^/]*/",
-    r"(?:^|/)\d+-chapter-(?P<chapter>\d+)[^/]*/",
-    r"(?:^|/)ch(?:apter-)?(?P<chapter>\d+)-[^/]*\.mdx?$",
-    r"(?:^|/)(?:page|lesson)-(?P<lesson>\d+)[^/]*\.mdx?$",
-    r"(?:^|/)week-\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
-    r"(?:^|/)\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
-    r"chapter-\d+[^/]*/(?P<lesson>\d+)-[^/]*\.mdx?$",
-)
 #: the settings that hold a secret: validated as keys, and never shown in a message
 SECRET_FIELDS = ("openai_api_key", "qdrant_api_key")
 #: a collection name is also a folder name of the embedded stores: no separators, no dots
@@ -209,7 +199,7 @@ class Settings(BaseSettings):
     keep_old_recipe: bool = False
     # read as raw text, so that malformed JSON is reported by the validator below
     path_patterns: Annotated[tuple[str, ...], NoDecode] = DEFAULT_PATH_PATTERNS
-    default_hardware_tier: int = Field(1, ge=0, le=1000)
+    default_hardware_tier: int = Field(DEFAULT_HARDWARE_TIER, ge=0, le=1000)
     chunk_target_tokens: int = Field(_CHUNKING.target_tokens, ge=16, le=100_000)
     chunk_max_tokens: int = Field(_CHUNKING.max_tokens, ge=16, le=100_000)
     chunk_min_tokens: int = Field(_CHUNKING.min_tokens, ge=0, le=100_000)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from rag_pipeline.sources.watch import BookWatcher
 
 __all__ = [
+    "DEFAULT_HARDWARE_TIER",
+    "DEFAULT_PATH_PATTERNS",
     "BookFilesRead",
     "BookFingerprint",
     "BookListing",
@@ -180,6 +183,22 @@ class BookFingerprint:
     hashed: int = 0  # files whose bytes were read for this fingerprint
 
 
+# Regexes with named groups ``module``, ``chapter``, ``lesson`` matched against a file's path
+# relative to its book folder. Every pattern is tried; the first match wins per field.
+DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
+    r"(?:^|/)(?P<module>module-\d+[^/]*)/",
+    r"(?:^|/)chapter-(?P<chapter>\d+)[^/]*/",
+    r"(?:^|/)\d+-chapter-(?P<chapter>\d+)[^/]*/",
+    r"(?:^|/)ch(?:apter-)?(?P<chapter>\d+)-[^/]*\.mdx?$",
+    r"(?:^|/)(?:page|lesson)-(?P<lesson>\d+)[^/]*\.mdx?$",
+    r"(?:^|/)week-\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
+    r"(?:^|/)\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
+    r"chapter-\d+[^/]*/(?P<lesson>\d+)-[^/]*\.mdx?$",
+)
+#: the hardware tier of a document whose frontmatter states none, unless set
+DEFAULT_HARDWARE_TIER = 1
+
+
 @dataclass(frozen=True, slots=True)
 class ParseOptions:
     """How a file's bytes become a document: the path patterns that give ``module``,
@@ -187,7 +206,21 @@ class ParseOptions:
     frontmatter states none (``RAG_DEFAULT_HARDWARE_TIER``)."""
 
     path_patterns: tuple[str, ...] = ()
-    default_hardware_tier: int | None = 1
+    default_hardware_tier: int | None = DEFAULT_HARDWARE_TIER
+
+    @property
+    def key(self) -> str:
+        """What the metadata of a parse depends on, recorded on every document record: a
+        file indexed under other options is read again (its chunks' metadata would differ
+        from a clean build's). "" for the settings' defaults, which is also what a record
+        written before records held a key stands for."""
+        if (self.path_patterns, self.default_hardware_tier) == (
+            DEFAULT_PATH_PATTERNS,
+            DEFAULT_HARDWARE_TIER,
+        ):
+            return ""
+        text = json.dumps([list(self.path_patterns), self.default_hardware_tier])
+        return "metadata " + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 class BookSource(ABC):
