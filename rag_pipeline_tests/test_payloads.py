@@ -76,7 +76,7 @@ PINNED_DOCUMENT_KEYS = [
     "error",
     "error_stage",
     "parse_version",
-    "metadata_options",
+    "read_options",
     "warnings",
     "embedding_model",
     "embedding_dim",

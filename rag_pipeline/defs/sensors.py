@@ -18,8 +18,8 @@ failed (:class:`FailedBooks`). Then:
 * a book whose latest ingest runs all failed -> a new run once its back-off has passed;
 * a book holding an error record written under other parse rules (an upgrade changed them:
   :attr:`~rag_pipeline.recipes.choice.RecipeSource.parse_version`), or a file parsed under
-  other metadata settings (``RAG_PATH_PATTERNS``, ``RAG_DEFAULT_HARDWARE_TIER``) -> a run,
-  decided once per parse-rules version and metadata settings from each book's saved summary
+  other read settings (``ParseOptions.key``: path patterns, default tier, file limits) -> a
+  run, decided once per parse-rules version and read settings from each book's saved summary
   (the cursor records what its books were checked against, and the books the store was too
   busy to show);
 * a book whose searched index was built with another recipe than the configured one (a
@@ -360,7 +360,7 @@ def _check_parse_rules(
     context: SensorEvaluationContext, pipeline: IngestPipeline, book_ids: Sequence[str]
 ) -> RulesCheck:
     """Which of ``book_ids`` hold an error record of other parse rules, or a file parsed
-    under other metadata options."""
+    under other read settings."""
     version, options = pipeline.recipes.parse_version, pipeline.parsing.key
     return _check_books(
         context,
@@ -373,7 +373,7 @@ def _check_parse_rules(
 
 def _rules_key(pipeline: IngestPipeline) -> str:
     """What a book's records are checked against once (kept in the cursor): the parse rules,
-    and the metadata options when they are not the defaults."""
+    and the read settings when they are not the defaults."""
     options = pipeline.parsing.key
     return pipeline.recipes.parse_version + (f" | {options}" if options else "")
 
@@ -526,7 +526,7 @@ def build_books_sensor(
                 retried.append(book_id)
         # After the parse rules changed (an upgrade), a book whose error records were written
         # under other rules runs once, as a plan says it must, and so does a book parsed under
-        # other metadata settings: checked once per version, not per tick (the books that run
+        # other read settings: checked once per version, not per tick (the books that run
         # anyway are not checked)
         rules_key = _rules_key(pipeline)
         checked, unchecked = read_parse_check(context.cursor)

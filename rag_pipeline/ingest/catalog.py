@@ -86,9 +86,9 @@ def _record(document: IndexedDocument, signature: int) -> list[Any]:
         document.error,
         document.error_stage,
         document.parse_version,  # an error record's parse rules
-        document.metadata_options,  # other metadata settings than the defaults
+        document.read_options,  # read settings other than the defaults
     ]
-    if document.metadata_options:
+    if document.read_options:
         return record + tail
     if document.parse_version is not None:
         return record + tail[:4]

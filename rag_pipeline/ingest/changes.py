@@ -52,8 +52,8 @@ class IndexedDocument:
     #: the parse rules an error record was written under (None: an ok record, or one written
     #: before records named them): an error of other rules is read again
     parse_version: str | None = None
-    #: the metadata options the file was parsed with (``ParseOptions.key``; "": defaults)
-    metadata_options: str = ""
+    #: the read settings the file was read under (``ParseOptions.key``; "": the defaults)
+    read_options: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ def classify_files(
     force: bool = False,
     why_unreadable: Callable[[str], str] | None = None,
     parse_version: str | None = None,
-    metadata_options: str | None = None,
+    read_options: str | None = None,
 ) -> FileChanges:
     """Compare ``{source_file: sha256}`` of the files read on disk with the index.
 
@@ -127,10 +127,9 @@ def classify_files(
     says why a file that exists gave no bytes (a directory, a FIFO, a permission).
     ``parse_version`` (the parse rules of this run): a file whose record is an error written
     under other rules is read again (rules that refused it may now accept it).
-    ``metadata_options`` (``ParseOptions.key`` of this run): a file indexed under other
-    metadata options is read again (its chunks' metadata would not be a clean build's; the
-    vectors of unchanged texts are reused).
-    """
+    ``read_options`` (``ParseOptions.key`` of this run): a file indexed under other read
+    settings is read again (its chunks' metadata, or its refusal, would not be a clean
+    build's; the vectors of unchanged texts are reused)."""
     new: list[str] = []
     modified: list[str] = []
     unchanged: list[str] = []
@@ -139,7 +138,7 @@ def classify_files(
         record = indexed.get(name)
         reason = _reason(current[name], record, signature, chunk_points, name, force)
         if not reason and record is not None:
-            reason = _rules_changed(record, parse_version, metadata_options)
+            reason = _rules_changed(record, parse_version, read_options)
         if record is None:
             new.append(name)
         elif reason:
@@ -203,24 +202,24 @@ def _reason(
 def records_of_other_rules(
     indexed: Mapping[str, IndexedDocument],
     parse_version: str | None,
-    metadata_options: str | None = None,
+    read_options: str | None = None,
 ) -> list[str]:
     """The files :func:`classify_files` reads again for their records alone: errors written
     under parse rules other than ``parse_version`` (or none), files parsed under other
-    ``metadata_options``. What the books sensor asks of a book's summary once after an
+    ``read_options``. What the books sensor asks of a book's summary once after an
     upgrade or a settings change, without looking at its files."""
     return sorted(
         name
         for name, record in indexed.items()
-        if _rules_changed(record, parse_version, metadata_options)
+        if _rules_changed(record, parse_version, read_options)
     )
 
 
 def _rules_changed(
-    record: IndexedDocument, parse_version: str | None, metadata_options: str | None
+    record: IndexedDocument, parse_version: str | None, read_options: str | None
 ) -> str:
     """Why a file is read again by rules its record was not written under: an error by other
-    parse rules (they may now accept it), a parsed file by other metadata options."""
+    parse rules (they may now accept it), any other file by other read settings."""
     if record.status == "error":
         if parse_version is None or record.parse_version == parse_version:
             return ""
@@ -229,9 +228,13 @@ def _rules_changed(
             f"parse rules changed ({written}, now {parse_version}): "
             "its recorded error is read again"
         )
-    if metadata_options is None or record.metadata_options == metadata_options:
+    if read_options is None or record.read_options == read_options:
         return ""
     return (
-        "metadata settings changed (RAG_PATH_PATTERNS, RAG_DEFAULT_HARDWARE_TIER): "
-        "its chunks' metadata is read again"
+        f"read settings changed ({_settings(record.read_options)} -> "
+        f"{_settings(read_options)}): read again"
     )
+
+
+def _settings(key: str) -> str:
+    return key or "the defaults"

@@ -280,7 +280,7 @@ class IngestPipeline:
                     book_id,
                     store,
                     recipe,
-                    metadata_options=self.parsing.key,
+                    read_options=self.parsing.key,
                     force=force,
                     damage=damage,
                 )
@@ -362,7 +362,7 @@ class IngestPipeline:
         book_id = chunked.book_id
         recipe = self.recipe_of(chunked.inventory)
         lineage = source_lineage(recipe.lineage(run_id, embedded.sparse_model), chunked.inventory)
-        lineage = replace(lineage, metadata_options=self.parsing.key)
+        lineage = replace(lineage, read_options=self.parsing.key)
         with self.store.open(recipe=recipe) as store:
             checked = write_and_check(
                 store, self.source, chunked, embedded, lineage, recipe.dimension

@@ -297,7 +297,7 @@ def decide_purges(
 
 @dataclass(frozen=True)
 class RulesCheck:
-    """Which books hold a record written under other rules (parse rules, metadata options,
+    """Which books hold a record written under other rules (parse rules, read settings,
     a recipe), and which could not be looked at now (busy: looked at again later)."""
 
     stale: tuple[str, ...] = ()
@@ -305,12 +305,12 @@ class RulesCheck:
 
 
 def books_of_other_parse_rules(
-    store: VectorStore, book_ids: Sequence[str], parse_version: str, metadata_options: str
+    store: VectorStore, book_ids: Sequence[str], parse_version: str, read_options: str
 ) -> RulesCheck:
-    """The books a run under ``parse_version`` and ``metadata_options`` has work for because
+    """The books a run under ``parse_version`` and ``read_options`` has work for because
     of their records alone (the rule of :func:`~rag_pipeline.ingest.changes.classify_files`,
     applied to what the records say, no file read): what the books sensor and a plan agree on
-    after an upgrade of the parse rules or a change of the metadata settings. Each book's
+    after an upgrade of the parse rules or a change of the read settings. Each book's
     saved summary is read where the store vouches for it, else its document records (no
     chunk payloads)."""
     stale: list[str] = []
@@ -326,7 +326,7 @@ def books_of_other_parse_rules(
             continue
         except BookDamagedError:  # not a parse-rules matter: its plan says what it needs
             continue
-        if records_of_other_rules(state.documents, parse_version, metadata_options):
+        if records_of_other_rules(state.documents, parse_version, read_options):
             stale.append(book_id)
     return RulesCheck(tuple(stale), tuple(busy))
 
@@ -473,11 +473,11 @@ def plan_book(
     saved = None if force or not detail else saved_book_index(store, book_id)
     options = pipeline.parsing.key
     assessment = (
-        None if saved is None else assess(found, saved, recipe, source, metadata_options=options)
+        None if saved is None else assess(found, saved, recipe, source, read_options=options)
     )
     if assessment is None or assessment.changes.has_work:
         index = read_book_index(store, book_id, recipe, chunk_payloads=detail, found=found)
-        assessment = assess(found, index, recipe, source, metadata_options=options, force=force)
+        assessment = assess(found, index, recipe, source, read_options=options, force=force)
     book = plan_of(assessment)
     book.source = source.describe(book_id)
     abandoned = abandoned_build(store, book_id, recipe)

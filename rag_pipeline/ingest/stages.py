@@ -99,7 +99,7 @@ def _assess_for_run(
     store: VectorStore,
     recipe: IndexRecipe,
     force: bool,
-    metadata_options: str,
+    read_options: str,
 ) -> BookInventory:
     """The run's assessment, read in proportion to the change (issue 40.4): the book's
     document records and chunk counts (from its saved summary while the store vouches for
@@ -112,7 +112,7 @@ def _assess_for_run(
         book_id,
         store,
         recipe,
-        metadata_options=metadata_options,
+        read_options=read_options,
         force=force,
         chunk_payloads=False,
     )
@@ -132,19 +132,19 @@ def take_inventory(
     store: VectorStore,
     recipe: IndexRecipe,
     *,
-    metadata_options: str,
+    read_options: str,
     force: bool = False,
     damage: str | None = None,
 ) -> BookInventory:
     """Hash the book's files and compare them with what the index holds (files parsed under
-    other ``metadata_options`` are read again); a book whose index is found damaged (here, or
+    other ``read_options`` are read again); a book whose index is found damaged (here, or
     before: ``damage``, see :func:`discard_if_damaged`) loses what is left of it and is
     rebuilt, every file with that reason."""
     try:
-        inventory = _assess_for_run(source, book_id, store, recipe, force, metadata_options)
+        inventory = _assess_for_run(source, book_id, store, recipe, force, read_options)
     except BookDamagedError as exc:
         store.discard_damaged(book_id, exc.problem)
-        inventory = _assess_for_run(source, book_id, store, recipe, force, metadata_options)
+        inventory = _assess_for_run(source, book_id, store, recipe, force, read_options)
         damage = exc.problem
     if damage is None:
         return inventory

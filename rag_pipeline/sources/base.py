@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_HARDWARE_TIER",
+    "DEFAULT_MAX_FILE_BLOCKS",
+    "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_PATH_PATTERNS",
     "BookFilesRead",
     "BookFingerprint",
@@ -197,30 +199,43 @@ DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
 )
 #: the hardware tier of a document whose frontmatter states none, unless set
 DEFAULT_HARDWARE_TIER = 1
+#: larger files are refused with a per-file error (``RAG_MAX_FILE_BYTES``)
+DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
+#: Markdown blocks a file may hold unless RAG_MAX_FILE_BLOCKS says otherwise
+DEFAULT_MAX_FILE_BLOCKS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
 class ParseOptions:
     """How a file's bytes become a document: the path patterns that give ``module``,
     ``chapter`` and ``lesson`` (``RAG_PATH_PATTERNS``), the hardware tier of a document whose
-    frontmatter states none (``RAG_DEFAULT_HARDWARE_TIER``)."""
+    frontmatter states none (``RAG_DEFAULT_HARDWARE_TIER``), and the limits past which a file
+    is refused (``RAG_MAX_FILE_BYTES``, ``RAG_MAX_FILE_BLOCKS``: enforced by the source and the
+    chunker; here for :attr:`key`; None: not known, left out of it)."""
 
     path_patterns: tuple[str, ...] = ()
     default_hardware_tier: int | None = DEFAULT_HARDWARE_TIER
+    max_file_bytes: int | None = None
+    max_file_blocks: int | None = None
 
     @property
     def key(self) -> str:
-        """What the metadata of a parse depends on, recorded on every document record: a
-        file indexed under other options is read again (its chunks' metadata would differ
-        from a clean build's). "" for the settings' defaults, which is also what a record
-        written before records held a key stands for."""
-        if (self.path_patterns, self.default_hardware_tier) == (
-            DEFAULT_PATH_PATTERNS,
-            DEFAULT_HARDWARE_TIER,
-        ):
-            return ""
-        text = json.dumps([list(self.path_patterns), self.default_hardware_tier])
-        return "metadata " + hashlib.sha256(text.encode()).hexdigest()[:12]
+        """What a clean build of a file depends on besides its bytes and the recipe, recorded
+        on every document record (``read_options``): a file indexed under other settings is
+        read again (its chunks' metadata, or whether it is refused, would differ from a clean
+        build's). The settings that are not their defaults, in words; "" for none, which is
+        also what a record written before records held a key stands for."""
+        parts = []
+        if self.path_patterns != DEFAULT_PATH_PATTERNS:
+            text = json.dumps(list(self.path_patterns))
+            parts.append(f"path patterns {hashlib.sha256(text.encode()).hexdigest()[:8]}")
+        if self.default_hardware_tier != DEFAULT_HARDWARE_TIER:
+            parts.append(f"default tier {self.default_hardware_tier}")
+        if self.max_file_bytes not in (None, DEFAULT_MAX_FILE_BYTES):
+            parts.append(f"at most {self.max_file_bytes} bytes")
+        if self.max_file_blocks not in (None, DEFAULT_MAX_FILE_BLOCKS):
+            parts.append(f"at most {self.max_file_blocks} blocks")
+        return ", ".join(parts)
 
 
 class BookSource(ABC):

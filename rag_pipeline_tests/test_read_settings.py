@@ -1,12 +1,13 @@
-"""A change of the settings that shape a chunk's metadata (``RAG_PATH_PATTERNS``,
-``RAG_DEFAULT_HARDWARE_TIER``) converges to a clean build: the plan, a run, the books sensor
-and live mode read again every file parsed under other settings, and embed nothing for texts
-that did not change.
+"""A change of the settings that decide what a file gives besides its bytes and the recipe
+(``RAG_PATH_PATTERNS``, ``RAG_DEFAULT_HARDWARE_TIER``: a chunk's metadata; ``RAG_MAX_FILE_BYTES``,
+``RAG_MAX_FILE_BLOCKS``: whether it is refused) converges: the plan, a run, the books sensor and
+live mode read again every file read under other settings, and embed nothing for texts that
+did not change.
 
-Fault (before): neither setting was part of anything a plan compares, so after a change every
-unchanged file kept the metadata of the old settings for good (``plan``: "unchanged"; a
-search filtered by tier or module answered from the old values), while a clean build gave the
-new ones."""
+Fault (before): none of them was part of anything a plan compares, so after a change every
+unchanged file kept what the old settings gave for good (``plan``: "unchanged"; a search
+filtered by tier or module answered from the old values; a file past a lowered limit stayed
+indexed, unnamed), while a clean build gave the new."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def test_a_metadata_setting_changed_and_back_reads_every_file_again_and_embeds_n
         assert planned.action == "run", planned.reasons
         assert len(planned.changes.modified) == len(FILES["b"])
         assert planned.preview is not None and planned.preview.to_embed == 0
-        assert any("metadata settings changed" in r for r in planned.reasons), planned.reasons
+        assert any("read settings changed" in r for r in planned.reasons), planned.reasons
         result = pipeline.run(["b"])["b"].outcome.result
         assert (result.embedded, result.errors) == (0, 0)  # every vector reused
         clean = clean_build(data_dir, tmp_path / f"clean{step}", **settings)
@@ -117,11 +118,43 @@ def test_a_metadata_setting_changed_and_back_reads_every_file_again_and_embeds_n
     assert tiers["notes.md"] == 2 and tiers["plain.md"] == 1  # the frontmatter's tier wins
 
 
+@pytest.mark.parametrize(
+    ("lowered", "named"),
+    [
+        pytest.param({"max_file_bytes": 60}, "RAG_MAX_FILE_BYTES", id="bytes"),
+        pytest.param({"max_file_blocks": 2}, "RAG_MAX_FILE_BLOCKS", id="blocks"),
+    ],
+)
+def test_a_lowered_file_limit_names_the_files_past_it_and_a_raised_one_takes_them_back(
+    tmp_path: Path, lowered: dict[str, Any], named: str
+) -> None:
+    """Lowered: the files past the limit are errors naming the setting (their last good
+    chunks stay, as for any file that turns unreadable), the others embed nothing; set back:
+    the index is a clean build's again."""
+    data_dir = tmp_path / "books"
+    write_books(data_dir)
+    big = data_dir / "b" / "big.md"
+    big.write_text("# Big\n\n" + "\n\n".join(f"Paragraph {i} of the big file." for i in range(6)))
+    settle_files()
+    pipeline_of(data_dir, tmp_path).run(["b"])
+    pipeline = pipeline_of(data_dir, tmp_path, **lowered)
+    assert plan_of(pipeline, "b").action == "run"
+    result = pipeline.run(["b"])["b"].outcome.result
+    assert result.embedded == 0 and result.errors >= 1
+    assert any("big.md" in m and named in m for m in result.error_messages), result
+    assert plan_of(pipeline, "b").action == "unchanged"  # refused once, then left alone
+    restored = pipeline_of(data_dir, tmp_path)
+    assert plan_of(restored, "b").action == "run"
+    again = restored.run(["b"])["b"].outcome.result
+    assert (again.embedded, again.errors) == (0, 0)
+    assert points(restored, "b") == clean_build(data_dir, tmp_path / "clean")
+
+
 def test_the_sensor_runs_once_the_books_parsed_under_other_metadata_settings(
     tmp_path: Path,
 ) -> None:
     """After a settings change and a restart of the code server, the first tick requests a
-    run of every book parsed under other metadata settings (no file changed), once."""
+    run of every book read under other settings (no file changed), once."""
     data_dir = tmp_path / "books"
     write_books(data_dir)
     before = pipeline_of(data_dir, tmp_path)
