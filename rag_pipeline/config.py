@@ -27,6 +27,13 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
 
+from rag_pipeline.sources.base import (
+    DEFAULT_HARDWARE_TIER,
+    DEFAULT_MAX_FILE_BLOCKS,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_PATH_PATTERNS,
+)
+
 if TYPE_CHECKING:
     from rag_pipeline.ingest.live import LiveTiming
     from rag_pipeline.sources.base import BookSource, ParseOptions
@@ -48,18 +55,6 @@ __all__ = [
     "load_settings",
 ]
 
-# Regexes with named groups ``module``, ``chapter``, ``lesson`` matched against a file's path
-# relative to its book folder. Every pattern is tried; the first match wins per field.
-DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
-    r"(?:^|/)(?P<module>module-\d+[^/]*)/",
-    r"(?:^|/)chapter-(?P<chapter>\d+)[^/]*/",
-    r"(?:^|/)\d+-chapter-(?P<chapter>\d+)[^/]*/",
-    r"(?:^|/)ch(?:apter-)?(?P<chapter>\d+)-[^/]*\.mdx?$",
-    r"(?:^|/)(?:page|lesson)-(?P<lesson>\d+)[^/]*\.mdx?$",
-    r"(?:^|/)week-\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
-    r"(?:^|/)\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
-    r"chapter-\d+[^/]*/(?P<lesson>\d+)-[^/]*\.mdx?$",
-)
 #: the settings that hold a secret: validated as keys, and never shown in a message
 SECRET_FIELDS = ("openai_api_key", "qdrant_api_key")
 #: a collection name is also a folder name of the embedded stores: no separators, no dots
@@ -90,10 +85,6 @@ class BatchConfig:
 
     max_books: int = 50
     max_files: int = 500
-
-
-#: Markdown blocks a file may hold unless RAG_MAX_FILE_BLOCKS says otherwise
-DEFAULT_MAX_FILE_BLOCKS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +189,7 @@ class Settings(BaseSettings):
     openai_model: str = "text-embedding-3-small"
     openai_timeout_s: float = Field(30.0, gt=0, le=3600)
     openai_max_retries: int = Field(5, ge=0, le=100)
-    max_file_bytes: int = Field(10 * 1024 * 1024, ge=1, le=1 << 30)
+    max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, ge=1, le=1 << 30)
     # how long a command waits for an embedded store that another process holds
     busy_wait_s: float = Field(30.0, ge=0, le=86400)
     # `serve`: the time a client has to send a whole request (its headers and body), and
@@ -209,7 +200,7 @@ class Settings(BaseSettings):
     keep_old_recipe: bool = False
     # read as raw text, so that malformed JSON is reported by the validator below
     path_patterns: Annotated[tuple[str, ...], NoDecode] = DEFAULT_PATH_PATTERNS
-    default_hardware_tier: int = Field(1, ge=0, le=1000)
+    default_hardware_tier: int = Field(DEFAULT_HARDWARE_TIER, ge=0, le=1000)
     chunk_target_tokens: int = Field(_CHUNKING.target_tokens, ge=16, le=100_000)
     chunk_max_tokens: int = Field(_CHUNKING.max_tokens, ge=16, le=100_000)
     chunk_min_tokens: int = Field(_CHUNKING.min_tokens, ge=0, le=100_000)
@@ -264,10 +255,15 @@ class Settings(BaseSettings):
             raise SettingsError(f"invalid configuration: {exc}") from None
 
     def parsing(self) -> ParseOptions:
-        """How a file's bytes become a document (path patterns, default hardware tier)."""
+        """How a file's bytes become a document (path patterns, default hardware tier, limits)."""
         from rag_pipeline.sources.base import ParseOptions
 
-        return ParseOptions(tuple(self.path_patterns), self.default_hardware_tier)
+        return ParseOptions(
+            tuple(self.path_patterns),
+            self.default_hardware_tier,
+            self.max_file_bytes,
+            self.max_file_blocks,
+        )
 
     def batching(self) -> BatchConfig:
         return BatchConfig(self.batch_books, self.batch_files)

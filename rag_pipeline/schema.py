@@ -117,6 +117,10 @@ ERROR_STAGE: Final = "error_stage"
 #: the version of the parse rules the record was written under (read back for error records:
 #: one written under other rules is read again, see ``ingest.parse.PARSE_RULES_VERSION``)
 PARSE_VERSION: Final = "parse_version"
+#: the read settings the file was read under (``ParseOptions.key``: path patterns, default
+#: hardware tier, file limits; "" or absent for the defaults): a record of other settings that
+#: is not an error is read again, so its chunks are a clean build's
+READ_OPTIONS: Final = "read_options"
 WARNINGS: Final = "warnings"
 DESCRIPTION: Final = "description"
 FRONTMATTER: Final = "frontmatter"
@@ -170,6 +174,7 @@ class DocumentRecordPayload(TypedDict):
     error: str | None
     error_stage: str | None
     parse_version: str
+    read_options: str
     warnings: list[str]
     embedding_model: str
     embedding_dim: int
@@ -295,6 +300,8 @@ class Lineage(Protocol):
     @property
     def parse_version(self) -> str: ...
     @property
+    def read_options(self) -> str: ...
+    @property
     def run_id(self) -> str | None: ...
     @property
     def source_revision(self) -> str | None: ...
@@ -371,6 +378,7 @@ def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -
         error=error.reason if error else None,
         error_stage=error.stage if error else None,
         parse_version=lineage.parse_version,
+        read_options=lineage.read_options,
         warnings=list(outcome.warnings),
         embedding_model=lineage.embedding_model,
         embedding_dim=lineage.embedding_dim,

@@ -76,6 +76,7 @@ PINNED_DOCUMENT_KEYS = [
     "error",
     "error_stage",
     "parse_version",
+    "read_options",
     "warnings",
     "embedding_model",
     "embedding_dim",

@@ -91,7 +91,7 @@ def test_a_store_busy_at_the_check_is_checked_at_a_later_tick(upgraded, monkeypa
     monkeypatch.setattr(
         sensors,
         "books_of_other_parse_rules",
-        lambda store, book_ids, version: RulesCheck(busy=tuple(book_ids)),
+        lambda store, book_ids, version, options: RulesCheck(busy=tuple(book_ids)),
     )
     assert isinstance(harness.tick(), SkipReason)
     assert sensors.read_parse_check(harness.cursor)[1] == {"clean", "current", "old"}

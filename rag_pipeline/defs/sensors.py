@@ -17,9 +17,11 @@ failed (:class:`FailedBooks`). Then:
   its points (the sensor opens the store for no purge: runs hold its lock);
 * a book whose latest ingest runs all failed -> a new run once its back-off has passed;
 * a book holding an error record written under other parse rules (an upgrade changed them:
-  :attr:`~rag_pipeline.recipes.choice.RecipeSource.parse_version`) -> a run, decided once
-  per parse-rules version from each book's saved summary (the cursor records the version
-  its books were checked against, and the books the store was too busy to show);
+  :attr:`~rag_pipeline.recipes.choice.RecipeSource.parse_version`), or a file parsed under
+  other read settings (``ParseOptions.key``: path patterns, default tier, file limits) -> a
+  run, decided once per parse-rules version and read settings from each book's saved summary
+  (the cursor records what its books were checked against, and the books the store was too
+  busy to show);
 * a book whose searched index was built with another recipe than the configured one (a
   settings change: model, precision, dimension, chunk budget) -> a run, decided once per
   configured recipe (:func:`configured_recipe_key`, read from the settings without loading
@@ -357,15 +359,23 @@ def configured_recipe_key(recipes: RecipeSource) -> str:
 def _check_parse_rules(
     context: SensorEvaluationContext, pipeline: IngestPipeline, book_ids: Sequence[str]
 ) -> RulesCheck:
-    """Which of ``book_ids`` hold an error record of other parse rules."""
-    version = pipeline.recipes.parse_version
+    """Which of ``book_ids`` hold an error record of other parse rules, or a file parsed
+    under other read settings."""
+    version, options = pipeline.recipes.parse_version, pipeline.parsing.key
     return _check_books(
         context,
         pipeline,
         book_ids,
         "parse rules",
-        lambda store: books_of_other_parse_rules(store, book_ids, version),
+        lambda store: books_of_other_parse_rules(store, book_ids, version, options),
     )
+
+
+def _rules_key(pipeline: IngestPipeline) -> str:
+    """What a book's records are checked against once (kept in the cursor): the parse rules,
+    and the read settings when they are not the defaults."""
+    options = pipeline.parsing.key
+    return pipeline.recipes.parse_version + (f" | {options}" if options else "")
 
 
 def _check_recipes(
@@ -515,9 +525,10 @@ def build_books_sensor(
             elif book_id in due and book_id not in runs_in_flight().books:
                 retried.append(book_id)
         # After the parse rules changed (an upgrade), a book whose error records were written
-        # under other rules runs once, as a plan says it must: checked once per version, not
-        # per tick (the books that run anyway are not checked)
-        parse_version = pipeline.recipes.parse_version
+        # under other rules runs once, as a plan says it must, and so does a book parsed under
+        # other read settings: checked once per version, not per tick (the books that run
+        # anyway are not checked)
+        rules_key = _rules_key(pipeline)
         checked, unchecked = read_parse_check(context.cursor)
         rules = _check_parse_rules(
             context,
@@ -527,7 +538,7 @@ def build_books_sensor(
                 for b in sorted(states)
                 if b not in changed
                 and b not in retried
-                and (checked != parse_version or b in unchecked)
+                and (checked != rules_key or b in unchecked)
             ],
         )
         for book_id in rules.stale:
@@ -611,7 +622,7 @@ def build_books_sensor(
             failed,
             live=taken_over or read_live_generation(context.cursor),
             # a book the store did not show, or one held behind a batch, is checked again
-            parse=(parse_version, [*rules.busy, *(b for b in rules.stale if b in held)]),
+            parse=(rules_key, [*rules.busy, *(b for b in rules.stale if b in held)]),
             recipe=(recipe_key, [*recipes.busy, *(b for b in recipes.stale if b in held)]),
         )
         hashed = sum(s.hashed for s in states.values())

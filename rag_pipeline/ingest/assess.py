@@ -210,10 +210,12 @@ def assess(
     recipe: IndexRecipe,
     source: BookSource,
     *,
+    read_options: str,
     force: bool = False,
 ) -> BookAssessment:
     """Classify every file against the index: the book's decision, with its reasons (a file
-    the index holds that ``found`` lacks is deleted only when ``source`` says it is gone)."""
+    the index holds that ``found`` lacks is deleted only when ``source`` says it is gone;
+    one parsed under other ``read_options``, ``ParseOptions.key``, is read again)."""
     reembed = force or index.damaged
     book_id = found.book_id
     # what the look itself found wrong with a file (too large, a refused link) says why it
@@ -229,6 +231,7 @@ def assess(
         force=reembed,
         why_unreadable=lambda name: found_wrong.get(name) or source.why_unreadable(book_id, name),
         parse_version=recipe.parse_version,
+        read_options=read_options,
     )
     if index.damaged:
         changes = changes.with_reason(DAMAGED_VECTORS)
@@ -254,6 +257,7 @@ def assess_book(
     store: VectorStore,
     recipe: IndexRecipe,
     *,
+    read_options: str,
     force: bool = False,
     chunk_payloads: bool = True,
 ) -> BookAssessment:
@@ -264,4 +268,4 @@ def assess_book(
     saved = {} if force else saved_file_stats(store, book_id)
     found = source.scan(book_id, {n: v for n, v in saved.items() if isinstance(v[0], str)})
     index = read_book_index(store, book_id, recipe, chunk_payloads=chunk_payloads, found=found)
-    return assess(found, index, recipe, source, force=force)
+    return assess(found, index, recipe, source, read_options=read_options, force=force)

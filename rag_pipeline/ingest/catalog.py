@@ -80,10 +80,20 @@ def book_summary(
 
 def _record(document: IndexedDocument, signature: int) -> list[Any]:
     record: list[Any] = [document.source_file_hash, document.total_chunks, signature]
-    if (document.status, document.error, document.error_stage) != (STATUS_OK, None, None):
-        record += [document.status, document.error, document.error_stage]
-    if document.parse_version is not None:  # an error record's parse rules
-        record.append(document.parse_version)
+    # positions 3-7 kept only as far as one differs from an ok record of the defaults
+    tail = [
+        document.status,
+        document.error,
+        document.error_stage,
+        document.parse_version,  # an error record's parse rules
+        document.read_options,  # read settings other than the defaults
+    ]
+    if document.read_options:
+        return record + tail
+    if document.parse_version is not None:
+        return record + tail[:4]
+    if tuple(tail[:3]) != (STATUS_OK, None, None):
+        return record + tail[:3]
     return record
 
 
@@ -100,6 +110,7 @@ def index_from_summary(
     for name, record in dict(summary["records"]).items():
         status, error, stage = record[3:6] if len(record) >= 6 else (STATUS_OK, None, None)
         version = record[6] if len(record) >= 7 else None  # a summary before versions: none
+        options = record[7] if len(record) >= 8 else ""
         state.documents[name] = IndexedDocument(
             name,
             str(record[0]),
@@ -109,6 +120,7 @@ def index_from_summary(
             error,
             stage,
             None if version is None else str(version),
+            str(options or ""),
         )
     if "points_by_file" in summary:
         points = {str(k): int(v) for k, v in dict(summary["points_by_file"]).items()}

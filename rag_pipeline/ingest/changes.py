@@ -20,7 +20,7 @@ __all__ = [
     "FileStatus",
     "IndexedDocument",
     "classify_files",
-    "errors_of_other_rules",
+    "records_of_other_rules",
 ]
 
 #: error stage of a record whose file could not be read (crawl-time: not even hashed)
@@ -52,6 +52,8 @@ class IndexedDocument:
     #: the parse rules an error record was written under (None: an ok record, or one written
     #: before records named them): an error of other rules is read again
     parse_version: str | None = None
+    #: the read settings the file was read under (``ParseOptions.key``; "": the defaults)
+    read_options: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ def classify_files(
     force: bool = False,
     why_unreadable: Callable[[str], str] | None = None,
     parse_version: str | None = None,
+    read_options: str | None = None,
 ) -> FileChanges:
     """Compare ``{source_file: sha256}`` of the files read on disk with the index.
 
@@ -124,7 +127,9 @@ def classify_files(
     says why a file that exists gave no bytes (a directory, a FIFO, a permission).
     ``parse_version`` (the parse rules of this run): a file whose record is an error written
     under other rules is read again (rules that refused it may now accept it).
-    """
+    ``read_options`` (``ParseOptions.key`` of this run): a file indexed under other read
+    settings is read again (its chunks' metadata, or its refusal, would not be a clean
+    build's; the vectors of unchanged texts are reused)."""
     new: list[str] = []
     modified: list[str] = []
     unchanged: list[str] = []
@@ -132,8 +137,8 @@ def classify_files(
     for name in sorted(current):
         record = indexed.get(name)
         reason = _reason(current[name], record, signature, chunk_points, name, force)
-        if not reason and record is not None and parse_version is not None:
-            reason = _rules_changed(record, parse_version)
+        if not reason and record is not None:
+            reason = _rules_changed(record, parse_version, read_options)
         if record is None:
             new.append(name)
         elif reason:
@@ -194,16 +199,42 @@ def _reason(
     return ""
 
 
-def errors_of_other_rules(indexed: Mapping[str, IndexedDocument], parse_version: str) -> list[str]:
-    """The files whose records are errors written under parse rules other than
-    ``parse_version`` (or none): those :func:`classify_files` reads again. What the books
-    sensor asks of a book's summary once after an upgrade, without looking at its files."""
-    return sorted(n for n, record in indexed.items() if _rules_changed(record, parse_version))
+def records_of_other_rules(
+    indexed: Mapping[str, IndexedDocument],
+    parse_version: str | None,
+    read_options: str | None = None,
+) -> list[str]:
+    """The files :func:`classify_files` reads again for their records alone: errors written
+    under parse rules other than ``parse_version`` (or none), files parsed under other
+    ``read_options``. What the books sensor asks of a book's summary once after an
+    upgrade or a settings change, without looking at its files."""
+    return sorted(
+        name
+        for name, record in indexed.items()
+        if _rules_changed(record, parse_version, read_options)
+    )
 
 
-def _rules_changed(record: IndexedDocument, parse_version: str) -> str:
-    """Why a file whose record is an error is read again by rules it was not written under."""
-    if record.status != "error" or record.parse_version == parse_version:
+def _rules_changed(
+    record: IndexedDocument, parse_version: str | None, read_options: str | None
+) -> str:
+    """Why a file is read again by rules its record was not written under: an error by other
+    parse rules (they may now accept it), any other file by other read settings."""
+    if record.status == "error":
+        if parse_version is None or record.parse_version == parse_version:
+            return ""
+        written = f"version {record.parse_version}" if record.parse_version else "no version"
+        return (
+            f"parse rules changed ({written}, now {parse_version}): "
+            "its recorded error is read again"
+        )
+    if read_options is None or record.read_options == read_options:
         return ""
-    written = f"version {record.parse_version}" if record.parse_version else "no version"
-    return f"parse rules changed ({written}, now {parse_version}): its recorded error is read again"
+    return (
+        f"read settings changed ({_settings(record.read_options)} -> "
+        f"{_settings(read_options)}): read again"
+    )
+
+
+def _settings(key: str) -> str:
+    return key or "the defaults"

@@ -28,6 +28,7 @@ from rag_pipeline.schema import (
     ERROR_STAGE,
     INDEXED_AT,
     PARSE_VERSION,
+    READ_OPTIONS,
     RECORD_TYPE,
     SIGNATURE,
     SOURCE_FILE,
@@ -80,6 +81,7 @@ _STATE_FIELDS = [
     TOTAL_CHUNKS,
     ERROR_STAGE,
     PARSE_VERSION,
+    READ_OPTIONS,
     CONTENT_HASH,
     EMBEDDING_MODEL,
     SPARSE_MODEL,
@@ -179,6 +181,7 @@ def _read_into(
                 p.get(ERROR),
                 p.get(ERROR_STAGE),
                 version if isinstance(version, str) else None,
+                options if isinstance(options := p.get(READ_OPTIONS), str) else "",
             )
             revision, at = p.get(SOURCE_REVISION), str(p.get(INDEXED_AT) or "")
             if isinstance(revision, str) and revision and at >= state.revision_at:

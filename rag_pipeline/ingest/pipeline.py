@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -276,7 +276,13 @@ class IngestPipeline:
             # the run's handles build its recipe: a recipe change reads its pending build
             with self.store.open(recipe=recipe) as store:
                 inventory = take_inventory(
-                    self.source, book_id, store, recipe, force=force, damage=damage
+                    self.source,
+                    book_id,
+                    store,
+                    recipe,
+                    read_options=self.parsing.key,
+                    force=force,
+                    damage=damage,
                 )
             out[book_id] = AssessedBook(inventory, build, damage)
         return out
@@ -356,6 +362,7 @@ class IngestPipeline:
         book_id = chunked.book_id
         recipe = self.recipe_of(chunked.inventory)
         lineage = source_lineage(recipe.lineage(run_id, embedded.sparse_model), chunked.inventory)
+        lineage = replace(lineage, read_options=self.parsing.key)
         with self.store.open(recipe=recipe) as store:
             checked = write_and_check(
                 store, self.source, chunked, embedded, lineage, recipe.dimension

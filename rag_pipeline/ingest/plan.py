@@ -27,7 +27,7 @@ from rag_pipeline.ingest.assess import (
     saved_book_index,
 )
 from rag_pipeline.ingest.catalog import file_stats_from_summary, index_from_summary
-from rag_pipeline.ingest.changes import FileChanges, errors_of_other_rules
+from rag_pipeline.ingest.changes import FileChanges, records_of_other_rules
 from rag_pipeline.ingest.consistency import check_vectors
 from rag_pipeline.ingest.index import read_index_state
 from rag_pipeline.ingest.migration import migration_label
@@ -297,21 +297,22 @@ def decide_purges(
 
 @dataclass(frozen=True)
 class RulesCheck:
-    """Which books hold an error record written under other parse rules, and which could
-    not be looked at now (busy: looked at again later)."""
+    """Which books hold a record written under other rules (parse rules, read settings,
+    a recipe), and which could not be looked at now (busy: looked at again later)."""
 
     stale: tuple[str, ...] = ()
     busy: tuple[str, ...] = ()
 
 
 def books_of_other_parse_rules(
-    store: VectorStore, book_ids: Sequence[str], parse_version: str
+    store: VectorStore, book_ids: Sequence[str], parse_version: str, read_options: str
 ) -> RulesCheck:
-    """The books a run under ``parse_version`` has work for because of their error records
-    alone (the rule of :func:`~rag_pipeline.ingest.changes.classify_files`, applied to what
-    the records say, no file read): what the books sensor and a plan agree on after an
-    upgrade of the parse rules. Each book's saved summary is read where the store vouches for
-    it, else its document records (no chunk payloads)."""
+    """The books a run under ``parse_version`` and ``read_options`` has work for because
+    of their records alone (the rule of :func:`~rag_pipeline.ingest.changes.classify_files`,
+    applied to what the records say, no file read): what the books sensor and a plan agree on
+    after an upgrade of the parse rules or a change of the read settings. Each book's
+    saved summary is read where the store vouches for it, else its document records (no
+    chunk payloads)."""
     stale: list[str] = []
     busy: list[str] = []
     for book_id in book_ids:
@@ -325,7 +326,7 @@ def books_of_other_parse_rules(
             continue
         except BookDamagedError:  # not a parse-rules matter: its plan says what it needs
             continue
-        if errors_of_other_rules(state.documents, parse_version):
+        if records_of_other_rules(state.documents, parse_version, read_options):
             stale.append(book_id)
     return RulesCheck(tuple(stale), tuple(busy))
 
@@ -470,10 +471,13 @@ def plan_book(
     summary = saved_summary(store, book_id)
     found = source.scan(book_id, None if force else file_stats_from_summary(summary))
     saved = None if force or not detail else saved_book_index(store, book_id)
-    assessment = None if saved is None else assess(found, saved, recipe, source)
+    options = pipeline.parsing.key
+    assessment = (
+        None if saved is None else assess(found, saved, recipe, source, read_options=options)
+    )
     if assessment is None or assessment.changes.has_work:
         index = read_book_index(store, book_id, recipe, chunk_payloads=detail, found=found)
-        assessment = assess(found, index, recipe, source, force=force)
+        assessment = assess(found, index, recipe, source, read_options=options, force=force)
     book = plan_of(assessment)
     book.source = source.describe(book_id)
     abandoned = abandoned_build(store, book_id, recipe)

@@ -94,7 +94,12 @@ def discard_if_damaged(store: VectorStore, book_id: str) -> str | None:
 
 
 def _assess_for_run(
-    source: BookSource, book_id: str, store: VectorStore, recipe: IndexRecipe, force: bool
+    source: BookSource,
+    book_id: str,
+    store: VectorStore,
+    recipe: IndexRecipe,
+    force: bool,
+    read_options: str,
 ) -> BookInventory:
     """The run's assessment, read in proportion to the change (issue 40.4): the book's
     document records and chunk counts (from its saved summary while the store vouches for
@@ -102,7 +107,15 @@ def _assess_for_run(
     up by content hash (:func:`vectors_to_reuse`) and what it replaces is read per changed
     file when it writes (:func:`~rag_pipeline.ingest.index.write_book_changes`), so the
     inventory's ``state`` holds no chunk ids (``chunk_payloads_read`` is False)."""
-    inventory = assess_book(source, book_id, store, recipe, force=force, chunk_payloads=False)
+    inventory = assess_book(
+        source,
+        book_id,
+        store,
+        recipe,
+        read_options=read_options,
+        force=force,
+        chunk_payloads=False,
+    )
     inventory.state.sparse_model = sparse_model_of(store, book_id)
     inventory.state.chunk_payloads_read = False
     return inventory
@@ -119,17 +132,19 @@ def take_inventory(
     store: VectorStore,
     recipe: IndexRecipe,
     *,
+    read_options: str,
     force: bool = False,
     damage: str | None = None,
 ) -> BookInventory:
-    """Hash the book's files and compare them with what the index holds; a book whose
-    index is found damaged (here, or before: ``damage``, see :func:`discard_if_damaged`)
-    loses what is left of it and is rebuilt, every file with that reason."""
+    """Hash the book's files and compare them with what the index holds (files parsed under
+    other ``read_options`` are read again); a book whose index is found damaged (here, or
+    before: ``damage``, see :func:`discard_if_damaged`) loses what is left of it and is
+    rebuilt, every file with that reason."""
     try:
-        inventory = _assess_for_run(source, book_id, store, recipe, force)
+        inventory = _assess_for_run(source, book_id, store, recipe, force, read_options)
     except BookDamagedError as exc:
         store.discard_damaged(book_id, exc.problem)
-        inventory = _assess_for_run(source, book_id, store, recipe, force)
+        inventory = _assess_for_run(source, book_id, store, recipe, force, read_options)
         damage = exc.problem
     if damage is None:
         return inventory

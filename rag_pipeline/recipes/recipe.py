@@ -47,6 +47,8 @@ class LineageInfo:
     source_versions: Mapping[str, str] = field(default_factory=dict)
     #: the parse rules the run reads files with (recorded on every document record)
     parse_version: str = PARSE_RULES_VERSION
+    #: the read settings files are read under (``ParseOptions.key``)
+    read_options: str = ""
 
     def source_version(self, source_file: str) -> str | None:
         return self.source_versions.get(source_file)

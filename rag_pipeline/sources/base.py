@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
     from rag_pipeline.sources.watch import BookWatcher
 
 __all__ = [
+    "DEFAULT_HARDWARE_TIER",
+    "DEFAULT_MAX_FILE_BLOCKS",
+    "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_PATH_PATTERNS",
     "BookFilesRead",
     "BookFingerprint",
     "BookListing",
@@ -193,14 +198,57 @@ class BookFingerprint:
     hashed: int = 0  # files whose bytes were read for this fingerprint
 
 
+# Regexes with named groups ``module``, ``chapter``, ``lesson`` matched against a file's path
+# relative to its book folder. Every pattern is tried; the first match wins per field.
+DEFAULT_PATH_PATTERNS: tuple[str, ...] = (
+    r"(?:^|/)(?P<module>module-\d+[^/]*)/",
+    r"(?:^|/)chapter-(?P<chapter>\d+)[^/]*/",
+    r"(?:^|/)\d+-chapter-(?P<chapter>\d+)[^/]*/",
+    r"(?:^|/)ch(?:apter-)?(?P<chapter>\d+)-[^/]*\.mdx?$",
+    r"(?:^|/)(?:page|lesson)-(?P<lesson>\d+)[^/]*\.mdx?$",
+    r"(?:^|/)week-\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
+    r"(?:^|/)\d+-lesson-(?P<lesson>\d+)[^/]*\.mdx?$",
+    r"chapter-\d+[^/]*/(?P<lesson>\d+)-[^/]*\.mdx?$",
+)
+#: the hardware tier of a document whose frontmatter states none, unless set
+DEFAULT_HARDWARE_TIER = 1
+#: larger files are refused with a per-file error (``RAG_MAX_FILE_BYTES``)
+DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
+#: Markdown blocks a file may hold unless RAG_MAX_FILE_BLOCKS says otherwise
+DEFAULT_MAX_FILE_BLOCKS = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class ParseOptions:
     """How a file's bytes become a document: the path patterns that give ``module``,
     ``chapter`` and ``lesson`` (``RAG_PATH_PATTERNS``), the hardware tier of a document whose
-    frontmatter states none (``RAG_DEFAULT_HARDWARE_TIER``)."""
+    frontmatter states none (``RAG_DEFAULT_HARDWARE_TIER``), and the limits past which a file
+    is refused (``RAG_MAX_FILE_BYTES``, ``RAG_MAX_FILE_BLOCKS``: enforced by the source and the
+    chunker; here for :attr:`key`; None: not known, left out of it)."""
 
     path_patterns: tuple[str, ...] = ()
-    default_hardware_tier: int | None = 1
+    default_hardware_tier: int | None = DEFAULT_HARDWARE_TIER
+    max_file_bytes: int | None = None
+    max_file_blocks: int | None = None
+
+    @property
+    def key(self) -> str:
+        """What a clean build of a file depends on besides its bytes and the recipe, recorded
+        on every document record (``read_options``): a file indexed under other settings is
+        read again (its chunks' metadata, or whether it is refused, would differ from a clean
+        build's). The settings that are not their defaults, in words; "" for none, which is
+        also what a record written before records held a key stands for."""
+        parts = []
+        if self.path_patterns != DEFAULT_PATH_PATTERNS:
+            text = json.dumps(list(self.path_patterns))
+            parts.append(f"path patterns {hashlib.sha256(text.encode()).hexdigest()[:8]}")
+        if self.default_hardware_tier != DEFAULT_HARDWARE_TIER:
+            parts.append(f"default tier {self.default_hardware_tier}")
+        if self.max_file_bytes not in (None, DEFAULT_MAX_FILE_BYTES):
+            parts.append(f"at most {self.max_file_bytes} bytes")
+        if self.max_file_blocks not in (None, DEFAULT_MAX_FILE_BLOCKS):
+            parts.append(f"at most {self.max_file_blocks} blocks")
+        return ", ".join(parts)
 
 
 class BookSource(ABC):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rag_pipeline.models import SourceFile
 from rag_pipeline.sources.base import (
+    DEFAULT_MAX_FILE_BYTES,
     BookListing,
     BookSource,
     BookVersions,
@@ -36,9 +37,6 @@ from rag_pipeline.sources.crawl import (
 from rag_pipeline.sources.watch import BookWatcher, watcher_for
 
 __all__ = ["DEFAULT_MAX_FILE_BYTES", "FolderSource"]
-
-#: larger files are refused with a per-file error (``RAG_MAX_FILE_BYTES``)
-DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
 
 
 class FolderSource(BookSource):
