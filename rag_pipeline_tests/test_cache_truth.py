@@ -240,3 +240,30 @@ def differences(
         if differ:
             out[book] = differ
     return out
+
+
+def test_a_summary_outlives_the_first_read_after_a_write_that_deleted_points(
+    tmp_path, hash_embedder
+):
+    """The first load of a shard after a write that deleted points rewrites its id tracker's
+    versions file: that read must not make the summary stale (every later plan read the
+    book, the path that had the tied revisions)."""
+    from rag_pipeline.schema import documents_of
+    from rag_pipeline.store.edge import catalog
+    from rag_pipeline_tests.conftest import make_pipeline
+
+    data = tmp_path / "books"
+    (data / "b").mkdir(parents=True)
+    for name in ("one", "two"):
+        (data / "b" / f"{name}.md").write_text(page(name))
+    qdrant = tmp_path / "qdrant"
+    pipeline = make_pipeline(data, store_config(qdrant), make_recipe(hash_embedder))
+    pipeline.run(["b"], run_id="first")
+    (data / "b" / "one.md").write_text(page("edited"))  # its old chunks are deleted
+    pipeline.run(["b"], run_id="second")
+    with EdgeStore(COLLECTION, qdrant, COLLECTION_SCHEMA) as store:
+        assert len(list(store.scroll(documents_of("b"), fields=[]))) == 2  # a load: a read
+    with catalog._checked_lock:
+        catalog._checked.clear()
+    with EdgeStore(COLLECTION, qdrant, COLLECTION_SCHEMA) as store:
+        assert store.summary("b") is not None
