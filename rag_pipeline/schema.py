@@ -57,6 +57,7 @@ __all__ = [
     "chunks_of",
     "document_payload",
     "documents_of",
+    "indexed_now",
     "int_field",
 ]
 
@@ -309,11 +310,29 @@ class Lineage(Protocol):
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
-def chunk_payload(chunk: Chunk, lineage: Lineage) -> ChunkPayload:
-    """The payload of a chunk point."""
+def indexed_now(after: str = "") -> str:
+    """The ``indexed_at`` of the points one write of a book writes (one value for all of
+    them): UTC to the microsecond, and later than ``after`` (the newest ``indexed_at`` the
+    book's records hold) even when the wall clock says otherwise (stepped back, or the same
+    microsecond): a book's writes are ordered exactly, and its indexed revision is that of
+    its newest record (:class:`~rag_pipeline.ingest.index.IndexState`). Records written
+    before this had whole seconds (``...:05+00:00``), which sort before any written later
+    in the same second (``...:05.000001+00:00``: ``+`` is before ``.``)."""
+    now = _now()
+    try:
+        floor = dt.datetime.fromisoformat(after) + dt.timedelta(microseconds=1) if after else None
+        if floor is None or dt.datetime.fromisoformat(now) >= floor:
+            return now
+    except ValueError:  # not a time this pipeline wrote: the clock decides
+        return now
+    return floor.astimezone(dt.UTC).isoformat(timespec="microseconds")
+
+
+def chunk_payload(chunk: Chunk, lineage: Lineage, indexed_at: str | None = None) -> ChunkPayload:
+    """The payload of a chunk point (``indexed_at``: its write's, :func:`indexed_now`)."""
     meta = chunk.meta
     return ChunkPayload(
         record_type=CHUNK,
@@ -342,7 +361,7 @@ def chunk_payload(chunk: Chunk, lineage: Lineage) -> ChunkPayload:
         signature=lineage.signature,
         pipeline_version=lineage.pipeline_version,
         run_id=lineage.run_id,
-        indexed_at=_now(),
+        indexed_at=indexed_at or _now(),
         source_revision=lineage.source_revision,
         source_version=lineage.source_version(chunk.source_file),
     )
@@ -362,8 +381,11 @@ class DocumentOutcome:
     warnings: tuple[str, ...] = ()
 
 
-def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -> DocumentPayload:
-    """The payload of a file's document record (its metadata too when the file was parsed)."""
+def document_payload(
+    book_id: str, outcome: DocumentOutcome, lineage: Lineage, indexed_at: str | None = None
+) -> DocumentPayload:
+    """The payload of a file's document record (its metadata too when the file was parsed;
+    ``indexed_at``: its write's, :func:`indexed_now`)."""
     error = outcome.error
     payload = DocumentPayload(
         record_type=DOCUMENT,
@@ -385,7 +407,7 @@ def document_payload(book_id: str, outcome: DocumentOutcome, lineage: Lineage) -
         signature=lineage.signature,
         pipeline_version=lineage.pipeline_version,
         run_id=lineage.run_id,
-        indexed_at=_now(),
+        indexed_at=indexed_at or _now(),
         source_revision=lineage.source_revision,
         source_version=lineage.source_version(outcome.source_file),
     )

@@ -73,9 +73,28 @@ def book_summary(
     }
     if held != state.promised_chunks:
         summary["points_by_file"] = store.counts_by(chunks_of(book_id), SOURCE_FILE)
-    if state.revision:  # what the book was last indexed at (a git commit)
-        summary["revision"] = state.revision
+    if state.record_revisions:  # a source with revisions (git)
+        summary.update(_revisions_of(state))
     return summary
+
+
+def _revisions_of(state: IndexState) -> dict[str, Any]:
+    """What the book was last indexed at (``revision``: :attr:`IndexState.revision`), and
+    what it is decided from, compactly: each distinct (indexed_at, revision) of the records
+    once (``record_revisions``, oldest first; a write gives all its records one time) and,
+    for each record in the order of ``records``, the index of its pair (-1: none), so that a
+    run that starts from this summary and replaces or deletes the newest records gets the
+    answer a read of the book gives."""
+    pairs = sorted(set(state.record_revisions.values()))
+    index = {pair: i for i, pair in enumerate(pairs)}
+    return {
+        "revision": state.revision,
+        "record_revisions": [list(pair) for pair in pairs],
+        "revision_of_records": [
+            index.get(state.record_revisions.get(name, ("", "")), -1)
+            for name in sorted(state.documents)
+        ],
+    }
 
 
 def _record(document: IndexedDocument, signature: int) -> list[Any]:
@@ -129,9 +148,35 @@ def index_from_summary(
     else:
         return None  # not what book_summary writes: read the book
     state.chunk_points = sum(points.values())  # as read_book_index counts it from the book
-    revision = summary.get("revision")
-    state.revision = revision if isinstance(revision, str) and revision else None
+    if "revision" in summary or "record_revisions" in summary:
+        revisions = _record_revisions(summary, sorted(state.documents))
+        if revisions is None:
+            return None  # saved before records' revisions were: read the book
+        state.record_revisions = revisions
     return state, points
+
+
+def _record_revisions(
+    summary: Mapping[str, Any], names: list[str]
+) -> dict[str, tuple[str, str]] | None:
+    """source_file -> (indexed_at, revision) as :func:`_revisions_of` saved them (None: not
+    saved, or not what it saves)."""
+    pairs, of_records = summary.get("record_revisions"), summary.get("revision_of_records")
+    if not isinstance(pairs, list) or not isinstance(of_records, list):
+        return None
+    if len(of_records) != len(names):
+        return None
+    out: dict[str, tuple[str, str]] = {}
+    for name, i in zip(names, of_records, strict=True):
+        if not isinstance(i, int) or not -1 <= i < len(pairs):
+            return None
+        if i < 0:
+            continue
+        pair = pairs[i]
+        if not isinstance(pair, list) or len(pair) != 2:
+            return None
+        out[name] = (str(pair[0]), str(pair[1]))
+    return out
 
 
 def run_summary(
@@ -141,7 +186,6 @@ def run_summary(
     run_id: str | None,
     files: Iterable[SourceFile] = (),
     read_at_ns: int = 0,
-    revision: str = "",
     state: IndexState | None = None,
 ) -> dict[str, Any]:
     """:func:`book_summary` as a run leaves the book: with the run (the collection's page
@@ -160,8 +204,8 @@ def run_summary(
         and settled(f.key, read_at_ns)
     }
     summary["last_run"] = run_id
-    if revision:  # what the book's tree was at (a git commit): what a plan says it moves from
-        summary["revision"] = revision
+    # no "revision" of the run's own: the book's is its newest record's (book_summary), the
+    # answer a read of the book gives (a run that only deletes files writes no record)
     return summary
 
 

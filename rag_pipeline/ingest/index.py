@@ -45,6 +45,7 @@ from rag_pipeline.schema import (
     chunks_of,
     document_payload,
     documents_of,
+    indexed_now,
     int_field,
 )
 from rag_pipeline.store import (
@@ -103,13 +104,28 @@ class IndexState:
     chunk_points: int = 0
     #: the sparse encoder the book's chunks were encoded with (its BM25 average is the book's)
     sparse_model: str | None = None
-    #: the source revision (a git commit) of the document record written last: what the book
-    #: was last indexed at (None: a source without revisions)
-    revision: str | None = None
-    revision_at: str = ""  # when that record was written (its indexed_at)
+    #: source_file -> (indexed_at, source revision) of each document record that names a
+    #: revision (a git commit): what :attr:`revision` is decided from
+    record_revisions: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: whether ``chunk_ids`` and ``by_content`` were read (a run's assessment reads no chunk
     #: payloads: it looks its reusable vectors up by content hash; a plan's preview reads them)
     chunk_payloads_read: bool = True
+
+    @property
+    def revision(self) -> str | None:
+        """What the book was last indexed at (a git commit; None: a source without revisions):
+        the revision of its newest document record, by (indexed_at, revision). One exact
+        answer whichever way the records were read (the book, a saved summary, a run's own
+        writes): a total order over the records held now, never the order they were read in,
+        and never a record since replaced or deleted."""
+        newest = max(self.record_revisions.values(), default=None)
+        return None if newest is None else newest[1]
+
+    @property
+    def newest_indexed_at(self) -> str:
+        """The ``indexed_at`` of the newest of those records ("" when none): the next write
+        of the book is stamped later (:func:`~rag_pipeline.schema.indexed_now`)."""
+        return max((at for at, _ in self.record_revisions.values()), default="")
 
     @property
     def orphan_files(self) -> set[str]:
@@ -152,8 +168,7 @@ def documents_after_write(
     state = IndexState(
         before.book_id,
         {n: d for n, d in before.documents.items() if n not in written},
-        revision=before.revision,
-        revision_at=before.revision_at,
+        record_revisions={n: r for n, r in before.record_revisions.items() if n not in written},
     )
     if written:
         where = documents_of(before.book_id, MatchAny(SOURCE_FILE, tuple(sorted(written))))
@@ -183,9 +198,11 @@ def _read_into(
                 version if isinstance(version, str) else None,
                 options if isinstance(options := p.get(READ_OPTIONS), str) else "",
             )
-            revision, at = p.get(SOURCE_REVISION), str(p.get(INDEXED_AT) or "")
-            if isinstance(revision, str) and revision and at >= state.revision_at:
-                state.revision, state.revision_at = revision, at
+            revision = p.get(SOURCE_REVISION)
+            if isinstance(revision, str) and revision:
+                state.record_revisions[source_file] = (str(p.get(INDEXED_AT) or ""), revision)
+            else:
+                state.record_revisions.pop(source_file, None)
         elif p.get(RECORD_TYPE) == CHUNK:
             state.chunk_points += 1
             state.chunk_ids[source_file].add(record.id)
@@ -279,8 +296,11 @@ def write_book_changes(
     sparse: Sequence[SparseVector],
     outcomes: Sequence[DocumentOutcome],
     lineage: LineageInfo,
+    newer_than: str = "",
 ) -> WriteReport:
-    """Upsert the new points, delete what they replace, then commit the document records.
+    """Upsert the new points, delete what they replace, then commit the document records,
+    stamped later than ``newer_than`` (the newest ``indexed_at`` of the book's records,
+    :attr:`IndexState.newest_indexed_at`).
 
     Order matters for readers and for crashes: new chunks first (the book stays fully
     searchable), stale chunks next, document records last (the commit mark). Files whose new
@@ -288,11 +308,14 @@ def write_book_changes(
     the error until the file is fixed.
     """
     upserted = 0
+    indexed_at = indexed_now(newer_than)  # one time for the write: its records order as one
     for start in range(0, len(chunks), WRITE_BATCH):
         end = start + WRITE_BATCH
         vectors = sparse[start:end]  # encoded now (EncodedWhenRead): a batch's, not a book's
         points = [
-            PointRecord(c.id, dict(chunk_payload(c, lineage)), dense[start + i], vectors[i])
+            PointRecord(
+                c.id, dict(chunk_payload(c, lineage, indexed_at)), dense[start + i], vectors[i]
+            )
             for i, c in enumerate(chunks[start:end])
         ]
         upserted += store.upsert(points)
@@ -314,6 +337,7 @@ def write_book_changes(
                     if o.source_file in failed
                     else o,
                     lineage,
+                    indexed_at,
                 )
             ),
         )

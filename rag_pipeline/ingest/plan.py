@@ -485,9 +485,8 @@ def plan_book(
         book.action = "run"  # its run drops the build (finish_build): nothing else will
         book.reasons.append(abandoned)
     if found.revision:
-        indexed = summary.get("revision") if isinstance(summary, dict) else None
-        indexed = indexed if isinstance(indexed, str) else assessment.state.revision
-        book.indexed_revision = indexed or None
+        # the book's records decide it, read from the book or its summary alike (IndexState)
+        book.indexed_revision = assessment.state.revision
         book.revision = found.revision
         book.revisions = source.revision_range(book_id, book.indexed_revision or "", found.revision)
         if book.action == "run" and book.revisions:

@@ -538,6 +538,7 @@ def write_book(
         sparse=embedded.sparse,
         outcomes=chunked.outcomes,
         lineage=lineage,
+        newer_than=inventory.state.newest_indexed_at,
     )
     if catalog_of(store) is not None:
         state = documents_after_write(store, inventory.state, written_files(chunked))
@@ -571,7 +572,6 @@ def _save_summary(
             run_id=run_id,
             files=inventory.files,
             read_at_ns=inventory.read_at_ns,
-            revision=inventory.revision,
             state=state,
         )
         catalog.save_summary(inventory.book_id, summary)

@@ -35,11 +35,16 @@ from rag_pipeline.store.errors import limit_error
 
 #: files of an Edge shard that a read-only load, search, count, scroll or facet rewrites (their
 #: times, and edge_config.json's size at the first load; tracker_journal.dat is deleted), as
-#: measured on qdrant-edge-py 0.9: left out of a generation's fingerprint. Every other file
-#: (vectors, payload pages, sparse store, id tracker, WAL) is written only by writes.
+#: measured on qdrant-edge-py 0.9: left out of a generation's fingerprint. The id tracker's
+#: versions file is rewritten (the versions of deleted points cleared) by the first load after
+#: a write that deleted points: a search after a one-file edit made every later plan read the
+#: shard, the path whose tied revisions gave test_git_books its "2 commits" flake. Every other
+#: file (vectors, payload pages, sparse store, id mappings, WAL) is written only by writes,
+#: and every write reaches the WAL.
 _REWRITTEN_BY_READS = frozenset(
     {
         _CONFIG_FILE,
+        "mutable_id_tracker.versions",
         "segment.json",
         "tracker.dat",
         "tracker_journal.dat",
