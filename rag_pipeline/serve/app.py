@@ -180,6 +180,9 @@ def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[
 #: hundredths of a second for a small book, ~0.4 s at a million points). A loaded small book
 #: holds ~27 MB of its files' pages, a million-point one ~150 MB plus what its searches read.
 SERVED_BOOKS_LOADED = 16
+#: books whose recorded model the service remembers at most (a few hundred bytes each; the
+#: least recently asked forgotten first, read again from the store when asked)
+BOOKS_REMEMBERED = 4096
 #: how long the service trusts what it read of a book's recorded model; a reopened store
 #: (after an ingest run on the embedded folder) is read again at once
 BOOK_MODEL_TTL_S = 30.0
@@ -212,8 +215,10 @@ class Service:
         self.embedder = self._embedder_of(self.recipe)
         self._book_ttl_s = book_ttl_s
         #: book -> (its recorded model's recipe, when read, the store opening it was read in,
-        #: the signature of the generation the handle read then)
-        self._books: dict[str, tuple[IndexRecipe, float, int, str | None]] = {}
+        #: the signature of the generation the handle read then); the least recently asked
+        #: forgotten past :data:`BOOKS_REMEMBERED` (a client naming ever new books must not
+        #: grow the process)
+        self._books: OrderedDict[str, tuple[IndexRecipe, float, int, str | None]] = OrderedDict()
         config = settings.store()
         self.store_config, self.store_target = config, config.target
 
@@ -270,6 +275,8 @@ class Service:
         signature = searched_signature(store, book_id)  # the generation searched now
         with self._lock:
             known = self._books.get(book_id)
+            if known is not None:
+                self._books.move_to_end(book_id)
         if (
             known is not None
             and known[2:] == (opening, signature)
@@ -279,6 +286,9 @@ class Service:
         recipe = self.recipes.for_book(store, book_id, purpose="search").recipe
         with self._lock:
             self._books[book_id] = (recipe, now, opening, signature)
+            self._books.move_to_end(book_id)
+            while len(self._books) > BOOKS_REMEMBERED:
+                self._books.popitem(last=False)
         return recipe, signature
 
     def embed_first(self, request: SearchRequest) -> tuple[str, np.ndarray] | None:
@@ -594,6 +604,14 @@ def create_app(
         return await http_exception_handler(
             request, StarletteHTTPException(exc.status_code, exc.detail, headers=headers or None)
         )
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        # a bug, answered with the documented error body (Starlette's own was a text/plain
+        # "Internal Server Error"); never the exception's text, which may name a path or a
+        # value of another request. Starlette raises it on to the server, which logs it
+        # with its traceback
+        return CliJSONResponse({"detail": "internal error"}, status_code=500)
 
     @app.exception_handler(BookViewError)
     async def book_view_error(request: Request, exc: BookViewError) -> Response:
