@@ -27,6 +27,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvParseError
 
+from rag_pipeline.urls import shown_url
+
 if TYPE_CHECKING:
     from rag_pipeline.ingest.live import LiveTiming
     from rag_pipeline.sources.base import BookSource, ParseOptions
@@ -155,7 +157,7 @@ class StoreConfig:
     @property
     def target(self) -> str:
         """What a user reads in messages: the server URL or the engine and folder."""
-        return self.url or f"{self.embedded}:{self.path}"
+        return shown_url(self.url) if self.url else f"{self.embedded}:{self.path}"
 
 
 _CHUNKING = ChunkingConfig()

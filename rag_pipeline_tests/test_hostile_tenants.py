@@ -27,6 +27,8 @@ from rag_pipeline_tests.conftest import make_recipe, section, write_two_file_boo
 from rag_pipeline_tests.helpers import InProcessCli, index_books
 
 BOOKS = ("alpha", "Alpha", "docs", "docs-old", "beta")
+#: a Dagster UI behind basic authentication: lineage links it, never with its password
+DAGSTER_WITH_CREDENTIALS = "http://admin:s3cret@dagster.example:3000/"
 
 
 @dataclass
@@ -51,10 +53,15 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexed]:
     data_dir = write_two_file_books(root, BOOKS)
     cli = InProcessCli(root, data_dir)
     cli.env["RAG_BUSY_WAIT_S"] = "5"
+    cli.env["RAG_DAGSTER_URL"] = DAGSTER_WITH_CREDENTIALS
     store_path = Path(cli.env["RAG_QDRANT_PATH"])
     index_books(data_dir, str(store_path))
     settings = load_settings(
-        data_dir=data_dir, qdrant_path=str(store_path), embedder="hash", cache_dir=root / "cache"
+        data_dir=data_dir,
+        qdrant_path=str(store_path),
+        embedder="hash",
+        cache_dir=root / "cache",
+        dagster_url=DAGSTER_WITH_CREDENTIALS,
     )
     app = create_app(settings, make_recipe(HashEmbedder()), cache_size=0)
     # a bug's 500 is answered as a client sees it (test_an_unexpected_error_...)
@@ -422,6 +429,56 @@ def test_reads_of_books_the_store_does_not_hold_create_nothing_in_it(indexed):
         indexed.client.get("/search", params={"q": "nodes", "book": f"ghost{i}"})
         indexed.client.get(f"/lineage/{uuid.uuid4()}", params={"book": f"ghost{i}"})
     assert set(os.listdir(locks)) == before
+
+
+# -- credentials in a setting's URL are never shown -----------------------------------------
+
+
+def test_lineage_links_the_dagster_ui_without_its_credentials(indexed):
+    """Fault: ``RAG_DAGSTER_URL=http://admin:s3cret@...`` was linked whole in every
+    lineage answer (``dagster_run_url``, ``dagster_point_url``), to any client."""
+    hit = indexed.hits["alpha"]
+    info = indexed.client.get(f"/lineage/{hit['id']}", params={"book": "alpha"}).json()
+    code, out, _ = _cli(indexed, "lineage", hit["id"], "--book", "alpha", "--json")
+    assert code == 0 and json.loads(out) == info
+    assert info["dagster_run_url"].startswith("http://dagster.example:3000/runs/")
+    assert info["dagster_point_url"].startswith("http://dagster.example:3000/runs/")
+    assert "s3cret" not in out and "admin" not in out
+
+
+def test_the_service_never_shows_a_store_or_api_urls_credentials(tmp_path):
+    """Fault: ``RAG_QDRANT_URL=http://user:s3cret@host`` was answered whole by ``/health``
+    ("store") and in every 503 of the server unreachable ("Qdrant server http://user:
+    s3cret@..."); an API's ``OPENAI_BASE_URL`` likewise in the embedder's messages."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed import create_embedder
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.serve.app import create_app
+
+    settings = load_settings(
+        data_dir=tmp_path,
+        qdrant_url="http://user:s3cret@127.0.0.1:1",  # nothing listens: refused at once
+        qdrant_retries=1,
+        embedder="hash",
+        cache_dir=tmp_path,
+    )
+    app = create_app(settings, make_recipe(HashEmbedder()))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        health = client.get("/health")
+        assert health.json()["store"] == "http://127.0.0.1:1"
+        down = client.get("/search", params={"q": "nodes", "book": "alpha"})
+        assert down.status_code == 503 and "127.0.0.1:1" in down.json()["detail"]
+        assert "s3cret" not in health.text + down.text and "user" not in down.text
+    api = load_settings(
+        embedder="openai",
+        openai_api_key="sk-test",
+        openai_base_url="http://user:s3cret@127.0.0.1:1/v1",
+        cache_dir=tmp_path,
+    )
+    source = create_embedder(api.embedding()).source  # what its errors name
+    assert "127.0.0.1:1" in source and "s3cret" not in source
 
 
 # -- lineage: the file it reports, read within the book -------------------------------------

@@ -26,21 +26,23 @@ _Value = TypeVar("_Value", bound=Scalar)
 
 #: an integer's text: ASCII digits with an optional sign (not ``1.0``, ``1_000``, ``--5``, ``٣``)
 _INTEGER = re.compile(r"[+-]?[0-9]+")
-#: significant digits of the largest 64-bit integer: a text of more is never converted
-_INT64_DIGITS = len(str(INT64_MAX))
 
 
 def parse_integer(text: str) -> int:
     """The integer ``text`` names, by the one rule every integer a caller gives is read with
     (an option, a query parameter, a ``key=value`` filter): ASCII digits with an optional
     sign. ``ValueError`` saying what is wrong with the text (the caller names what it was
-    for): not a whole number, or more digits than any 64-bit integer has (Python refuses to
-    convert past 4300 digits, with a message about its own settings)."""
+    for): not a whole number, or digits past Python's conversion limit (4300), whose own
+    message named its settings. A value read is checked against its bounds by the caller
+    (64 bits for a filter: a 400 naming it)."""
     if not _INTEGER.fullmatch(text):
         raise ValueError(f"{_clipped(text)!r} is not a whole number")
-    if len(text.lstrip("+-").lstrip("0")) > _INT64_DIGITS:
-        raise ValueError(f"{_clipped(text)!r} ({len(text)} characters) does not fit in 64 bits")
-    return int(text)
+    try:
+        return int(text)
+    except ValueError:  # digits only: past Python's conversion limit, far past 64 bits
+        raise ValueError(
+            f"{_clipped(text)!r} ({len(text)} characters) does not fit in 64 bits"
+        ) from None
 
 
 def _clipped(text: str, chars: int = 40) -> str:
