@@ -583,3 +583,61 @@ def test_a_book_purged_while_served_answers_nothing_and_the_others_are_untouched
     assert document.status_code == 404
     after = client.get("/search", params={"q": "x", "book": "alpha", "limit": 10}).json()
     assert {h["id"] for h in after} == {h["id"] for h in hits.values()}
+
+
+def test_a_book_being_written_is_answered_whole_before_or_whole_after(tmp_path):
+    """Searches while a run writes a book the first time, then rewrites every file of it:
+    each answer holds none of its files or all of them, of one version: never part of a
+    first write, never old and new files mixed (found fine: a run's write is one switch)."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve.app import create_app
+
+    files = 12
+    data_dir = tmp_path / "books"
+    (data_dir / "seed").mkdir(parents=True)
+    (data_dir / "seed" / "s.md").write_text("# S\n\n" + section("Seed"))
+    (data_dir / "big").mkdir()
+
+    def write(title: str) -> None:
+        for i in range(files):
+            text = f"# {title}{i}\n\n" + section("Nodes", paragraphs=4, seed=f"{title}{i}")
+            (data_dir / "big" / f"f{i:02}.md").write_text(text)
+
+    write("F")
+    settings = load_settings(
+        data_dir=data_dir, qdrant_path=str(tmp_path / "q"), embedder="hash", cache_dir=tmp_path
+    )
+    recipe = make_recipe(HashEmbedder())
+    pipeline = IngestPipeline.from_settings(settings, recipe)
+    pipeline.run(["seed"], run_id="r0")
+    answers: list[tuple[int, int]] = []
+    stop = threading.Event()
+    with TestClient(create_app(settings, recipe, cache_size=0)) as client:
+
+        def poll() -> None:
+            params = {"q": "nodes", "book": "big", "limit": 1000, "mode": "dense"}
+            while not stop.is_set():
+                hits = client.get("/search", params=params).json()
+                old = {h["source_file"] for h in hits if h["title"].startswith("F")}
+                new = {h["source_file"] for h in hits if h["title"].startswith("G")}
+                answers.append((len(old), len(new)))
+
+        reader = threading.Thread(target=poll)
+        reader.start()
+        try:
+            pipeline.run(["big"], run_id="r1")
+            write("G")
+            pipeline.run(["big"], run_id="r2")
+        finally:
+            stop.set()
+            reader.join()
+        # an answer after the runs: the new version, whole
+        poll_once = client.get("/search", params={"q": "n", "book": "big", "limit": 1000}).json()
+        assert {h["title"][0] for h in poll_once} == {"G"} and len(poll_once) >= files
+    assert len(answers) > 1 and set(answers) <= {(0, 0), (files, 0), (0, files)}, set(answers)
