@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from rag_pipeline_tests.conftest import make_recipe, section, write_two_file_books
+from rag_pipeline_tests.gitbooks import NEEDS_GIT
 from rag_pipeline_tests.helpers import InProcessCli, index_books
 
 BOOKS = ("alpha", "Alpha", "docs", "docs-old", "beta")
@@ -641,3 +642,46 @@ def test_a_book_being_written_is_answered_whole_before_or_whole_after(tmp_path):
         poll_once = client.get("/search", params={"q": "n", "book": "big", "limit": 1000}).json()
         assert {h["title"][0] for h in poll_once} == {"G"} and len(poll_once) >= files
     assert len(answers) > 1 and set(answers) <= {(0, 0), (files, 0), (0, files)}, set(answers)
+
+
+@NEEDS_GIT
+@pytest.mark.integration  # git processes
+def test_lineage_of_a_git_book_never_shows_its_urls_token(tmp_path, monkeypatch):
+    """Fault: a git book declared with a token in its URL (``https://oauth2:<token>@host/``,
+    GitLab's way) had it answered in every lineage (``file_path``, ``source.location``), to
+    any client of the service. The URL is rewritten to a local repository by git's own
+    ``insteadOf`` (no network), as a credential helper or a proxy would serve it."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline_tests.gitbooks import GitRepo, paragraphs, write_sources
+
+    repo = GitRepo(tmp_path / "handbook")
+    repo.commit("pages", {"docs/page.md": paragraphs("Page")})
+    url = "https://oauth2:glpat-s3cret@gitlab.example/team/handbook.git"
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", f"url.{repo.path}.insteadOf")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", url)
+    sources = write_sources(
+        tmp_path / "sources.yaml", {"handbook": {"git": url, "ref": "main", "path": "docs"}}
+    )
+    (tmp_path / "books").mkdir()
+    settings = load_settings(
+        data_dir=tmp_path / "books",
+        sources=sources,
+        qdrant_path=str(tmp_path / "q"),
+        embedder="hash",
+        cache_dir=tmp_path / "cache",
+    )
+    recipe = make_recipe(HashEmbedder())
+    IngestPipeline.from_settings(settings, recipe).run(["handbook"], run_id="r1")
+    with TestClient(create_app(settings, recipe, cache_size=0)) as client:
+        hit = client.get("/search", params={"q": "page", "book": "handbook"}).json()[0]
+        info = _lineage(client, hit)
+    assert info["file_path"] == "https://gitlab.example/team/handbook.git@main:docs/page.md"
+    assert info["source"]["location"] == "https://gitlab.example/team/handbook.git"
+    assert info["commit"]["sha"] == repo.head() and info["file_changed_since_indexed"] is False
+    assert "s3cret" not in json.dumps(info)
