@@ -61,12 +61,12 @@ class SearchRequest:
         """``ValueError`` naming the first thing wrong (the book id is checked by the search)."""
         if not self.book_id:
             raise ValueError("a book is required: every search is scoped to one book (tenant)")
-        # only spaces, control or invisible characters (NUL, zero-width spaces): nothing to
-        # search for, whatever a model would make of it
         if len(self.query) > MAX_QUERY_CHARS:
             raise ValueError(
                 f"query is {len(self.query):,} characters long: at most {MAX_QUERY_CHARS:,}"
             )
+        # only spaces, control or invisible characters (NUL, zero-width spaces): nothing to
+        # search for, whatever a model would make of it
         if not any(ch.isprintable() and not ch.isspace() for ch in self.query):
             raise ValueError("query is empty: give the words to search for")
         if self.score_threshold is not None and not math.isfinite(self.score_threshold):
