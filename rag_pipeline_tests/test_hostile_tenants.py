@@ -685,3 +685,42 @@ def test_lineage_of_a_git_book_never_shows_its_urls_token(tmp_path, monkeypatch)
     assert info["source"]["location"] == "https://gitlab.example/team/handbook.git"
     assert info["commit"]["sha"] == repo.head() and info["file_changed_since_indexed"] is False
     assert "s3cret" not in json.dumps(info)
+
+
+def test_byte_identical_books_in_one_collection_keep_their_own_points(tmp_path):
+    """Two books of the same files, on qdrant-client's local store (one collection for every
+    book, as a server: a point id shared by two books would be one point, the second
+    book's write taking the first's): every id is its book's alone, each book answers its
+    own, and an id asked of the twin is 404 (found fine: point ids are of the book)."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.serve.app import create_app
+
+    data_dir = write_two_file_books(tmp_path, ("twin",))
+    shutil.copytree(data_dir / "twin", data_dir / "twin-2")
+    settings = load_settings(
+        data_dir=data_dir,
+        qdrant_path=str(tmp_path / "q"),
+        qdrant_embedded="client",
+        embedder="hash",
+        cache_dir=tmp_path,
+    )
+    recipe = make_recipe(HashEmbedder())
+    IngestPipeline.from_settings(settings, recipe).run(["twin", "twin-2"], run_id="r1")
+    with TestClient(create_app(settings, recipe, cache_size=0)) as client:
+        found = {
+            book: client.get("/search", params={"q": "nodes", "book": book, "limit": 50}).json()
+            for book in ("twin", "twin-2")
+        }
+        assert [h["text"] for h in found["twin"]] == [h["text"] for h in found["twin-2"]]
+        ids = {book: {h["id"] for h in hits} for book, hits in found.items()}
+        assert ids["twin"] and not ids["twin"] & ids["twin-2"]
+        for book, other in (("twin", "twin-2"), ("twin-2", "twin")):
+            assert {h["book_id"] for h in found[book]} == {book}
+            hit = found[book][0]
+            assert client.get(f"/lineage/{hit['id']}", params={"book": other}).status_code == 404
+            document = client.get(f"/document/{hit['parent_doc_id']}", params={"book": other})
+            assert document.status_code == 404
