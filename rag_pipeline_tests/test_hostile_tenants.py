@@ -417,19 +417,27 @@ def test_the_service_remembers_a_bounded_number_of_books(indexed, monkeypatch):
     assert again.json()[0]["id"] == indexed.hits["alpha"]["id"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Qdrant Edge routes a book it does not hold as one it does: a read takes the book's "
-    "lock, creating locks/<book>.lock (and .wait) for every id asked (store/edge/store.py "
-    "_route; not this change's files)",
-)
 def test_reads_of_books_the_store_does_not_hold_create_nothing_in_it(indexed):
+    """Fault: Qdrant Edge routed a book it does not hold as one it does: every read took the
+    book's lock, creating ``locks/<book>.lock`` and ``.wait``, two files for every id a
+    client named (a read-only service writing without bound into the store's folder)."""
     locks = indexed.store_path / "rag_chunks" / "locks"
     before = set(os.listdir(locks))
     for i in range(3):
-        indexed.client.get("/search", params={"q": "nodes", "book": f"ghost{i}"})
-        indexed.client.get(f"/lineage/{uuid.uuid4()}", params={"book": f"ghost{i}"})
+        for mode in ("dense", "sparse", "hybrid"):
+            answer = indexed.client.get(
+                "/search", params={"q": "nodes", "book": f"ghost{i}", "mode": mode}
+            )
+            assert answer.status_code == 200 and answer.json() == []
+        grouped = {"q": "nodes", "book": f"ghost{i}", "group_by": "file"}
+        assert indexed.client.get("/search", params=grouped).json() == []
+        for path in ("lineage", "context", "document"):
+            response = indexed.client.get(f"/{path}/{uuid.uuid4()}", params={"book": f"ghost{i}"})
+            assert response.status_code == 404
+        code, out, _ = _cli(indexed, "search", "nodes", "--book", f"ghost{i}", "--json")
+        assert code == 0 and json.loads(out) == []
     assert set(os.listdir(locks)) == before
+    assert not (indexed.store_path / "rag_chunks" / "books" / "ghost0").exists()
 
 
 # -- credentials in a setting's URL are never shown -----------------------------------------
