@@ -401,6 +401,42 @@ def test_an_unexpected_error_is_a_json_500_that_shows_nothing_of_it(indexed, mon
         assert response.json() == {"detail": "internal error"}
 
 
+@pytest.mark.parametrize(
+    ("error", "status", "said"),
+    [
+        ("store", 500, "$RAG_QDRANT_PATH/rag_chunks/books/alpha is not"),
+        ("disk", 503, "'$RAG_QDRANT_PATH/rag_chunks/books/alpha/x'"),
+        ("data", 500, "$RAG_DATA_DIR/alpha/a.md is not"),
+    ],
+)
+def test_a_store_or_disk_error_names_folders_by_their_settings(
+    indexed, monkeypatch, error, status, said
+):
+    """Fault: a store's error (a damaged file, a full disk) was answered with the folders'
+    paths on the service's machine; they are named by their settings (the log keeps all)."""
+    import errno
+
+    import rag_pipeline.serve.app as app_module
+    from rag_pipeline.store import StoreError
+
+    book = indexed.store_path / "rag_chunks" / "books" / "alpha"
+
+    def broken(*args: object, **kwargs: object) -> None:
+        if error == "disk":
+            raise OSError(errno.ENOSPC, "No space left on device", str(book / "x"))
+        where = book if error == "store" else indexed.data_dir / "alpha" / "a.md"
+        raise StoreError(f"{where} is not what this program wrote")
+
+    monkeypatch.setattr(app_module, "read_point", broken)
+    response = indexed.client.get(
+        f"/lineage/{indexed.hits['alpha']['id']}", params={"book": "alpha"}
+    )
+    assert response.status_code == status
+    detail = response.json()["detail"]
+    assert said in detail and str(indexed.store_path) not in detail, detail
+    assert str(indexed.data_dir) not in detail
+
+
 def test_the_service_remembers_a_bounded_number_of_books(indexed, monkeypatch):
     """Fault: the service remembered the model of every book id it was ever asked for, a
     client naming ever new (valid, unknown) books grew the process without bound."""
@@ -732,3 +768,49 @@ def test_byte_identical_books_in_one_collection_keep_their_own_points(tmp_path):
             assert client.get(f"/lineage/{hit['id']}", params={"book": other}).status_code == 404
             document = client.get(f"/document/{hit['parent_doc_id']}", params={"book": other})
             assert document.status_code == 404
+
+
+def test_a_busy_book_is_503_naming_neither_its_holder_nor_the_stores_path(tmp_path):
+    """Fault: a 503 of a book still busy past the busy wait gave the client the store's
+    folder and its holder: pid, host, command line and what it was doing, which names the
+    other books of its run (``live mode, books 'alpha', 'hidden-book'``). Now the client
+    reads what was busy and what to do; the log keeps who held it."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.schema import COLLECTION_SCHEMA, book_filter
+    from rag_pipeline.serve.app import create_app
+    from rag_pipeline.store.edge import EdgeStore
+    from rag_pipeline.store.lock import holding_for
+
+    data_dir = write_two_file_books(tmp_path, ("alpha",))
+    index_books(data_dir, str(tmp_path / "q"))
+    settings = load_settings(
+        data_dir=data_dir,
+        qdrant_path=str(tmp_path / "q"),
+        embedder="hash",
+        cache_dir=tmp_path,
+        busy_wait_s=0.3,
+    )
+    holder = EdgeStore("rag_chunks", tmp_path / "q", COLLECTION_SCHEMA)
+    try:
+        with holding_for("live mode, books 'alpha', 'hidden-book'"):
+            holder.count(book_filter("alpha"))  # takes alpha's lock, and keeps it
+        app = create_app(settings, make_recipe(HashEmbedder()), cache_size=0)
+        with TestClient(app) as client:
+            for path, params in (
+                ("/search", {"q": "nodes", "mode": "sparse"}),
+                (f"/lineage/{uuid.uuid4()}", {}),
+            ):
+                response = client.get(path, params={**params, "book": "alpha"})
+                assert response.status_code == 503, response.text
+                detail = response.json()["detail"]
+                assert detail.startswith("book 'alpha' is in use by another process"), detail
+                assert "RAG_BUSY_WAIT_S" in detail
+                for secret in ("hidden-book", str(tmp_path), str(os.getpid()), "pid", "live"):
+                    assert secret not in detail, detail
+            holder.close()
+            assert client.get("/search", params={"q": "nodes", "book": "alpha"}).json()
+    finally:
+        holder.close()

@@ -68,6 +68,7 @@ from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
 from rag_pipeline.store import (
     RECIPE_SIGNATURE,
+    BookBusyError,
     BookDamagedError,
     StoreBusyError,
     StoreDamagedError,
@@ -227,6 +228,35 @@ class Service:
             return open_store(kept, COLLECTION_SCHEMA)
 
         self.holder = StoreHolder(opener, busy_wait_s=config.busy_wait_s)
+
+    def client_text(self, text: str) -> str:
+        """An error's text as a client reads it: the store's and the data folder's paths
+        named by their settings (``$RAG_QDRANT_PATH/rag_chunks``). The service has no
+        authentication: where the files of every book lie is the operator's to know."""
+        folders = {
+            "$RAG_QDRANT_PATH": self.store_config.path if not self.store_config.url else None,
+            "$RAG_DATA_DIR": str(self.settings.data_dir),
+        }
+        spelled = [
+            (form, name)
+            for name, folder in folders.items()
+            if folder and folder != ":memory:"
+            for form in {folder, os.path.abspath(folder), os.path.realpath(folder)}
+            if len(form.rstrip("/")) > 1  # "/" or "." would be every path's part
+        ]
+        for form, name in sorted(spelled, key=lambda pair: -len(pair[0])):  # longest first
+            text = text.replace(form.rstrip("/"), name)
+        return text
+
+    def busy_text(self, book: str | None, exc: StoreBusyError) -> str:
+        """What a client reads of a store (or a book of it) still busy past the busy wait:
+        what was busy and what to do, never who holds it (the holder's pid, host, command
+        line and run name other books: the log says them)."""
+        what = f"book {book!r}" if book and isinstance(exc, BookBusyError) else "the store"
+        return (
+            f"{what} is in use by another process (a run writing it); waited "
+            f"{self.store_config.busy_wait_s:g}s (RAG_BUSY_WAIT_S): ask again shortly"
+        )
 
     def start(self) -> None:
         warm_up(self.recipe, self.settings.embedding())
@@ -562,7 +592,12 @@ def create_app(
         status = 503 if busy else 500
         if isinstance(exc, StoreDamagedError):
             log.error("damaged store: %s", exc)
-        return CliJSONResponse({"detail": str(exc)}, status_code=status)
+        elif isinstance(exc, StoreBusyError):
+            log.warning("%s", exc)  # who holds it: the operator's to read, not the client's
+        detail = service.client_text(str(exc))
+        if isinstance(exc, StoreBusyError):
+            detail = service.busy_text(request.query_params.get("book"), exc)
+        return CliJSONResponse({"detail": detail}, status_code=status)
 
     @app.exception_handler(OSError)
     async def os_error(request: Request, exc: OSError) -> Response:
@@ -572,7 +607,7 @@ def create_app(
         if limit is None:
             log.error("unexpected error", exc_info=exc)
             return CliJSONResponse({"detail": "internal error"}, status_code=500)
-        return CliJSONResponse({"detail": f"{limit}: {exc}"}, status_code=503)
+        return CliJSONResponse({"detail": service.client_text(f"{limit}: {exc}")}, status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
