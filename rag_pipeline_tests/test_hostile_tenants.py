@@ -814,3 +814,39 @@ def test_a_busy_book_is_503_naming_neither_its_holder_nor_the_stores_path(tmp_pa
             assert client.get("/search", params={"q": "nodes", "book": "alpha"}).json()
     finally:
         holder.close()
+
+
+def test_the_query_cache_tells_no_book_what_another_searched(tmp_path):
+    """Fault: one query cache for every book: a text searched in beta was a hit when alpha's
+    client searched it (answered without the model, and counted in ``/health``'s
+    ``query_cache.hits``), which told alpha's client what beta's had searched. Each book's
+    queries are now cached apart."""
+    from fastapi.testclient import TestClient
+
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.embed.hashing import HashEmbedder
+    from rag_pipeline.serve.app import create_app
+
+    data_dir = write_two_file_books(tmp_path, ("alpha", "beta"))
+    index_books(data_dir, str(tmp_path / "q"))
+    settings = load_settings(
+        data_dir=data_dir, qdrant_path=str(tmp_path / "q"), embedder="hash", cache_dir=tmp_path
+    )
+    with TestClient(create_app(settings, make_recipe(HashEmbedder()), cache_size=64)) as client:
+
+        def hits() -> int:
+            count: int = client.get("/health").json()["query_cache"]["hits"]
+            return count
+
+        secret = "merger plans of the other team"
+        for mode in ("dense", "hybrid"):
+            beta = client.get("/search", params={"q": secret, "book": "beta", "mode": mode})
+            assert beta.status_code == 200
+        before = hits()
+        for mode in ("dense", "hybrid", "dense"):
+            alpha = client.get("/search", params={"q": secret, "book": "alpha", "mode": mode})
+            assert alpha.status_code == 200 and {h["book_id"] for h in alpha.json()} == {"alpha"}
+        assert hits() == before + 2  # alpha's own repeats: its first search was a miss
+        grouped = {"q": secret, "book": "beta", "group_by": "file"}
+        assert client.get("/search", params=grouped).status_code == 200
+        assert hits() == before + 3  # beta's repeat, its own

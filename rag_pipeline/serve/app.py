@@ -106,12 +106,16 @@ class CliJSONResponse(JSONResponse):
 
 class CachedQueryEmbedder:
     """Query vectors of recent query texts (LRU), in front of the embedder, which runs at most
-    ``parallel`` inferences at once (more would only contend for the cores)."""
+    ``parallel`` inferences at once (more would only contend for the cores).
+
+    Each book's queries are cached apart (:meth:`for_book`): a hit is answered at once where a
+    miss runs the model, and ``/health`` counts hits, so a cache shared by every book told a
+    client of one book whether a text had been searched in another."""
 
     def __init__(self, embedder: QueryEmbedder, size: int = 1024, parallel: int = 1) -> None:
         self._embedder = embedder
         self._size = size
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._model = threading.BoundedSemaphore(max(parallel, 1))
         self.hits = self.misses = 0
@@ -125,11 +129,13 @@ class CachedQueryEmbedder:
         dimension = getattr(self._embedder, "dimension", None)
         return dimension if isinstance(dimension, int) else None
 
-    def embed_query(self, text: str) -> np.ndarray:
+    def embed_query(self, text: str, book: str = "") -> np.ndarray:
+        """The vector of ``text``, cached among ``book``'s queries."""
+        key = (book, text)
         with self._lock:
-            vector = self._cache.get(text)
+            vector = self._cache.get(key)
             if vector is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 self.hits += 1
                 return vector
         with self._model:
@@ -139,10 +145,27 @@ class CachedQueryEmbedder:
         with self._lock:
             self.misses += 1
             if self._size > 0:
-                self._cache[text] = vector
+                self._cache[key] = vector
                 while len(self._cache) > self._size:
                     self._cache.popitem(last=False)
         return vector
+
+    def for_book(self, book: str) -> BookQueries:
+        """This cache as one book's searches use it (its own entries only)."""
+        return BookQueries(self, book)
+
+
+class BookQueries:
+    """A :class:`CachedQueryEmbedder` seen by one book's searches: a query embedder whose
+    cache entries are the book's own."""
+
+    def __init__(self, cache: CachedQueryEmbedder, book: str) -> None:
+        self._cache, self._book = cache, book
+        self.source = cache.source
+        self.dimension = cache.dimension
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._cache.embed_query(text, self._book)
 
 
 def warm_up(recipe: IndexRecipe, config: EmbedderConfig) -> None:
@@ -328,8 +351,9 @@ class Service:
         (model, vector); None for a search that embeds nothing."""
         if not request.needs_embedder:
             return None
-        recipe = self.read(lambda store: self.book_recipe(store, request.book_id))
-        return recipe.embedding_model, self._embedder_of(recipe).embed_query(request.query)
+        book = request.book_id
+        recipe = self.read(lambda store: self.book_recipe(store, book))
+        return recipe.embedding_model, self._embedder_of(recipe).embed_query(request.query, book)
 
     def search(
         self,
@@ -351,9 +375,9 @@ class Service:
             return request.run(store, None, self.recipe.sparse)
         for _ in range(VIEW_TRIES):
             recipe, signature = self.book_view(store, book_id)
-            embedder: CachedQueryEmbedder | EmbeddedQuery = self._embedder_of(recipe)
+            embedder: BookQueries | EmbeddedQuery = self._embedder_of(recipe).for_book(book_id)
             if embedded is not None and embedded[0] == recipe.embedding_model:
-                embedder = EmbeddedQuery(self._embedder_of(recipe), request.query, embedded[1])
+                embedder = EmbeddedQuery(embedder, request.query, embedded[1])
             try:
                 results = request.run(store, embedder, self.recipe.sparse)
             except (StoreBusyError, StoreUnavailableError, StoreResourceError):
