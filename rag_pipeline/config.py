@@ -33,6 +33,7 @@ from rag_pipeline.sources.base import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_PATH_PATTERNS,
 )
+from rag_pipeline.urls import shown_url
 
 if TYPE_CHECKING:
     from rag_pipeline.ingest.live import LiveTiming
@@ -146,7 +147,7 @@ class StoreConfig:
     @property
     def target(self) -> str:
         """What a user reads in messages: the server URL or the engine and folder."""
-        return self.url or f"{self.embedded}:{self.path}"
+        return shown_url(self.url) if self.url else f"{self.embedded}:{self.path}"
 
 
 _CHUNKING = ChunkingConfig()

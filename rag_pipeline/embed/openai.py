@@ -48,6 +48,7 @@ from rag_pipeline.embed.base import (
     _normalize,
     check_vectors,
 )
+from rag_pipeline.urls import shown_url
 
 __all__ = ["OPENAI_MODELS", "OpenAIEmbedder", "RateLimit", "RateLimiter", "TiktokenCounter"]
 
@@ -282,7 +283,7 @@ class OpenAIEmbedder(Embedder):
 
     @property
     def source(self) -> str:
-        return f"the API at {self._client.base_url} ({self.model_name})"
+        return f"the API at {shown_url(self._client.base_url)} ({self.model_name})"
 
     def embed(self, texts: Sequence[str], progress: ProgressCallback | None = None) -> np.ndarray:
         """As :meth:`Embedder.embed`, but texts are not sorted (the API pads nothing and bills
@@ -456,7 +457,7 @@ class OpenAIEmbedder(Embedder):
         import openai
 
         after = f" after {retried} retries" if retried is not None else ""
-        url = self._client.base_url
+        url = shown_url(self._client.base_url)
         if isinstance(exc, EmbeddingAnswerError):
             return EmbeddingAnswerError(f"{exc}{after}" if retried else str(exc))
         if isinstance(exc, openai.APIStatusError):

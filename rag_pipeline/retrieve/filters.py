@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -19,9 +20,33 @@ from rag_pipeline.schema import (
 from rag_pipeline.store import Condition, Match, MatchAny, Range
 from rag_pipeline.store.filters import INT64_MAX, INT64_MIN, Scalar
 
-__all__ = ["EQUALS_FIELDS", "SearchFilters", "parse_equals"]
+__all__ = ["EQUALS_FIELDS", "SearchFilters", "parse_equals", "parse_integer"]
 
 _Value = TypeVar("_Value", bound=Scalar)
+
+#: an integer's text: ASCII digits with an optional sign (not ``1.0``, ``1_000``, ``--5``, ``٣``)
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_integer(text: str) -> int:
+    """The integer ``text`` names, by the one rule every integer a caller gives is read with
+    (an option, a query parameter, a ``key=value`` filter): ASCII digits with an optional
+    sign. ``ValueError`` saying what is wrong with the text (the caller names what it was
+    for): not a whole number, or digits past Python's conversion limit (4300), whose own
+    message named its settings. A value read is checked against its bounds by the caller
+    (64 bits for a filter: a 400 naming it)."""
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(f"{_clipped(text)!r} is not a whole number")
+    try:
+        return int(text)
+    except ValueError:  # digits only: past Python's conversion limit, far past 64 bits
+        raise ValueError(
+            f"{_clipped(text)!r} ({len(text)} characters) does not fit in 64 bits"
+        ) from None
+
+
+def _clipped(text: str, chars: int = 40) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +148,14 @@ def parse_equals(pairs: Sequence[str]) -> dict[str, Scalar]:
             )
         value: Scalar = raw
         if kind == "integer":
-            text = raw.strip()
-            if not (text.lstrip("-").isdigit() and text.lstrip("-").isascii()):
-                raise ValueError(f"filter {pair!r}: {key} is an integer field, not {raw!r}")
-            number = int(text)
+            try:
+                number = parse_integer(raw.strip())
+            except ValueError as exc:
+                raise ValueError(
+                    f"filter {_clipped(pair)!r}: {key} is an integer field: {exc}"
+                ) from None
             if not INT64_MIN <= number <= INT64_MAX:
-                raise ValueError(f"filter {pair!r}: {raw} does not fit in 64 bits")
+                raise ValueError(f"filter {_clipped(pair)!r}: {raw} does not fit in 64 bits")
             value = number
         elif key == PROFICIENCY_LEVEL:
             value = normalize_proficiency(raw)  # as stored, and as --proficiency matches

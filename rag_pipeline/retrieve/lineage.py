@@ -29,6 +29,7 @@ from rag_pipeline.schema import (
 )
 from rag_pipeline.sources.base import BookSource
 from rag_pipeline.store import VectorStore
+from rag_pipeline.urls import shown_url
 
 __all__ = [
     "POINTS_PER_MESSAGE",
@@ -90,7 +91,8 @@ def describe_point(
     # read within the book's boundary, as a run reads: a file replaced by a link out of the
     # book is refused, never hashed (the hash of any file the service can read, otherwise)
     now = source.file_now(book_id, source_file)
-    info["file_path"] = source.locate(book_id, source_file)
+    # a git book's URL may carry a token (https://oauth2:<token>@host/...): never shown
+    info["file_path"] = shown_url(source.locate(book_id, source_file))
     info["file_exists"] = now.exists
     info["current_file_hash"] = now.sha256
     # a file that is there but could not be read (a remote down, a read denied): unknown
@@ -101,7 +103,7 @@ def describe_point(
     info["file_problem"] = now.problem
     revision = payload.get(SOURCE_REVISION)
     if revision:  # a book of a source with revisions (git): the commit the point was read at
-        info["source"] = source.describe(book_id)
+        info["source"] = {k: shown_url(v) for k, v in source.describe(book_id).items()}
         commit = source.revision_info(book_id, str(revision)) or {"sha": str(revision)}
         info["commit"] = commit
     # every documented field in every answer (null when unknown): a document record is its
@@ -110,7 +112,8 @@ def describe_point(
     info["document_status"] = document.get(STATUS) if document is not None else None
     info["document_run_id"] = document.get(RUN_ID) if document is not None else None
     run_id = info.get(RUN_ID)
-    base = dagster_url.rstrip("/") if dagster_url else None
+    # a link any client of the service reads: the UI's address, never its credentials
+    base = shown_url(dagster_url).rstrip("/") if dagster_url else None
     info["dagster_run_url_path"] = f"/runs/{run_id}" if run_id else None
     info["dagster_point_url_path"] = point_log_path(str(run_id), point_id) if run_id else None
     info["dagster_run_url"] = f"{base}/runs/{run_id}" if run_id and base else None

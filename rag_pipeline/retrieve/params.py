@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any, cast
 
-from rag_pipeline.retrieve.filters import SearchFilters, parse_equals
+from rag_pipeline.retrieve.filters import SearchFilters, parse_equals, parse_integer
 from rag_pipeline.retrieve.request import MAX_GROUP_SIZE, MAX_LIMIT, SEARCH_MODES, SearchRequest
 from rag_pipeline.retrieve.search import FUSIONS, GROUP_KEYS, GroupBy, SearchMode
 from rag_pipeline.store import FusionMethod
@@ -60,15 +60,14 @@ class Param:
 
     def read(self, text: str) -> Any:
         """The value ``text`` gives, by the one rule both interfaces read values with:
-        an integer is ASCII digits with an optional sign (not ``1.0``, ``1_000`` or ``٣``),
+        an integer is ASCII digits with an optional sign (:func:`parse_integer`, as a
+        ``where`` filter's integer),
         a number an ASCII decimal (``nan``, ``inf`` read: the search refuses them), within the
         bounds, one of the choices.
         ``ValueError`` saying what is wrong (the caller names the parameter)."""
         value: Any = text
         if self.kind is int:
-            if not _INTEGER.fullmatch(text):
-                raise ValueError(f"{text!r} is not a whole number")
-            value = int(text)
+            value = parse_integer(text)
         elif self.kind is float:
             try:  # Python's float in ASCII: nan and inf are read (and refused as not finite)
                 if not _DECIMAL.fullmatch(text):
@@ -85,7 +84,6 @@ class Param:
         return value
 
 
-_INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(
     r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)",
     re.IGNORECASE,

@@ -30,11 +30,15 @@ from rag_pipeline.retrieve.search import (
 from rag_pipeline.sparse import Bm25Encoder
 from rag_pipeline.store import FusionMethod, VectorStore
 
-__all__ = ["MAX_LIMIT", "SEARCH_MODES", "SearchRequest", "results_json"]
+__all__ = ["MAX_LIMIT", "MAX_QUERY_CHARS", "SEARCH_MODES", "SearchRequest", "results_json"]
 
 SEARCH_MODES: tuple[SearchMode, ...] = ("dense", "sparse", "hybrid")
 MAX_LIMIT = 1000
 MAX_GROUP_SIZE = 100
+#: a query's characters at most: the model reads its first 256 tokens (about 1,000
+#: characters), BM25 every word; a longer text is refused naming the bound rather than
+#: embedded, analysed and kept in the service's query cache whatever its size
+MAX_QUERY_CHARS = 8192
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,10 @@ class SearchRequest:
         """``ValueError`` naming the first thing wrong (the book id is checked by the search)."""
         if not self.book_id:
             raise ValueError("a book is required: every search is scoped to one book (tenant)")
+        if len(self.query) > MAX_QUERY_CHARS:
+            raise ValueError(
+                f"query is {len(self.query):,} characters long: at most {MAX_QUERY_CHARS:,}"
+            )
         # only spaces, control or invisible characters (NUL, zero-width spaces): nothing to
         # search for, whatever a model would make of it
         if not any(ch.isprintable() and not ch.isspace() for ch in self.query):

@@ -68,6 +68,7 @@ from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
 from rag_pipeline.store import (
     RECIPE_SIGNATURE,
+    BookBusyError,
     BookDamagedError,
     StoreBusyError,
     StoreDamagedError,
@@ -105,12 +106,16 @@ class CliJSONResponse(JSONResponse):
 
 class CachedQueryEmbedder:
     """Query vectors of recent query texts (LRU), in front of the embedder, which runs at most
-    ``parallel`` inferences at once (more would only contend for the cores)."""
+    ``parallel`` inferences at once (more would only contend for the cores).
+
+    Each book's queries are cached apart (:meth:`for_book`): a hit is answered at once where a
+    miss runs the model, and ``/health`` counts hits, so a cache shared by every book told a
+    client of one book whether a text had been searched in another."""
 
     def __init__(self, embedder: QueryEmbedder, size: int = 1024, parallel: int = 1) -> None:
         self._embedder = embedder
         self._size = size
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._model = threading.BoundedSemaphore(max(parallel, 1))
         self.hits = self.misses = 0
@@ -124,11 +129,13 @@ class CachedQueryEmbedder:
         dimension = getattr(self._embedder, "dimension", None)
         return dimension if isinstance(dimension, int) else None
 
-    def embed_query(self, text: str) -> np.ndarray:
+    def embed_query(self, text: str, book: str = "") -> np.ndarray:
+        """The vector of ``text``, cached among ``book``'s queries."""
+        key = (book, text)
         with self._lock:
-            vector = self._cache.get(text)
+            vector = self._cache.get(key)
             if vector is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 self.hits += 1
                 return vector
         with self._model:
@@ -138,10 +145,27 @@ class CachedQueryEmbedder:
         with self._lock:
             self.misses += 1
             if self._size > 0:
-                self._cache[text] = vector
+                self._cache[key] = vector
                 while len(self._cache) > self._size:
                     self._cache.popitem(last=False)
         return vector
+
+    def for_book(self, book: str) -> BookQueries:
+        """This cache as one book's searches use it (its own entries only)."""
+        return BookQueries(self, book)
+
+
+class BookQueries:
+    """A :class:`CachedQueryEmbedder` seen by one book's searches: a query embedder whose
+    cache entries are the book's own."""
+
+    def __init__(self, cache: CachedQueryEmbedder, book: str) -> None:
+        self._cache, self._book = cache, book
+        self.source = cache.source
+        self.dimension = cache.dimension
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._cache.embed_query(text, self._book)
 
 
 def warm_up(recipe: IndexRecipe, config: EmbedderConfig) -> None:
@@ -180,6 +204,9 @@ def query_recipe(settings: Settings, model_threads: int | None = None) -> tuple[
 #: hundredths of a second for a small book, ~0.4 s at a million points). A loaded small book
 #: holds ~27 MB of its files' pages, a million-point one ~150 MB plus what its searches read.
 SERVED_BOOKS_LOADED = 16
+#: books whose recorded model the service remembers at most (a few hundred bytes each; the
+#: least recently asked forgotten first, read again from the store when asked)
+BOOKS_REMEMBERED = 4096
 #: how long the service trusts what it read of a book's recorded model; a reopened store
 #: (after an ingest run on the embedded folder) is read again at once
 BOOK_MODEL_TTL_S = 30.0
@@ -212,8 +239,10 @@ class Service:
         self.embedder = self._embedder_of(self.recipe)
         self._book_ttl_s = book_ttl_s
         #: book -> (its recorded model's recipe, when read, the store opening it was read in,
-        #: the signature of the generation the handle read then)
-        self._books: dict[str, tuple[IndexRecipe, float, int, str | None]] = {}
+        #: the signature of the generation the handle read then); the least recently asked
+        #: forgotten past :data:`BOOKS_REMEMBERED` (a client naming ever new books must not
+        #: grow the process)
+        self._books: OrderedDict[str, tuple[IndexRecipe, float, int, str | None]] = OrderedDict()
         config = settings.store()
         self.store_config, self.store_target = config, config.target
 
@@ -222,6 +251,35 @@ class Service:
             return open_store(kept, COLLECTION_SCHEMA)
 
         self.holder = StoreHolder(opener, busy_wait_s=config.busy_wait_s)
+
+    def client_text(self, text: str) -> str:
+        """An error's text as a client reads it: the store's and the data folder's paths
+        named by their settings (``$RAG_QDRANT_PATH/rag_chunks``). The service has no
+        authentication: where the files of every book lie is the operator's to know."""
+        folders = {
+            "$RAG_QDRANT_PATH": self.store_config.path if not self.store_config.url else None,
+            "$RAG_DATA_DIR": str(self.settings.data_dir),
+        }
+        spelled = [
+            (form, name)
+            for name, folder in folders.items()
+            if folder and folder != ":memory:"
+            for form in {folder, os.path.abspath(folder), os.path.realpath(folder)}
+            if len(form.rstrip("/")) > 1  # "/" or "." would be every path's part
+        ]
+        for form, name in sorted(spelled, key=lambda pair: -len(pair[0])):  # longest first
+            text = text.replace(form.rstrip("/"), name)
+        return text
+
+    def busy_text(self, book: str | None, exc: StoreBusyError) -> str:
+        """What a client reads of a store (or a book of it) still busy past the busy wait:
+        what was busy and what to do, never who holds it (the holder's pid, host, command
+        line and run name other books: the log says them)."""
+        what = f"book {book!r}" if book and isinstance(exc, BookBusyError) else "the store"
+        return (
+            f"{what} is in use by another process (a run writing it); waited "
+            f"{self.store_config.busy_wait_s:g}s (RAG_BUSY_WAIT_S): ask again shortly"
+        )
 
     def start(self) -> None:
         warm_up(self.recipe, self.settings.embedding())
@@ -270,6 +328,8 @@ class Service:
         signature = searched_signature(store, book_id)  # the generation searched now
         with self._lock:
             known = self._books.get(book_id)
+            if known is not None:
+                self._books.move_to_end(book_id)
         if (
             known is not None
             and known[2:] == (opening, signature)
@@ -279,6 +339,9 @@ class Service:
         recipe = self.recipes.for_book(store, book_id, purpose="search").recipe
         with self._lock:
             self._books[book_id] = (recipe, now, opening, signature)
+            self._books.move_to_end(book_id)
+            while len(self._books) > BOOKS_REMEMBERED:
+                self._books.popitem(last=False)
         return recipe, signature
 
     def embed_first(self, request: SearchRequest) -> tuple[str, np.ndarray] | None:
@@ -288,8 +351,9 @@ class Service:
         (model, vector); None for a search that embeds nothing."""
         if not request.needs_embedder:
             return None
-        recipe = self.read(lambda store: self.book_recipe(store, request.book_id))
-        return recipe.embedding_model, self._embedder_of(recipe).embed_query(request.query)
+        book = request.book_id
+        recipe = self.read(lambda store: self.book_recipe(store, book))
+        return recipe.embedding_model, self._embedder_of(recipe).embed_query(request.query, book)
 
     def search(
         self,
@@ -311,9 +375,9 @@ class Service:
             return request.run(store, None, self.recipe.sparse)
         for _ in range(VIEW_TRIES):
             recipe, signature = self.book_view(store, book_id)
-            embedder: CachedQueryEmbedder | EmbeddedQuery = self._embedder_of(recipe)
+            embedder: BookQueries | EmbeddedQuery = self._embedder_of(recipe).for_book(book_id)
             if embedded is not None and embedded[0] == recipe.embedding_model:
-                embedder = EmbeddedQuery(self._embedder_of(recipe), request.query, embedded[1])
+                embedder = EmbeddedQuery(embedder, request.query, embedded[1])
             try:
                 results = request.run(store, embedder, self.recipe.sparse)
             except (StoreBusyError, StoreUnavailableError, StoreResourceError):
@@ -552,7 +616,12 @@ def create_app(
         status = 503 if busy else 500
         if isinstance(exc, StoreDamagedError):
             log.error("damaged store: %s", exc)
-        return CliJSONResponse({"detail": str(exc)}, status_code=status)
+        elif isinstance(exc, StoreBusyError):
+            log.warning("%s", exc)  # who holds it: the operator's to read, not the client's
+        detail = service.client_text(str(exc))
+        if isinstance(exc, StoreBusyError):
+            detail = service.busy_text(request.query_params.get("book"), exc)
+        return CliJSONResponse({"detail": detail}, status_code=status)
 
     @app.exception_handler(OSError)
     async def os_error(request: Request, exc: OSError) -> Response:
@@ -562,7 +631,7 @@ def create_app(
         if limit is None:
             log.error("unexpected error", exc_info=exc)
             return CliJSONResponse({"detail": "internal error"}, status_code=500)
-        return CliJSONResponse({"detail": f"{limit}: {exc}"}, status_code=503)
+        return CliJSONResponse({"detail": service.client_text(f"{limit}: {exc}")}, status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
@@ -594,6 +663,14 @@ def create_app(
         return await http_exception_handler(
             request, StarletteHTTPException(exc.status_code, exc.detail, headers=headers or None)
         )
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        # a bug, answered with the documented error body (Starlette's own was a text/plain
+        # "Internal Server Error"); never the exception's text, which may name a path or a
+        # value of another request. Starlette raises it on to the server, which logs it
+        # with its traceback
+        return CliJSONResponse({"detail": "internal error"}, status_code=500)
 
     @app.exception_handler(BookViewError)
     async def book_view_error(request: Request, exc: BookViewError) -> Response:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from rag_pipeline.models import FileError, ParsedDocument, PathMeta, SourceFile, VersionKey
 from rag_pipeline.sources.filekeys import now_ns, settled, trusted_hash
+from rag_pipeline.urls import without_credentials
 
 if TYPE_CHECKING:
     from rag_pipeline.sources.watch import BookWatcher
@@ -58,17 +58,6 @@ __all__ = [
     "too_large",
     "without_credentials",
 ]
-
-#: the user-information part of a URL (``https://user:token@host``): what a repository or
-#: endpoint URL may carry as credentials
-_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s'\"@]+(?:@[^/\s'\"@]+)*@")
-
-
-def without_credentials(text: str) -> str:
-    """``text`` with the credentials of every URL in it replaced by ``***``
-    (``https://***@host/repo.git``): what every message, plan, metadata field and log line
-    of a source says of a URL it was given, and all it says (one rule for every source)."""
-    return _URL_CREDENTIALS.sub(r"\1***@", text)
 
 
 class SourceUnavailableError(ValueError):

@@ -22,6 +22,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from rag_pipeline.store import base, native
 from rag_pipeline.store.filters import TenantFilter
 from rag_pipeline.store.lock import FolderLock, prepare_folder
+from rag_pipeline.urls import shown_url
 
 __all__ = ["CLIENT", "QdrantStore"]
 
@@ -68,7 +69,7 @@ class QdrantStore(base.VectorStore):
         self.is_server = url is not None
         if url:
             self._client = QdrantClient(url=url, api_key=api_key, timeout=int(timeout_s))
-            self.description = f"Qdrant server {url}"
+            self.description = f"Qdrant server {shown_url(url)}"
         elif path is None or str(path) == ":memory:":
             self._client = QdrantClient(location=":memory:")
             self.description = "qdrant-client in memory"

@@ -55,7 +55,7 @@ class EdgeGenerations(Generations):
         """The tag of the generation this handle routed ``tenant`` to (routing takes the
         book's lock, so no switch can come between this answer and the handle's reads)."""
         with self._lock:
-            if not _readable(tenant):
+            if not _readable(tenant) or self._absent(tenant):
                 return None
             state = self._route(tenant)
             if state.generation is None:

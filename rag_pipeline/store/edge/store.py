@@ -246,9 +246,18 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
             return dim is not None and self._dense_dim is not None and dim != self._dense_dim
         return signature != self._recipe[base.RECIPE_SIGNATURE]
 
+    def _absent(self, book: str) -> bool:
+        """``book`` is neither routed by this handle nor a folder of the store: a read of it
+        reads nothing, without its lock (taking it made a lock file, and a wait file, for
+        every id a client of the query service named). A run creating the book meanwhile
+        is read as before its first write, as when the read had come first."""
+        return book not in self._books and not (self.books_folder / book).exists()
+
     def _reader(self, book: str) -> qe.EdgeShard | None:
         """The shard this handle reads for ``book`` (None: the book holds nothing), checked
         against what its summary promises when loaded (:meth:`_verify`)."""
+        if self._absent(book):
+            return None
         state = self._route(book)
         if state.shard is None and state.generation is not None:
             folder = state.folder / state.generation
@@ -443,6 +452,8 @@ class EdgeStore(EdgeCatalog, EdgeGenerations, base.VectorStore):
 
     def dimension_of(self, tenant: str) -> int | None:
         with self._lock:
+            if self._absent(tenant):
+                return None
             state = self._route(tenant)
             if state.generation is None:
                 return None
