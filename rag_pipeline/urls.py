@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["shown_url", "without_credentials"]
+__all__ = ["link_url", "shown_url", "without_credentials"]
 
 #: the user-information part of a URL (``https://user:token@host``)
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s'\"@]+(?:@[^/\s'\"@]+)*@")
@@ -27,3 +27,9 @@ def without_credentials(text: str) -> str:
 def shown_url(url: object) -> str:
     """``url`` as text, without its credentials."""
     return without_credentials(str(url))
+
+
+def link_url(url: object) -> str:
+    """``url`` as a link to follow: its credentials left out altogether (a browser would
+    take ``***`` for a user)."""
+    return _URL_CREDENTIALS.sub(r"\1", str(url))

@@ -29,7 +29,7 @@ from rag_pipeline.schema import (
 )
 from rag_pipeline.sources.base import BookSource
 from rag_pipeline.store import VectorStore
-from rag_pipeline.urls import shown_url
+from rag_pipeline.urls import link_url, shown_url
 
 __all__ = [
     "POINTS_PER_MESSAGE",
@@ -113,7 +113,7 @@ def describe_point(
     info["document_run_id"] = document.get(RUN_ID) if document is not None else None
     run_id = info.get(RUN_ID)
     # a link any client of the service reads: the UI's address, never its credentials
-    base = shown_url(dagster_url).rstrip("/") if dagster_url else None
+    base = link_url(dagster_url).rstrip("/") if dagster_url else None
     info["dagster_run_url_path"] = f"/runs/{run_id}" if run_id else None
     info["dagster_point_url_path"] = point_log_path(str(run_id), point_id) if run_id else None
     info["dagster_run_url"] = f"{base}/runs/{run_id}" if run_id and base else None
