@@ -960,11 +960,14 @@ def test_a_store_lock_taken_by_the_collection_sensor_names_the_sensor(
     assert materialize(
         ingestion_assets, partition_key=BOOKS[0], instance=instance, resources=resources
     ).success
+    # without its saved summary the page reads the book itself, under the book's lock
+    for summary in Path(settings.qdrant_path).rglob("summary.json"):
+        summary.unlink()
     seen: list[str] = []
     describe = collection_module.describe_collection
 
     def spy(store, on_disk):  # type: ignore[no-untyped-def]
-        state = describe(store, on_disk)  # reads the book without a summary under its lock
+        state = describe(store, on_disk)
         for lock in sorted(Path(settings.qdrant_path).rglob("*.lock")):
             holder = FolderLock(lock, "book").holder()
             if holder and holder["pid"] == os.getpid():
