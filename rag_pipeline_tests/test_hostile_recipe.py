@@ -13,6 +13,7 @@ import pytest
 from rag_pipeline.embed.hashing import HashEmbedder
 from rag_pipeline.ingest.assess import DAMAGED_VECTORS
 from rag_pipeline_tests.helpers import InProcessCli, index_books, index_sample_books
+from rag_pipeline_tests.test_plan_says_what_the_run_does import plan_figures, run_figures
 
 
 def test_a_plan_of_a_change_of_dimension_says_recipe_change_not_damaged_vectors(
@@ -149,25 +150,20 @@ def test_a_change_of_dimension_refused_by_a_store_without_generations_names_the_
     assert "RAG_COLLECTION" in message and book in message, message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: the plan previews a book against its searched generation, while its "
-    "run reads the pending build of its recipe and reuses the vectors already there",
-)
 def test_the_plan_of_a_resumed_build_prices_only_what_the_run_embeds(tmp_path: Path) -> None:
     """hash-384 indexed; hash-256 built beside and held back (one broken file): the pending
     build holds every other file's vectors. With the file fixed, the run resumes the build
-    and embeds that file's chunks only; the plan prices every chunk of the book (for OpenAI:
-    dollars the run does not spend)."""
-    books = index_sample_books(tmp_path, HashEmbedder(384))
-    cli = InProcessCli(tmp_path, books)
-    book = sorted(p.name for p in books.iterdir() if p.is_dir())[0]
-    victim = sorted((books / book).rglob("*.md"))[0]
-    original = victim.read_bytes()
-    victim.write_bytes(b"# broken \x80\x81 not utf-8\n")
-    index_books(books, cli.env["RAG_QDRANT_PATH"], HashEmbedder(256))
-    victim.write_bytes(original)
+    and embeds that file's chunks only; the plan priced every chunk of the book (for OpenAI:
+    dollars the run does not spend), read from the searched generation. It now reads the
+    pending build, as the run does, and says what the run then does."""
+    _books, cli, _qdrant, book = _held_back_build(tmp_path)
     cli.env["RAG_HASH_DIMENSION"] = "256"
     plan = cli.json("plan", "--book", book)["books"][book]
-    assert plan["chunks_reused"] > 0, plan
-    assert plan["chunks_to_embed"] < plan["chunks"], plan
+    assert plan["action"] == "run", plan
+    assert plan["recipe_change"]["from"] == "hash-384", plan  # still a migration
+    run = cli.json("ingest", "--book", book)["books"][book]
+    assert run["status"] == "ingested", run
+    assert 0 < plan["chunks_to_embed"] == run["embedded"] < run["chunks"], (plan, run)
+    assert plan_figures(plan) == run_figures(run), (plan, run)
+    assert any("pending" in r and "resumes" in r for r in plan["reasons"]), plan
+    assert plan["recipe_change"]["chunks_to_embed"] == run["embedded"], plan

@@ -624,6 +624,7 @@ def test_a_book_whose_view_keeps_changing_or_disagrees_is_503_naming_it(
     from rag_pipeline.config import load_settings
     from rag_pipeline.embed.hashing import HashEmbedder
     from rag_pipeline.ingest.pipeline import IngestPipeline
+    from rag_pipeline.retrieve import view
     from rag_pipeline.serve import app as app_module
     from rag_pipeline_tests.conftest import section
 
@@ -636,7 +637,7 @@ def test_a_book_whose_view_keeps_changing_or_disagrees_is_503_naming_it(
     with TestClient(app_module.create_app(settings, recipes, cache_size=0)) as client:
         looks = iter(range(1000))
         with monkeypatch.context() as patched:  # a new generation at every look
-            patched.setattr(app_module, "searched_signature", lambda s, b: str(next(looks)))
+            patched.setattr(view, "searched_signature", lambda s, b: str(next(looks)))
             response = client.get("/search", params={"q": "nodes", "book": "b"})
         assert response.status_code == 503
         assert response.json()["detail"] == (

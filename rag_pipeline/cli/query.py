@@ -3,7 +3,8 @@ their options are :mod:`rag_pipeline.retrieve.params`'s declarations."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import click
@@ -152,6 +153,7 @@ def _fusion_option(multiple: bool = False) -> Callable[..., Any]:
 def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> None:
     """Search one book for QUERY."""
     from rag_pipeline.retrieve.request import results_json
+    from rag_pipeline.retrieve.view import read_under_one_view
 
     book = _require_book(book_id)
     settings = _settings()
@@ -159,22 +161,29 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
         request = search_request(query, book, values)
     except ValueError as exc:
         fail(str(exc))
+    recipes = book_recipes(settings)
     with opened_store(settings) as store:
-        # the query is embedded by the model the book records, never compared across models.
-        # Under the store: only the store says which model that is (embedding first with the
-        # configured model loaded, or called the API of, a model a book not migrated yet does
-        # not use); the query service embeds first, with what it learnt of the book
-        recipe = (
-            book_recipes(settings).for_book(store, book, purpose="search").recipe
-            if request.needs_embedder
-            else None
-        )
-        try:
-            results = request.run(
+
+        def search_under(_: str | None) -> list[Hit] | list[HitGroup]:
+            # the query is embedded by the model the book records, never compared across
+            # models. Under the store: only the store says which model that is (embedding
+            # first with the configured model loaded, or called the API of, a model a book
+            # not migrated yet does not use); the query service embeds first, with what it
+            # learnt of the book
+            recipe = (
+                recipes.for_book(store, book, purpose="search").recipe
+                if request.needs_embedder
+                else None
+            )
+            return request.run(
                 store,
                 recipe.embedder if recipe else None,
                 recipe.sparse if recipe else None,
             )
+
+        try:
+            with _exit_if_switched_under_every_read():
+                results = read_under_one_view(store, book, search_under, what="search")
         except ValueError as exc:  # a query or filter the search cannot answer
             fail(str(exc))
         if not results:
@@ -192,6 +201,18 @@ def search(query: str, book_id: str | None, as_json: bool, **values: Any) -> Non
             f"{shown(group.source_file)} (best {group.score:.4f}, {len(group.hits)} hits)",
         )
     out.print(f"{len(results)} files in {book} ({label})")
+
+
+@contextmanager
+def _exit_if_switched_under_every_read() -> Iterator[None]:
+    """A book switched to another recipe under every try of an answer
+    (:class:`~rag_pipeline.retrieve.view.BookViewError`) is exit 1 naming it."""
+    from rag_pipeline.retrieve.view import BookViewError
+
+    try:
+        yield
+    except BookViewError as exc:
+        fail(str(exc), code=1)
 
 
 def _hint_if_not_indexed(store: VectorStore, book: str) -> None:
@@ -280,7 +301,7 @@ def _show_chunks(
     when there are none, print them as JSON or a table."""
     book = _require_book(book_id)
     point = _point_id(point_id)
-    with opened_store(_settings()) as store:
+    with opened_store(_settings()) as store, _exit_if_switched_under_every_read():
         hits = read(store, book, point)
     if not hits:
         fail(missing.format(point=point, book=book), code=1)
@@ -301,7 +322,7 @@ def lineage(point_id: str, book_id: str | None, as_json: bool) -> None:
     book = _require_book(book_id)
     point = _point_id(point_id)
     settings = _settings()
-    with opened_store(settings) as store:
+    with opened_store(settings) as store, _exit_if_switched_under_every_read():
         record = read_point(store, book, point)
     if record is None:
         fail(f"no point {point} in book {book}", code=1)

@@ -29,6 +29,7 @@ __all__ = [
     "describe_recipes",
     "finish_build",
     "migration_label",
+    "resumed_build",
     "start_build",
 ]
 
@@ -91,9 +92,19 @@ def start_build(store: VectorStore, book_id: str, recipe: IndexRecipe) -> BuildS
         old = _recorded_tag(store, book_id)
         if old is not None:
             generations.adopt_recipe(book_id, old)
+    return BuildStart(old, new, resumed_build(store, book_id, recipe) is not None)
+
+
+def resumed_build(store: VectorStore, book_id: str, recipe: IndexRecipe) -> dict[str, str] | None:
+    """The tag of the build of ``recipe`` pending beside the book's searched index, which a
+    run of the recipe resumes (its builder handles read and write it, reusing the vectors
+    already there); None when there is none. The one rule the run (:func:`start_build`) and
+    its plan follow."""
+    generations = generations_of(store)
+    if generations is None:
+        return None
     pending = generations.pending_recipe(book_id)
-    resumed = pending is not None and pending.get(SIGNATURE) == new[SIGNATURE]
-    return BuildStart(old, new, resumed)
+    return pending if pending is not None and pending.get(SIGNATURE) == recipe.signature else None
 
 
 def _recorded_tag(store: VectorStore, book_id: str) -> dict[str, str] | None:

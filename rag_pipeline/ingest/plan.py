@@ -30,7 +30,7 @@ from rag_pipeline.ingest.catalog import file_stats_from_summary, index_from_summ
 from rag_pipeline.ingest.changes import FileChanges, records_of_other_rules
 from rag_pipeline.ingest.consistency import check_vectors
 from rag_pipeline.ingest.index import read_index_state
-from rag_pipeline.ingest.migration import migration_label
+from rag_pipeline.ingest.migration import migration_label, resumed_build
 from rag_pipeline.ingest.report import BookResult, IngestReport
 from rag_pipeline.ingest.stages import WritePreview, rebuilt_reason
 from rag_pipeline.models import FileError, validate_book_id
@@ -466,7 +466,42 @@ def plan_book(
     """Run or unchanged, as the book's assessment says (see :mod:`rag_pipeline.ingest.assess`);
     with ``detail``, a book that runs gets the preview of its run, from the same assessment
     and by the pipeline's own stages. A book its saved summary shows unchanged needs no
-    preview: decided without its shard."""
+    preview: decided without its shard.
+
+    The book is assessed against the index its run reads: a build of ``recipe`` pending
+    beside the searched index (a run held back or killed, :func:`resumed_build`) is read
+    through a builder of the recipe, as the run's steps read it, so the plan counts and
+    prices what the run embeds, not the vectors already built."""
+    pending = resumed_build(store, book_id, recipe)
+    if pending is None:
+        return _plan_book(pipeline, store, recipe, book_id, force=force, detail=detail)
+    generations = generations_of(store)
+    searched = None if generations is None else generations.current_recipe(book_id)
+    with pipeline.store.open(recipe=recipe) as builder:
+        book = _plan_book(pipeline, builder, recipe, book_id, force=force, detail=detail)
+    searched_signature = (searched or {}).get(SIGNATURE)
+    if searched_signature is not None and searched_signature != recipe.signature:
+        # a migration still: the book is searched with the other recipe until its run switches
+        book.recipe_change, book.recorded_signature = True, searched_signature
+    book.action = "run"  # the run switches the build, or says why it is held back again
+    model = pending.get(EMBEDDING_MODEL) or f"recipe {recipe.signature}"
+    book.reasons.append(
+        f"a build of its recipe ({model}) is pending beside the searched index: "
+        "the run resumes it, reusing the vectors already built"
+    )
+    return book
+
+
+def _plan_book(
+    pipeline: IngestPipeline,
+    store: VectorStore,
+    recipe: IndexRecipe,
+    book_id: str,
+    *,
+    force: bool,
+    detail: bool,
+) -> BookPlan:
+    """:func:`plan_book`, reading the book's index through ``store``."""
     source = pipeline.source
     summary = saved_summary(store, book_id)
     found = source.scan(book_id, None if force else file_stats_from_summary(summary))

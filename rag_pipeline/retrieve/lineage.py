@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from rag_pipeline.retrieve.view import read_under_one_view
 from rag_pipeline.schema import (
     DOCUMENT,
     LINEAGE_FIELDS,
@@ -63,7 +64,15 @@ def read_point(store: VectorStore, book_id: str, point_id: str) -> PointRecord |
     """The store's part of a point's lineage (None: the book holds no such point). Only the
     index is read: a caller holding the store lets go of it before :func:`describe_point`
     asks the source (a remote git repository or object store may take seconds, and a run
-    waiting for the store would fail busy meanwhile)."""
+    waiting for the store would fail busy meanwhile). The point and its document record are
+    read from one generation of the book
+    (:func:`~rag_pipeline.retrieve.view.read_under_one_view`)."""
+    return read_under_one_view(
+        store, book_id, lambda _: _read_point(store, book_id, point_id), what="lineage read"
+    )
+
+
+def _read_point(store: VectorStore, book_id: str, point_id: str) -> PointRecord | None:
     found = store.retrieve(book_filter(book_id), [point_id])
     if not found:
         return None

@@ -16,6 +16,7 @@ import numpy as np
 
 from rag_pipeline.embed.base import check_query_vector, embedder_source
 from rag_pipeline.retrieve.filters import SearchFilters
+from rag_pipeline.retrieve.view import read_under_one_view
 from rag_pipeline.schema import (
     BOOK_ID,
     CHUNK_INDEX,
@@ -340,10 +341,21 @@ def expand_context(
     """The chunk and up to ``prev`` / ``next`` neighbours along its document's chain, in order.
 
     Neighbour ids are computable from the chain only hop by hop, but every chunk carries its
-    document id and index, so all wanted neighbours come back in one filtered read.
+    document id and index, so all wanted neighbours come back in one filtered read. The
+    chunk and its neighbours are read from one generation of the book
+    (:func:`~rag_pipeline.retrieve.view.read_under_one_view`).
     """
     if prev < 0 or next < 0:
         raise ValueError("prev and next must be >= 0")
+    return read_under_one_view(
+        store,
+        book_id,
+        lambda _: _context(store, book_id, chunk_id, prev, next),
+        what="context read",
+    )
+
+
+def _context(store: VectorStore, book_id: str, chunk_id: str, prev: int, next: int) -> list[Hit]:
     where = chunks_of(book_id)
     found = store.retrieve(where, [chunk_id])
     if not found:
@@ -389,7 +401,13 @@ def _walk_chain(
 
 
 def get_document(store: VectorStore, book_id: str, parent_doc_id: str) -> list[Hit]:
-    """All chunks of one document of one book, ordered by ``chunk_index``."""
+    """All chunks of one document of one book, ordered by ``chunk_index``, from one
+    generation of the book (a scroll reads a page at a time:
+    :func:`~rag_pipeline.retrieve.view.read_under_one_view`)."""
     where = chunks_of(book_id, Match(PARENT_DOC_ID, parent_doc_id))
-    records = sorted(store.scroll(where), key=lambda r: chunk_index_of(r.payload))
-    return _hits(records)
+
+    def read(_: str | None) -> list[StoredRecord]:
+        return list(store.scroll(where))
+
+    records = read_under_one_view(store, book_id, read, what="document read")
+    return _hits(sorted(records, key=lambda r: chunk_index_of(r.payload)))

@@ -64,10 +64,10 @@ from rag_pipeline.retrieve.params import (
 )
 from rag_pipeline.retrieve.request import SearchRequest, results_json
 from rag_pipeline.retrieve.search import EmbeddedQuery, Hit, HitGroup, QueryEmbedder
+from rag_pipeline.retrieve.view import BookViewError, read_under_one_view, searched_signature
 from rag_pipeline.schema import COLLECTION_SCHEMA
 from rag_pipeline.serve.holder import StoreHolder
 from rag_pipeline.store import (
-    RECIPE_SIGNATURE,
     BookBusyError,
     BookDamagedError,
     StoreBusyError,
@@ -80,7 +80,6 @@ from rag_pipeline.store import (
     open_empty_store,
     open_store,
 )
-from rag_pipeline.store.capabilities import searched_recipe
 from rag_pipeline.store.errors import resource_limit
 from rag_pipeline.store.filters import check_point_id
 
@@ -324,8 +323,13 @@ class Service:
     def book_view(self, store: VectorStore, book_id: str) -> tuple[IndexRecipe, str | None]:
         """The book's recipe (see :meth:`book_recipe`) and the signature of the generation
         it was read for (:func:`searched_signature`)."""
-        opening, now = self.holder.stats.opens, time.monotonic()
         signature = searched_signature(store, book_id)  # the generation searched now
+        return self.recipe_under(store, book_id, signature), signature
+
+    def recipe_under(self, store: VectorStore, book_id: str, signature: str | None) -> IndexRecipe:
+        """The book's recipe (see :meth:`book_recipe`) under the view of its generation
+        ``signature`` (read by the caller: :func:`searched_signature`)."""
+        opening, now = self.holder.stats.opens, time.monotonic()
         with self._lock:
             known = self._books.get(book_id)
             if known is not None:
@@ -335,14 +339,14 @@ class Service:
             and known[2:] == (opening, signature)
             and now - known[1] < self._book_ttl_s
         ):
-            return known[0], signature
+            return known[0]
         recipe = self.recipes.for_book(store, book_id, purpose="search").recipe
         with self._lock:
             self._books[book_id] = (recipe, now, opening, signature)
             self._books.move_to_end(book_id)
             while len(self._books) > BOOKS_REMEMBERED:
                 self._books.popitem(last=False)
-        return recipe, signature
+        return recipe
 
     def embed_first(self, request: SearchRequest) -> tuple[str, np.ndarray] | None:
         """The request's query embedded by the model its book records, with the store let go
@@ -362,24 +366,27 @@ class Service:
         embedded: tuple[str, np.ndarray] | None = None,
     ) -> list[Hit] | list[HitGroup]:
         """``request`` run with its query embedded by the model of the generation it searches,
-        under one view of the book: the generation's signature is read before the model is
-        chosen and again after the last read. The handle may let go of the book meanwhile
-        (another request backs off, see LockGroup), and an ingest may switch it to another
-        model; then the query is embedded again with the new model and searched again, at
-        most :data:`VIEW_TRIES` times (then :class:`BookViewError`, 503). An engine error
-        under a view that changed is such a switch, never a client's 500; one under an
-        unchanged view, where the generation holds vectors of another dimension than the
-        model makes, is a :class:`BookViewError` naming both."""
+        under one view of the book (:func:`~rag_pipeline.retrieve.view.read_under_one_view`,
+        the rule of every answer read in several reads): the handle may let go of the book
+        between the choice of the model and the search (another request backs off, see
+        LockGroup), and an ingest may switch it to another model; then the query is embedded
+        again with the new model and searched again. An engine error under an unchanged view,
+        where the generation holds vectors of another dimension than the model makes, is a
+        :class:`BookViewError` naming both."""
         book_id = request.book_id
         if not request.needs_embedder:
-            return request.run(store, None, self.recipe.sparse)
-        for _ in range(VIEW_TRIES):
-            recipe, signature = self.book_view(store, book_id)
+            sparse = self.recipe.sparse
+            return read_under_one_view(
+                store, book_id, lambda _: request.run(store, None, sparse), what="search"
+            )
+
+        def search_under(signature: str | None) -> list[Hit] | list[HitGroup]:
+            recipe = self.recipe_under(store, book_id, signature)
             embedder: BookQueries | EmbeddedQuery = self._embedder_of(recipe).for_book(book_id)
             if embedded is not None and embedded[0] == recipe.embedding_model:
                 embedder = EmbeddedQuery(embedder, request.query, embedded[1])
             try:
-                results = request.run(store, embedder, self.recipe.sparse)
+                return request.run(store, embedder, self.recipe.sparse)
             except (StoreBusyError, StoreUnavailableError, StoreResourceError):
                 raise  # waited for already: answered as it is
             except StoreError:
@@ -391,37 +398,9 @@ class Service:
                             f"its searched index holds {held}-dimension vectors while the "
                             f"model it records ({recipe.embedding_model}) makes {made}",
                         ) from None
-                    raise  # not a switch: the error stands
-            else:
-                if searched_signature(store, book_id) == signature:
-                    return results
-            log.info("book %s switched to another recipe during a search: searched again", book_id)
-        raise BookViewError(
-            book_id,
-            f"it switched to another model {VIEW_TRIES} times while this search ran "
-            "(an ingest is migrating it): ask again",
-        )
+                raise  # read_under_one_view: a switch is searched again, else it stands
 
-
-#: searches of one request, each under a view of its book (see :meth:`Service.search`)
-VIEW_TRIES = 3
-
-
-def searched_signature(store: VectorStore, book_id: str) -> str | None:
-    """The recipe signature of the generation ``store`` searches for the book now (one pointer
-    read, taking the book's lock if the handle let go of it; None: a store without
-    generations, whose one collection keeps its dimension): what a search must see unchanged
-    from the choice of its query's model to its last read."""
-    tag = searched_recipe(store, book_id)
-    return tag.get(RECIPE_SIGNATURE) if tag else None
-
-
-class BookViewError(Exception):
-    """A search of a book that could not be run under one view of it (503)."""
-
-    def __init__(self, book: str, problem: str) -> None:
-        super().__init__(f"book {book!r}: {problem}")
-        self.book = book
+        return read_under_one_view(store, book_id, search_under, what="search")
 
 
 NO_BOOK = "the book query parameter is required: every answer is scoped to one book"
