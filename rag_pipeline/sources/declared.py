@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError
 
-from rag_pipeline.models import SourceFile, validate_book_id
+from rag_pipeline.models import SourceFile, VersionKey, validate_book_id
 from rag_pipeline.sources.base import (
     BookListing,
     BookSource,
@@ -293,6 +293,9 @@ class DeclaredSources(BookSource):
 
     def watcher(self) -> BookWatcher | None:
         return self.folder.watcher()
+
+    def folder_keys(self, versions: BookVersions) -> list[tuple[str, VersionKey | None]]:
+        return self._of(versions.book_id).folder_keys(versions)
 
     def notifies(self, book_id: str) -> bool:
         source = self._of(book_id)
