@@ -25,7 +25,7 @@ from dagster import DagsterInstance
 
 from rag_pipeline.config import BatchConfig
 from rag_pipeline.defs.live import LiveRuns, _indexed_books
-from rag_pipeline.ingest.live import LiveLoop, LiveTiming
+from rag_pipeline.ingest.live import LiveLoop, LiveMark, LiveTiming
 from rag_pipeline.ingest.pipeline import IngestPipeline
 from rag_pipeline.recipes.recipe import IndexRecipe
 from rag_pipeline.schema import book_filter
@@ -54,16 +54,24 @@ class LiveHarness:
     """Live mode in this process over ``root/books`` (and the sources file, if any), and
     clean builds to compare it with."""
 
-    def __init__(self, root: Path, recipe: IndexRecipe, sources: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        recipe: IndexRecipe,
+        sources: Path | None = None,
+        instance: DagsterInstance | None = None,
+    ) -> None:
         self.root, self.recipe, self.sources = root, recipe, sources
         self.data = root / "books"
         self.data.mkdir(exist_ok=True)
         self.pipeline = self._pipeline(self.data, root / "live")
-        self.instance = DagsterInstance.ephemeral()
+        self.instance = instance or DagsterInstance.ephemeral()
         self.notes: list[str] = []
         self.reports: list[Any] = []
-        home = root / "home"
+        home = Path(self.instance.root_directory) if instance else root / "home"
         home.mkdir(exist_ok=True)
+        #: the live lock and applied-state map of the home (held while running)
+        self.mark = LiveMark(home, self.pipeline.source)
         self.runs = LiveRuns(
             self.pipeline,
             self.instance,
@@ -72,13 +80,12 @@ class LiveHarness:
             self.notes.append,
             self.reports.append,
         )
-        #: called with the books of each call of ``apply`` before it runs (a writer's hook)
-        self.before_apply: Callable[[list[str]], None] = lambda books: None
         self.calls: list[list[str]] = []
         self.loop = LiveLoop(
             self.pipeline.source,
             self._apply,
             timing=LiveTiming(debounce_s=0.05, idle_look_s=0.5, retry_after_s=0.5),
+            save=self.mark.save,
             notify=self.notes.append,
             workers=2,
             indexed=lambda: _indexed_books(self.pipeline),
@@ -91,7 +98,6 @@ class LiveHarness:
 
     def _apply(self, books: list[str]) -> Any:
         self.calls.append(list(books))
-        self.before_apply(books)
         return self.runs(books)
 
     @contextlib.contextmanager
@@ -99,7 +105,7 @@ class LiveHarness:
         clear_scan_cache()
         stop, ready = threading.Event(), threading.Event()
         thread = threading.Thread(target=self.loop.run, args=(stop, ready.set), daemon=True)
-        with kept_open():
+        with kept_open(), self.mark.hold():
             thread.start()
             try:
                 assert ready.wait(30), self.notes
@@ -239,7 +245,6 @@ def _one(write: Callable[[Path], None]) -> list[Callable[[Path, _Away], None]]:
 #: what a writer does to book ``alpha``, step by step (a step pauses 50 ms after the last
 #: one when done at once; steps 2.. come after the run's read when "across_the_read")
 WRITERS: dict[str, list[Callable[[Path, _Away], None]]] = {
-    "edit": _one(lambda book: (book / "p0.md").write_text(_page("edited", "a plain edit"))),
     "rename_over": _one(_rename_over),
     "truncate_then_write": _one(_truncate_then_write),
     "folder_away_and_back": [_folder_away, _folder_back],
@@ -259,24 +264,27 @@ def _write(writer: str, book: Path, away: _Away, steps: slice = slice(None)) -> 
         step(book, away)
 
 
-#: when the writer hits the book: between a look that found an edit of it and the run that
-#: applies it; after that run read the files (before it writes); its first step before the
-#: read and the rest after it (two-step writers only)
-MOMENTS = ("before_the_run", "after_the_read", "across_the_read")
+#: when the writer hits the book: after a run of it read the files (before it writes), or its
+#: first step before that read and the rest after it (two-step writers). A writer done before
+#: the run's read is what the look after the run sees; a plain edit during a run is tested by
+#: test_live.py, an edit reverted inside one by test_live_process.py
+CASES = [
+    *(
+        (w, "after_the_read")
+        for w in (
+            "rename_over",
+            "truncate_then_write",
+            "case_only_rename",
+            "moved_to_other_book",
+            "replaced_by_link",
+        )
+    ),
+    *((w, "across_the_read") for w in sorted(WRITERS) if len(WRITERS[w]) > 1),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("writer", "moment"),
-    [
-        (w, m)
-        for w in sorted(WRITERS)
-        for m in MOMENTS
-        # (a writer done before the run's read is what the look after it sees: a few only)
-        if (m != "across_the_read" or len(WRITERS[w]) > 1)
-        and (m != "before_the_run" or w in ("rename_over", "moved_to_other_book"))
-    ],
-)
+@pytest.mark.parametrize(("writer", "moment"), CASES)
 def test_a_folder_books_index_ends_as_a_clean_build_whatever_the_writer_does(
     harness: LiveHarness, writer: str, moment: str
 ) -> None:
@@ -290,28 +298,19 @@ def test_a_folder_books_index_ends_as_a_clean_build_whatever_the_writer_does(
     hit = threading.Event()
     with harness.running():
         harness.converges("the first catch-up")
-        if moment == "before_the_run":
+        parse = harness.pipeline.parse
 
-            def before(books: list[str]) -> None:
-                if "alpha" in books and not hit.is_set():
-                    _write(writer, book, away)
-                    hit.set()
+        def parse_hit(inventories: Any) -> Any:
+            if "alpha" not in inventories or hit.is_set():
+                return parse(inventories)
+            if moment == "across_the_read":
+                _write(writer, book, away, slice(0, 1))
+            parsed = parse(inventories)
+            _write(writer, book, away, slice(1 if moment == "across_the_read" else 0, None))
+            hit.set()
+            return parsed
 
-            harness.before_apply = before
-        else:
-            parse = harness.pipeline.parse
-
-            def parse_hit(inventories: Any) -> Any:
-                if "alpha" not in inventories or hit.is_set():
-                    return parse(inventories)
-                if moment == "across_the_read":
-                    _write(writer, book, away, slice(0, 1))
-                parsed = parse(inventories)
-                _write(writer, book, away, slice(1 if moment == "across_the_read" else 0, None))
-                hit.set()
-                return parsed
-
-            harness.pipeline.parse = parse_hit  # type: ignore[method-assign]
+        harness.pipeline.parse = parse_hit  # type: ignore[method-assign]
         # the edit whose run is hit (in the folder the writer moves, if it moves one)
         first = "sub/s.md" if writer.startswith("subfolder") else "p2.md"
         (book / first).write_text(_page("first", "the edit whose run is hit"))
@@ -349,6 +348,7 @@ def test_git_books_follow_commits_force_pushes_refs_and_the_sources_file_under_l
     with live.running():
         took["first"] = live.converges("the first catch-up")
         second = repo.commit("two", {"docs/p1.md": _git_page(1, "two")})
+        repo.git("branch", "stale1", second)  # (a name as long as "stable")
         took["commit"] = live.converges("a new commit")
         repo.git("reset", "--hard", "--quiet", first)  # a force-push back
         took["force_push"] = live.converges("a force-push back to an older commit")
@@ -391,6 +391,14 @@ def test_git_books_follow_commits_force_pushes_refs_and_the_sources_file_under_l
             },
         )
         took["ref_changed"] = live.converges("a book's ref changed in the sources file")
+        # the file rewritten in place, as long as before, its old times put back (a `cp -p`
+        # or an archive's extraction of a config): only its ctime says it changed
+        before = sources.stat()
+        text = sources.read_text()
+        assert text.count("ref: stable") == 2
+        sources.write_text(text.replace("ref: stable", "ref: stale1", 1))
+        os.utime(sources, ns=(before.st_atime_ns, before.st_mtime_ns))
+        took["ref_changed_old_times"] = live.converges("a ref changed, the file's times put back")
         write_sources(sources, {"stable": {"git": str(repo.path), "ref": "main", "path": "docs"}})
         took["entry_removed"] = live.converges("a book removed, another's ref changed")
         assert "handbook" not in live.index()
@@ -485,3 +493,66 @@ def test_the_sensor_runs_again_a_book_whose_folder_moved_away_and_back_during_it
     settle_files()
     result = harness.tick()
     assert requested_books(result, harness.instance) == [["alpha"]]
+
+
+# -- live mode stopped at a random moment: the sensor takes over, a new start catches up -----
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2])
+def test_live_mode_stopped_at_a_random_moment_is_taken_over_by_the_sensor_then_a_new_start(
+    tmp_path: Path, hash_embedder: Any, seed: int
+) -> None:
+    """Live mode (on a Dagster home) stopped a random moment after a burst of edits (the
+    SIGTERM path: the runs in hand end, the rest is left "applying"), edits made while no
+    live process runs (a folder moved away and back among them); the books sensor of that
+    home takes the stopped process's map over and its runs (executed as the daemon would)
+    leave a clean build; then more edits and a new live start: a clean build again."""
+    import random
+
+    from dagster import SensorResult
+
+    from rag_pipeline.defs.runs import books_of_run
+    from rag_pipeline_tests.test_sensors import Harness, ingest_requests
+
+    rng = random.Random(seed)
+    (tmp_path / "dagster").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "dagster"))
+    recipe = make_recipe(hash_embedder)
+    live = LiveHarness(tmp_path, recipe, instance=instance)
+    for book in ("alpha", "beta", "gamma"):
+        for n in range(3):
+            path = live.data / book / f"p{n}.md"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(_page(f"{book} {n}", f"{book} page {n} start"))
+    settle_files()
+
+    def edit_some(words: str) -> None:
+        for path in rng.sample(sorted(live.data.rglob("*.md")), 4):
+            path.write_text(_page(path.stem, f"{words} {rng.random()}"))
+
+    with live.running():
+        live.converges("the first catch-up")
+        edit_some("burst")
+        time.sleep(rng.uniform(0.0, 0.5))  # stopped somewhere in the burst's runs
+    edit_some("while stopped")
+    (live.data / "beta").rename(live.data / ".beta")
+    (live.data / ".beta").rename(live.data / "beta")
+    settle_files()
+    clear_scan_cache()
+    harness = Harness(live.data, instance=instance)
+    harness.pipeline = live.pipeline
+    result = harness.tick()
+    assert isinstance(result, SensorResult), result
+    order = instance.get_dynamic_partitions("books")
+    for request in ingest_requests(result):  # what the daemon's runs do
+        books = (
+            [request.partition_key] if request.partition_key else books_of_run(request.tags, order)
+        )
+        with kept_open():
+            live.pipeline.run(books)
+    assert live.index() == live.clean_build(), "the sensor's runs left another index"
+    edit_some("before the next start")
+    again = LiveHarness(tmp_path, recipe, instance=instance)
+    with again.running():
+        again.converges("a new start's catch-up")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError
 
-from rag_pipeline.models import SourceFile, VersionKey, validate_book_id
+from rag_pipeline.models import FileKey, SourceFile, VersionKey, validate_book_id
 from rag_pipeline.sources.base import (
     BookListing,
     BookSource,
@@ -37,6 +37,7 @@ from rag_pipeline.sources.base import (
     SourceUnavailableError,
     without_credentials,
 )
+from rag_pipeline.sources.filekeys import file_key, now_ns, settled
 from rag_pipeline.sources.folder import FolderSource
 from rag_pipeline.sources.git import GitBookSpec, GitSource
 from rag_pipeline.sources.s3 import S3BookSpec, S3Source
@@ -174,7 +175,7 @@ class DeclaredSources(BookSource):
         self.description = f"{folder.description} and sources file {self.path} (RAG_SOURCES)"
         self.book_noun = "book"
         self._lock = threading.Lock()
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: FileKey | None = None
         self._sources: dict[str, BookSource] = {}
         self._owner: dict[str, BookSource] = {}
         self._reload()
@@ -203,9 +204,9 @@ class DeclaredSources(BookSource):
     def _reload(self) -> None:
         """Read the sources file again if it changed since it was read; a bad one raises
         :class:`SourcesFileError`."""
+        read_at = now_ns()
         try:
-            st = os.stat(self.path)
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            stamp = file_key(os.stat(self.path))
         except OSError as exc:
             raise SourcesFileError(self.path, f"cannot read it: {exc.strerror}") from None
         with self._lock:
@@ -221,7 +222,10 @@ class DeclaredSources(BookSource):
                     sources[kind] = self._build(kind, specs)
             self._sources = sources
             self._owner = {b: sources[k] for k, specs in by_kind.items() for b in specs}
-            self._stamp = stamp
+            # the file's full stat (its ctime too: a rewrite with its old times put back, a
+            # `cp -p`, moves only that), kept only once settled: a write in the same clock
+            # tick as this read would leave it as it was (the racy rule of a book's files)
+            self._stamp = stamp if settled(stamp, read_at) else None
 
     def _build(self, kind: str, specs: Mapping[str, Any]) -> BookSource:
         if kind == "git":
