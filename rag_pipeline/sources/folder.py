@@ -121,15 +121,17 @@ class FolderSource(BookSource):
         return not os.path.islink(self.data_dir / book_id)
 
     def folder_keys(self, versions: BookVersions) -> list[tuple[str, VersionKey | None]]:
-        book_dir = self.data_dir / versions.book_id
+        book_dir = os.path.join(self.data_dir, versions.book_id)
+        parents = {file.source_file.rpartition("/")[0] for file in versions.files}
         folders = {""}
-        for file in versions.files:
-            parts = file.source_file.split("/")[:-1]
-            folders.update("/".join(parts[: n + 1]) for n in range(len(parts)))
+        for parent in parents:  # each folder on the way to one holding a file
+            while parent and parent not in folders:
+                folders.add(parent)
+                parent = parent.rpartition("/")[0]
         keys: list[tuple[str, VersionKey | None]] = []
         for rel in sorted(folders):
             try:
-                keys.append((rel, file_key(os.stat(book_dir / rel))))
+                keys.append((rel, file_key(os.stat(os.path.join(book_dir, rel)))))
             except OSError:
                 keys.append((rel, None))
         return keys
