@@ -556,3 +556,27 @@ def test_live_mode_stopped_at_a_random_moment_is_taken_over_by_the_sensor_then_a
     again = LiveHarness(tmp_path, recipe, instance=instance)
     with again.running():
         again.converges("a new start's catch-up")
+
+
+def test_a_sources_file_read_in_its_racy_window_is_read_again_once_settled(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write in the clock tick of a read of the sources file leaves its stat as it was
+    (what a coarse clock does to two quick saves of one size): a stat read in its racy window
+    is read again once it settles, so the second save is not missed for good."""
+    from rag_pipeline.models import FileKey
+    from rag_pipeline.sources import declared
+    from rag_pipeline.sources.folder import FolderSource
+
+    now = time.time_ns()
+    same = FileKey(1, 2, 3, now, now, 0o100644)  # one stat for both saves
+    monkeypatch.setattr(declared, "file_key", lambda st: same)
+    path = write_sources(tmp_path / "sources.yaml", {"one": {"git": "/srv/a.git"}})
+    source = declared.DeclaredSources(FolderSource(data_dir), path, cache_dir=tmp_path / "c")
+    assert list(source.declared_books()) == ["one"]
+    write_sources(path, {"two": {"git": "/srv/a.git"}})
+    later = now + 3_000_000_000  # past the racy window
+    monkeypatch.setattr(declared, "now_ns", lambda: later)
+    assert list(source.declared_books()) == ["two"]
+    write_sources(path, {"three": {"git": "/srv/a.git"}})  # a settled stamp is trusted
+    assert list(source.declared_books()) == ["two"]

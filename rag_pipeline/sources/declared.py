@@ -176,6 +176,7 @@ class DeclaredSources(BookSource):
         self.book_noun = "book"
         self._lock = threading.Lock()
         self._stamp: FileKey | None = None
+        self._settled = False
         self._sources: dict[str, BookSource] = {}
         self._owner: dict[str, BookSource] = {}
         self._reload()
@@ -210,7 +211,9 @@ class DeclaredSources(BookSource):
         except OSError as exc:
             raise SourcesFileError(self.path, f"cannot read it: {exc.strerror}") from None
         with self._lock:
-            if stamp == self._stamp:
+            # read again once a stamp read in its racy window has settled: a write in the
+            # clock tick of that read left it as it was (the racy rule of a book's files)
+            if stamp == self._stamp and (self._settled or not settled(stamp, read_at)):
                 return
             by_kind = _by_kind(load_sources(self.path))
             sources: dict[str, BookSource] = {}
@@ -222,10 +225,10 @@ class DeclaredSources(BookSource):
                     sources[kind] = self._build(kind, specs)
             self._sources = sources
             self._owner = {b: sources[k] for k, specs in by_kind.items() for b in specs}
-            # the file's full stat (its ctime too: a rewrite with its old times put back, a
-            # `cp -p`, moves only that), kept only once settled: a write in the same clock
-            # tick as this read would leave it as it was (the racy rule of a book's files)
-            self._stamp = stamp if settled(stamp, read_at) else None
+            # the file's full stat: its ctime too (a rewrite with its old times put back, as
+            # `cp -p` leaves it, moves only that)
+            self._stamp = stamp
+            self._settled = settled(stamp, read_at)
 
     def _build(self, kind: str, specs: Mapping[str, Any]) -> BookSource:
         if kind == "git":
