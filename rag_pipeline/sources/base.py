@@ -282,6 +282,12 @@ class BookSource(ABC):
         and every look looks at every book)."""
         return None
 
+    def folder_keys(self, versions: BookVersions) -> list[tuple[str, VersionKey | None]]:
+        """The stat of the book's folder and of each folder holding its files (None: it
+        cannot be stat'ed now), for a source of folders: a folder moved away and back moves
+        no file's stat, only its own. Empty for a source without folders."""
+        return []
+
     def notifies(self, book_id: str) -> bool:
         """The watcher's notifications cover the book (a folder behind a link is not
         watched: a look must look at it)."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError
 
-from rag_pipeline.models import SourceFile, validate_book_id
+from rag_pipeline.models import FileKey, SourceFile, VersionKey, validate_book_id
 from rag_pipeline.sources.base import (
     BookListing,
     BookSource,
@@ -37,6 +37,7 @@ from rag_pipeline.sources.base import (
     SourceUnavailableError,
     without_credentials,
 )
+from rag_pipeline.sources.filekeys import file_key, now_ns, settled
 from rag_pipeline.sources.folder import FolderSource
 from rag_pipeline.sources.git import GitBookSpec, GitSource
 from rag_pipeline.sources.s3 import S3BookSpec, S3Source
@@ -174,7 +175,8 @@ class DeclaredSources(BookSource):
         self.description = f"{folder.description} and sources file {self.path} (RAG_SOURCES)"
         self.book_noun = "book"
         self._lock = threading.Lock()
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: FileKey | None = None
+        self._settled = False
         self._sources: dict[str, BookSource] = {}
         self._owner: dict[str, BookSource] = {}
         self._reload()
@@ -203,13 +205,15 @@ class DeclaredSources(BookSource):
     def _reload(self) -> None:
         """Read the sources file again if it changed since it was read; a bad one raises
         :class:`SourcesFileError`."""
+        read_at = now_ns()
         try:
-            st = os.stat(self.path)
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            stamp = file_key(os.stat(self.path))
         except OSError as exc:
             raise SourcesFileError(self.path, f"cannot read it: {exc.strerror}") from None
         with self._lock:
-            if stamp == self._stamp:
+            # read again once a stamp read in its racy window has settled: a write in the
+            # clock tick of that read left it as it was (the racy rule of a book's files)
+            if stamp == self._stamp and (self._settled or not settled(stamp, read_at)):
                 return
             by_kind = _by_kind(load_sources(self.path))
             sources: dict[str, BookSource] = {}
@@ -221,7 +225,10 @@ class DeclaredSources(BookSource):
                     sources[kind] = self._build(kind, specs)
             self._sources = sources
             self._owner = {b: sources[k] for k, specs in by_kind.items() for b in specs}
+            # the file's full stat: its ctime too (a rewrite with its old times put back, as
+            # `cp -p` leaves it, moves only that)
             self._stamp = stamp
+            self._settled = settled(stamp, read_at)
 
     def _build(self, kind: str, specs: Mapping[str, Any]) -> BookSource:
         if kind == "git":
@@ -293,6 +300,9 @@ class DeclaredSources(BookSource):
 
     def watcher(self) -> BookWatcher | None:
         return self.folder.watcher()
+
+    def folder_keys(self, versions: BookVersions) -> list[tuple[str, VersionKey | None]]:
+        return self._of(versions.book_id).folder_keys(versions)
 
     def notifies(self, book_id: str) -> bool:
         source = self._of(book_id)

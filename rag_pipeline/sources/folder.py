@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rag_pipeline.models import SourceFile
+from rag_pipeline.models import SourceFile, VersionKey
 from rag_pipeline.sources.base import (
     DEFAULT_MAX_FILE_BYTES,
     BookListing,
@@ -34,6 +34,7 @@ from rag_pipeline.sources.crawl import (
     scan_book,
     unreadable_reason,
 )
+from rag_pipeline.sources.filekeys import file_key
 from rag_pipeline.sources.watch import BookWatcher, watcher_for
 
 __all__ = ["DEFAULT_MAX_FILE_BYTES", "FolderSource"]
@@ -118,6 +119,22 @@ class FolderSource(BookSource):
     def notifies(self, book_id: str) -> bool:
         # a book folder that is a symlink: its target is not watched
         return not os.path.islink(self.data_dir / book_id)
+
+    def folder_keys(self, versions: BookVersions) -> list[tuple[str, VersionKey | None]]:
+        book_dir = os.path.join(self.data_dir, versions.book_id)
+        parents = {file.source_file.rpartition("/")[0] for file in versions.files}
+        folders = {""}
+        for parent in parents:  # each folder on the way to one holding a file
+            while parent and parent not in folders:
+                folders.add(parent)
+                parent = parent.rpartition("/")[0]
+        keys: list[tuple[str, VersionKey | None]] = []
+        for rel in sorted(folders):
+            try:
+                keys.append((rel, file_key(os.stat(os.path.join(book_dir, rel)))))
+            except OSError:
+                keys.append((rel, None))
+        return keys
 
     def watcher(self) -> BookWatcher:
         """The data folder's notifications (one watcher per folder and process)."""

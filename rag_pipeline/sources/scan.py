@@ -55,7 +55,12 @@ def _stat_digest(source: BookSource, book_id: str) -> tuple[str, int]:
     scan = source.versions(book_id)
     if not all(st.key is not None and settled(st.key, scanned_at) for st in scan.files):
         return "", len(scan.files)
+    # the folders too: one moved away and back (during a run's read) moves no file's stat
+    folders = source.folder_keys(scan)
+    if not all(key is not None and settled(key, scanned_at) for _, key in folders):
+        return "", len(scan.files)
     lines = [f"{st.source_file}\0{_key_text(st.key)}\n" for st in scan.files]
+    lines += [f"/{folder}\0{_key_text(key)}\n" for folder, key in folders]
     # an entry turning unreadable is a change too
     lines += [f"!{error.source_file}\0{error.reason}\n" for error in scan.errors]
     digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
