@@ -283,6 +283,23 @@ CASES = [
 ]
 
 
+def after_the_read_of(live: Any, book_id: str, act: Callable[[], object]) -> threading.Event:
+    """Have ``act`` done once, right after the next live run that holds ``book_id`` read its
+    files (its parse step): the event is set once it was."""
+    parse = live.pipeline.parse
+    hit = threading.Event()
+
+    def parse_then_act(inventories: Any) -> Any:
+        parsed = parse(inventories)
+        if book_id in inventories and not hit.is_set():
+            act()
+            hit.set()
+        return parsed
+
+    live.pipeline.parse = parse_then_act
+    return hit
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("writer", "moment"), CASES)
 def test_a_folder_books_index_ends_as_a_clean_build_whatever_the_writer_does(
@@ -354,16 +371,9 @@ def test_git_books_follow_commits_force_pushes_refs_and_the_sources_file_under_l
         took["force_push"] = live.converges("a force-push back to an older commit")
         # a commit whose run is hit after its read by a force-push back
         parse = live.pipeline.parse
-        hit = threading.Event()
-
-        def parse_hit(inventories: Any) -> Any:
-            parsed = parse(inventories)
-            if "handbook" in inventories and not hit.is_set():
-                repo.git("reset", "--hard", "--quiet", first)
-                hit.set()
-            return parsed
-
-        live.pipeline.parse = parse_hit  # type: ignore[method-assign]
+        hit = after_the_read_of(
+            live, "handbook", lambda: repo.git("reset", "--hard", "--quiet", first)
+        )
         repo.git("reset", "--hard", "--quiet", second)
         assert hit.wait(10), live.notes
         took["force_push_in_run"] = live.converges("a force-push during the run")
@@ -435,16 +445,11 @@ def test_object_store_books_follow_objects_replaced_deleted_and_added_under_live
         put("p0.md", _page("s3 0", "object 0 replaced"))
         took["replaced"] = live.converges("an object replaced")
         parse = live.pipeline.parse
-        hit = threading.Event()
-
-        def parse_hit(inventories: Any) -> Any:
-            parsed = parse(inventories)
-            if "runbooks" in inventories and not hit.is_set():
-                put("p1.md", _page("s3 1", "object 1 replaced after the read"))
-                hit.set()
-            return parsed
-
-        live.pipeline.parse = parse_hit  # type: ignore[method-assign]
+        hit = after_the_read_of(
+            live,
+            "runbooks",
+            lambda: put("p1.md", _page("s3 1", "object 1 replaced after the read")),
+        )
         put("p1.md", _page("s3 1", "object 1 replaced, then again"))
         assert hit.wait(10), live.notes
         took["replaced_in_run"] = live.converges("an object replaced during the run")
