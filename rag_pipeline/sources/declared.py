@@ -287,7 +287,17 @@ class DeclaredSources(BookSource):
         except SourceUnavailableError:
             return False  # the file cannot be read: nothing is gone
         source = declared.get(book_id, self.folder)
+        if source_file is None and source is self.folder and self._being_written():
+            return False  # missing from a sources file read in the tick of a write: not yet
         return source.is_gone(book_id, source_file)
+
+    def _being_written(self) -> bool:
+        """The sources file was last read in the clock tick of a write (its stat racy): what it
+        lacks may be a write in progress (an editor's truncate, then write), not a removed
+        entry, so no book is taken for removed until it settles (the next look reads it
+        again, see :meth:`_reload`)."""
+        with self._lock:
+            return self._stamp is not None and not self._settled
 
     def exists(self) -> bool:
         if not self.folder.exists():
@@ -312,7 +322,13 @@ class DeclaredSources(BookSource):
         return self._of(book_id).why_unreadable(book_id, source_file)
 
     def why_not_a_book(self, book_id: str) -> str:
-        return self._of(book_id).why_not_a_book(book_id)
+        source = self._of(book_id)
+        if source is self.folder and self._being_written():
+            return (
+                f"is not in the sources file {self.path} (RAG_SOURCES) as read while it was "
+                "being written; it is looked at again once the file settles"
+            )
+        return source.why_not_a_book(book_id)
 
     def locate(self, book_id: str, source_file: str) -> str:
         return self._of(book_id).locate(book_id, source_file)
