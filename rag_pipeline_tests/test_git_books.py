@@ -295,9 +295,11 @@ def test_live_mode_applies_a_new_commit_of_a_git_book(tmp_path, repo, folder_boo
 def test_a_sources_file_read_while_it_is_written_removes_no_book(tmp_path, repo, folder_book):
     """Fault: a sources file read between an editor's truncate and its write (empty, or
     half its entries) took its declared books for removed: their points were purged, then
-    built again in full. What a file read in the clock tick of a write lacks is not taken
-    for removed until the file settles; a file that settles without the entry removes it."""
+    built again in full. An entry missing from a file read in the clock tick of a write is
+    decided by the file once that write settled: the write completed, the book is kept; the
+    file still without it, the entry was removed."""
     import os
+    import threading
     import time
 
     from rag_pipeline.ingest.plan import decide_purges
@@ -305,17 +307,28 @@ def test_a_sources_file_read_while_it_is_written_removes_no_book(tmp_path, repo,
     from rag_pipeline_tests.conftest import make_source
 
     path = declared(tmp_path, repo)
+    whole = path.read_text()
     source = DeclaredSources(make_source(folder_book), path, cache_dir=tmp_path / "cache")
     indexed = {"handbook", "notes"}
     assert set(source.list_books().book_ids) == indexed
-    path.write_text("")  # the truncate, its write still to come
-    ahead = time.time_ns() + 300_000_123
-    os.utime(path, ns=(ahead, ahead))  # (read in the tick of the write: its stat racy)
+
+    def truncated() -> None:
+        path.write_text("")  # the truncate
+        ahead = time.time_ns() + 300_000_123  # (read in the tick of the write: racy)
+        os.utime(path, ns=(ahead, ahead))
+
+    truncated()
     listing = source.list_books()
     assert "handbook" not in listing.book_ids
+    writer = threading.Timer(0.1, lambda: path.write_text(whole))  # its write, a moment later
+    writer.start()
     decision = decide_purges(source, listing.book_ids, indexed)
-    assert (decision.purge, decision.kept) == ((), ("handbook",)), decision
-    assert "being written" in decision.warnings[0] and str(path) in decision.warnings[0]
-    time.sleep(0.45)  # settled, and still without the entry: it was removed
-    decision = decide_purges(source, source.list_books().book_ids, indexed)
+    writer.join()
+    assert decision.purge == () and "handbook" in decision.kept, decision
+    time.sleep(0.1)
+    assert set(source.list_books().book_ids) == indexed
+
+    truncated()  # and no write after it: the entry was removed
+    listing = source.list_books()
+    decision = decide_purges(source, listing.book_ids, indexed)
     assert (decision.purge, decision.kept) == (("handbook",), ()), decision

@@ -18,8 +18,10 @@ purged) until it is fixed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Union
@@ -37,7 +39,7 @@ from rag_pipeline.sources.base import (
     SourceUnavailableError,
     without_credentials,
 )
-from rag_pipeline.sources.filekeys import file_key, now_ns, settled
+from rag_pipeline.sources.filekeys import file_key, now_ns, settle_wait_s, settled
 from rag_pipeline.sources.folder import FolderSource
 from rag_pipeline.sources.git import GitBookSpec, GitSource
 from rag_pipeline.sources.s3 import S3BookSpec, S3Source
@@ -288,16 +290,30 @@ class DeclaredSources(BookSource):
             return False  # the file cannot be read: nothing is gone
         source = declared.get(book_id, self.folder)
         if source_file is None and source is self.folder and self._being_written():
-            return False  # missing from a sources file read in the tick of a write: not yet
+            # missing from a sources file read in the clock tick of a write: read it again
+            # once that write settled, and decide by what it says then
+            self._settle()
+            if self._being_written():
+                return False  # written again meanwhile: not now (the next look decides)
+            source = self._owner.get(book_id, self.folder)
         return source.is_gone(book_id, source_file)
 
     def _being_written(self) -> bool:
         """The sources file was last read in the clock tick of a write (its stat racy): what it
         lacks may be a write in progress (an editor's truncate, then write), not a removed
-        entry, so no book is taken for removed until it settles (the next look reads it
-        again, see :meth:`_reload`)."""
+        entry: no book is taken for removed from that read."""
         with self._lock:
             return self._stamp is not None and not self._settled
+
+    def _settle(self) -> None:
+        """Wait until the sources file's last read stat is settled (at most the racy window:
+        50 ms on a file system with fine times), then read the file again."""
+        with self._lock:
+            stamp = self._stamp
+        if stamp is not None:
+            time.sleep(settle_wait_s(stamp, now_ns()))
+        with contextlib.suppress(SourcesFileError):  # a bad file: the next look says so
+            self._reload()
 
     def exists(self) -> bool:
         if not self.folder.exists():
@@ -326,7 +342,7 @@ class DeclaredSources(BookSource):
         if source is self.folder and self._being_written():
             return (
                 f"is not in the sources file {self.path} (RAG_SOURCES) as read while it was "
-                "being written; it is looked at again once the file settles"
+                "being written again and again; it is looked at again at the next look"
             )
         return source.why_not_a_book(book_id)
 

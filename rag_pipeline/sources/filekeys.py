@@ -28,6 +28,7 @@ __all__ = [
     "key_from_json",
     "key_to_json",
     "now_ns",
+    "settle_wait_s",
     "settled",
     "trusted_hash",
 ]
@@ -60,6 +61,15 @@ def settled(key: VersionKey, recorded_at_ns: int) -> bool:
     fine = key.mtime_ns % _MS or key.ctime_ns % _MS
     window = FINE_RACY_NS if fine else RACY_NS
     return max(key.mtime_ns, key.ctime_ns) + window < recorded_at_ns
+
+
+def settle_wait_s(key: VersionKey, now: int) -> float:
+    """Seconds from ``now`` until a stat ``key`` is :func:`settled` (0 when it is)."""
+    if isinstance(key, str):
+        return 0.0
+    fine = key.mtime_ns % _MS or key.ctime_ns % _MS
+    window = FINE_RACY_NS if fine else RACY_NS
+    return max(0, max(key.mtime_ns, key.ctime_ns) + window + 1 - now) / 1e9
 
 
 def trusted_hash(
