@@ -70,20 +70,15 @@ def test_a_recipe_change_alone_runs_exactly_the_books_of_another_recipe(changed_
 def test_a_store_busy_at_the_recipe_check_is_checked_at_a_later_tick(changed_recipe, monkeypatch):
     """A store a run holds makes the recipe check wait for a later tick, not skip books."""
     from rag_pipeline.defs import sensors
-    from rag_pipeline.ingest.plan import RulesCheck
+    from rag_pipeline_tests.test_sensors import store_busy_at
 
     data_dir, before, after = changed_recipe
     harness = settled(data_dir, before)
     harness.pipeline = after
-    real = sensors.books_of_other_recipes
-    monkeypatch.setattr(
-        sensors,
-        "books_of_other_recipes",
-        lambda store, book_ids, recipes, building: RulesCheck(busy=tuple(book_ids)),
-    )
+    free = store_busy_at(monkeypatch, "books_of_other_recipes")
     assert isinstance(harness.tick(), SkipReason)
     assert sensors.read_recipe_check(harness.cursor)[1] == {"a", "b", "c"}
-    monkeypatch.setattr(sensors, "books_of_other_recipes", real)
+    free()
     assert ran(harness.tick(), harness) == ["a", "c"]
     assert sensors.read_recipe_check(harness.cursor)[1] == set()
 

@@ -60,6 +60,18 @@ class Harness:
         return sorted(self.instance.get_dynamic_partitions(BOOKS_PARTITIONS_NAME))
 
 
+def store_busy_at(monkeypatch, check_name):
+    """Make the sensor's ``check_name`` (``books_of_other_parse_rules``, ...) find the store
+    busy for every book, as while a run holds it; the call it returns ends that."""
+    from rag_pipeline.ingest.plan import RulesCheck
+
+    real = getattr(sensors_module, check_name)
+    monkeypatch.setattr(
+        sensors_module, check_name, lambda store, book_ids, *_: RulesCheck(busy=tuple(book_ids))
+    )
+    return lambda: monkeypatch.setattr(sensors_module, check_name, real)
+
+
 def sensor_pipeline(data_dir):
     """The pipeline resource the sensor takes (it reads only its book source)."""
     from rag_pipeline.embed.hashing import HashEmbedder

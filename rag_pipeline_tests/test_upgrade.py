@@ -80,22 +80,17 @@ def test_the_sensor_runs_once_the_books_whose_errors_older_parse_rules_wrote(upg
 def test_a_store_busy_at_the_check_is_checked_at_a_later_tick(upgraded, monkeypatch):
     """A store a run holds makes the check wait for a later tick, not skip the books."""
     from rag_pipeline.defs import sensors
-    from rag_pipeline.ingest.plan import RulesCheck
+    from rag_pipeline_tests.test_sensors import store_busy_at
 
     data_dir, older, pipeline = upgraded
     harness = Harness(data_dir)
     harness.pipeline = older
     harness.tick()
     harness.pipeline = pipeline
-    real = sensors.books_of_other_parse_rules
-    monkeypatch.setattr(
-        sensors,
-        "books_of_other_parse_rules",
-        lambda store, book_ids, version, options: RulesCheck(busy=tuple(book_ids)),
-    )
+    free = store_busy_at(monkeypatch, "books_of_other_parse_rules")
     assert isinstance(harness.tick(), SkipReason)
     assert sensors.read_parse_check(harness.cursor)[1] == {"clean", "current", "old"}
-    monkeypatch.setattr(sensors, "books_of_other_parse_rules", real)
+    free()
     assert requested_books(harness.tick(), harness.instance) == [["old"]]
     assert sensors.read_parse_check(harness.cursor)[1] == set()
 

@@ -30,7 +30,7 @@ from rag_pipeline.schema import (
 )
 from rag_pipeline.sources.base import BookSource
 from rag_pipeline.store import VectorStore
-from rag_pipeline.urls import link_url, shown_url
+from rag_pipeline.urls import link_url
 
 __all__ = [
     "POINTS_PER_MESSAGE",
@@ -100,8 +100,8 @@ def describe_point(
     # read within the book's boundary, as a run reads: a file replaced by a link out of the
     # book is refused, never hashed (the hash of any file the service can read, otherwise)
     now = source.file_now(book_id, source_file)
-    # a git book's URL may carry a token (https://oauth2:<token>@host/...): never shown
-    info["file_path"] = shown_url(source.locate(book_id, source_file))
+    # (a source locates and describes without a URL's credentials: BookSource.locate)
+    info["file_path"] = source.locate(book_id, source_file)
     info["file_exists"] = now.exists
     info["current_file_hash"] = now.sha256
     # a file that is there but could not be read (a remote down, a read denied): unknown
@@ -112,7 +112,7 @@ def describe_point(
     info["file_problem"] = now.problem
     revision = payload.get(SOURCE_REVISION)
     if revision:  # a book of a source with revisions (git): the commit the point was read at
-        info["source"] = {k: shown_url(v) for k, v in source.describe(book_id).items()}
+        info["source"] = source.describe(book_id)
         commit = source.revision_info(book_id, str(revision)) or {"sha": str(revision)}
         info["commit"] = commit
     # every documented field in every answer (null when unknown): a document record is its

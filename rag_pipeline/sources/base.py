@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 
 from rag_pipeline.models import FileError, ParsedDocument, PathMeta, SourceFile, VersionKey
 from rag_pipeline.sources.filekeys import now_ns, settled, trusted_hash
-from rag_pipeline.urls import without_credentials
 
 if TYPE_CHECKING:
     from rag_pipeline.sources.watch import BookWatcher
@@ -56,7 +55,6 @@ __all__ = [
     "SourceReadError",
     "SourceUnavailableError",
     "too_large",
-    "without_credentials",
 ]
 
 
@@ -302,12 +300,15 @@ class BookSource(ABC):
         return "is not a book this source can read"
 
     def locate(self, book_id: str, source_file: str) -> str:
-        """Where a person finds the file (a path, for a folder)."""
+        """Where a person finds the file (a path, for a folder); never a URL's credentials
+        (:func:`~rag_pipeline.urls.without_credentials`): plans, lineage and the Dagster UI
+        show it as it is."""
         return f"{book_id}/{source_file}"
 
     def describe(self, book_id: str) -> dict[str, str]:
         """Where the book comes from, in words: ``kind`` (folder, git, s3) and ``location``
-        (a path, a repository and ref); the Dagster UI and ``plan`` show it."""
+        (a path, a repository and ref); the Dagster UI, ``plan`` and ``lineage`` show it as
+        it is (no credentials, as :meth:`locate`)."""
         return {"kind": "book", "location": self.locate(book_id, "").rstrip("/")}
 
     def revision_info(self, book_id: str, revision: str) -> dict[str, str] | None:

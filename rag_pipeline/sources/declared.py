@@ -37,12 +37,12 @@ from rag_pipeline.sources.base import (
     FileNow,
     FileVersion,
     SourceUnavailableError,
-    without_credentials,
 )
 from rag_pipeline.sources.filekeys import file_key, now_ns, settle_wait_s, settled
 from rag_pipeline.sources.folder import FolderSource
 from rag_pipeline.sources.git import GitBookSpec, GitSource
 from rag_pipeline.sources.s3 import S3BookSpec, S3Source
+from rag_pipeline.urls import without_credentials
 
 if TYPE_CHECKING:
     from rag_pipeline.sources.watch import BookWatcher

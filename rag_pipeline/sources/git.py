@@ -43,9 +43,9 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
     too_large,
-    without_credentials,
 )
 from rag_pipeline.sources.crawl import is_book_path
+from rag_pipeline.urls import without_credentials
 
 __all__ = ["GitBookSpec", "GitError", "GitSource", "git_available"]
 

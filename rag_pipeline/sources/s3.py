@@ -37,10 +37,10 @@ from rag_pipeline.sources.base import (
     FileVersion,
     SourceReadError,
     too_large,
-    without_credentials,
 )
 from rag_pipeline.sources.crawl import MARKDOWN_SUFFIXES, is_book_path
 from rag_pipeline.sources.folder import DEFAULT_MAX_FILE_BYTES
+from rag_pipeline.urls import without_credentials
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
